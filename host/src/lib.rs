@@ -1,0 +1,5 @@
+//! baton: runs WebAssembly plugin leader tasks only while this host holds a
+//! lease.
+#![deny(missing_docs)]
+
+pub mod store;

@@ -1,0 +1,153 @@
+//! Lease stores: where lease records live, behind one trait.
+//!
+//! The elector (see [`crate::election`]) needs four things from a store:
+//! read a record, create one, replace one only if nobody else wrote it in
+//! between (compare-and-swap on an opaque version), and hear about changes
+//! without polling. Everything a backend does beyond that (files, the
+//! Kubernetes API) stays inside its module.
+//!
+//! - [`embedded`]: a directory on the local disk; the default, needs nothing
+//!   installed, and lets several `baton` processes on one machine contend.
+//! - [`memory`]: in-process, with fault injection, for unit tests of the
+//!   elector.
+//!
+//! The record mirrors a Kubernetes `coordination.k8s.io/v1` Lease spec so a
+//! later backend can map it one to one.
+
+use std::time::{Duration, SystemTime};
+
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+pub mod embedded;
+pub mod memory;
+
+/// One lease record, as written by the holder.
+///
+/// The fields mirror a Kubernetes Lease spec (`holderIdentity`,
+/// `leaseDurationSeconds`, `acquireTime`, `renewTime`, `leaseTransitions`).
+/// Times inside the record are informational only: expiry is judged by the
+/// local monotonic time at which a reader saw the record change, plus the
+/// duration written here (see [`crate::election`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseRecord {
+    /// Who holds the lease; `None` (or an empty string in a foreign record)
+    /// means nobody does.
+    pub holder: Option<String>,
+    /// How long the holder may go without renewing before others may take
+    /// the lease over. Readers use this value, never their own.
+    #[serde(with = "humantime_serde")]
+    pub lease_duration: Duration,
+    /// When the current holder acquired the lease (wall clock).
+    #[serde(default, with = "humantime_serde")]
+    pub acquire_time: Option<SystemTime>,
+    /// When the current holder last renewed the lease (wall clock).
+    #[serde(default, with = "humantime_serde")]
+    pub renew_time: Option<SystemTime>,
+    /// The term: how many times any host has started leading this lease.
+    /// It grows by one with every acquisition, so the number identifies the
+    /// term and serves as a fencing token.
+    pub transitions: u64,
+}
+
+impl LeaseRecord {
+    /// The holder, treating an empty identity as no holder.
+    pub fn holder(&self) -> Option<&str> {
+        self.holder.as_deref().filter(|h| !h.is_empty())
+    }
+}
+
+/// A record together with the store's opaque version of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned {
+    /// The record.
+    pub record: LeaseRecord,
+    /// The version to pass to [`LeaseStore::update`]; changes with every
+    /// write.
+    pub version: String,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Someone else wrote first: the version did not match, or the record
+    /// already exists. Never retried blindly; the elector re-reads.
+    #[error("lease {lease:?}: conflict: {detail}")]
+    Conflict {
+        /// The lease at fault.
+        lease: String,
+        /// What the store said.
+        detail: String,
+    },
+    /// The store could not be reached or did not answer in time.
+    #[error("lease {lease:?}: store unavailable: {detail}")]
+    Unavailable {
+        /// The lease at fault.
+        lease: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The record exists but cannot be read as a lease record.
+    #[error("lease {lease:?}: malformed record: {detail}")]
+    Malformed {
+        /// The lease at fault.
+        lease: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The store refused the request for a reason that retrying will not
+    /// fix (for example, permissions).
+    #[error("lease {lease:?}: {detail}")]
+    Refused {
+        /// The lease at fault.
+        lease: String,
+        /// What the store said.
+        detail: String,
+    },
+}
+
+impl StoreError {
+    /// Whether this error is a compare-and-swap conflict.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. })
+    }
+}
+
+/// A stream of observations of one lease: it yields the record as read after
+/// each change (`None` once the record is deleted). It may also yield when
+/// nothing changed; the elector compares versions.
+pub type LeaseWatch = BoxStream<'static, Result<Option<Versioned>, StoreError>>;
+
+/// Where lease records live.
+///
+/// Implementations must make [`update`](LeaseStore::update) atomic with
+/// respect to every other writer, in this process or another: it succeeds
+/// only if the stored version still equals `version`.
+#[async_trait::async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// A short description for logs, such as `embedded store at /var/lib/baton`.
+    fn describe(&self) -> String;
+
+    /// Reads a lease; `Ok(None)` if it does not exist.
+    async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError>;
+
+    /// Creates a lease; [`StoreError::Conflict`] if it already exists.
+    async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError>;
+
+    /// Replaces a lease if its version is still `version`;
+    /// [`StoreError::Conflict`] otherwise (including when it was deleted).
+    async fn update(
+        &self,
+        lease: &str,
+        version: &str,
+        record: &LeaseRecord,
+    ) -> Result<Versioned, StoreError>;
+
+    /// Starts watching a lease. The stream ends or yields an error when the
+    /// watch breaks; the caller then re-reads and watches again.
+    async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError>;
+
+    /// Every lease in the store, for `baton status`.
+    async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError>;
+}
