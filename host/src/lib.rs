@@ -2,4 +2,6 @@
 //! lease.
 #![deny(missing_docs)]
 
+pub mod election;
+pub mod runtime;
 pub mod store;
