@@ -1,0 +1,317 @@
+//! Write [baton] leader-task plugins in Rust.
+//!
+//! A baton host takes part in a lease election and runs a plugin's leader
+//! task only while it holds the plugin's lease. A plugin is a WebAssembly
+//! component that exports the task and watches the lease status to learn
+//! when its term is over. The contract (`baton:leader@0.1.0`, in the `wit/`
+//! folder of the baton repository) comes in two flavours, one WIT world
+//! each; this crate wraps both behind a small API:
+//!
+//! | Cargo feature | module       | world                                  | task       |
+//! |---------------|--------------|----------------------------------------|------------|
+//! | `future`      | [`future`]   | `baton:leader/future-plugin@0.1.0`     | `async fn` |
+//! | `pollable`    | [`pollable`] | `baton:leader/pollable-plugin@0.1.0`   | `fn`       |
+//!
+//! Neither feature is on by default: enable the one your plugin targets,
+//! implement that module's `LeaderTask` trait and export it with
+//! [`export_future!`] or [`export_pollable!`]. Build the plugin as a
+//! `cdylib` for `wasm32-wasip2`; the result is a component:
+//!
+//! ```toml
+//! [lib]
+//! crate-type = ["cdylib"]
+//!
+//! [dependencies]
+//! baton-guest = { path = "../../guest-sdk", features = ["pollable"] }
+//! ```
+//!
+//! ```sh
+//! cargo build --release --target wasm32-wasip2
+//! ```
+//!
+//! Enabling both features at once is fine (Cargo does that when it builds a
+//! `future` and a `pollable` plugin in one command): the world of a plugin
+//! is chosen by the export macro it calls, and each plugin must call exactly
+//! one of them, once. The imports of the other world are left out of the
+//! component because nothing calls them.
+//!
+//! # Writing a task
+//!
+//! A task is called with the status that made this host the leader and must
+//! return promptly once that status is outdated. Both flavours follow the
+//! same pattern:
+//!
+//! 1. Call `watch(&status)` first: it gives a [`Change`](pollable::Change)
+//!    signal that fires as soon as the lease status differs from the one
+//!    `run` was called with, including a change that happened before `run`
+//!    started.
+//! 2. Do the work in small steps and wait on the change signal *together*
+//!    with any timer, so that a change is noticed at once.
+//! 3. Tag external writes with `status.term` (a fencing token).
+//! 4. Return `Ok(())` once the change fires. Returning `Err` (or panicking)
+//!    while the term lasts makes the host retry in a fresh instance.
+//!
+//! A task that ignores the change is stopped by force after the host's
+//! grace period.
+//!
+//! Standard output and standard error go to the host's log, one line at a
+//! time; environment variables are the ones that the plugin's host
+//! configuration grants.
+//!
+//! [baton]: https://example.invalid/baton
+#![deny(missing_docs)]
+
+use std::fmt;
+
+#[cfg(feature = "future")]
+pub mod future;
+#[cfg(feature = "pollable")]
+pub mod pollable;
+
+/// This host's role for one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// No holder is known: before the first election round, after this host
+    /// gave up the lead without learning who holds it next, or while this
+    /// host is shutting down.
+    Pending,
+    /// This host holds the lease: leader tasks run.
+    Leading,
+    /// Another holder is known and its lease has not expired.
+    Following,
+}
+
+impl Role {
+    /// The role's name as the WIT contract spells it: `pending`, `leading`
+    /// or `following`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Pending => "pending",
+            Role::Leading => "leading",
+            Role::Following => "following",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The status of one lease as seen by this host.
+///
+/// Two statuses are the same when every field is equal; a change signal
+/// fires only for a status that differs from the one it watches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Status {
+    /// This host's role.
+    pub role: Role,
+    /// The identity of the holder, when one is known. While `role` is
+    /// [`Role::Leading`] it is this host's own identity.
+    pub holder: Option<String>,
+    /// The name of the lease.
+    pub lease: String,
+    /// The fencing token of the newest term this host knows of.
+    ///
+    /// Every time any host starts leading this lease the term grows by at
+    /// least one; a term number is never reused. While leading, tag external
+    /// writes with it so that a store that remembers the highest term it has
+    /// seen can reject a stale leader's writes. Zero means no term is known
+    /// yet.
+    pub term: u64,
+}
+
+impl Status {
+    /// Whether this host holds the lease in this status.
+    pub fn is_leading(&self) -> bool {
+        self.role == Role::Leading
+    }
+
+    /// Whether this status says that this host leads in term `term`.
+    ///
+    /// A task for term `term` may go on working exactly while the current
+    /// status says this.
+    ///
+    /// ```
+    /// # use baton_guest::{Role, Status};
+    /// let status = Status {
+    ///     role: Role::Leading,
+    ///     holder: Some("host-a".into()),
+    ///     lease: "reports".into(),
+    ///     term: 7,
+    /// };
+    /// assert!(status.is_leading_term(7));
+    /// assert!(!status.is_leading_term(6));
+    /// ```
+    pub fn is_leading_term(&self, term: u64) -> bool {
+        self.is_leading() && self.term == term
+    }
+}
+
+impl fmt::Display for Status {
+    /// Formats as `lease=NAME role=ROLE term=N holder=ID` (`holder=-` when
+    /// no holder is known).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lease={} role={} term={} holder={}",
+            self.lease,
+            self.role,
+            self.term,
+            self.holder.as_deref().unwrap_or("-")
+        )
+    }
+}
+
+/// Converts a [`std::time::Duration`] to the nanoseconds that WASI clocks
+/// take, saturating at `u64::MAX` (about 584 years).
+#[cfg(any(feature = "future", feature = "pollable"))]
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Generated bindings and glue for the export macros. Not public API.
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod __private {
+    pub use wit_bindgen;
+
+    /// Converts a generated `status` record to [`crate::Status`].
+    #[allow(unused_macros)]
+    macro_rules! status_from_generated {
+        ($types:path) => {
+            use $types as types;
+
+            impl From<types::Role> for crate::Role {
+                fn from(role: types::Role) -> Self {
+                    match role {
+                        types::Role::Pending => crate::Role::Pending,
+                        types::Role::Leading => crate::Role::Leading,
+                        types::Role::Following => crate::Role::Following,
+                    }
+                }
+            }
+
+            impl From<types::Status> for crate::Status {
+                fn from(s: types::Status) -> Self {
+                    crate::Status {
+                        role: s.role.into(),
+                        holder: s.holder,
+                        lease: s.lease,
+                        term: s.term,
+                    }
+                }
+            }
+        };
+    }
+
+    #[cfg(feature = "pollable")]
+    pub mod pollable_bindings {
+        wit_bindgen::generate!({
+            world: "baton:leader/pollable-plugin@0.1.0",
+            path: "../wit",
+            // The world's exports are described by a custom section that the
+            // export macro emits in the plugin crate; this crate only
+            // carries the imports, which are dropped from a component that
+            // does not call them.
+            pub_export_macro: true,
+            export_macro_name: "export",
+            generate_all,
+        });
+
+        status_from_generated!(self::baton::leader::types);
+
+        /// Adapts a [`crate::pollable::LeaderTask`] to the generated trait.
+        pub struct Adapter<T>(core::marker::PhantomData<T>);
+
+        impl<T: crate::pollable::LeaderTask> exports::baton::leader::task_sync::Guest for Adapter<T> {
+            fn run(status: baton::leader::types::Status) -> Result<(), String> {
+                T::run(status.into())
+            }
+        }
+    }
+
+    #[cfg(feature = "future")]
+    pub mod future_bindings {
+        wit_bindgen::generate!({
+            world: "baton:leader/future-plugin@0.1.0",
+            path: "../wit",
+            // See `pollable_bindings`.
+            pub_export_macro: true,
+            export_macro_name: "export",
+            generate_all,
+        });
+
+        status_from_generated!(self::baton::leader::types);
+
+        /// Adapts a [`crate::future::LeaderTask`] to the generated trait.
+        pub struct Adapter<T>(core::marker::PhantomData<T>);
+
+        impl<T: crate::future::LeaderTask> exports::baton::leader::task_async::Guest for Adapter<T> {
+            async fn run(status: baton::leader::types::Status) -> Result<(), String> {
+                T::run(status.into()).await
+            }
+        }
+    }
+}
+
+/// Exports a [`pollable::LeaderTask`] as the plugin's task, making the
+/// component target `baton:leader/pollable-plugin@0.1.0`.
+///
+/// Call it once, in the plugin's (`cdylib`) crate, with the type that
+/// implements the task. Needs the `pollable` feature.
+///
+/// ```ignore
+/// struct MyTask;
+///
+/// impl baton_guest::pollable::LeaderTask for MyTask {
+///     fn run(status: baton_guest::Status) -> Result<(), String> {
+///         Ok(())
+///     }
+/// }
+///
+/// baton_guest::export_pollable!(MyTask);
+/// ```
+#[cfg(feature = "pollable")]
+#[macro_export]
+macro_rules! export_pollable {
+    ($task:ty) => {
+        const _: () = {
+            type __BatonPollableTask = $crate::__private::pollable_bindings::Adapter<$task>;
+            $crate::__private::pollable_bindings::export!(
+                __BatonPollableTask with_types_in $crate::__private::pollable_bindings
+            );
+        };
+    };
+}
+
+/// Exports a [`future::LeaderTask`] as the plugin's task, making the
+/// component target `baton:leader/future-plugin@0.1.0`.
+///
+/// Call it once, in the plugin's (`cdylib`) crate, with the type that
+/// implements the task. Needs the `future` feature.
+///
+/// ```ignore
+/// struct MyTask;
+///
+/// impl baton_guest::future::LeaderTask for MyTask {
+///     async fn run(status: baton_guest::Status) -> Result<(), String> {
+///         Ok(())
+///     }
+/// }
+///
+/// baton_guest::export_future!(MyTask);
+/// ```
+#[cfg(feature = "future")]
+#[macro_export]
+macro_rules! export_future {
+    ($task:ty) => {
+        const _: () = {
+            type __BatonFutureTask = $crate::__private::future_bindings::Adapter<$task>;
+            $crate::__private::future_bindings::export!(
+                __BatonFutureTask with_types_in $crate::__private::future_bindings
+            );
+        };
+    };
+}
