@@ -1,0 +1,1036 @@
+//! The embedded store: lease records as JSON files in one local directory.
+//!
+//! This is the default store. It needs nothing installed, and several `baton`
+//! processes on one machine (or several stores in one process) can contend
+//! for the same leases through it.
+//!
+//! # Layout
+//!
+//! For a lease named `demo` the directory holds:
+//!
+//! - `demo.lease.json`: the record, as JSON: the [`LeaseRecord`] plus the
+//!   version it was written at (a random *incarnation* id chosen when the
+//!   record is created and a counter that grows with every write). The
+//!   version string is `<incarnation>-<counter>`, so it never repeats for a
+//!   lease, even when the file is deleted and the lease created again.
+//! - `.demo.lock`: an empty file that writers lock (advisory `flock`) for the
+//!   duration of one compare-and-swap. It is never deleted: deleting a lock
+//!   file while someone waits on it would let two writers hold "the" lock.
+//! - `.demo.tmp`: the next record while it is being written; it exists only
+//!   while a writer holds the lock, or after a writer died mid-write. Readers
+//!   ignore it, and the next writer overwrites it.
+//!
+//! # Crash safety
+//!
+//! A write takes the lock, reads and compares the current version, writes the
+//! new record to the temporary file, fsyncs it, renames it over the record
+//! (atomic), fsyncs the directory and drops the lock. A process killed at any
+//! point leaves either the old record or the new one, never a torn one, and
+//! the kernel releases its lock. Readers never lock: they read whichever
+//! complete file the name points to.
+//!
+//! # Watching
+//!
+//! [`LeaseStore::watch`] uses inotify (through the `notify` crate) on the
+//! directory and re-reads the record whenever its name is created, replaced,
+//! written or removed; there is no polling.
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::stream;
+use notify::event::{AccessKind, AccessMode, MetadataKind, ModifyKind};
+use notify::{EventKind, RecursiveMode, Watcher};
+use serde::{Deserialize, Serialize};
+
+use super::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
+
+/// File name suffix of lease records.
+const RECORD_SUFFIX: &str = ".lease.json";
+
+/// The `lease` named in errors that concern the whole directory rather than
+/// one lease (opening the store, listing it).
+const ANY_LEASE: &str = "*";
+
+/// The longest lease name allowed (as for a Kubernetes object name).
+const MAX_LEASE_NAME: usize = 253;
+
+/// Checks that `name` can name a lease: a lowercase RFC 1123 subdomain, as
+/// Kubernetes requires for object names.
+///
+/// That is, at most 253 characters, made of dot-separated labels, each
+/// non-empty, of lowercase letters, digits and `-`, starting and ending with a
+/// letter or digit (for example `demo`, `jobs.billing-1`). Such a name is safe
+/// as a file name and maps one to one to a Kubernetes Lease.
+///
+/// The error explains what is wrong with the name.
+pub fn validate_lease_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("invalid lease name: it is empty".into());
+    }
+    if name.len() > MAX_LEASE_NAME {
+        return Err(format!(
+            "invalid lease name {name:?}: {} characters, at most {MAX_LEASE_NAME} allowed",
+            name.len()
+        ));
+    }
+    for label in name.split('.') {
+        let bytes = label.as_bytes();
+        let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        let valid = match (bytes.first(), bytes.last()) {
+            (Some(first), Some(last)) => {
+                alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
+            }
+            _ => false,
+        };
+        if !valid {
+            return Err(format!(
+                "invalid lease name {name:?}: must be a lowercase RFC 1123 subdomain \
+                 (dot-separated labels of a-z, 0-9 and '-', each starting and ending \
+                 with a letter or digit)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Lease records as JSON files in a local directory; see the [module
+/// documentation](self) for the layout and guarantees.
+///
+/// Cloning is cheap and the clones share nothing but the directory name; any
+/// number of stores, in this process or others, may use the same directory.
+#[derive(Clone, Debug)]
+pub struct EmbeddedStore {
+    dir: Arc<PathBuf>,
+}
+
+/// What is stored in a record file.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredRecord {
+    /// Chosen at random when the record is created.
+    incarnation: String,
+    /// 1 when created, plus one with each update.
+    counter: u64,
+    /// The lease record itself.
+    record: LeaseRecord,
+}
+
+impl StoredRecord {
+    fn version(&self) -> String {
+        format!("{}-{}", self.incarnation, self.counter)
+    }
+
+    fn into_versioned(self) -> Versioned {
+        Versioned {
+            version: self.version(),
+            record: self.record,
+        }
+    }
+}
+
+/// The files of one (validated) lease.
+#[derive(Clone, Debug)]
+struct LeaseFiles {
+    lease: String,
+    dir: PathBuf,
+    record: PathBuf,
+    temp: PathBuf,
+    lock: PathBuf,
+}
+
+impl EmbeddedStore {
+    /// Opens the store in `dir`, creating the directory (and its parents) if
+    /// needed.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StoreError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|e| io_error(ANY_LEASE, "cannot create", &dir, e))?;
+        let dir = std::path::absolute(&dir).map_err(|e| io_error(ANY_LEASE, "cannot resolve", &dir, e))?;
+        let meta = fs::metadata(&dir).map_err(|e| io_error(ANY_LEASE, "cannot read", &dir, e))?;
+        if !meta.is_dir() {
+            return Err(StoreError::Refused {
+                lease: ANY_LEASE.into(),
+                detail: format!("{} is not a directory", dir.display()),
+            });
+        }
+        Ok(Self { dir: Arc::new(dir) })
+    }
+
+    /// The directory holding the records (made absolute).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Deletes a lease record, whatever its version; returns whether it
+    /// existed. Meant for operators and tests; the elector never deletes.
+    ///
+    /// A lease created again afterwards gets versions that never equal the
+    /// deleted record's.
+    pub async fn delete(&self, lease: &str) -> Result<bool, StoreError> {
+        let files = self.files(lease)?;
+        locked(files, |files| match fs::remove_file(&files.record) {
+            Ok(()) => {
+                sync_dir(files)?;
+                // A temporary file left by a writer that died.
+                let _ = fs::remove_file(&files.temp);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_error(&files.lease, "cannot remove", &files.record, e)),
+        })
+        .await
+    }
+
+    /// The files of `lease`, or [`StoreError::Refused`] if the name is invalid.
+    fn files(&self, lease: &str) -> Result<LeaseFiles, StoreError> {
+        validate_lease_name(lease).map_err(|detail| StoreError::Refused {
+            lease: lease.into(),
+            detail,
+        })?;
+        Ok(LeaseFiles {
+            lease: lease.into(),
+            dir: self.dir.to_path_buf(),
+            record: self.dir.join(format!("{lease}{RECORD_SUFFIX}")),
+            temp: self.dir.join(format!(".{lease}.tmp")),
+            lock: self.dir.join(format!(".{lease}.lock")),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for EmbeddedStore {
+    fn describe(&self) -> String {
+        format!("embedded store at {}", self.dir.display())
+    }
+
+    async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
+        let files = self.files(lease)?;
+        blocking(&files.lease.clone(), move || {
+            Ok(read_record(&files)?.map(StoredRecord::into_versioned))
+        })
+        .await
+    }
+
+    async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
+        let files = self.files(lease)?;
+        let record = record.clone();
+        locked(files, move |files| {
+            if let Some(current) = read_record(files)? {
+                return Err(StoreError::Conflict {
+                    lease: files.lease.clone(),
+                    detail: format!("already exists (version {})", current.version()),
+                });
+            }
+            let stored = StoredRecord {
+                incarnation: format!("{:016x}", rand::random::<u64>()),
+                counter: 1,
+                record,
+            };
+            write_record(files, &stored)?;
+            Ok(stored.into_versioned())
+        })
+        .await
+    }
+
+    async fn update(
+        &self,
+        lease: &str,
+        version: &str,
+        record: &LeaseRecord,
+    ) -> Result<Versioned, StoreError> {
+        let files = self.files(lease)?;
+        let record = record.clone();
+        let version = version.to_owned();
+        locked(files, move |files| {
+            let Some(current) = read_record(files)? else {
+                return Err(StoreError::Conflict {
+                    lease: files.lease.clone(),
+                    detail: format!("does not exist (expected version {version})"),
+                });
+            };
+            let current_version = current.version();
+            if current_version != version {
+                return Err(StoreError::Conflict {
+                    lease: files.lease.clone(),
+                    detail: format!("version is {current_version}, not {version}"),
+                });
+            }
+            let stored = StoredRecord {
+                incarnation: current.incarnation,
+                counter: current.counter + 1,
+                record,
+            };
+            write_record(files, &stored)?;
+            Ok(stored.into_versioned())
+        })
+        .await
+    }
+
+    async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
+        let files = Arc::new(self.files(lease)?);
+        let signal = Arc::new(Signal::default());
+        let watcher = {
+            let files = files.clone();
+            let signal = signal.clone();
+            blocking(&files.lease.clone(), move || start_watcher(&files, signal)).await?
+        };
+        let state = WatchState {
+            _watcher: watcher,
+            signal,
+            files,
+            first: true,
+            done: false,
+        };
+        Ok(Box::pin(stream::unfold(state, next_observation)))
+    }
+
+    async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
+        let store = self.clone();
+        blocking(ANY_LEASE, move || {
+            let entries =
+                fs::read_dir(store.dir()).map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
+            let mut leases = Vec::new();
+            for entry in entries {
+                let entry = entry.map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
+                let name = entry.file_name();
+                let Some(lease) = name.to_str().and_then(|n| n.strip_suffix(RECORD_SUFFIX)) else {
+                    continue;
+                };
+                // Files that no store of ours would have written.
+                let Ok(files) = store.files(lease) else {
+                    continue;
+                };
+                // `None`: deleted since the directory was read.
+                if let Some(stored) = read_record(&files)? {
+                    leases.push((files.lease, stored.into_versioned()));
+                }
+            }
+            leases.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(leases)
+        })
+        .await
+    }
+}
+
+/// Runs blocking file work on tokio's blocking pool.
+async fn blocking<T, F>(lease: &str, work: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(StoreError::Unavailable {
+            lease: lease.into(),
+            detail: format!("store task failed: {e}"),
+        })
+    })
+}
+
+/// Sets its flag when dropped: tells blocking work that its caller is gone
+/// (for example, timed out), so it must not write any more.
+struct AbandonOnDrop(Arc<AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Runs `work` on the blocking pool while holding the lease's lock.
+///
+/// If the caller drops the returned future while the lock is being waited
+/// for, `work` does not run: a caller that gave up on a request (a timeout)
+/// must not see it take effect much later.
+async fn locked<T, F>(files: LeaseFiles, work: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce(&LeaseFiles) -> Result<T, StoreError> + Send + 'static,
+{
+    let abandoned = Arc::new(AtomicBool::new(false));
+    let _guard = AbandonOnDrop(abandoned.clone());
+    let lease = files.lease.clone();
+    blocking(&lease, move || {
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&files.lock)
+            .map_err(|e| io_error(&files.lease, "cannot open lock file", &files.lock, e))?;
+        lock.lock()
+            .map_err(|e| io_error(&files.lease, "cannot lock", &files.lock, e))?;
+        let result = if abandoned.load(Ordering::SeqCst) {
+            Err(StoreError::Unavailable {
+                lease: files.lease.clone(),
+                detail: "request abandoned while waiting for the lock".into(),
+            })
+        } else {
+            work(&files)
+        };
+        // Closing the file would release the lock too; be explicit.
+        let _ = lock.unlock();
+        result
+    })
+    .await
+}
+
+/// Reads a lease's record; `None` if there is none.
+fn read_record(files: &LeaseFiles) -> Result<Option<StoredRecord>, StoreError> {
+    let bytes = match fs::read(&files.record) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error(&files.lease, "cannot read", &files.record, e)),
+    };
+    let malformed = |detail: String| StoreError::Malformed {
+        lease: files.lease.clone(),
+        detail: format!("{}: {detail}", files.record.display()),
+    };
+    let stored: StoredRecord = serde_json::from_slice(&bytes).map_err(|e| malformed(e.to_string()))?;
+    if stored.incarnation.is_empty() || !stored.incarnation.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(malformed(format!(
+            "incarnation {:?} is not alphanumeric",
+            stored.incarnation
+        )));
+    }
+    Ok(Some(stored))
+}
+
+/// Replaces a lease's record atomically and durably. The caller holds the
+/// lease's lock.
+fn write_record(files: &LeaseFiles, stored: &StoredRecord) -> Result<(), StoreError> {
+    let mut json = serde_json::to_vec_pretty(stored).map_err(|e| StoreError::Refused {
+        lease: files.lease.clone(),
+        detail: format!("cannot encode record: {e}"),
+    })?;
+    json.push(b'\n');
+    let written = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&files.temp)
+        .and_then(|mut temp| {
+            temp.write_all(&json)?;
+            temp.sync_all()
+        });
+    if let Err(e) = written {
+        let _ = fs::remove_file(&files.temp);
+        return Err(io_error(&files.lease, "cannot write", &files.temp, e));
+    }
+    if let Err(e) = fs::rename(&files.temp, &files.record) {
+        let _ = fs::remove_file(&files.temp);
+        return Err(io_error(&files.lease, "cannot replace", &files.record, e));
+    }
+    sync_dir(files)
+}
+
+/// Makes a rename or removal in the directory durable.
+fn sync_dir(files: &LeaseFiles) -> Result<(), StoreError> {
+    File::open(&files.dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| io_error(&files.lease, "cannot sync", &files.dir, e))
+}
+
+/// Maps an I/O error: permission problems are refusals, the rest are taken
+/// as transient.
+fn io_error(lease: &str, what: &str, path: &Path, err: io::Error) -> StoreError {
+    let detail = format!("{what} {}: {err}", path.display());
+    match err.kind() {
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => StoreError::Refused {
+            lease: lease.into(),
+            detail,
+        },
+        _ => StoreError::Unavailable {
+            lease: lease.into(),
+            detail,
+        },
+    }
+}
+
+/// How the inotify thread tells a watch stream that something happened.
+#[derive(Default)]
+struct Signal {
+    /// Woken on every relevant event; wake-ups coalesce into one pending
+    /// permit, which is all the stream needs since it re-reads the record.
+    wake: tokio::sync::Notify,
+    /// Set when the watch broke, with the reason.
+    broken: Mutex<Option<String>>,
+}
+
+impl Signal {
+    fn break_with(&self, reason: String) {
+        let mut broken = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+        broken.get_or_insert(reason);
+        drop(broken);
+        self.wake.notify_one();
+    }
+
+    fn take_broken(&self) -> Option<String> {
+        self.broken.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// Starts an inotify watch on the directory that wakes `signal` whenever the
+/// lease's record may have changed.
+fn start_watcher(files: &LeaseFiles, signal: Arc<Signal>) -> Result<notify::RecommendedWatcher, StoreError> {
+    let record_name: OsString = files
+        .record
+        .file_name()
+        .expect("record path has a file name")
+        .to_owned();
+    let dir = files.dir.clone();
+    let handler = move |event: notify::Result<notify::Event>| {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                signal.break_with(format!("watch on {} failed: {e}", dir.display()));
+                return;
+            }
+        };
+        if event.need_rescan() {
+            // Events were lost; ours may have been among them.
+            signal.wake.notify_one();
+            return;
+        }
+        let about_dir = event.paths.contains(&dir);
+        if about_dir
+            && matches!(
+                event.kind,
+                EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
+            )
+        {
+            signal.break_with(format!("{} was removed or moved", dir.display()));
+            return;
+        }
+        let about_record = event
+            .paths
+            .iter()
+            .any(|p| p.file_name() == Some(record_name.as_os_str()));
+        if about_record && may_change_content(&event.kind) {
+            signal.wake.notify_one();
+        }
+    };
+    let mut watcher = notify::recommended_watcher(handler).map_err(|e| StoreError::Unavailable {
+        lease: files.lease.clone(),
+        detail: format!("cannot start watching {}: {e}", files.dir.display()),
+    })?;
+    watcher
+        .watch(&files.dir, RecursiveMode::NonRecursive)
+        .map_err(|e| StoreError::Unavailable {
+            lease: files.lease.clone(),
+            detail: format!("cannot watch {}: {e}", files.dir.display()),
+        })?;
+    Ok(watcher)
+}
+
+/// Whether an event on the record file may mean its content changed.
+/// Reads (opening, closing after reading, access times) do not: reacting to
+/// them would make every read of the watch trigger the next.
+fn may_change_content(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => false,
+        _ => true,
+    }
+}
+
+/// The state of a watch stream. Dropping it drops the inotify watcher.
+struct WatchState {
+    _watcher: notify::RecommendedWatcher,
+    signal: Arc<Signal>,
+    files: Arc<LeaseFiles>,
+    /// The current record has not been yielded yet.
+    first: bool,
+    /// The watch broke and said so; the stream ends.
+    done: bool,
+}
+
+/// Waits for the next change (except the first time) and reads the record.
+async fn next_observation(
+    mut state: WatchState,
+) -> Option<(Result<Option<Versioned>, StoreError>, WatchState)> {
+    if state.done {
+        return None;
+    }
+    if state.first {
+        state.first = false;
+    } else {
+        state.signal.wake.notified().await;
+    }
+    if let Some(reason) = state.signal.take_broken() {
+        state.done = true;
+        let error = StoreError::Unavailable {
+            lease: state.files.lease.clone(),
+            detail: reason,
+        };
+        return Some((Err(error), state));
+    }
+    let files = state.files.clone();
+    let observed = blocking(&files.lease.clone(), move || {
+        Ok(read_record(&files)?.map(StoredRecord::into_versioned))
+    })
+    .await;
+    Some((observed, state))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::time::{Duration, Instant};
+
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn record(holder: Option<&str>, transitions: u64) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.map(str::to_owned),
+            lease_duration: Duration::from_secs(15),
+            acquire_time: None,
+            renew_time: Some(std::time::SystemTime::now()),
+            transitions,
+        }
+    }
+
+    fn store() -> (tempfile::TempDir, EmbeddedStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+        (dir, store)
+    }
+
+    /// The next item of a watch, failing the test after `secs` seconds.
+    async fn next_within(watch: &mut LeaseWatch, secs: u64) -> Option<Versioned> {
+        tokio::time::timeout(Duration::from_secs(secs), watch.next())
+            .await
+            .expect("watch yielded in time")
+            .expect("watch still open")
+            .expect("watch yielded a record")
+    }
+
+    #[test]
+    fn lease_names() {
+        for ok in ["a", "demo", "jobs.billing-1", "0", "a-b.c-d.e", &"a".repeat(253)] {
+            assert_eq!(validate_lease_name(ok), Ok(()), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "Demo",
+            "-a",
+            "a-",
+            ".a",
+            "a.",
+            "a..b",
+            "a.-b",
+            "a_b",
+            "a/b",
+            "..",
+            "a b",
+            "é",
+            &"a".repeat(254),
+        ] {
+            let err = validate_lease_name(bad).unwrap_err();
+            assert!(err.contains("invalid lease name"), "{bad:?}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn invalid_names_are_refused() {
+        let (_dir, store) = store();
+        let r = record(Some("a"), 1);
+        for bad in ["../escape", "UPPER", ""] {
+            let errors = [
+                store.get(bad).await.unwrap_err(),
+                store.create(bad, &r).await.unwrap_err(),
+                store.update(bad, "x-1", &r).await.unwrap_err(),
+                store.watch(bad).await.err().unwrap(),
+                store.delete(bad).await.unwrap_err(),
+            ];
+            for err in errors {
+                match err {
+                    StoreError::Refused { lease, .. } => assert_eq!(lease, bad),
+                    other => panic!("{bad:?}: expected Refused, got {other:?}"),
+                }
+            }
+        }
+        assert!(fs::read_dir(store.dir()).unwrap().next().is_none());
+    }
+
+    #[tokio::test]
+    async fn create_get_update_conflict() {
+        let (_dir, store) = store();
+        assert!(store.describe().starts_with("embedded store at /"));
+        assert_eq!(store.get("demo").await.unwrap(), None);
+
+        let r1 = record(Some("host-a"), 1);
+        let v1 = store.create("demo", &r1).await.unwrap();
+        assert_eq!(v1.record, r1);
+        assert_eq!(store.get("demo").await.unwrap(), Some(v1.clone()));
+
+        let err = store
+            .create("demo", &record(Some("host-b"), 1))
+            .await
+            .unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        assert_eq!(store.get("demo").await.unwrap(), Some(v1.clone()));
+
+        let r2 = record(Some("host-a"), 2);
+        let v2 = store.update("demo", &v1.version, &r2).await.unwrap();
+        assert_ne!(v2.version, v1.version);
+        assert_eq!(v2.record, r2);
+        assert_eq!(store.get("demo").await.unwrap(), Some(v2.clone()));
+
+        // A stale version loses.
+        let err = store
+            .update("demo", &v1.version, &record(None, 9))
+            .await
+            .unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        assert_eq!(store.get("demo").await.unwrap(), Some(v2.clone()));
+
+        // Updating a lease that does not exist is a conflict too.
+        let err = store.update("other", &v2.version, &r2).await.unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        assert_eq!(store.get("other").await.unwrap(), None);
+
+        // Another store on the same directory sees the same thing.
+        let again = EmbeddedStore::open(store.dir()).unwrap();
+        assert_eq!(again.get("demo").await.unwrap(), Some(v2.clone()));
+
+        assert!(store.delete("demo").await.unwrap());
+        assert!(!store.delete("demo").await.unwrap());
+        assert_eq!(store.get("demo").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn list_returns_every_lease_and_ignores_other_files() {
+        let (_dir, store) = store();
+        assert!(store.list().await.unwrap().is_empty());
+        let b = store.create("b.jobs", &record(Some("x"), 1)).await.unwrap();
+        let a = store.create("a", &record(None, 0)).await.unwrap();
+        fs::write(store.dir().join("README"), "hello").unwrap();
+        fs::write(store.dir().join("Bad_Name.lease.json"), "{}").unwrap();
+        fs::write(store.dir().join(".c.tmp"), "{").unwrap();
+        fs::create_dir(store.dir().join("sub")).unwrap();
+        let listed = store.list().await.unwrap();
+        assert_eq!(listed, vec![("a".to_string(), a), ("b.jobs".to_string(), b)]);
+    }
+
+    /// One compare-and-swap increment of `transitions`, retried on conflict.
+    /// Returns the version written.
+    async fn increment(store: &EmbeddedStore, lease: &str) -> String {
+        loop {
+            let current = store.get(lease).await.unwrap().unwrap();
+            let mut next = current.record.clone();
+            next.transitions += 1;
+            match store.update(lease, &current.version, &next).await {
+                Ok(written) => return written.version,
+                Err(e) if e.is_conflict() => tokio::task::yield_now().await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_updaters_lose_no_update() {
+        const TASKS: usize = 3;
+        const THREADS: usize = 3;
+        const EACH: usize = 30;
+        let (_dir, store) = store();
+        store.create("counter", &record(None, 0)).await.unwrap();
+
+        // Tasks sharing one store instance...
+        let mut tasks = Vec::new();
+        for _ in 0..TASKS {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut versions = Vec::new();
+                for _ in 0..EACH {
+                    versions.push(increment(&store, "counter").await);
+                }
+                versions
+            }));
+        }
+        // ...and threads, each with its own runtime and store instance (its
+        // own lock file descriptions, as a separate process would have).
+        let mut threads = Vec::new();
+        for _ in 0..THREADS {
+            let dir = store.dir().to_path_buf();
+            threads.push(std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let store = EmbeddedStore::open(dir).unwrap();
+                    let mut versions = Vec::new();
+                    for _ in 0..EACH {
+                        versions.push(increment(&store, "counter").await);
+                    }
+                    versions
+                })
+            }));
+        }
+
+        let mut versions = HashSet::new();
+        for task in tasks {
+            for v in task.await.unwrap() {
+                assert!(versions.insert(v), "version repeated");
+            }
+        }
+        for thread in threads {
+            for v in tokio::task::spawn_blocking(move || thread.join().unwrap())
+                .await
+                .unwrap()
+            {
+                assert!(versions.insert(v), "version repeated");
+            }
+        }
+        let last = store.get("counter").await.unwrap().unwrap();
+        assert_eq!(last.record.transitions as usize, (TASKS + THREADS) * EACH);
+        assert_eq!(versions.len(), (TASKS + THREADS) * EACH);
+    }
+
+    #[tokio::test]
+    async fn versions_never_repeat_after_delete_and_recreate() {
+        let (_dir, store) = store();
+        let mut seen = HashSet::new();
+        let mut stale = Vec::new();
+        for round in 0..3 {
+            let mut v = store.create("demo", &record(None, 0)).await.unwrap();
+            assert!(seen.insert(v.version.clone()));
+            for i in 0..3 {
+                stale.push(v.version.clone());
+                v = store.update("demo", &v.version, &record(None, i)).await.unwrap();
+                assert!(seen.insert(v.version.clone()));
+            }
+            stale.push(v.version.clone());
+            // Delete through the store, then behind its back.
+            if round % 2 == 0 {
+                assert!(store.delete("demo").await.unwrap());
+            } else {
+                fs::remove_file(store.dir().join("demo.lease.json")).unwrap();
+            }
+        }
+        let current = store.create("demo", &record(None, 0)).await.unwrap();
+        assert!(!seen.contains(&current.version));
+        for old in stale {
+            let err = store.update("demo", &old, &record(None, 7)).await.unwrap_err();
+            assert!(err.is_conflict(), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_record_is_reported_with_lease_and_path() {
+        let (_dir, store) = store();
+        let v = store.create("demo", &record(Some("a"), 1)).await.unwrap();
+        let path = store.dir().join("demo.lease.json");
+        let full = fs::read(&path).unwrap();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("empty", Vec::new()),
+            ("truncated", full[..full.len() / 2].to_vec()),
+            ("garbage", b"\x00\xffnot json".to_vec()),
+            ("wrong shape", br#"{"holder": "a"}"#.to_vec()),
+            (
+                "bad incarnation",
+                String::from_utf8(full.clone())
+                    .unwrap()
+                    .replace(&v.version[..16], "../x")
+                    .into_bytes(),
+            ),
+        ];
+        for (what, bytes) in cases {
+            fs::write(&path, &bytes).unwrap();
+            let errors = [
+                store.get("demo").await.unwrap_err(),
+                store.create("demo", &v.record).await.unwrap_err(),
+                store.update("demo", &v.version, &v.record).await.unwrap_err(),
+                store.list().await.unwrap_err(),
+                store
+                    .watch("demo")
+                    .await
+                    .unwrap()
+                    .next()
+                    .await
+                    .unwrap()
+                    .unwrap_err(),
+            ];
+            for err in errors {
+                match &err {
+                    StoreError::Malformed { lease, detail } => {
+                        assert_eq!(lease, "demo", "{what}");
+                        assert!(detail.contains(&path.display().to_string()), "{what}: {detail}");
+                    }
+                    other => panic!("{what}: expected Malformed, got {other:?}"),
+                }
+            }
+            // Nothing was overwritten.
+            assert_eq!(fs::read(&path).unwrap(), bytes, "{what}");
+        }
+        // An operator can clear it.
+        assert!(store.delete("demo").await.unwrap());
+        store.create("demo", &v.record).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn leftover_temp_file_is_ignored_and_replaced() {
+        let (_dir, store) = store();
+        let v1 = store.create("demo", &record(Some("a"), 1)).await.unwrap();
+        // As if a writer died after writing half of its temporary file.
+        let temp = store.dir().join(".demo.tmp");
+        fs::write(&temp, "{\"incarnation\": \"dead").unwrap();
+        assert_eq!(store.get("demo").await.unwrap(), Some(v1.clone()));
+        assert_eq!(
+            store.list().await.unwrap(),
+            vec![("demo".to_string(), v1.clone())]
+        );
+        let v2 = store
+            .update("demo", &v1.version, &record(Some("b"), 2))
+            .await
+            .unwrap();
+        assert_eq!(store.get("demo").await.unwrap(), Some(v2));
+        assert!(!temp.exists(), "the next write cleaned it up");
+
+        // A temporary file of a lease that has no record yet.
+        fs::write(store.dir().join(".fresh.tmp"), "junk").unwrap();
+        assert_eq!(store.get("fresh").await.unwrap(), None);
+        store.create("fresh", &record(None, 0)).await.unwrap();
+        assert!(!store.dir().join(".fresh.tmp").exists());
+    }
+
+    #[tokio::test]
+    async fn abandoned_update_does_not_write() {
+        let (_dir, store) = store();
+        let v1 = store.create("demo", &record(Some("a"), 1)).await.unwrap();
+        // Hold the lease's lock as another process would.
+        let lock = File::options()
+            .read(true)
+            .write(true)
+            .open(store.dir().join(".demo.lock"))
+            .unwrap();
+        lock.lock().unwrap();
+        let attempt = tokio::time::timeout(
+            Duration::from_millis(100),
+            store.update("demo", &v1.version, &record(Some("b"), 2)),
+        )
+        .await;
+        assert!(attempt.is_err(), "the update waits for the lock");
+        lock.unlock().unwrap();
+        // Give the blocked thread time to get the lock and give up.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(store.get("demo").await.unwrap(), Some(v1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_sees_changes_from_another_store() {
+        let (_dir, watcher_store) = store();
+        let writer = EmbeddedStore::open(watcher_store.dir()).unwrap();
+        let mut watch = watcher_store.watch("demo").await.unwrap();
+
+        // First the current state: nothing yet.
+        assert_eq!(next_within(&mut watch, 1).await, None);
+
+        let created = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
+        // The create may surface as more than one event; wait for its record.
+        let mut seen = next_within(&mut watch, 1).await;
+        while seen.as_ref() != Some(&created) {
+            seen = next_within(&mut watch, 1).await;
+        }
+
+        // Reading the record (opening it) is not a change.
+        writer.get("demo").await.unwrap();
+        watcher_store.get("demo").await.unwrap();
+        let quiet = tokio::time::timeout(Duration::from_millis(200), async {
+            loop {
+                let seen = watch.next().await.unwrap().unwrap();
+                // Leftover wake-ups from the create may re-yield it.
+                assert_eq!(seen.as_ref(), Some(&created));
+            }
+        })
+        .await;
+        assert!(quiet.is_err(), "the watch stays quiet without writes");
+
+        let mut latencies = Vec::new();
+        let mut current = created;
+        for i in 0..20 {
+            let started = Instant::now();
+            let updated = writer
+                .update("demo", &current.version, &record(Some("a"), 2 + i))
+                .await
+                .unwrap();
+            let written = started.elapsed();
+            let mut seen = next_within(&mut watch, 1).await;
+            while seen.as_ref() != Some(&updated) {
+                seen = next_within(&mut watch, 1).await;
+            }
+            let latency = started.elapsed();
+            assert!(latency < Duration::from_secs(1));
+            latencies.push((latency, written));
+            current = updated;
+        }
+        latencies.sort();
+        println!(
+            "watch latency from start of update (update call itself): min {:?} ({:?}), \
+             median {:?} ({:?}), max {:?} ({:?})",
+            latencies[0].0,
+            latencies[0].1,
+            latencies[10].0,
+            latencies[10].1,
+            latencies[19].0,
+            latencies[19].1,
+        );
+
+        // Deletion through a store, and behind its back.
+        let started = Instant::now();
+        assert!(writer.delete("demo").await.unwrap());
+        while next_within(&mut watch, 1).await.is_some() {}
+        println!("watch saw deletion after {:?}", started.elapsed());
+
+        let again = writer.create("demo", &record(None, 0)).await.unwrap();
+        while next_within(&mut watch, 1).await != Some(again.clone()) {}
+        fs::remove_file(writer.dir().join("demo.lease.json")).unwrap();
+        while next_within(&mut watch, 1).await.is_some() {}
+    }
+
+    #[tokio::test]
+    async fn watch_yields_current_record_first_and_ignores_other_leases() {
+        let (_dir, store) = store();
+        let v = store.create("demo", &record(Some("a"), 1)).await.unwrap();
+        let other = store.create("demo.other", &record(None, 0)).await.unwrap();
+        let mut watch = store.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut watch, 1).await, Some(v.clone()));
+        store
+            .update("demo.other", &other.version, &record(None, 1))
+            .await
+            .unwrap();
+        store.create("demox", &record(None, 0)).await.unwrap();
+        let quiet = tokio::time::timeout(Duration::from_millis(200), watch.next()).await;
+        assert!(quiet.is_err(), "other leases do not wake the watch");
+    }
+
+    #[tokio::test]
+    async fn watch_breaks_when_directory_is_removed() {
+        let (_dir, store) = store();
+        let mut watch = store.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut watch, 1).await, None);
+        fs::remove_dir(store.dir()).unwrap();
+        let item = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match watch.next().await {
+                    Some(Ok(_)) => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .unwrap();
+        match item {
+            Some(Err(StoreError::Unavailable { lease, .. })) => assert_eq!(lease, "demo"),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert!(watch.next().await.is_none(), "the stream ends after the error");
+    }
+}

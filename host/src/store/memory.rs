@@ -1,0 +1,691 @@
+//! The memory store: leases in a map in this process, with fault injection,
+//! for unit tests of the elector.
+//!
+//! Clones of a [`MemoryStore`] share their state, so a test can hand one
+//! clone to the code under test and keep another to inject faults, write as a
+//! foreign host would, and count requests.
+//!
+//! # Faults
+//!
+//! Each operation ([`get`](LeaseStore::get), [`create`](LeaseStore::create),
+//! [`update`](LeaseStore::update), [`watch`](LeaseStore::watch),
+//! [`list`](LeaseStore::list)) goes through these steps:
+//!
+//! 1. It is counted (see [`MemoryStore::op_counts`]), whatever happens next.
+//! 2. Its fate is decided: [`StoreError::Refused`] for an invalid lease name
+//!    (returned at once), [`StoreError::Unavailable`] if the store is
+//!    [unavailable](MemoryStore::set_unavailable) or a
+//!    [failure is pending](MemoryStore::fail_next), [`StoreError::Conflict`]
+//!    for an update if a [conflict is pending](MemoryStore::inject_conflict_next).
+//! 3. It waits out the [latency](MemoryStore::set_latency) with
+//!    [`tokio::time::sleep`], so tests under `tokio::time::pause()` run
+//!    instantly.
+//! 4. It waits while the store [hangs](MemoryStore::hang).
+//! 5. It fails as decided, or takes effect (the compare-and-swap happens
+//!    here, so it races with whatever happened meanwhile).
+//!
+//! Versions are decimal numbers from one counter for the whole store, so
+//! they increase and never repeat, even after a lease is deleted.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::stream;
+use tokio::sync::watch;
+
+use super::embedded::validate_lease_name;
+use super::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
+
+/// How many operations of each kind a [`MemoryStore`] was asked to do,
+/// including those that failed or are still in progress.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// Calls to [`LeaseStore::get`].
+    pub get: u64,
+    /// Calls to [`LeaseStore::create`].
+    pub create: u64,
+    /// Calls to [`LeaseStore::update`].
+    pub update: u64,
+    /// Calls to [`LeaseStore::watch`].
+    pub watch: u64,
+    /// Calls to [`LeaseStore::list`].
+    pub list: u64,
+}
+
+/// An in-process lease store with fault injection; see the [module
+/// documentation](self).
+///
+/// Cloning shares the state.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("MemoryStore")
+            .field("leases", &state.leases.len())
+            .field("unavailable", &state.unavailable)
+            .field("counts", &state.counts)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// `true` while operations hang.
+    hang: watch::Sender<bool>,
+    /// Bumped to break every open watch.
+    breaks: watch::Sender<u64>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            hang: watch::Sender::new(false),
+            breaks: watch::Sender::new(0),
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Every lease ever touched, with its current record (`None`: absent).
+    /// The channel is the storage: watches subscribe to it.
+    leases: BTreeMap<String, watch::Sender<Option<Versioned>>>,
+    /// The last version handed out.
+    last_version: u64,
+    latency: Duration,
+    unavailable: bool,
+    fail_next: u64,
+    conflict_next: u64,
+    counts: OpCounts,
+}
+
+impl State {
+    fn next_version(&mut self) -> String {
+        self.last_version += 1;
+        self.last_version.to_string()
+    }
+
+    fn channel(&mut self, lease: &str) -> &watch::Sender<Option<Versioned>> {
+        self.leases
+            .entry(lease.to_owned())
+            .or_insert_with(|| watch::Sender::new(None))
+    }
+
+    fn current(&self, lease: &str) -> Option<Versioned> {
+        self.leases.get(lease).and_then(|tx| tx.borrow().clone())
+    }
+
+    /// Stores a record under a new version and tells the watches.
+    fn put(&mut self, lease: &str, record: LeaseRecord) -> Versioned {
+        let versioned = Versioned {
+            record,
+            version: self.next_version(),
+        };
+        self.channel(lease).send_replace(Some(versioned.clone()));
+        versioned
+    }
+}
+
+/// The kinds of operation, for counting and fault decisions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Get,
+    Create,
+    Update,
+    Watch,
+    List,
+}
+
+impl MemoryStore {
+    /// An empty store without faults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes every operation started from now on take `latency` (slept with
+    /// [`tokio::time::sleep`]) before it takes effect. Zero by default.
+    pub fn set_latency(&self, latency: Duration) {
+        self.state().latency = latency;
+    }
+
+    /// While `true`, every operation fails with [`StoreError::Unavailable`]
+    /// (after its latency), and every open watch yields that error and ends.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.state().unavailable = unavailable;
+        if unavailable {
+            self.break_watches();
+        }
+    }
+
+    /// Makes each of the next `n` operations (of any kind) fail with
+    /// [`StoreError::Unavailable`]. Replaces any count still pending; `0`
+    /// cancels.
+    pub fn fail_next(&self, n: u64) {
+        self.state().fail_next = n;
+    }
+
+    /// Makes each of the next `n` updates fail with [`StoreError::Conflict`]
+    /// without writing, as if another host had written just before. Replaces
+    /// any count still pending; `0` cancels.
+    pub fn inject_conflict_next(&self, n: u64) {
+        self.state().conflict_next = n;
+    }
+
+    /// While `true`, operations do not complete: those waiting (after their
+    /// latency) resume only when this is set back to `false`. For testing
+    /// request timeouts. Watches already open keep delivering.
+    pub fn hang(&self, hang: bool) {
+        self.shared.hang.send_replace(hang);
+    }
+
+    /// Makes every open watch yield [`StoreError::Unavailable`] and end, as
+    /// when a connection to a store breaks. New watches are not affected.
+    pub fn break_watches(&self) {
+        self.shared.breaks.send_modify(|n| *n += 1);
+    }
+
+    /// Writes a record as a foreign writer would: at once, whatever the
+    /// current version, without faults or counting. Watches see it.
+    pub fn write_raw(&self, lease: &str, record: LeaseRecord) -> Versioned {
+        self.state().put(lease, record)
+    }
+
+    /// Deletes a lease at once, without faults or counting; returns whether
+    /// it existed. Watches see `None`.
+    pub fn delete(&self, lease: &str) -> bool {
+        let state = self.state();
+        match state.leases.get(lease) {
+            Some(tx) => tx.send_replace(None).is_some(),
+            None => false,
+        }
+    }
+
+    /// The current record of a lease, without faults or counting.
+    pub fn peek(&self, lease: &str) -> Option<Versioned> {
+        self.state().current(lease)
+    }
+
+    /// How many operations of each kind were requested so far.
+    pub fn op_counts(&self) -> OpCounts {
+        self.state().counts
+    }
+
+    /// Sets every operation count back to zero.
+    pub fn reset_op_counts(&self) {
+        self.state().counts = OpCounts::default();
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A test that panicked while holding the lock must not hide its own
+        // failure behind poisoning errors.
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Steps 1 to 4 of an operation (see the module documentation); returns
+    /// the state to let it take effect in, or the error it fails with.
+    async fn begin(&self, op: Op, lease: &str) -> Result<MutexGuard<'_, State>, StoreError> {
+        let (latency, failure) = {
+            let mut state = self.state();
+            let counts = &mut state.counts;
+            match op {
+                Op::Get => counts.get += 1,
+                Op::Create => counts.create += 1,
+                Op::Update => counts.update += 1,
+                Op::Watch => counts.watch += 1,
+                Op::List => counts.list += 1,
+            }
+            if op != Op::List {
+                validate_lease_name(lease).map_err(|detail| StoreError::Refused {
+                    lease: lease.into(),
+                    detail,
+                })?;
+            }
+            let failure = if state.unavailable {
+                Some(unavailable(lease, "store is unavailable (injected)"))
+            } else if state.fail_next > 0 {
+                state.fail_next -= 1;
+                Some(unavailable(lease, "injected failure"))
+            } else if op == Op::Update && state.conflict_next > 0 {
+                state.conflict_next -= 1;
+                Some(StoreError::Conflict {
+                    lease: lease.into(),
+                    detail: "injected conflict".into(),
+                })
+            } else {
+                None
+            };
+            (state.latency, failure)
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let mut hang = self.shared.hang.subscribe();
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = hang.wait_for(|hanging| !*hanging).await;
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(self.state()),
+        }
+    }
+}
+
+fn unavailable(lease: &str, detail: &str) -> StoreError {
+    StoreError::Unavailable {
+        lease: lease.into(),
+        detail: detail.into(),
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for MemoryStore {
+    fn describe(&self) -> String {
+        "memory store".into()
+    }
+
+    async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
+        let state = self.begin(Op::Get, lease).await?;
+        Ok(state.current(lease))
+    }
+
+    async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
+        let mut state = self.begin(Op::Create, lease).await?;
+        if let Some(current) = state.current(lease) {
+            return Err(StoreError::Conflict {
+                lease: lease.into(),
+                detail: format!("already exists (version {})", current.version),
+            });
+        }
+        Ok(state.put(lease, record.clone()))
+    }
+
+    async fn update(
+        &self,
+        lease: &str,
+        version: &str,
+        record: &LeaseRecord,
+    ) -> Result<Versioned, StoreError> {
+        let mut state = self.begin(Op::Update, lease).await?;
+        match state.current(lease) {
+            None => Err(StoreError::Conflict {
+                lease: lease.into(),
+                detail: format!("does not exist (expected version {version})"),
+            }),
+            Some(current) if current.version != version => Err(StoreError::Conflict {
+                lease: lease.into(),
+                detail: format!("version is {}, not {version}", current.version),
+            }),
+            Some(_) => Ok(state.put(lease, record.clone())),
+        }
+    }
+
+    async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
+        let mut state = self.begin(Op::Watch, lease).await?;
+        let records = state.channel(lease).subscribe();
+        drop(state);
+        let watch = MemoryWatch {
+            lease: lease.to_owned(),
+            records,
+            breaks: self.shared.breaks.subscribe(),
+            first: true,
+        };
+        Ok(Box::pin(stream::unfold(Some(watch), MemoryWatch::next)))
+    }
+
+    async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
+        let state = self.begin(Op::List, "*").await?;
+        Ok(state
+            .leases
+            .iter()
+            .filter_map(|(lease, tx)| Some((lease.clone(), tx.borrow().clone()?)))
+            .collect())
+    }
+}
+
+/// The state of a watch stream.
+struct MemoryWatch {
+    lease: String,
+    records: watch::Receiver<Option<Versioned>>,
+    breaks: watch::Receiver<u64>,
+    /// The current record has not been yielded yet.
+    first: bool,
+}
+
+type WatchStep = Option<(Result<Option<Versioned>, StoreError>, Option<MemoryWatch>)>;
+
+impl MemoryWatch {
+    /// Yields the current record first, then the record after each change,
+    /// until the watch is broken (`None` state: the stream ends).
+    async fn next(watch: Option<MemoryWatch>) -> WatchStep {
+        let mut watch = watch?;
+        if watch.first {
+            watch.first = false;
+        } else {
+            tokio::select! {
+                biased;
+                _ = watch.breaks.changed() => {
+                    let error = unavailable(&watch.lease, "watch broken (injected)");
+                    return Some((Err(error), None));
+                }
+                // The store holds the sender, and the stream holds the store's
+                // shared state only through it; if it is gone, end.
+                changed = watch.records.changed() => changed.ok()?,
+            }
+        }
+        let current = watch.records.borrow_and_update().clone();
+        Some((Ok(current), Some(watch)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn record(holder: Option<&str>, transitions: u64) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.map(str::to_owned),
+            lease_duration: Duration::from_secs(15),
+            acquire_time: None,
+            renew_time: None,
+            transitions,
+        }
+    }
+
+    fn is_unavailable(e: &StoreError) -> bool {
+        matches!(e, StoreError::Unavailable { .. })
+    }
+
+    #[tokio::test]
+    async fn create_get_update_conflict() {
+        let store = MemoryStore::new();
+        assert_eq!(store.describe(), "memory store");
+        assert_eq!(store.get("demo").await.unwrap(), None);
+        let v1 = store.create("demo", &record(Some("a"), 1)).await.unwrap();
+        assert_eq!(v1.version, "1");
+        assert!(
+            store
+                .create("demo", &record(Some("b"), 1))
+                .await
+                .unwrap_err()
+                .is_conflict()
+        );
+        assert_eq!(store.get("demo").await.unwrap(), Some(v1.clone()));
+
+        let v2 = store
+            .update("demo", &v1.version, &record(Some("a"), 2))
+            .await
+            .unwrap();
+        assert_eq!(v2.version, "2");
+        let err = store
+            .update("demo", &v1.version, &record(None, 3))
+            .await
+            .unwrap_err();
+        assert!(err.is_conflict());
+        assert!(
+            store
+                .update("nope", "2", &record(None, 3))
+                .await
+                .unwrap_err()
+                .is_conflict()
+        );
+        assert_eq!(store.get("demo").await.unwrap(), Some(v2.clone()));
+
+        // A clone shares the state.
+        let other = store.clone();
+        assert_eq!(other.get("demo").await.unwrap(), Some(v2.clone()));
+
+        // Versions keep growing across delete and re-create.
+        assert!(store.delete("demo"));
+        assert!(!store.delete("demo"));
+        assert!(
+            store
+                .update("demo", &v2.version, &record(None, 3))
+                .await
+                .unwrap_err()
+                .is_conflict()
+        );
+        let v3 = store.create("demo", &record(None, 0)).await.unwrap();
+        assert_eq!(v3.version, "3");
+
+        let err = store.get("Not_Valid").await.unwrap_err();
+        assert!(matches!(err, StoreError::Refused { ref lease, .. } if lease == "Not_Valid"));
+    }
+
+    #[tokio::test]
+    async fn list_and_raw_writes() {
+        let store = MemoryStore::new();
+        let b = store.write_raw("b", record(Some("x"), 4));
+        let a = store.create("a", &record(None, 0)).await.unwrap();
+        store.write_raw("c", record(None, 0));
+        store.delete("c");
+        assert_eq!(
+            store.list().await.unwrap(),
+            vec![("a".to_string(), a.clone()), ("b".to_string(), b.clone())]
+        );
+        // A raw write ignores versions: the next CAS with the old one fails.
+        let b2 = store.write_raw("b", record(Some("y"), 5));
+        assert!(
+            store
+                .update("b", &b.version, &record(None, 6))
+                .await
+                .unwrap_err()
+                .is_conflict()
+        );
+        assert_eq!(store.peek("b"), Some(b2));
+    }
+
+    #[tokio::test]
+    async fn op_counts_count_every_request() {
+        let store = MemoryStore::new();
+        store.get("demo").await.unwrap();
+        let v = store.create("demo", &record(None, 0)).await.unwrap();
+        store.update("demo", &v.version, &record(None, 1)).await.unwrap();
+        store
+            .update("demo", &v.version, &record(None, 1))
+            .await
+            .unwrap_err();
+        store.fail_next(1);
+        store.get("demo").await.unwrap_err();
+        let _watch = store.watch("demo").await.unwrap();
+        store.list().await.unwrap();
+        // Not counted.
+        store.peek("demo");
+        store.write_raw("demo", record(None, 9));
+        assert_eq!(
+            store.op_counts(),
+            OpCounts {
+                get: 2,
+                create: 1,
+                update: 2,
+                watch: 1,
+                list: 1
+            }
+        );
+        store.reset_op_counts();
+        assert_eq!(store.op_counts(), OpCounts::default());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_delays_every_operation() {
+        let store = MemoryStore::new();
+        store.set_latency(Duration::from_secs(2));
+        let started = Instant::now();
+        let v = store.create("demo", &record(None, 0)).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        store.update("demo", &v.version, &record(None, 1)).await.unwrap();
+        store.get("demo").await.unwrap();
+        let _watch = store.watch("demo").await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(8));
+
+        // Failures take the latency too.
+        store.fail_next(1);
+        store.get("demo").await.unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+
+        store.set_latency(Duration::ZERO);
+        store.get("demo").await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_update_races_with_writes_made_meanwhile() {
+        let store = MemoryStore::new();
+        let v = store.create("demo", &record(None, 0)).await.unwrap();
+        store.set_latency(Duration::from_secs(1));
+        let slow = tokio::spawn({
+            let store = store.clone();
+            let version = v.version.clone();
+            async move { store.update("demo", &version, &record(Some("slow"), 1)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        store.write_raw("demo", record(Some("fast"), 1));
+        assert!(slow.await.unwrap().unwrap_err().is_conflict());
+        assert_eq!(store.peek("demo").unwrap().record.holder(), Some("fast"));
+    }
+
+    #[tokio::test]
+    async fn unavailable_fails_operations_and_breaks_watches() {
+        let store = MemoryStore::new();
+        let v = store.create("demo", &record(None, 0)).await.unwrap();
+        let mut watch = store.watch("demo").await.unwrap();
+        assert_eq!(watch.next().await.unwrap().unwrap(), Some(v.clone()));
+
+        store.set_unavailable(true);
+        assert!(is_unavailable(&watch.next().await.unwrap().unwrap_err()));
+        assert!(watch.next().await.is_none(), "the watch ends after the error");
+        assert!(is_unavailable(&store.get("demo").await.unwrap_err()));
+        assert!(is_unavailable(&store.create("x", &v.record).await.unwrap_err()));
+        assert!(is_unavailable(
+            &store.update("demo", &v.version, &v.record).await.unwrap_err()
+        ));
+        assert!(is_unavailable(&store.watch("demo").await.err().unwrap()));
+        assert!(is_unavailable(&store.list().await.unwrap_err()));
+        // Nothing was written.
+        assert_eq!(store.peek("demo"), Some(v.clone()));
+        assert_eq!(store.peek("x"), None);
+
+        store.set_unavailable(false);
+        assert_eq!(store.get("demo").await.unwrap(), Some(v.clone()));
+        let mut watch = store.watch("demo").await.unwrap();
+        assert_eq!(watch.next().await.unwrap().unwrap(), Some(v));
+    }
+
+    #[tokio::test]
+    async fn fail_next_fails_exactly_n_operations() {
+        let store = MemoryStore::new();
+        store.fail_next(3);
+        assert!(is_unavailable(&store.get("demo").await.unwrap_err()));
+        assert!(is_unavailable(
+            &store.create("demo", &record(None, 0)).await.unwrap_err()
+        ));
+        assert!(is_unavailable(&store.list().await.unwrap_err()));
+        assert_eq!(store.peek("demo"), None);
+        store.create("demo", &record(None, 0)).await.unwrap();
+        store.get("demo").await.unwrap();
+
+        store.fail_next(5);
+        store.fail_next(0);
+        store.get("demo").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn injected_conflicts_hit_updates_only() {
+        let store = MemoryStore::new();
+        store.inject_conflict_next(2);
+        let v = store.create("demo", &record(None, 0)).await.unwrap();
+        store.get("demo").await.unwrap();
+        for _ in 0..2 {
+            let err = store
+                .update("demo", &v.version, &record(Some("a"), 1))
+                .await
+                .unwrap_err();
+            assert!(err.is_conflict());
+        }
+        assert_eq!(store.peek("demo"), Some(v.clone()));
+        let v2 = store
+            .update("demo", &v.version, &record(Some("a"), 1))
+            .await
+            .unwrap();
+        assert_eq!(store.peek("demo"), Some(v2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hang_blocks_operations_until_released() {
+        let store = MemoryStore::new();
+        let v = store.create("demo", &record(None, 0)).await.unwrap();
+        store.hang(true);
+
+        // A request timeout fires; the abandoned update never takes effect.
+        let timed_out = tokio::time::timeout(
+            Duration::from_secs(5),
+            store.update("demo", &v.version, &record(Some("a"), 1)),
+        )
+        .await;
+        assert!(timed_out.is_err());
+        assert_eq!(store.peek("demo"), Some(v.clone()));
+
+        // A hung request completes once released.
+        let pending = tokio::spawn({
+            let store = store.clone();
+            async move { store.get("demo").await }
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!pending.is_finished());
+        store.hang(false);
+        assert_eq!(pending.await.unwrap().unwrap(), Some(v));
+        assert_eq!(store.op_counts().get, 1);
+        assert_eq!(store.op_counts().update, 1);
+    }
+
+    #[tokio::test]
+    async fn watch_yields_current_then_each_change() {
+        let store = MemoryStore::new();
+        let mut watch = store.watch("demo").await.unwrap();
+        assert_eq!(watch.next().await.unwrap().unwrap(), None);
+
+        let v1 = store.create("demo", &record(None, 0)).await.unwrap();
+        assert_eq!(watch.next().await.unwrap().unwrap(), Some(v1.clone()));
+        let v2 = store
+            .update("demo", &v1.version, &record(Some("a"), 1))
+            .await
+            .unwrap();
+        assert_eq!(watch.next().await.unwrap().unwrap(), Some(v2));
+        let v3 = store.write_raw("demo", record(Some("b"), 2));
+        assert_eq!(watch.next().await.unwrap().unwrap(), Some(v3.clone()));
+        store.delete("demo");
+        assert_eq!(watch.next().await.unwrap().unwrap(), None);
+
+        // Nothing more until the next change; other leases do not count.
+        store.write_raw("other", record(None, 0));
+        let quiet = tokio::time::timeout(Duration::from_millis(50), watch.next()).await;
+        assert!(quiet.is_err());
+
+        // A second watch starts from the current state.
+        let mut second = store.watch("demo").await.unwrap();
+        assert_eq!(second.next().await.unwrap().unwrap(), None);
+
+        // Failed operations do not wake watches.
+        store.inject_conflict_next(1);
+        store.update("demo", "1", &record(None, 0)).await.unwrap_err();
+        let quiet = tokio::time::timeout(Duration::from_millis(50), second.next()).await;
+        assert!(quiet.is_err());
+
+        // Breaking watches ends both with an error.
+        store.break_watches();
+        for w in [&mut watch, &mut second] {
+            assert!(is_unavailable(&w.next().await.unwrap().unwrap_err()));
+            assert!(w.next().await.is_none());
+        }
+        // New watches work.
+        let mut third = store.watch("demo").await.unwrap();
+        assert_eq!(third.next().await.unwrap().unwrap(), None);
+    }
+}
