@@ -5,3 +5,6 @@
 pub mod election;
 pub mod runtime;
 pub mod store;
+pub mod config;
+pub mod serve;
+pub mod supervisor;

@@ -1,1 +1,181 @@
-fn main() {}
+//! The `baton` command: run leases and plugins, check a plugin, show the
+//! leases of the embedded store.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio_util::sync::CancellationToken;
+
+use baton::config::{Config, StoreConfig};
+use baton::runtime::{PluginEngine, PluginRuntime, default_cache_dir};
+
+/// Runs WebAssembly plugin leader tasks only while this host holds a lease.
+#[derive(Parser)]
+#[command(name = "baton", version, about)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "BATON_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the configured leases and plugins until SIGTERM or SIGINT.
+    Run {
+        /// The configuration file.
+        #[arg(long, short, env = "BATON_CONFIG")]
+        config: PathBuf,
+        /// This host's identity (overrides the file; must be unique per process).
+        #[arg(long, env = "BATON_IDENTITY")]
+        identity: Option<String>,
+        /// The embedded store's directory (overrides the file).
+        #[arg(long, env = "BATON_STORE_DIR")]
+        store_dir: Option<PathBuf>,
+        /// Where compiled code is cached (overrides the file).
+        #[arg(long, env = "BATON_CACHE_DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Say which world each component targets, or exactly why it cannot run.
+    Check {
+        /// Component files.
+        #[arg(required = true)]
+        plugins: Vec<PathBuf>,
+    },
+    /// Show each lease of the embedded store: holder, term, time to expiry.
+    Status {
+        /// Take the store from this configuration file.
+        #[arg(long, short, env = "BATON_CONFIG", conflicts_with = "store_dir")]
+        config: Option<PathBuf>,
+        /// The embedded store's directory.
+        #[arg(long, env = "BATON_STORE_DIR")]
+        store_dir: Option<PathBuf>,
+    },
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BATON_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Run { config, identity, store_dir, cache_dir } => {
+            let mut cfg = Config::load(&config)?;
+            if let Some(identity) = identity {
+                cfg.identity = identity;
+            }
+            if let Some(dir) = store_dir {
+                cfg.store = StoreConfig::Embedded { dir };
+            }
+            if let Some(dir) = cache_dir {
+                cfg.cache_dir = Some(dir);
+            }
+            let shutdown = CancellationToken::new();
+            tokio::spawn(wait_for_signal(shutdown.clone()));
+            baton::serve::serve(cfg, shutdown).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { plugins } => check(plugins).await,
+        Command::Status { config, store_dir } => {
+            let dir = match (config, store_dir) {
+                (_, Some(dir)) => dir,
+                (Some(config), None) => match Config::load(&config)?.store {
+                    StoreConfig::Embedded { dir } => dir,
+                },
+                (None, None) => anyhow::bail!("say which store: --config FILE or --store-dir DIR"),
+            };
+            status(dir).await
+        }
+    }
+}
+
+async fn wait_for_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    shutdown.cancel();
+}
+
+async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
+    let engine = PluginEngine::new(Some(default_cache_dir())).context("wasm engine")?;
+    let runtime = PluginRuntime::new(engine)?;
+    let mut ok = true;
+    for path in plugins {
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let p = path.clone();
+        let result = tokio::task::block_in_place(|| runtime.check(&name, &p));
+        match result {
+            Ok(plugin) => println!("{}: ok: targets {}", path.display(), plugin.world().wit_name()),
+            Err(e) => {
+                ok = false;
+                println!("{}: cannot run: {}", path.display(), e.reason);
+            }
+        }
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+async fn status(dir: PathBuf) -> Result<ExitCode> {
+    use baton::store::LeaseStore;
+    let store = baton::store::embedded::EmbeddedStore::open(&dir)?;
+    let mut leases = store.list().await?;
+    leases.sort_by(|a, b| a.0.cmp(&b.0));
+    if leases.is_empty() {
+        println!("no leases in {}", store.describe());
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<24} {:<40} {:>6}  EXPIRES", "LEASE", "HOLDER", "TERM");
+    let now = SystemTime::now();
+    for (name, v) in leases {
+        let r = &v.record;
+        let expires = match (r.holder(), r.renew_time) {
+            (None, _) => "released".to_owned(),
+            (Some(_), Some(renewed)) => {
+                let at = renewed + r.lease_duration;
+                match at.duration_since(now) {
+                    Ok(left) => format!("in {:.1}s", left.as_secs_f64()),
+                    Err(past) => format!("expired {:.1}s ago", past.duration().as_secs_f64()),
+                }
+            }
+            (Some(_), None) => "unknown".to_owned(),
+        };
+        println!("{:<24} {:<40} {:>6}  {}", name, r.holder().unwrap_or("-"), r.transitions, expires);
+    }
+    println!("(expiry from the record's wall-clock renew time; candidates judge it by their own clocks)");
+    Ok(ExitCode::SUCCESS)
+}

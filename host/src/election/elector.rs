@@ -130,7 +130,11 @@ pub struct Elector {
 impl Elector {
     /// An elector and the receiving end of its status channel.
     pub fn new(cfg: ElectorConfig, store: Arc<dyn LeaseStore>) -> (Elector, watch::Receiver<LeaseView>) {
-        let (tx, rx) = watch::channel(LeaseView { status: Status::initial(&cfg.lease), deadline: None });
+        let (tx, rx) = watch::channel(LeaseView {
+            status: Status::initial(&cfg.lease),
+            deadline: None,
+            since: Instant::now(),
+        });
         let elector = Elector {
             cfg,
             store,
@@ -275,7 +279,7 @@ impl Elector {
                 term = status.term,
                 "lease status changed"
             );
-            *view = LeaseView { status, deadline };
+            *view = LeaseView { status, deadline, since: Instant::now() };
             true
         });
     }

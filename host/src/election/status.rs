@@ -104,6 +104,8 @@ pub struct LeaseView {
     pub status: Status,
     /// The deadline of the current term, while leading.
     pub deadline: Option<Arc<TermDeadline>>,
+    /// When this status was published (to measure how fast tasks react).
+    pub since: Instant,
 }
 
 impl PartialEq for LeaseView {

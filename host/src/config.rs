@@ -1,0 +1,360 @@
+//! The TOML configuration: identity, lease store, leases with their
+//! timings, and plugins with their lease, limits and grants.
+//!
+//! Relative paths are resolved against the configuration file's folder.
+//! Every error names the file, and where it can, the line and the field.
+//!
+//! ```toml
+//! # identity = "node-a"          # default: <host name>-<pid>-<random>
+//!
+//! [store]
+//! kind = "embedded"              # a directory of lease files
+//! dir = "leases"
+//!
+//! [defaults]                     # timings for every lease, unless it overrides them
+//! lease-duration = "15s"
+//! renew-deadline = "10s"
+//! retry-period = "2s"
+//! grace = "3s"
+//! request-timeout = "2s"
+//!
+//! [[lease]]
+//! name = "reconciler"
+//!
+//! [[plugin]]
+//! name = "ticker"
+//! path = "ticker.wasm"
+//! lease = "reconciler"
+//! memory-limit = "64 MiB"
+//! env = { GREETING = "hello" }   # variables the guest sees
+//! inherit-env = ["TZ"]           # host variables passed through by name
+//! dirs = [{ host = "data", guest = "/data", read-only = true }]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::election::Timings;
+use crate::runtime::{DirGrant, PluginSpec};
+use crate::store::embedded::validate_lease_name;
+
+/// A configuration that cannot be used; the message names the file, line
+/// and field at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+/// The default memory limit of one plugin instance: room for the Python
+/// and JavaScript runtimes, which need tens of MiB.
+pub const DEFAULT_MEMORY_LIMIT: ByteSize = ByteSize::mib(256);
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawConfig {
+    identity: Option<String>,
+    cache_dir: Option<PathBuf>,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    defaults: RawTimings,
+    #[serde(default, rename = "lease")]
+    leases: Vec<RawLease>,
+    #[serde(default, rename = "plugin")]
+    plugins: Vec<RawPlugin>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, tag = "kind")]
+enum RawStore {
+    #[serde(rename = "embedded")]
+    Embedded { dir: Option<PathBuf> },
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore::Embedded { dir: None }
+    }
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawTimings {
+    #[serde(default, with = "humantime_serde")]
+    lease_duration: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    renew_deadline: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    retry_period: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    grace: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    request_timeout: Option<Duration>,
+}
+
+impl RawTimings {
+    fn over(&self, base: Timings) -> Timings {
+        Timings {
+            lease_duration: self.lease_duration.unwrap_or(base.lease_duration),
+            renew_deadline: self.renew_deadline.unwrap_or(base.renew_deadline),
+            retry_period: self.retry_period.unwrap_or(base.retry_period),
+            grace: self.grace.unwrap_or(base.grace),
+            request_timeout: self.request_timeout.unwrap_or(base.request_timeout),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawLease {
+    name: Spanned<String>,
+    #[serde(flatten)]
+    timings: RawTimings,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawPlugin {
+    name: Spanned<String>,
+    path: Spanned<PathBuf>,
+    lease: Spanned<String>,
+    memory_limit: Option<ByteSize>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    inherit_env: Vec<String>,
+    #[serde(default)]
+    dirs: Vec<RawDir>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawDir {
+    host: PathBuf,
+    guest: String,
+    #[serde(default)]
+    read_only: bool,
+}
+
+/// Where leases are kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// A directory on this machine.
+    Embedded {
+        /// The directory.
+        dir: PathBuf,
+    },
+}
+
+/// One lease and its timings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// The lease's name.
+    pub name: String,
+    /// Its validated timings.
+    pub timings: Timings,
+}
+
+/// One plugin and the lease that gates it.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// What the runtime needs.
+    pub spec: PluginSpec,
+    /// The lease that gates it.
+    pub lease: String,
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file it came from, if any.
+    pub source: Option<PathBuf>,
+    /// This host's identity, unique per process.
+    pub identity: String,
+    /// Where compiled code is cached.
+    pub cache_dir: Option<PathBuf>,
+    /// Where leases are kept.
+    pub store: StoreConfig,
+    /// The leases this host contends for.
+    pub leases: Vec<LeaseConfig>,
+    /// The plugins it runs.
+    pub plugins: Vec<PluginConfig>,
+}
+
+/// A default identity, unique per process: host name, process id and a
+/// random suffix (two processes with one identity would flip-flop).
+pub fn default_identity() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    let suffix: u32 = rand::random::<u32>() & 0xff_ffff;
+    format!("{host}-{}-{suffix:06x}", std::process::id())
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{}: cannot read the configuration: {e}", path.display())))?;
+        Config::parse(&text, Some(path))
+    }
+
+    /// Parses and validates configuration text; `source` is the file it came
+    /// from (for messages and relative paths).
+    pub fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
+        let file = source.map_or_else(|| "<configuration>".to_owned(), |p| p.display().to_string());
+        let base = source.and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+        let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| format!(":{}", line_of(text, s.start))).unwrap_or_default();
+            ConfigError(format!("{file}{at}: {}", e.message()))
+        })?;
+        let err_at = |offset: usize, msg: String| ConfigError(format!("{file}:{}: {msg}", line_of(text, offset)));
+
+        let defaults = raw.defaults.over(Timings::default());
+        let mut leases: Vec<LeaseConfig> = Vec::new();
+        for lease in &raw.leases {
+            let name = lease.name.get_ref();
+            let at = lease.name.span().start;
+            validate_lease_name(name).map_err(|e| err_at(at, format!("lease {name:?}: field `name`: {e}")))?;
+            if leases.iter().any(|l| &l.name == name) {
+                return Err(err_at(at, format!("lease {name:?} is declared twice")));
+            }
+            let timings = lease.timings.over(defaults);
+            timings
+                .validate()
+                .map_err(|e| err_at(at, format!("lease {name:?}: unsafe timings: {e}")))?;
+            leases.push(LeaseConfig { name: name.clone(), timings });
+        }
+
+        let mut plugins: Vec<PluginConfig> = Vec::new();
+        for p in &raw.plugins {
+            let name = p.name.get_ref();
+            let at = p.name.span().start;
+            if name.is_empty() {
+                return Err(err_at(at, "plugin: field `name` is empty".into()));
+            }
+            if plugins.iter().any(|q| &q.spec.name == name) {
+                return Err(err_at(at, format!("plugin {name:?} is declared twice")));
+            }
+            let lease = p.lease.get_ref();
+            if !leases.iter().any(|l| &l.name == lease) {
+                let declared: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
+                return Err(err_at(
+                    p.lease.span().start,
+                    format!(
+                        "plugin {name:?}: field `lease`: lease {lease:?} is not declared in a [[lease]] table \
+                         (declared: {})",
+                        if declared.is_empty() { "none".to_owned() } else { declared.join(", ") }
+                    ),
+                ));
+            }
+            let mut env: Vec<(String, String)> = p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            for var in &p.inherit_env {
+                match std::env::var(var) {
+                    Ok(v) => env.push((var.clone(), v)),
+                    Err(_) => tracing::warn!(plugin = %name, variable = %var, "inherit-env: not set on the host; not passed"),
+                }
+            }
+            let dirs = p
+                .dirs
+                .iter()
+                .map(|d| DirGrant { host: resolve(&d.host), guest: d.guest.clone(), read_only: d.read_only })
+                .collect();
+            let memory_limit = p.memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).as_u64();
+            if memory_limit < ByteSize::mib(1).as_u64() {
+                return Err(err_at(at, format!("plugin {name:?}: field `memory-limit`: below 1 MiB")));
+            }
+            plugins.push(PluginConfig {
+                spec: PluginSpec { name: name.clone(), path: resolve(p.path.get_ref()), memory_limit, env, dirs },
+                lease: lease.clone(),
+            });
+        }
+
+        let store = match raw.store {
+            RawStore::Embedded { dir } => StoreConfig::Embedded {
+                dir: dir.map(|d| resolve(&d)).unwrap_or_else(|| base.join(".baton").join("leases")),
+            },
+        };
+        Ok(Config {
+            source: source.map(Path::to_path_buf),
+            identity: raw.identity.filter(|i| !i.is_empty()).unwrap_or_else(default_identity),
+            cache_dir: raw.cache_dir.map(|d| resolve(&d)),
+            store,
+            leases,
+            plugins,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+identity = "a"
+[store]
+kind = "embedded"
+dir = "leases"
+[defaults]
+grace = "1s"
+[[lease]]
+name = "demo"
+lease-duration = "4s"
+renew-deadline = "2s"
+retry-period = "500ms"
+[[plugin]]
+name = "ticker"
+path = "t.wasm"
+lease = "demo"
+memory-limit = "64 MiB"
+env = { A = "1" }
+"#;
+
+    #[test]
+    fn parses_a_full_configuration() {
+        let c = Config::parse(GOOD, Some(Path::new("/etc/baton/baton.toml"))).unwrap();
+        assert_eq!(c.identity, "a");
+        assert_eq!(c.store, StoreConfig::Embedded { dir: "/etc/baton/leases".into() });
+        assert_eq!(c.leases[0].timings.lease_duration, Duration::from_secs(4));
+        assert_eq!(c.leases[0].timings.grace, Duration::from_secs(1));
+        assert_eq!(c.plugins[0].spec.path, PathBuf::from("/etc/baton/t.wasm"));
+        assert_eq!(c.plugins[0].spec.memory_limit, 64 * 1024 * 1024);
+        assert_eq!(c.plugins[0].spec.env, vec![("A".to_owned(), "1".to_owned())]);
+    }
+
+    #[test]
+    fn unknown_fields_name_file_and_line() {
+        let text = "[[lease]]\nname = \"x\"\nlease-duraton = \"4s\"\n";
+        let e = Config::parse(text, Some(Path::new("b.toml"))).unwrap_err().to_string();
+        assert!(e.starts_with("b.toml:"), "{e}");
+        assert!(e.contains("lease-duraton"), "{e}");
+    }
+
+    #[test]
+    fn unsafe_timings_name_the_lease_and_line() {
+        let text = "[[lease]]\nname = \"x\"\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"1s\"\n";
+        let e = Config::parse(text, Some(Path::new("b.toml"))).unwrap_err().to_string();
+        assert!(e.starts_with("b.toml:2: lease \"x\": unsafe timings"), "{e}");
+        assert!(e.contains("renew-deadline + grace + margin must be shorter than lease-duration"), "{e}");
+    }
+
+    #[test]
+    fn undeclared_lease_is_named() {
+        let text = "[[lease]]\nname = \"demo\"\n[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\nlease = \"dmo\"\n";
+        let e = Config::parse(text, Some(Path::new("b.toml"))).unwrap_err().to_string();
+        assert!(e.starts_with("b.toml:6: plugin \"p\": field `lease`"), "{e}");
+        assert!(e.contains("declared: demo"), "{e}");
+    }
+
+    #[test]
+    fn default_identities_differ() {
+        assert_ne!(default_identity(), default_identity());
+    }
+}
