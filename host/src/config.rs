@@ -97,13 +97,22 @@ struct RawTimings {
 }
 
 impl RawTimings {
-    fn over(&self, base: Timings) -> Timings {
+    /// These timings over `base`'s. An unset request timeout is derived
+    /// from the result: the retry period, capped at half the renew deadline
+    /// (so a renewal that times out leaves room for another).
+    fn over(&self, base: &RawTimings) -> Timings {
+        let d = Timings::default();
+        let renew_deadline = self.renew_deadline.or(base.renew_deadline).unwrap_or(d.renew_deadline);
+        let retry_period = self.retry_period.or(base.retry_period).unwrap_or(d.retry_period);
         Timings {
-            lease_duration: self.lease_duration.unwrap_or(base.lease_duration),
-            renew_deadline: self.renew_deadline.unwrap_or(base.renew_deadline),
-            retry_period: self.retry_period.unwrap_or(base.retry_period),
-            grace: self.grace.unwrap_or(base.grace),
-            request_timeout: self.request_timeout.unwrap_or(base.request_timeout),
+            lease_duration: self.lease_duration.or(base.lease_duration).unwrap_or(d.lease_duration),
+            renew_deadline,
+            retry_period,
+            grace: self.grace.or(base.grace).unwrap_or(d.grace),
+            request_timeout: self
+                .request_timeout
+                .or(base.request_timeout)
+                .unwrap_or_else(|| retry_period.min(renew_deadline / 2)),
         }
     }
 }
@@ -217,7 +226,7 @@ impl Config {
         })?;
         let err_at = |offset: usize, msg: String| ConfigError(format!("{file}:{}: {msg}", line_of(text, offset)));
 
-        let defaults = raw.defaults.over(Timings::default());
+        let defaults = &raw.defaults;
         let mut leases: Vec<LeaseConfig> = Vec::new();
         for lease in &raw.leases {
             let name = lease.name.get_ref();

@@ -15,3 +15,6 @@ pub use elector::{
 };
 pub use status::{LeaseView, Role, Status, TermDeadline};
 pub use timing::{CLOCK_SKEW_DIVISOR, FORCED_STOP_ALLOWANCE, RENEW_ATTEMPTS_FACTOR, TimingError, Timings};
+
+#[cfg(test)]
+mod tests;
