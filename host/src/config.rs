@@ -102,10 +102,16 @@ impl RawTimings {
     /// (so a renewal that times out leaves room for another).
     fn over(&self, base: &RawTimings) -> Timings {
         let d = Timings::default();
-        let renew_deadline = self.renew_deadline.or(base.renew_deadline).unwrap_or(d.renew_deadline);
+        let renew_deadline = self
+            .renew_deadline
+            .or(base.renew_deadline)
+            .unwrap_or(d.renew_deadline);
         let retry_period = self.retry_period.or(base.retry_period).unwrap_or(d.retry_period);
         Timings {
-            lease_duration: self.lease_duration.or(base.lease_duration).unwrap_or(d.lease_duration),
+            lease_duration: self
+                .lease_duration
+                .or(base.lease_duration)
+                .unwrap_or(d.lease_duration),
             renew_deadline,
             retry_period,
             grace: self.grace.or(base.grace).unwrap_or(d.grace),
@@ -218,20 +224,34 @@ impl Config {
     /// from (for messages and relative paths).
     pub fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
         let file = source.map_or_else(|| "<configuration>".to_owned(), |p| p.display().to_string());
-        let base = source.and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
-        let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+        let base = source
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let resolve = |p: &Path| {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                base.join(p)
+            }
+        };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let at = e.span().map(|s| format!(":{}", line_of(text, s.start))).unwrap_or_default();
+            let at = e
+                .span()
+                .map(|s| format!(":{}", line_of(text, s.start)))
+                .unwrap_or_default();
             ConfigError(format!("{file}{at}: {}", e.message()))
         })?;
-        let err_at = |offset: usize, msg: String| ConfigError(format!("{file}:{}: {msg}", line_of(text, offset)));
+        let err_at =
+            |offset: usize, msg: String| ConfigError(format!("{file}:{}: {msg}", line_of(text, offset)));
 
         let defaults = &raw.defaults;
         let mut leases: Vec<LeaseConfig> = Vec::new();
         for lease in &raw.leases {
             let name = lease.name.get_ref();
             let at = lease.name.span().start;
-            validate_lease_name(name).map_err(|e| err_at(at, format!("lease {name:?}: field `name`: {e}")))?;
+            validate_lease_name(name)
+                .map_err(|e| err_at(at, format!("lease {name:?}: field `name`: {e}")))?;
             if leases.iter().any(|l| &l.name == name) {
                 return Err(err_at(at, format!("lease {name:?} is declared twice")));
             }
@@ -239,7 +259,10 @@ impl Config {
             timings
                 .validate()
                 .map_err(|e| err_at(at, format!("lease {name:?}: unsafe timings: {e}")))?;
-            leases.push(LeaseConfig { name: name.clone(), timings });
+            leases.push(LeaseConfig {
+                name: name.clone(),
+                timings,
+            });
         }
 
         let mut plugins: Vec<PluginConfig> = Vec::new();
@@ -260,7 +283,11 @@ impl Config {
                     format!(
                         "plugin {name:?}: field `lease`: lease {lease:?} is not declared in a [[lease]] table \
                          (declared: {})",
-                        if declared.is_empty() { "none".to_owned() } else { declared.join(", ") }
+                        if declared.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            declared.join(", ")
+                        }
                     ),
                 ));
             }
@@ -268,32 +295,52 @@ impl Config {
             for var in &p.inherit_env {
                 match std::env::var(var) {
                     Ok(v) => env.push((var.clone(), v)),
-                    Err(_) => tracing::warn!(plugin = %name, variable = %var, "inherit-env: not set on the host; not passed"),
+                    Err(_) => {
+                        tracing::warn!(plugin = %name, variable = %var, "inherit-env: not set on the host; not passed")
+                    }
                 }
             }
             let dirs = p
                 .dirs
                 .iter()
-                .map(|d| DirGrant { host: resolve(&d.host), guest: d.guest.clone(), read_only: d.read_only })
+                .map(|d| DirGrant {
+                    host: resolve(&d.host),
+                    guest: d.guest.clone(),
+                    read_only: d.read_only,
+                })
                 .collect();
             let memory_limit = p.memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).as_u64();
             if memory_limit < ByteSize::mib(1).as_u64() {
-                return Err(err_at(at, format!("plugin {name:?}: field `memory-limit`: below 1 MiB")));
+                return Err(err_at(
+                    at,
+                    format!("plugin {name:?}: field `memory-limit`: below 1 MiB"),
+                ));
             }
             plugins.push(PluginConfig {
-                spec: PluginSpec { name: name.clone(), path: resolve(p.path.get_ref()), memory_limit, env, dirs },
+                spec: PluginSpec {
+                    name: name.clone(),
+                    path: resolve(p.path.get_ref()),
+                    memory_limit,
+                    env,
+                    dirs,
+                },
                 lease: lease.clone(),
             });
         }
 
         let store = match raw.store {
             RawStore::Embedded { dir } => StoreConfig::Embedded {
-                dir: dir.map(|d| resolve(&d)).unwrap_or_else(|| base.join(".baton").join("leases")),
+                dir: dir
+                    .map(|d| resolve(&d))
+                    .unwrap_or_else(|| base.join(".baton").join("leases")),
             },
         };
         Ok(Config {
             source: source.map(Path::to_path_buf),
-            identity: raw.identity.filter(|i| !i.is_empty()).unwrap_or_else(default_identity),
+            identity: raw
+                .identity
+                .filter(|i| !i.is_empty())
+                .unwrap_or_else(default_identity),
             cache_dir: raw.cache_dir.map(|d| resolve(&d)),
             store,
             leases,
@@ -330,7 +377,12 @@ env = { A = "1" }
     fn parses_a_full_configuration() {
         let c = Config::parse(GOOD, Some(Path::new("/etc/baton/baton.toml"))).unwrap();
         assert_eq!(c.identity, "a");
-        assert_eq!(c.store, StoreConfig::Embedded { dir: "/etc/baton/leases".into() });
+        assert_eq!(
+            c.store,
+            StoreConfig::Embedded {
+                dir: "/etc/baton/leases".into()
+            }
+        );
         assert_eq!(c.leases[0].timings.lease_duration, Duration::from_secs(4));
         assert_eq!(c.leases[0].timings.grace, Duration::from_secs(1));
         assert_eq!(c.plugins[0].spec.path, PathBuf::from("/etc/baton/t.wasm"));
@@ -341,7 +393,9 @@ env = { A = "1" }
     #[test]
     fn unknown_fields_name_file_and_line() {
         let text = "[[lease]]\nname = \"x\"\nlease-duraton = \"4s\"\n";
-        let e = Config::parse(text, Some(Path::new("b.toml"))).unwrap_err().to_string();
+        let e = Config::parse(text, Some(Path::new("b.toml")))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("b.toml:"), "{e}");
         assert!(e.contains("lease-duraton"), "{e}");
     }
@@ -349,15 +403,23 @@ env = { A = "1" }
     #[test]
     fn unsafe_timings_name_the_lease_and_line() {
         let text = "[[lease]]\nname = \"x\"\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"1s\"\n";
-        let e = Config::parse(text, Some(Path::new("b.toml"))).unwrap_err().to_string();
+        let e = Config::parse(text, Some(Path::new("b.toml")))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("b.toml:2: lease \"x\": unsafe timings"), "{e}");
-        assert!(e.contains("renew-deadline + grace + margin must be shorter than lease-duration"), "{e}");
+        assert!(
+            e.contains("renew-deadline + grace + margin must be shorter than lease-duration"),
+            "{e}"
+        );
     }
 
     #[test]
     fn undeclared_lease_is_named() {
-        let text = "[[lease]]\nname = \"demo\"\n[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\nlease = \"dmo\"\n";
-        let e = Config::parse(text, Some(Path::new("b.toml"))).unwrap_err().to_string();
+        let text =
+            "[[lease]]\nname = \"demo\"\n[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\nlease = \"dmo\"\n";
+        let e = Config::parse(text, Some(Path::new("b.toml")))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("b.toml:6: plugin \"p\": field `lease`"), "{e}");
         assert!(e.contains("declared: demo"), "{e}");
     }

@@ -2,9 +2,9 @@
 //! lease.
 #![deny(missing_docs)]
 
+pub mod config;
 pub mod election;
 pub mod runtime;
-pub mod store;
-pub mod config;
 pub mod serve;
+pub mod store;
 pub mod supervisor;

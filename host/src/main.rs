@@ -68,7 +68,9 @@ enum Command {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BATON_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
@@ -90,7 +92,12 @@ fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { config, identity, store_dir, cache_dir } => {
+        Command::Run {
+            config,
+            identity,
+            store_dir,
+            cache_dir,
+        } => {
             let mut cfg = Config::load(&config)?;
             if let Some(identity) = identity {
                 cfg.identity = identity;
@@ -136,7 +143,10 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
     let runtime = PluginRuntime::new(engine)?;
     let mut ok = true;
     for path in plugins {
-        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let p = path.clone();
         let result = tokio::task::block_in_place(|| runtime.check(&name, &p));
         match result {
@@ -174,7 +184,13 @@ async fn status(dir: PathBuf) -> Result<ExitCode> {
             }
             (Some(_), None) => "unknown".to_owned(),
         };
-        println!("{:<24} {:<40} {:>6}  {}", name, r.holder().unwrap_or("-"), r.transitions, expires);
+        println!(
+            "{:<24} {:<40} {:>6}  {}",
+            name,
+            r.holder().unwrap_or("-"),
+            r.transitions,
+            expires
+        );
     }
     println!("(expiry from the record's wall-clock renew time; candidates judge it by their own clocks)");
     Ok(ExitCode::SUCCESS)

@@ -91,16 +91,33 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
     let mut runs: BTreeMap<String, LeaseRun> = BTreeMap::new();
     for lease in &config.leases {
         let (elector, view) = Elector::new(
-            ElectorConfig { lease: lease.name.clone(), identity: config.identity.clone(), timings: lease.timings },
+            ElectorConfig {
+                lease: lease.name.clone(),
+                identity: config.identity.clone(),
+                timings: lease.timings,
+            },
             store.clone(),
         );
         let control = ElectorControl::default();
         let mut tasks = JoinSet::new();
         for (_, plugin) in loaded.iter().filter(|(l, _)| l == &lease.name) {
-            tasks.spawn(run_leader_tasks(plugin.clone(), view.clone(), lease.timings.grace, control.resign.clone()));
+            tasks.spawn(run_leader_tasks(
+                plugin.clone(),
+                view.clone(),
+                lease.timings.grace,
+                control.resign.clone(),
+            ));
         }
         let elector = tokio::spawn(elector.run(control.clone()));
-        runs.insert(lease.name.clone(), LeaseRun { control, elector, tasks, grace: lease.timings.grace });
+        runs.insert(
+            lease.name.clone(),
+            LeaseRun {
+                control,
+                elector,
+                tasks,
+                grace: lease.timings.grace,
+            },
+        );
     }
 
     shutdown.cancelled().await;
@@ -112,7 +129,10 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
             // Every task stops within its grace (then by force); the bound
             // below only guards against a bug, and is logged if hit.
             let bound = run.grace + Duration::from_secs(5);
-            if tokio::time::timeout(bound, async { while run.tasks.join_next().await.is_some() {} }).await.is_err() {
+            if tokio::time::timeout(bound, async { while run.tasks.join_next().await.is_some() {} })
+                .await
+                .is_err()
+            {
                 tracing::error!(lease = %lease, "leader tasks did not stop in time; aborting them");
                 run.tasks.abort_all();
                 while run.tasks.join_next().await.is_some() {}

@@ -61,7 +61,12 @@ fn in_term(v: &LeaseView, term: u64) -> bool {
 
 /// Runs one term: tries the task until it finishes or the term ends, and
 /// returns once no instance of this plugin runs any more.
-async fn run_term(plugin: &Arc<Plugin>, leading: &LeaseView, view: watch::Receiver<LeaseView>, grace: Duration) {
+async fn run_term(
+    plugin: &Arc<Plugin>,
+    leading: &LeaseView,
+    view: watch::Receiver<LeaseView>,
+    grace: Duration,
+) {
     let name = plugin.name();
     let status = &leading.status;
     let term = status.term;
@@ -74,7 +79,11 @@ async fn run_term(plugin: &Arc<Plugin>, leading: &LeaseView, view: watch::Receiv
     loop {
         attempt += 1;
         let kill = Arc::new(AtomicBool::new(false));
-        let guard = TaskGuard { deadline: deadline.clone(), grace, kill: kill.clone() };
+        let guard = TaskGuard {
+            deadline: deadline.clone(),
+            grace,
+            kill: kill.clone(),
+        };
         let started = Instant::now();
         tracing::info!(plugin = name, lease = %status.lease, term, attempt, "leader task started");
         let task = {
@@ -99,10 +108,22 @@ async fn run_term(plugin: &Arc<Plugin>, leading: &LeaseView, view: watch::Receiv
                         return;
                     }
                     TaskOutcome::Failed(error) => {
-                        tracing::warn!(plugin = name, term, error, retry_in_ms = backoff.as_millis() as u64, "leader task failed");
+                        tracing::warn!(
+                            plugin = name,
+                            term,
+                            error,
+                            retry_in_ms = backoff.as_millis() as u64,
+                            "leader task failed"
+                        );
                     }
                     TaskOutcome::Trapped(error) => {
-                        tracing::warn!(plugin = name, term, error, retry_in_ms = backoff.as_millis() as u64, "leader task trapped");
+                        tracing::warn!(
+                            plugin = name,
+                            term,
+                            error,
+                            retry_in_ms = backoff.as_millis() as u64,
+                            "leader task trapped"
+                        );
                     }
                 }
                 let mut term_watch = view.clone();

@@ -78,13 +78,19 @@ pub enum Decision {
 /// in the record, never from timestamps inside it (immune to clock offsets
 /// between hosts, and to candidates configured with other durations).
 pub fn follower_decision(obs: &Observation, identity: &str, now: Instant) -> Decision {
-    let Some(current) = &obs.record else { return Decision::Acquire };
+    let Some(current) = &obs.record else {
+        return Decision::Acquire;
+    };
     match current.record.holder() {
         None => Decision::Acquire,
         Some(holder) if holder == identity => Decision::Acquire,
         Some(_) => {
             let expiry = obs.seen_at + current.record.lease_duration;
-            if now >= expiry { Decision::Acquire } else { Decision::WaitUntil(expiry) }
+            if now >= expiry {
+                Decision::Acquire
+            } else {
+                Decision::WaitUntil(expiry)
+            }
         }
     }
 }
@@ -100,7 +106,12 @@ pub fn follower_status(obs: Option<&Observation>, lease: &str, identity: &str, k
             lease: lease.to_owned(),
             term,
         },
-        _ => Status { role: Role::Pending, holder: None, lease: lease.to_owned(), term },
+        _ => Status {
+            role: Role::Pending,
+            holder: None,
+            lease: lease.to_owned(),
+            term,
+        },
     }
 }
 
@@ -158,7 +169,12 @@ impl Elector {
         loop {
             let now = Instant::now();
             if watch.is_none() && now >= watch_retry_at {
-                match timeout_at(now + self.cfg.timings.request_timeout, self.store.watch(&self.cfg.lease)).await {
+                match timeout_at(
+                    now + self.cfg.timings.request_timeout,
+                    self.store.watch(&self.cfg.lease),
+                )
+                .await
+                {
                     Ok(Ok(w)) => watch = Some(w),
                     Ok(Err(e)) => {
                         tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot watch the lease; polling instead");
@@ -173,7 +189,14 @@ impl Elector {
             if control.resign.is_cancelled() && !self.resigning {
                 self.resigning = true;
                 let current = self.tx.borrow().status.clone();
-                self.publish(Status { role: Role::Pending, holder: None, ..current }, None);
+                self.publish(
+                    Status {
+                        role: Role::Pending,
+                        holder: None,
+                        ..current
+                    },
+                    None,
+                );
                 tracing::info!(lease = %self.cfg.lease, "resigning: leader tasks are told to stop; the lease is kept until they have");
             }
             if self.resigning && self.leading.is_none() {
@@ -242,11 +265,17 @@ impl Elector {
     }
 
     fn jittered_retry(&self) -> Duration {
-        self.cfg.timings.retry_period.mul_f64(rand::rng().random_range(1.0..1.5))
+        self.cfg
+            .timings
+            .retry_period
+            .mul_f64(rand::rng().random_range(1.0..1.5))
     }
 
     fn jittered_poll(&self) -> Duration {
-        self.cfg.timings.retry_period.mul_f64(rand::rng().random_range(1.0..1.0 + POLL_JITTER))
+        self.cfg
+            .timings
+            .retry_period
+            .mul_f64(rand::rng().random_range(1.0..1.0 + POLL_JITTER))
     }
 
     /// Records an observation; the time it was seen only moves when the
@@ -279,7 +308,11 @@ impl Elector {
                 term = status.term,
                 "lease status changed"
             );
-            *view = LeaseView { status, deadline, since: Instant::now() };
+            *view = LeaseView {
+                status,
+                deadline,
+                since: Instant::now(),
+            };
             true
         });
     }
@@ -288,13 +321,23 @@ impl Elector {
         if self.resigning {
             return;
         }
-        let status = follower_status(self.observed.as_ref(), &self.cfg.lease, &self.cfg.identity, self.known_term);
+        let status = follower_status(
+            self.observed.as_ref(),
+            &self.cfg.lease,
+            &self.cfg.identity,
+            self.known_term,
+        );
         self.publish(status, None);
     }
 
     async fn refresh(&mut self) {
         let at = Instant::now();
-        match timeout_at(at + self.cfg.timings.request_timeout, self.store.get(&self.cfg.lease)).await {
+        match timeout_at(
+            at + self.cfg.timings.request_timeout,
+            self.store.get(&self.cfg.lease),
+        )
+        .await
+        {
             Ok(Ok(record)) => {
                 self.observe(record, at);
                 if self.leading.is_none() {
@@ -315,7 +358,11 @@ impl Elector {
     async fn try_acquire(&mut self) {
         let t = self.cfg.timings;
         let previous = self.observed.as_ref().and_then(|o| o.record.clone());
-        let term = previous.as_ref().map_or(0, |p| p.record.transitions).max(self.known_term) + 1;
+        let term = previous
+            .as_ref()
+            .map_or(0, |p| p.record.transitions)
+            .max(self.known_term)
+            + 1;
         let wall = SystemTime::now();
         let record = LeaseRecord {
             holder: Some(self.cfg.identity.clone()),
@@ -371,7 +418,10 @@ impl Elector {
         let until = l.deadline.until();
         let term = l.deadline.term();
         let version = l.current.version.clone();
-        let record = LeaseRecord { renew_time: Some(SystemTime::now()), ..l.current.record.clone() };
+        let record = LeaseRecord {
+            renew_time: Some(SystemTime::now()),
+            ..l.current.record.clone()
+        };
         let started = Instant::now();
         let limit = (started + t.request_timeout).min(until);
         let result = timeout_at(limit, self.store.update(&self.cfg.lease, &version, &record)).await;
@@ -498,16 +548,27 @@ impl Elector {
                 transitions: term,
             };
             let limit = (now + t.request_timeout).min(l.deadline.until());
-            match timeout_at(limit, self.store.update(&self.cfg.lease, &current.version, &record)).await {
+            match timeout_at(
+                limit,
+                self.store.update(&self.cfg.lease, &current.version, &record),
+            )
+            .await
+            {
                 Ok(Ok(_)) => {
                     l.deadline.end_by(Instant::now());
                     tracing::info!(lease = %self.cfg.lease, term, "released the lease");
                     return;
                 }
                 Ok(Err(e)) if e.is_conflict() => {
-                    match timeout_at(Instant::now() + t.request_timeout, self.store.get(&self.cfg.lease)).await {
+                    match timeout_at(
+                        Instant::now() + t.request_timeout,
+                        self.store.get(&self.cfg.lease),
+                    )
+                    .await
+                    {
                         Ok(Ok(Some(v)))
-                            if v.record.holder() == Some(self.cfg.identity.as_str()) && v.record.transitions == term =>
+                            if v.record.holder() == Some(self.cfg.identity.as_str())
+                                && v.record.transitions == term =>
                         {
                             current = v;
                         }

@@ -10,8 +10,8 @@ mod status;
 mod timing;
 
 pub use elector::{
-    Decision, Elector, ElectorConfig, ElectorControl, Observation, RELEASED_LEASE_DURATION, follower_decision,
-    follower_status,
+    Decision, Elector, ElectorConfig, ElectorControl, Observation, RELEASED_LEASE_DURATION,
+    follower_decision, follower_status,
 };
 pub use status::{LeaseView, Role, Status, TermDeadline};
 pub use timing::{CLOCK_SKEW_DIVISOR, FORCED_STOP_ALLOWANCE, RENEW_ATTEMPTS_FACTOR, TimingError, Timings};

@@ -46,7 +46,12 @@ pub struct Status {
 impl Status {
     /// The status before the first election round.
     pub fn initial(lease: &str) -> Status {
-        Status { role: Role::Pending, holder: None, lease: lease.to_owned(), term: 0 }
+        Status {
+            role: Role::Pending,
+            holder: None,
+            lease: lease.to_owned(),
+            term: 0,
+        }
     }
 
     /// Whether this host leads.
@@ -67,7 +72,10 @@ pub struct TermDeadline {
 impl TermDeadline {
     /// A deadline for `term`, valid until `until`.
     pub fn new(term: u64, until: Instant) -> Arc<TermDeadline> {
-        Arc::new(TermDeadline { term, until: Mutex::new(until) })
+        Arc::new(TermDeadline {
+            term,
+            until: Mutex::new(until),
+        })
     }
 
     /// The term this deadline belongs to.

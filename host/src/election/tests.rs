@@ -8,8 +8,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 use super::*;
-use crate::store::{LeaseRecord, Versioned};
 use crate::store::memory::MemoryStore;
+use crate::store::{LeaseRecord, Versioned};
 
 const LEASE: &str = "demo";
 
@@ -32,8 +32,15 @@ struct Candidate {
 }
 
 fn start(store: &MemoryStore, identity: &str) -> Candidate {
-    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("debug").try_init();
-    let cfg = ElectorConfig { lease: LEASE.into(), identity: identity.into(), timings: timings() };
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("debug")
+        .try_init();
+    let cfg = ElectorConfig {
+        lease: LEASE.into(),
+        identity: identity.into(),
+        timings: timings(),
+    };
     let (elector, rx) = Elector::new(cfg, Arc::new(store.clone()));
     let control = ElectorControl::default();
     let task = tokio::spawn(elector.run(control.clone()));
@@ -41,11 +48,19 @@ fn start(store: &MemoryStore, identity: &str) -> Candidate {
 }
 
 async fn until_leading(c: &mut Candidate) -> Status {
-    c.rx.wait_for(|v| v.status.is_leading()).await.unwrap().status.clone()
+    c.rx.wait_for(|v| v.status.is_leading())
+        .await
+        .unwrap()
+        .status
+        .clone()
 }
 
 async fn until_not_leading(c: &mut Candidate) -> Status {
-    c.rx.wait_for(|v| !v.status.is_leading()).await.unwrap().status.clone()
+    c.rx.wait_for(|v| !v.status.is_leading())
+        .await
+        .unwrap()
+        .status
+        .clone()
 }
 
 #[tokio::test(start_paused = true)]
@@ -67,7 +82,12 @@ async fn one_leader_and_a_follower_that_is_not_woken_by_renewals() {
     let mut a = start(&store, "a");
     until_leading(&mut a).await;
     let mut b = start(&store, "b");
-    let s = b.rx.wait_for(|v| v.status.role == Role::Following).await.unwrap().status.clone();
+    let s =
+        b.rx.wait_for(|v| v.status.role == Role::Following)
+            .await
+            .unwrap()
+            .status
+            .clone();
     assert_eq!(s.holder.as_deref(), Some("a"));
     assert_eq!(s.term, 1);
     b.rx.borrow_and_update();
@@ -92,7 +112,10 @@ async fn a_crashed_leader_is_replaced_after_the_lease_duration() {
     let took = Instant::now() - last_renewal;
     assert_eq!(s.term, 2);
     assert!(took >= timings().lease_duration, "took over after {took:?}");
-    assert!(took <= timings().lease_duration + timings().retry_period, "took over after {took:?}");
+    assert!(
+        took <= timings().lease_duration + timings().retry_period,
+        "took over after {took:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -107,7 +130,11 @@ async fn an_unreachable_store_makes_the_leader_step_down_at_the_renew_deadline()
     let lost = until_not_leading(&mut a).await;
     assert_eq!(lost.role, Role::Pending);
     let now = Instant::now();
-    assert!(now <= confirmed_until, "stepped down late: {:?}", now - confirmed_until);
+    assert!(
+        now <= confirmed_until,
+        "stepped down late: {:?}",
+        now - confirmed_until
+    );
     assert!(deadline.until() <= now);
     // The lease itself could only expire for others a full lease after the
     // last renewal: the task's force-stop bound (RD + grace) comes first.
@@ -210,7 +237,12 @@ async fn terms_grow_on_every_change_of_holder_and_survive_deletion() {
     // Someone deletes the record: the leader steps down, re-creates it,
     // and never reuses a term.
     store.delete(LEASE);
-    let s = b.rx.wait_for(|v| v.status.is_leading() && v.status.term != 2).await.unwrap().status.clone();
+    let s =
+        b.rx.wait_for(|v| v.status.is_leading() && v.status.term != 2)
+            .await
+            .unwrap()
+            .status
+            .clone();
     assert!(s.term > 2, "term {}", s.term);
 }
 
@@ -239,15 +271,39 @@ fn expiry_is_judged_from_local_observation_and_the_records_duration() {
         },
         version: "1".into(),
     };
-    let obs = |r, seen_at| Observation { record: Some(r), seen_at };
+    let obs = |r, seen_at| Observation {
+        record: Some(r),
+        seen_at,
+    };
     let seen = now - Duration::from_secs(5);
-    assert_eq!(follower_decision(&obs(record(Some("x"), 30), seen), "me", now), Decision::WaitUntil(seen + Duration::from_secs(30)));
-    assert_eq!(follower_decision(&obs(record(Some("x"), 4), seen), "me", now), Decision::Acquire);
-    assert_eq!(follower_decision(&obs(record(None, 30), seen), "me", now), Decision::Acquire);
-    assert_eq!(follower_decision(&obs(record(Some(""), 30), seen), "me", now), Decision::Acquire);
-    assert_eq!(follower_decision(&obs(record(Some("me"), 30), seen), "me", now), Decision::Acquire);
-    let none = Observation { record: None, seen_at: now };
+    assert_eq!(
+        follower_decision(&obs(record(Some("x"), 30), seen), "me", now),
+        Decision::WaitUntil(seen + Duration::from_secs(30))
+    );
+    assert_eq!(
+        follower_decision(&obs(record(Some("x"), 4), seen), "me", now),
+        Decision::Acquire
+    );
+    assert_eq!(
+        follower_decision(&obs(record(None, 30), seen), "me", now),
+        Decision::Acquire
+    );
+    assert_eq!(
+        follower_decision(&obs(record(Some(""), 30), seen), "me", now),
+        Decision::Acquire
+    );
+    assert_eq!(
+        follower_decision(&obs(record(Some("me"), 30), seen), "me", now),
+        Decision::Acquire
+    );
+    let none = Observation {
+        record: None,
+        seen_at: now,
+    };
     assert_eq!(follower_decision(&none, "me", now), Decision::Acquire);
     let s = follower_status(Some(&obs(record(Some("x"), 30), seen)), "demo", "me", 1);
-    assert_eq!((s.role, s.holder.as_deref(), s.term), (Role::Following, Some("x"), 3));
+    assert_eq!(
+        (s.role, s.holder.as_deref(), s.term),
+        (Role::Following, Some("x"), 3)
+    );
 }

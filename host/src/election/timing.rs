@@ -120,8 +120,7 @@ impl Timings {
                 return Err(TimingError(format!("{name} must be greater than zero ({t})")));
             }
         }
-        if self.renew_deadline.as_secs_f64() <= RENEW_ATTEMPTS_FACTOR * self.retry_period.as_secs_f64()
-        {
+        if self.renew_deadline.as_secs_f64() <= RENEW_ATTEMPTS_FACTOR * self.retry_period.as_secs_f64() {
             return Err(TimingError(format!(
                 "renew-deadline must exceed {RENEW_ATTEMPTS_FACTOR} x retry-period, so that the leader \
                  gets more than one renewal attempt before it gives up ({t}); \
@@ -205,7 +204,10 @@ mod tests {
 
     #[test]
     fn grace_that_reaches_the_lease_is_refused() {
-        let t = Timings { grace: ms(4500), ..Timings::default() };
+        let t = Timings {
+            grace: ms(4500),
+            ..Timings::default()
+        };
         // 10 s + 4.5 s + (50 ms + 750 ms) = 15.3 s >= 15 s
         let err = t.validate().unwrap_err().to_string();
         assert!(err.contains("lease-duration"), "{err}");
@@ -214,21 +216,38 @@ mod tests {
 
     #[test]
     fn renew_deadline_must_allow_retries() {
-        let t = Timings { retry_period: ms(9000), ..Timings::default() };
+        let t = Timings {
+            retry_period: ms(9000),
+            ..Timings::default()
+        };
         let err = t.validate().unwrap_err().to_string();
         assert!(err.contains("1.2 x retry-period"), "{err}");
     }
 
     #[test]
     fn request_timeout_must_fit_inside_renew_deadline() {
-        let t = Timings { request_timeout: Duration::from_secs(20), ..Timings::default() };
+        let t = Timings {
+            request_timeout: Duration::from_secs(20),
+            ..Timings::default()
+        };
         let err = t.validate().unwrap_err().to_string();
-        assert!(err.contains("request-timeout must be shorter than renew-deadline"), "{err}");
+        assert!(
+            err.contains("request-timeout must be shorter than renew-deadline"),
+            "{err}"
+        );
     }
 
     #[test]
     fn zero_is_refused() {
-        let t = Timings { retry_period: ms(0), ..Timings::default() };
-        assert!(t.validate().unwrap_err().to_string().contains("retry-period must be greater"));
+        let t = Timings {
+            retry_period: ms(0),
+            ..Timings::default()
+        };
+        assert!(
+            t.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("retry-period must be greater")
+        );
     }
 }

@@ -2,8 +2,8 @@
 //! the epoch ticker that lets the host interrupt guests.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use wasmtime::{Cache, CacheConfig, Config, Engine};
@@ -46,10 +46,12 @@ impl PluginEngine {
         config.wasm_component_model_async(true);
         let cache = match cache_dir {
             Some(dir) => {
-                std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::Engine(format!(
-                    "cannot create the compiled-code cache {}: {e}",
-                    dir.display()
-                )))?;
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    RuntimeError::Engine(format!(
+                        "cannot create the compiled-code cache {}: {e}",
+                        dir.display()
+                    ))
+                })?;
                 let mut cc = CacheConfig::new();
                 cc.with_directory(&dir);
                 let cache = Cache::new(cc).map_err(|e| {
@@ -62,7 +64,11 @@ impl PluginEngine {
         };
         let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(e.to_string()))?;
         let ticker = EpochTicker::start(engine.clone());
-        Ok(PluginEngine { engine, cache, _ticker: Arc::new(ticker) })
+        Ok(PluginEngine {
+            engine,
+            cache,
+            _ticker: Arc::new(ticker),
+        })
     }
 
     /// The wasmtime engine.

@@ -45,6 +45,10 @@ pub struct PluginError {
 
 impl PluginError {
     pub(crate) fn new(plugin: &str, path: &Path, reason: impl Into<String>) -> PluginError {
-        PluginError { plugin: plugin.to_owned(), path: path.to_owned(), reason: reason.into() }
+        PluginError {
+            plugin: plugin.to_owned(),
+            path: path.to_owned(),
+            reason: reason.into(),
+        }
     }
 }

@@ -44,7 +44,10 @@ impl IsTerminal for GuestOutput {
 
 impl StdoutStream for GuestOutput {
     fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
-        Box::new(LineLogger { out: self.clone(), buf: Vec::new() })
+        Box::new(LineLogger {
+            out: self.clone(),
+            buf: Vec::new(),
+        })
     }
 }
 

@@ -91,7 +91,11 @@ impl PluginRuntime {
             |s| s,
         )
         .map_err(link)?;
-        Ok(PluginRuntime { engine, future, pollable })
+        Ok(PluginRuntime {
+            engine,
+            future,
+            pollable,
+        })
     }
 
     /// The engine.
@@ -104,7 +108,8 @@ impl PluginRuntime {
     /// imports. The error names the plugin and says exactly why it cannot
     /// run.
     pub fn check(&self, name: &str, path: &Path) -> Result<Plugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|e| PluginError::new(name, path, format!("cannot read the file: {e}")))?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| PluginError::new(name, path, format!("cannot read the file: {e}")))?;
         self.check_bytes(name, path, &bytes)
     }
 
@@ -113,7 +118,9 @@ impl PluginRuntime {
         let fail = |reason: String| PluginError::new(name, path, reason);
         match classify(bytes) {
             Binary::NotWasm => {
-                return Err(fail("not a WebAssembly file (it does not start with the `\\0asm` magic)".into()));
+                return Err(fail(
+                    "not a WebAssembly file (it does not start with the `\\0asm` magic)".into(),
+                ));
             }
             Binary::CoreModule => {
                 return Err(fail(
@@ -123,14 +130,19 @@ impl PluginRuntime {
                 ));
             }
             Binary::UnknownVersion(v) => {
-                return Err(fail(format!("an unsupported WebAssembly binary version or layer ({v:02x?})")));
+                return Err(fail(format!(
+                    "an unsupported WebAssembly binary version or layer ({v:02x?})"
+                )));
             }
             Binary::Component => {}
         }
         let component = Component::new(self.engine.engine(), bytes)
             .map_err(|e| fail(format!("not a valid component: {}", error_chain(&e))))?;
         let ty = component.component_type();
-        let exports: Vec<String> = ty.exports(self.engine.engine()).map(|(n, _)| n.to_owned()).collect();
+        let exports: Vec<String> = ty
+            .exports(self.engine.engine())
+            .map(|(n, _)| n.to_owned())
+            .collect();
         let has = |prefix: &str| exports.iter().any(|e| unversioned(e) == prefix);
         let world = match (has(FUTURE_EXPORT), has(POLLABLE_EXPORT)) {
             (true, false) => World::Future,
@@ -141,7 +153,11 @@ impl PluginRuntime {
                 )));
             }
             (false, false) => {
-                let list = if exports.is_empty() { "nothing".to_owned() } else { exports.join(", ") };
+                let list = if exports.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    exports.join(", ")
+                };
                 return Err(fail(format!(
                     "targets another world: it exports {list}, but a plugin must export `{FUTURE_EXPORT}` \
                      (world {}) or `{POLLABLE_EXPORT}` (world {})",
@@ -154,7 +170,9 @@ impl PluginRuntime {
             World::Future => &self.future,
             World::Pollable => &self.pollable,
         };
-        let pre = linker.instantiate_pre(&component).map_err(|e| fail(missing_import_message(&e)))?;
+        let pre = linker
+            .instantiate_pre(&component)
+            .map_err(|e| fail(missing_import_message(&e)))?;
         let pre = match world {
             World::Future => Pre::Future(
                 future_plugin::FuturePluginPre::new(pre).map_err(|e| fail(format!("{}", error_chain(&e))))?,
@@ -164,7 +182,14 @@ impl PluginRuntime {
                     .map_err(|e| fail(format!("{}", error_chain(&e))))?,
             ),
         };
-        Ok(Plugin { name: Arc::from(name), path: path.to_owned(), world, pre, spec: None, engine: self.engine.clone() })
+        Ok(Plugin {
+            name: Arc::from(name),
+            path: path.to_owned(),
+            world,
+            pre,
+            spec: None,
+            engine: self.engine.clone(),
+        })
     }
 
     /// Loads a configured plugin: [`check`](Self::check) plus its grants.
@@ -221,7 +246,10 @@ const IMPORT_HINTS: &[(&str, &str)] = &[(
 fn missing_import_message(e: &wasmtime::Error) -> String {
     let chain = error_chain(e);
     // wasmtime names the import between backticks.
-    let import = chain.split('`').nth(1).filter(|s| s.contains(':') || s.contains('/'));
+    let import = chain
+        .split('`')
+        .nth(1)
+        .filter(|s| s.contains(':') || s.contains('/'));
     match import {
         Some(import) => {
             let hint = IMPORT_HINTS
@@ -298,7 +326,11 @@ impl Plugin {
         self.world
     }
 
-    fn new_store(&self, view: watch::Receiver<LeaseView>, guard: TaskGuard) -> Result<Store<GuestState>, String> {
+    fn new_store(
+        &self,
+        view: watch::Receiver<LeaseView>,
+        guard: TaskGuard,
+    ) -> Result<Store<GuestState>, String> {
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(GuestOutput::new(self.name.clone(), GuestStream::Stdout));
         wasi.stderr(GuestOutput::new(self.name.clone(), GuestStream::Stderr));
@@ -309,7 +341,11 @@ impl Plugin {
                 wasi.env(k, v);
             }
             for d in &spec.dirs {
-                let perms = if d.read_only { FsPerms::ReadOnly } else { FsPerms::ReadWrite };
+                let perms = if d.read_only {
+                    FsPerms::ReadOnly
+                } else {
+                    FsPerms::ReadWrite
+                };
                 wasi.preopened_dir(&d.host, &d.guest, perms)
                     .map_err(|e| format!("cannot open granted directory {}: {e}", d.host.display()))?;
             }
@@ -317,7 +353,9 @@ impl Plugin {
         let state = GuestState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new().memory_size(memory_limit as usize).build(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(memory_limit as usize)
+                .build(),
             status: view,
         };
         let mut store = Store::new(self.engine.engine(), state);
@@ -325,9 +363,15 @@ impl Plugin {
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             if guard.must_stop() {
-                Err(wasmtime::format_err!("stopped by the host: the term is over and the grace period has passed"))
+                Err(wasmtime::format_err!(
+                    "stopped by the host: the term is over and the grace period has passed"
+                ))
             } else {
-                Ok(UpdateDeadline::Yield(1))
+                // tokio's own yield lets the worker poll its timers and I/O
+                // before the guest runs again, so the elector's timers and
+                // the supervisor's force-stop fire on time even while every
+                // worker thread runs a busy guest.
+                Ok(UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
             }
         });
         Ok(store)
@@ -336,7 +380,12 @@ impl Plugin {
     /// Runs the leader task once, in a fresh instance and Store, until it
     /// returns or traps. Dropping the returned future drops the Store and
     /// so ends the task wherever it is.
-    pub async fn run_task(&self, status: Status, view: watch::Receiver<LeaseView>, guard: TaskGuard) -> TaskOutcome {
+    pub async fn run_task(
+        &self,
+        status: Status,
+        view: watch::Receiver<LeaseView>,
+        guard: TaskGuard,
+    ) -> TaskOutcome {
         let mut store = match self.new_store(view, guard) {
             Ok(s) => s,
             Err(e) => return TaskOutcome::Trapped(e),

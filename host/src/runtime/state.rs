@@ -21,7 +21,10 @@ pub struct GuestState {
 
 impl WasiView for GuestState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -86,7 +89,10 @@ impl Pollable for StatusChange {
 impl pollable_plugin::baton::leader::status_pollable::Host for GuestState {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
         let (status, rx) = self.snapshot();
-        let change = self.table.push(StatusChange { rx, seen: status.clone() })?;
+        let change = self.table.push(StatusChange {
+            rx,
+            seen: status.clone(),
+        })?;
         let pollable = subscribe(&mut self.table, change)?;
         Ok(((&status).into(), pollable))
     }

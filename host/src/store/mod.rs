@@ -137,12 +137,8 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Replaces a lease if its version is still `version`;
     /// [`StoreError::Conflict`] otherwise (including when it was deleted).
-    async fn update(
-        &self,
-        lease: &str,
-        version: &str,
-        record: &LeaseRecord,
-    ) -> Result<Versioned, StoreError>;
+    async fn update(&self, lease: &str, version: &str, record: &LeaseRecord)
+    -> Result<Versioned, StoreError>;
 
     /// Starts watching a lease. The stream ends or yields an error when the
     /// watch breaks; the caller then re-reads and watches again.

@@ -1,0 +1,408 @@
+//! End-to-end tests: real `baton` processes on one embedded store, running
+//! real guest components built from source (`scripts/build-guests.sh`).
+//!
+//! Timings used throughout: lease 2 s, renew deadline 1 s, retry period
+//! 200 ms, grace 500 ms.
+
+mod support;
+
+use std::time::{Duration, SystemTime};
+
+use support::*;
+
+const STARTED: &str = "leader task started";
+const STOPPED: &str = "leader task stopped";
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// Which of `hosts` runs `plugin`'s guest now (started and not stopped).
+fn running(hosts: &[&Host], plugin: &str) -> Vec<String> {
+    hosts
+        .iter()
+        .filter(|h| {
+            let starts = h.all(|e| e.guest_line(plugin, "probe start")).len();
+            let ends = h.all(|e| e.is(STOPPED, Some(plugin))).len();
+            starts > ends
+        })
+        .map(|h| h.name.clone())
+        .collect()
+}
+
+/// A guest's running intervals on one host, from its start line to the
+/// host's "stopped" event (or `end` if it never stopped).
+fn intervals(h: &Host, plugin: &str, end: SystemTime) -> Vec<(SystemTime, SystemTime)> {
+    let starts = h.all(|e| e.guest_line(plugin, "probe start"));
+    let stops = h.all(|e| e.is(STOPPED, Some(plugin)));
+    starts
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.at, stops.get(i).map_or(end, |e| e.at)))
+        .collect()
+}
+
+#[test]
+fn one_leader_at_a_time_handover_on_sigkill_and_sigterm_and_terms_grow() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    let mut a = Host::start("host-a", &cfg);
+    let first = a.wait_for(SECS(30), "first guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let b = Host::start("host-b", &cfg);
+    b.wait_for(SECS(30), "b loaded", |e| e.message() == "plugin loaded");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        running(&[&a, &b], "probe"),
+        vec!["host-a"],
+        "exactly one guest runs"
+    );
+    let term_a = first.guest_term().unwrap();
+
+    // SIGKILL the leader: b runs the guest within LD + RP.
+    let killed = a.sigkill();
+    let b_start = b.wait_for(SECS(10), "b's guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let took = ms_between(killed, b_start.at);
+    println!(
+        "SIGKILL failover: {took:.0} ms (bound {} ms)",
+        (LEASE_DURATION + RETRY_PERIOD).as_millis()
+    );
+    assert!(
+        took <= (LEASE_DURATION + RETRY_PERIOD).as_millis() as f64,
+        "failover took {took:.0} ms"
+    );
+    let term_b = b_start.guest_term().unwrap();
+    assert!(term_b > term_a, "term {term_b} after {term_a}");
+
+    // A standby, then SIGTERM the leader: the standby runs within 1 s.
+    let c = Host::start("host-c", &cfg);
+    c.wait_for(SECS(30), "c following", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    let termed = b.sigterm();
+    let c_start = c.wait_for(SECS(5), "c's guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let took = ms_between(termed, c_start.at);
+    println!("SIGTERM handover: {took:.1} ms");
+    assert!(took < 1000.0, "handover took {took:.0} ms");
+    let term_c = c_start.guest_term().unwrap();
+    assert!(term_c > term_b, "term {term_c} after {term_b}");
+
+    // The guest saw the term the host led with.
+    let led = c.wait_for(SECS(1), "c leading", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("leading")
+    });
+    assert_eq!(led.u64("term"), Some(term_c));
+
+    // Never two at once: b's guest stopped before c's started.
+    let mut b = b;
+    assert!(b.wait_exit(SECS(5)).success());
+    let b_iv = intervals(&b, "probe", SystemTime::now());
+    let c_iv = intervals(&c, "probe", SystemTime::now());
+    for (bs, be) in &b_iv {
+        for (cs, ce) in &c_iv {
+            assert!(
+                be < cs || ce < bs,
+                "guest intervals overlap: b {bs:?}..{be:?}, c {cs:?}..{ce:?}"
+            );
+        }
+    }
+    assert!(
+        b.all(|e| e.message() == "released the lease").len() == 1,
+        "b released the lease"
+    );
+}
+
+#[test]
+fn cooperative_guests_return_within_10ms_of_the_change() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(
+            &s.store(),
+            &[
+                probe("pollable", "pollable", "cooperative"),
+                probe("future", "future", "cooperative"),
+            ],
+        ),
+    );
+    let mut h = Host::start("host", &cfg);
+    for p in ["pollable", "future"] {
+        h.wait_for(SECS(30), "guest start", |e| e.guest_line(p, "probe start"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    h.sigterm();
+    for p in ["pollable", "future"] {
+        let stopped = h.wait_for(SECS(5), "stop", |e| e.is(STOPPED, Some(p)));
+        let after = stopped.f64("after_ms").unwrap();
+        println!("{p}: returned {after:.2} ms after the change");
+        assert_eq!(stopped.str("how"), Some("cooperative"));
+        assert_eq!(stopped.str("outcome"), Some("ok"));
+        assert!(after < 10.0, "{p} returned {after:.2} ms after the change");
+        h.wait_for(SECS(1), "guest stop line", |e| {
+            e.guest_line(p, "probe stop") && e.message().contains("role=pending")
+        });
+    }
+    assert!(h.wait_exit(SECS(5)).success());
+}
+
+#[test]
+fn guests_that_ignore_the_change_are_stopped_after_the_grace_and_cannot_starve_the_elector() {
+    let s = Scratch::new();
+    let plugins = [
+        probe("busy-pollable", "pollable", "busy"),
+        probe("busy-future", "future", "busy"),
+        probe("block-pollable", "pollable", "block"),
+        probe("block-future", "future", "block"),
+    ];
+    let cfg = s.write("baton.toml", &config(&s.store(), &plugins));
+    let mut h = Host::start("host", &cfg);
+    for p in &plugins {
+        h.wait_for(SECS(30), "guest start", |e| e.guest_line(p.name, "probe start"));
+    }
+    // Two busy guests on a two-core machine for 15 renewal periods: the
+    // lease is renewed on time throughout.
+    std::thread::sleep(Duration::from_secs(3));
+    let troubles = h.all(|e| e.message().contains("stepping down") || e.message().contains("renewal"));
+    assert!(
+        troubles.is_empty(),
+        "busy guests disturbed the elector: {troubles:?}"
+    );
+    let b = Host::start("observer", &cfg);
+    b.wait_for(SECS(30), "observer following", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        b.all(|e| e.message() == STARTED).is_empty(),
+        "the observer took over from a busy leader"
+    );
+
+    h.sigterm();
+    let bound = GRACE.as_secs_f64() * 1e3 + 50.0;
+    for p in &plugins {
+        let stopped = h.wait_for(SECS(5), "stop", |e| e.is(STOPPED, Some(p.name)));
+        let after = stopped.f64("after_ms").unwrap();
+        println!("{}: stopped by force {after:.1} ms after the change", p.name);
+        assert_eq!(stopped.str("how"), Some("forced"), "{}", p.name);
+        assert!(
+            after <= bound,
+            "{} stopped after {after:.1} ms (bound {bound} ms)",
+            p.name
+        );
+    }
+    assert!(h.wait_exit(SECS(5)).success());
+    // The lease was released only after every guest had stopped.
+    let released = h.wait_for(SECS(1), "release", |e| e.message() == "released the lease");
+    for p in &plugins {
+        let stopped = h.wait_for(SECS(1), "stop", |e| e.is(STOPPED, Some(p.name)));
+        assert!(stopped.at <= released.at);
+    }
+    b.wait_for(SECS(2), "observer takes over", |e| {
+        e.guest_line("busy-pollable", "probe start")
+    });
+}
+
+#[test]
+fn failing_guests_are_retried_with_backoff_and_finished_guests_are_not_rerun() {
+    let s = Scratch::new();
+    let plugins = [
+        probe("fails", "pollable", "fail"),
+        probe("traps", "future", "trap"),
+        probe("done", "future", "done"),
+        probe("steady", "pollable", "cooperative"),
+    ];
+    let cfg = s.write("baton.toml", &config(&s.store(), &plugins));
+    let h = Host::start("host", &cfg);
+    h.wait_for(SECS(30), "steady start", |e| {
+        e.guest_line("steady", "probe start")
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    let failures: Vec<u64> = h
+        .all(|e| e.is("leader task failed", Some("fails")))
+        .iter()
+        .map(|e| e.u64("retry_in_ms").unwrap())
+        .collect();
+    assert!(failures.len() >= 3, "{failures:?}");
+    assert_eq!(&failures[..3], &[100, 200, 400], "exponential back-off");
+    let traps = h.all(|e| e.is("leader task trapped", Some("traps")));
+    assert!(traps.len() >= 3, "{}", h.output());
+    assert_eq!(
+        h.all(|e| e.is(STARTED, Some("done"))).len(),
+        1,
+        "a finished task is not re-run in its term"
+    );
+    h.wait_for(SECS(1), "done finished", |e| {
+        e.is("leader task finished for this term", Some("done"))
+    });
+    // None of it cost the lease or disturbed the steady plugin.
+    assert!(h.all(|e| e.message().contains("stepping down")).is_empty());
+    assert_eq!(h.all(|e| e.is(STARTED, Some("steady"))).len(), 1);
+}
+
+#[test]
+fn bad_plugins_are_named_and_the_host_runs_the_others() {
+    let s = Scratch::new();
+    let random = s.write("random.wasm", "this is not wasm at all, just text bytes");
+    let core = s.dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let bad = [
+        ("random-bytes", random.clone(), "not a WebAssembly file"),
+        (
+            "core-module",
+            core.clone(),
+            "a core WebAssembly module, not a component",
+        ),
+        ("other-world", guest("not-a-plugin.wasm"), "targets another world"),
+        (
+            "missing-import",
+            guest("missing_import.wasm"),
+            "imports `probe:missing/gadget@0.1.0`, which this host does not provide",
+        ),
+        (
+            "no-such-file",
+            s.dir.path().join("nope.wasm"),
+            "cannot read the file",
+        ),
+    ];
+    let mut plugins: Vec<PluginDef> = bad
+        .iter()
+        .map(|(name, path, _)| PluginDef {
+            name,
+            path: path.clone(),
+            mode: "cooperative",
+        })
+        .collect();
+    plugins.push(probe("good", "pollable", "cooperative"));
+    let cfg = s.write("baton.toml", &config(&s.store(), &plugins));
+    let h = Host::start("host", &cfg);
+    h.wait_for(SECS(30), "the good plugin runs", |e| {
+        e.guest_line("good", "probe start")
+    });
+    for (name, path, reason) in &bad {
+        let err = h.wait_for(SECS(1), "error", |e| {
+            e.message() == "plugin cannot run; the others go on" && e.str("plugin") == Some(name)
+        });
+        let text = err.str("error").unwrap();
+        assert!(text.contains(&format!("plugin {name:?}")), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(text.contains(reason), "{name}: {text}");
+    }
+
+    // `baton check` says the same, and which world good plugins target.
+    for (name, path, reason) in &bad {
+        let out = baton().arg("check").arg(path).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{name}");
+        assert!(
+            stdout.contains("cannot run") && stdout.contains(reason),
+            "{name}: {stdout}"
+        );
+    }
+    for (file, world) in [
+        ("probe_pollable.wasm", "baton:leader/pollable-plugin@0.1.0"),
+        ("probe_future.wasm", "baton:leader/future-plugin@0.1.0"),
+        ("rust_future_ticker.wasm", "baton:leader/future-plugin@0.1.0"),
+        ("rust_pollable_ticker.wasm", "baton:leader/pollable-plugin@0.1.0"),
+    ] {
+        let out = baton().arg("check").arg(guest(file)).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{file}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(&format!("ok: targets {world}")), "{stdout}");
+    }
+}
+
+#[test]
+fn unsafe_timings_are_refused_with_the_invariant_explained() {
+    let s = Scratch::new();
+    let text = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[[lease]]\nname = \"orders\"\nlease-duration = \"2s\"\n\
+         renew-deadline = \"1500ms\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n",
+        s.store().display().to_string()
+    );
+    let cfg = s.write("unsafe.toml", &text);
+    let out = baton().args(["run", "--config"]).arg(&cfg).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("{}:6: lease \"orders\": unsafe timings", cfg.display())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("renew-deadline + grace + margin must be shorter than lease-duration"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("another host may take over at lease-duration"),
+        "{stderr}"
+    );
+
+    let text = text.replace("renew-deadline = \"1500ms\"", "renew-deadline = \"220ms\"");
+    let cfg = s.write("retry.toml", &text);
+    let out = baton().args(["run", "--config"]).arg(&cfg).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("renew-deadline must exceed 1.2 x retry-period"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn compiled_code_is_cached_across_restarts() {
+    let s = Scratch::new();
+    let cache = s.dir.path().join("compiled");
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "future", "cooperative")]),
+    );
+    let stats = |h: &Host| {
+        let e = h.wait_for(SECS(30), "cache stats", |e| e.message() == "compiled-code cache");
+        (e.u64("hits").unwrap(), e.u64("misses").unwrap())
+    };
+    let mut h = Host::start_with("first", &cfg, &cache);
+    assert_eq!(stats(&h), (0, 1));
+    let cold = h
+        .wait_for(SECS(1), "load", |e| e.message() == "plugin loaded")
+        .f64("load_ms")
+        .unwrap();
+    h.sigterm();
+    h.wait_exit(SECS(5));
+    let h = Host::start_with("second", &cfg, &cache);
+    assert_eq!(stats(&h), (1, 0));
+    let warm = h
+        .wait_for(SECS(1), "load", |e| e.message() == "plugin loaded")
+        .f64("load_ms")
+        .unwrap();
+    println!("plugin load: cold {cold:.1} ms, from the cache {warm:.1} ms");
+}
+
+#[test]
+fn status_shows_holder_and_term() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    let h = Host::start("host-status", &cfg);
+    h.wait_for(SECS(30), "start", |e| e.guest_line("probe", "probe start"));
+    let out = baton().args(["status", "--config"]).arg(&cfg).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("demo "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "host-status", "{row}");
+    assert_eq!(cols[2], "1", "{row}");
+    assert!(row.contains("in "), "{row}");
+}

@@ -1,0 +1,307 @@
+//! Test support: real `baton` processes, their JSON logs, and guest
+//! components built from source by `scripts/build-guests.sh`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+/// Where the guest components are: `BATON_GUESTS_DIR`, or the shared
+/// target dir's release folder for wasm32-wasip2.
+pub fn guests_dir() -> PathBuf {
+    let dir = std::env::var_os("BATON_GUESTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/baton/target"));
+            target.join("wasm32-wasip2/release")
+        });
+    assert!(
+        dir.join("probe_pollable.wasm").is_file(),
+        "guest components not found in {}: run scripts/build-guests.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+/// A guest component by file name.
+pub fn guest(file: &str) -> PathBuf {
+    guests_dir().join(file)
+}
+
+/// The compiled-code cache shared by the tests (compiling in a debug build
+/// takes a while; a shared cache keeps the suite fast).
+pub fn shared_cache_dir() -> PathBuf {
+    std::env::var_os("BATON_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/baton/compiled"))
+}
+
+/// Election timings for tests: short, and safe by the rule
+/// (1 s + 500 ms + 150 ms margin < 2 s).
+pub const LEASE_DURATION: Duration = Duration::from_secs(2);
+pub const RETRY_PERIOD: Duration = Duration::from_millis(200);
+pub const GRACE: Duration = Duration::from_millis(500);
+
+/// One plugin in a test configuration.
+pub struct PluginDef<'a> {
+    pub name: &'a str,
+    pub path: PathBuf,
+    pub mode: &'a str,
+}
+
+pub fn probe<'a>(name: &'a str, world: &str, mode: &'a str) -> PluginDef<'a> {
+    PluginDef {
+        name,
+        path: guest(&format!("probe_{world}.wasm")),
+        mode,
+    }
+}
+
+/// A configuration with one lease, "demo", and the given plugins.
+pub fn config(store: &Path, plugins: &[PluginDef]) -> String {
+    let mut text = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
+         retry-period = \"200ms\"\ngrace = \"500ms\"\n\n[[lease]]\nname = \"demo\"\n",
+        store.display().to_string()
+    );
+    for p in plugins {
+        text.push_str(&format!(
+            "\n[[plugin]]\nname = {:?}\npath = {:?}\nlease = \"demo\"\nenv = {{ PROBE_MODE = {:?} }}\n",
+            p.name,
+            p.path.display().to_string(),
+            p.mode
+        ));
+    }
+    text
+}
+
+/// A scratch folder with a lease store and config files.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn store(&self) -> PathBuf {
+        self.dir.path().join("leases")
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+/// One log event of a host.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub json: Value,
+    /// The host's own timestamp (wall clock, shared by all processes here).
+    pub at: SystemTime,
+}
+
+impl Event {
+    pub fn message(&self) -> &str {
+        self.json.get("message").and_then(Value::as_str).unwrap_or("")
+    }
+    pub fn str(&self, key: &str) -> Option<&str> {
+        self.json.get(key).and_then(Value::as_str)
+    }
+    pub fn u64(&self, key: &str) -> Option<u64> {
+        self.json.get(key).and_then(Value::as_u64)
+    }
+    pub fn f64(&self, key: &str) -> Option<f64> {
+        self.json.get(key).and_then(Value::as_f64)
+    }
+    pub fn is(&self, message: &str, plugin: Option<&str>) -> bool {
+        self.message() == message && plugin.is_none_or(|p| self.str("plugin") == Some(p))
+    }
+    /// A guest's stdout line starting with `prefix`.
+    pub fn guest_line(&self, plugin: &str, prefix: &str) -> bool {
+        self.str("target") == Some("guest")
+            && self.str("plugin") == Some(plugin)
+            && self.message().starts_with(prefix)
+    }
+    /// The `term=N` in a guest line.
+    pub fn guest_term(&self) -> Option<u64> {
+        self.message()
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("term="))
+            .and_then(|t| t.parse().ok())
+    }
+}
+
+type Log = Arc<(Mutex<Vec<Event>>, Condvar)>;
+
+/// A running `baton run` process.
+pub struct Host {
+    pub name: String,
+    child: Option<Child>,
+    log: Log,
+    raw: Arc<Mutex<Vec<String>>>,
+}
+
+pub fn baton() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+}
+
+impl Host {
+    pub fn start(name: &str, config: &Path) -> Host {
+        Host::start_with(name, config, &shared_cache_dir())
+    }
+
+    pub fn start_with(name: &str, config: &Path, cache_dir: &Path) -> Host {
+        let mut child = baton()
+            .args(["--log-format", "json", "run", "--config"])
+            .arg(config)
+            .args(["--identity", name, "--cache-dir"])
+            .arg(cache_dir)
+            .env("BATON_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start baton");
+        let log: Log = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let raw = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let (log2, raw2, host) = (log.clone(), raw.clone(), name.to_owned());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if std::env::var_os("BATON_TEST_ECHO").is_some() {
+                    eprintln!("[{host}] {line}");
+                }
+                raw2.lock().unwrap().push(line.clone());
+                let Ok(json) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                let at = json
+                    .get("timestamp")
+                    .and_then(Value::as_str)
+                    .and_then(|t| humantime::parse_rfc3339(t).ok())
+                    .unwrap_or_else(SystemTime::now);
+                let (events, cv) = &*log2;
+                events.lock().unwrap().push(Event { json, at });
+                cv.notify_all();
+            }
+            let (_, cv) = &*log2;
+            cv.notify_all();
+        });
+        Host {
+            name: name.to_owned(),
+            child: Some(child),
+            log,
+            raw,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.log.0.lock().unwrap().clone()
+    }
+
+    /// Everything the host wrote, for failure messages.
+    pub fn output(&self) -> String {
+        self.raw.lock().unwrap().join("\n")
+    }
+
+    /// The first event matching `pred`, waiting up to `timeout`.
+    pub fn wait_for(&self, timeout: Duration, what: &str, pred: impl Fn(&Event) -> bool) -> Event {
+        self.try_wait_for(timeout, &pred).unwrap_or_else(|| {
+            panic!(
+                "host {}: no {what} within {timeout:?}; its log:\n{}",
+                self.name,
+                self.output()
+            )
+        })
+    }
+
+    pub fn try_wait_for(&self, timeout: Duration, pred: &dyn Fn(&Event) -> bool) -> Option<Event> {
+        let deadline = Instant::now() + timeout;
+        let (events, cv) = &*self.log;
+        let mut guard = events.lock().unwrap();
+        loop {
+            if let Some(e) = guard.iter().find(|e| pred(e)) {
+                return Some(e.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            guard = cv.wait_timeout(guard, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Every event matching `pred` so far.
+    pub fn all(&self, pred: impl Fn(&Event) -> bool) -> Vec<Event> {
+        self.events().into_iter().filter(|e| pred(e)).collect()
+    }
+
+    pub fn signal(&self, sig: i32) -> SystemTime {
+        let at = SystemTime::now();
+        // SAFETY: kill(2) with a pid we spawned and still own.
+        let rc = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(rc, 0, "kill {sig} {}", self.name);
+        at
+    }
+
+    pub fn sigterm(&self) -> SystemTime {
+        self.signal(libc::SIGTERM)
+    }
+
+    pub fn sigkill(&mut self) -> SystemTime {
+        let at = self.signal(libc::SIGKILL);
+        self.wait_exit(Duration::from_secs(5));
+        at
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "host {} did not exit within {timeout:?}; its log:\n{}",
+                    self.name,
+                    self.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Milliseconds from `a` to `b` (negative if `b` is earlier).
+pub fn ms_between(a: SystemTime, b: SystemTime) -> f64 {
+    match b.duration_since(a) {
+        Ok(d) => d.as_secs_f64() * 1e3,
+        Err(e) => -e.duration().as_secs_f64() * 1e3,
+    }
+}
