@@ -11,4 +11,6 @@ cd "$repo"
 scripts/build-guests.sh >/dev/null
 export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
 cargo build -p baton
-cargo test -p baton -p baton-guest "$@"
+# The end-to-end tests time reactions in milliseconds: run test binaries one
+# test at a time, so that one test's busy guests do not steal the CPU of another.
+cargo test -p baton -p baton-guest "$@" -- --test-threads=1

@@ -337,10 +337,15 @@ impl Config {
         };
         Ok(Config {
             source: source.map(Path::to_path_buf),
-            identity: raw
-                .identity
-                .filter(|i| !i.is_empty())
-                .unwrap_or_else(default_identity),
+            identity: match raw.identity {
+                Some(i) if i.trim().is_empty() => {
+                    return Err(ConfigError(format!(
+                        "{file}: field `identity` is empty (leave it out for a unique default)"
+                    )));
+                }
+                Some(i) => i,
+                None => default_identity(),
+            },
             cache_dir: raw.cache_dir.map(|d| resolve(&d)),
             store,
             leases,
@@ -422,6 +427,14 @@ env = { A = "1" }
             .to_string();
         assert!(e.starts_with("b.toml:6: plugin \"p\": field `lease`"), "{e}");
         assert!(e.contains("declared: demo"), "{e}");
+    }
+
+    #[test]
+    fn a_blank_identity_is_refused() {
+        let e = Config::parse("identity = \" \"\n", Some(Path::new("b.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("field `identity` is empty"), "{e}");
     }
 
     #[test]

@@ -57,7 +57,7 @@ enum Command {
     /// Show each lease of the embedded store: holder, term, time to expiry.
     Status {
         /// Take the store from this configuration file.
-        #[arg(long, short, env = "BATON_CONFIG", conflicts_with = "store_dir")]
+        #[arg(long, short, env = "BATON_CONFIG")]
         config: Option<PathBuf>,
         /// The embedded store's directory.
         #[arg(long, env = "BATON_STORE_DIR")]
@@ -100,6 +100,10 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         } => {
             let mut cfg = Config::load(&config)?;
             if let Some(identity) = identity {
+                anyhow::ensure!(
+                    !identity.trim().is_empty(),
+                    "--identity (or BATON_IDENTITY) is empty"
+                );
                 cfg.identity = identity;
             }
             if let Some(dir) = store_dir {
@@ -139,7 +143,10 @@ async fn wait_for_signal(shutdown: CancellationToken) {
 }
 
 async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
-    let engine = PluginEngine::new(Some(default_cache_dir())).context("wasm engine")?;
+    let cache = std::env::var_os("BATON_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_cache_dir);
+    let engine = PluginEngine::new(Some(cache)).context("wasm engine")?;
     let runtime = PluginRuntime::new(engine)?;
     let mut ok = true;
     for path in plugins {
@@ -162,6 +169,7 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
 
 async fn status(dir: PathBuf) -> Result<ExitCode> {
     use baton::store::LeaseStore;
+    anyhow::ensure!(dir.is_dir(), "no embedded store at {}", dir.display());
     let store = baton::store::embedded::EmbeddedStore::open(&dir)?;
     let mut leases = store.list().await?;
     leases.sort_by(|a, b| a.0.cmp(&b.0));

@@ -90,6 +90,13 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
     }
     let mut runs: BTreeMap<String, LeaseRun> = BTreeMap::new();
     for lease in &config.leases {
+        let configured = config.plugins.iter().filter(|p| p.lease == lease.name).count();
+        if configured > 0 && !loaded.iter().any(|(l, _)| l == &lease.name) {
+            // Holding a lease whose tasks cannot run would keep a healthy
+            // standby from running them.
+            tracing::error!(lease = %lease.name, "no plugin of this lease could be loaded; not contending for it");
+            continue;
+        }
         let (elector, view) = Elector::new(
             ElectorConfig {
                 lease: lease.name.clone(),

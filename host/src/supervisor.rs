@@ -77,6 +77,10 @@ async fn run_term(
     let mut backoff = INITIAL_BACKOFF;
     let mut attempt = 0u32;
     loop {
+        if Instant::now() >= deadline.until() {
+            // The term ended while we backed off (or the process was paused).
+            return;
+        }
         attempt += 1;
         let kill = Arc::new(AtomicBool::new(false));
         let guard = TaskGuard {
@@ -84,6 +88,7 @@ async fn run_term(
             grace,
             kill: kill.clone(),
         };
+        let stop_check = guard.clone();
         let started = Instant::now();
         tracing::info!(plugin = name, lease = %status.lease, term, attempt, "leader task started");
         let task = {
@@ -102,6 +107,20 @@ async fn run_term(
             Some(outcome) => {
                 let outcome = outcome.unwrap_or_else(|e| TaskOutcome::Trapped(format!("task panicked: {e}")));
                 let ran_ms = started.elapsed().as_secs_f64() * 1e3;
+                if matches!(outcome, TaskOutcome::Trapped(_)) && stop_check.must_stop() {
+                    // The guest itself noticed, at an epoch tick, that its
+                    // term deadline plus grace had passed (the elector had
+                    // not run yet, e.g. right after a pause).
+                    let after_ms = (Instant::now() - deadline.until()).as_secs_f64() * 1e3;
+                    tracing::warn!(
+                        plugin = name,
+                        term,
+                        after_ms,
+                        how = "forced",
+                        "leader task stopped"
+                    );
+                    return;
+                }
                 match outcome {
                     TaskOutcome::Finished => {
                         tracing::info!(plugin = name, term, ran_ms, "leader task finished for this term");

@@ -406,3 +406,102 @@ fn status_shows_holder_and_term() {
     assert_eq!(cols[2], "1", "{row}");
     assert!(row.contains("in "), "{row}");
 }
+
+#[test]
+fn plugins_see_only_what_they_are_granted() {
+    let s = Scratch::new();
+    let data = s.dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("hello.txt"), "hello from the host").unwrap();
+    let base = config(&s.store(), &[]);
+    let text = format!(
+        "{base}\n[[plugin]]\nname = \"granted\"\npath = {:?}\nlease = \"demo\"\nmemory-limit = \"32 MiB\"\n\
+         env = {{ PROBE_MODE = \"sandbox\", GREETING = \"hi\" }}\n\
+         dirs = [{{ host = \"data\", guest = \"/data\", read-only = true }}]\n\
+         \n[[plugin]]\nname = \"small\"\npath = {:?}\nlease = \"demo\"\nmemory-limit = \"32 MiB\"\n\
+         env = {{ PROBE_MODE = \"memory\" }}\n\
+         \n[[plugin]]\nname = \"large\"\npath = {:?}\nlease = \"demo\"\nmemory-limit = \"256 MiB\"\n\
+         env = {{ PROBE_MODE = \"memory\" }}\n",
+        guest("probe_pollable.wasm").display().to_string(),
+        guest("probe_pollable.wasm").display().to_string(),
+        guest("probe_pollable.wasm").display().to_string(),
+    );
+    let cfg = s.write("baton.toml", &text);
+    // A host variable the plugin was not granted must not leak.
+    let h = Host::start("host", &cfg);
+    h.wait_for(SECS(30), "sandbox report", |e| {
+        e.guest_line("granted", "probe write")
+    });
+    let lines: Vec<String> = h
+        .all(|e| e.guest_line("granted", "probe "))
+        .iter()
+        .map(|e| e.message().to_owned())
+        .collect();
+    let env: Vec<&String> = lines.iter().filter(|l| l.starts_with("probe env ")).collect();
+    assert_eq!(env.len(), 2, "only the granted variables: {env:?}");
+    assert!(lines.contains(&"probe env GREETING=hi".to_owned()), "{lines:?}");
+    assert!(
+        lines.contains(&"probe read /data/hello.txt ok: hello from the host".to_owned()),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("probe read /etc/hostname denied")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("probe write /data/out.txt denied")),
+        "{lines:?}"
+    );
+    assert!(!data.join("out.txt").exists());
+    h.wait_for(SECS(5), "small", |e| {
+        e.guest_line("small", "probe memory refused")
+    });
+    h.wait_for(SECS(5), "large", |e| e.guest_line("large", "probe memory grew"));
+}
+
+#[test]
+fn a_paused_leader_sees_its_lead_lost_the_moment_it_resumes() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    let a = Host::start("host-a", &cfg);
+    a.wait_for(SECS(30), "a's guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let b = Host::start("host-b", &cfg);
+    b.wait_for(SECS(30), "b following", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+
+    // A long GC pause, a frozen VM: b takes over while a cannot even notice.
+    a.signal(libc::SIGSTOP);
+    b.wait_for(SECS(5), "b's guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let resumed = a.signal(libc::SIGCONT);
+
+    // The pause outlasted renew-deadline + grace: on resume a's guest is
+    // stopped at once, without another round of work first (client-go
+    // keeps acting for its whole renew deadline here).
+    let stopped = a.wait_for(SECS(2), "a's task stop", |e| e.is(STOPPED, Some("probe")));
+    let took = ms_between(resumed, stopped.at);
+    println!(
+        "paused leader: task stopped {took:.1} ms after SIGCONT ({})",
+        stopped.str("how").unwrap_or("?")
+    );
+    assert!(took < 100.0, "a's task stopped {took:.0} ms after resuming");
+    assert_eq!(stopped.str("how"), Some("forced"));
+    let after = a.all(|e| e.str("target") == Some("guest") && e.at > resumed);
+    assert!(after.is_empty(), "a's guest worked after resuming: {after:?}");
+    // And a follows b from then on.
+    a.wait_for(SECS(2), "a following", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following") && e.at > resumed
+    });
+}

@@ -228,6 +228,14 @@ impl Elector {
                 None => Decision::WaitUntil(now), // read first
             };
             if self.observed.is_none() {
+                if now < self.not_before {
+                    // The last read failed: back off before reading again.
+                    tokio::select! {
+                        _ = control.resign.cancelled(), if !self.resigning => {}
+                        _ = sleep_until(self.not_before) => {}
+                    }
+                    continue;
+                }
                 self.refresh().await;
                 poll_at = Instant::now() + self.jittered_poll();
                 continue;
@@ -339,7 +347,9 @@ impl Elector {
         .await
         {
             Ok(Ok(record)) => {
-                self.observe(record, at);
+                // A change is dated when we learn of it, never earlier: a
+                // later date only makes this host wait longer.
+                self.observe(record, Instant::now());
                 if self.leading.is_none() {
                     self.publish_follower();
                 }

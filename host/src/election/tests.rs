@@ -307,3 +307,18 @@ fn expiry_is_judged_from_local_observation_and_the_records_duration() {
         (Role::Following, Some("x"), 3)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_store_at_start_is_retried_with_back_off_not_hammered() {
+    let store = MemoryStore::new();
+    store.set_unavailable(true);
+    let mut a = start(&store, "a");
+    sleep(Duration::from_secs(10)).await;
+    let counts = store.op_counts();
+    // One read per retry period (jittered x [1, 1.5]) at most, plus watch attempts.
+    assert!(counts.get <= 11, "{counts:?}");
+    assert!(!a.rx.borrow().status.is_leading());
+    store.set_unavailable(false);
+    let s = until_leading(&mut a).await;
+    assert_eq!(s.term, 1);
+}

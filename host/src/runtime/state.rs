@@ -2,13 +2,14 @@
 //! `current-status` imports of both worlds.
 
 use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
 use wasmtime::StoreLimits;
 use wasmtime::component::{Access, FutureReader, HasData, Resource, ResourceTable};
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{WitStatus, future_plugin, pollable_plugin};
-use crate::election::{LeaseView, Status};
+use crate::election::{LeaseView, Role, Status};
 
 /// What one instance's Store holds: its WASI context and resources, its
 /// limits, and its view of the lease.
@@ -32,20 +33,59 @@ impl GuestState {
     /// The current status and a receiver to wait on for a different one.
     fn snapshot(&self) -> (Status, watch::Receiver<LeaseView>) {
         let rx = self.status.clone();
-        let status = rx.borrow().status.clone();
+        let status = effective_status(&rx.borrow(), Instant::now());
         (status, rx)
     }
 }
 
-/// Resolves once the lease's status differs from `seen`, with the new
-/// status. Checks the current value first, so a change that happened before
-/// the wait began is never missed. If the elector is gone, the status can
-/// no longer change and this never resolves.
+/// The status a guest is shown: the elector's, except that a lead whose
+/// term deadline has passed is shown as lost at once, even before the
+/// elector has run (for example right after the whole process was paused
+/// and resumed). Guests never see a lead this host may no longer claim.
+pub(crate) fn effective_status(view: &LeaseView, now: Instant) -> Status {
+    match &view.deadline {
+        Some(d) if view.status.is_leading() && now >= d.until() => Status {
+            role: Role::Pending,
+            holder: None,
+            ..view.status.clone()
+        },
+        _ => view.status.clone(),
+    }
+}
+
+/// Resolves once the status a guest is shown differs from `seen`, with the
+/// new status. Checks the current value first, so a change that happened
+/// before the wait began is never missed; wakes at the term deadline too.
+/// If the elector is gone, the status can no longer change and this never
+/// resolves.
 pub(crate) async fn changed_from(mut rx: watch::Receiver<LeaseView>, seen: &Status) -> Status {
-    let next = rx.wait_for(|v| v.status != *seen).await.map(|v| v.status.clone());
-    match next {
-        Ok(status) => status,
-        Err(_) => std::future::pending().await,
+    loop {
+        let (status, until) = {
+            let view = rx.borrow_and_update();
+            let until = view
+                .deadline
+                .as_ref()
+                .filter(|_| view.status.is_leading())
+                .map(|d| d.until());
+            (effective_status(&view, Instant::now()), until)
+        };
+        if status != *seen {
+            return status;
+        }
+        let at_deadline = async {
+            match until {
+                Some(t) => sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            _ = at_deadline => {}
+        }
     }
 }
 

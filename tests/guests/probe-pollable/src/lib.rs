@@ -13,6 +13,12 @@
 //! - `fail`: returns `Err("probe failure on purpose")`.
 //! - `trap`: panics (`probe trap on purpose`), i.e. traps.
 //! - `done`: returns `Ok` at once.
+//! - `sandbox`: reports what the sandbox lets it see, one line each:
+//!   `probe env K=V` for every variable, `probe read PATH ok|denied: E` for
+//!   `/data/hello.txt` and `/etc/hostname`, `probe write PATH ok|denied: E`
+//!   for `/data/out.txt`, then returns `Ok`.
+//! - `memory`: tries to grow its memory by 64 MiB and prints
+//!   `probe memory grew` or `probe memory refused`, then returns `Ok`.
 //!
 //! Any other mode returns `Err("unknown PROBE_MODE: M")` after the start
 //! line. Each line is flushed as soon as it is printed.
@@ -61,6 +67,33 @@ impl LeaderTask for Probe {
             "fail" => Err("probe failure on purpose".to_string()),
             "trap" => panic!("probe trap on purpose"),
             "done" => Ok(()),
+            "sandbox" => {
+                for (k, v) in std::env::vars() {
+                    say(format_args!("probe env {k}={v}"));
+                }
+                for path in ["/data/hello.txt", "/etc/hostname"] {
+                    match std::fs::read_to_string(path) {
+                        Ok(text) => say(format_args!("probe read {path} ok: {}", text.trim())),
+                        Err(e) => say(format_args!("probe read {path} denied: {e}")),
+                    }
+                }
+                match std::fs::write("/data/out.txt", "written") {
+                    Ok(()) => say(format_args!("probe write /data/out.txt ok")),
+                    Err(e) => say(format_args!("probe write /data/out.txt denied: {e}")),
+                }
+                Ok(())
+            }
+            "memory" => {
+                let mut v: Vec<u8> = Vec::new();
+                match v.try_reserve_exact(64 * 1024 * 1024) {
+                    Ok(()) => {
+                        v.resize(64 * 1024 * 1024, 1);
+                        say(format_args!("probe memory grew {}", black_box(&v).len()))
+                    }
+                    Err(_) => say(format_args!("probe memory refused")),
+                }
+                Ok(())
+            }
             other => Err(format!("unknown PROBE_MODE: {other}")),
         }
     }
