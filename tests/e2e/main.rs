@@ -505,3 +505,61 @@ fn a_paused_leader_sees_its_lead_lost_the_moment_it_resumes() {
         e.message() == "lease status changed" && e.str("role") == Some("following") && e.at > resumed
     });
 }
+
+#[test]
+fn one_host_runs_many_leases_each_gating_its_own_plugins() {
+    let s = Scratch::new();
+    let pollable = guest("probe_pollable.wasm").display().to_string();
+    let future = guest("probe_future.wasm").display().to_string();
+    let text = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
+         retry-period = \"200ms\"\ngrace = \"500ms\"\n\
+         [[lease]]\nname = \"alpha\"\n[[lease]]\nname = \"beta\"\n\
+         [[plugin]]\nname = \"a1\"\npath = {pollable:?}\nlease = \"alpha\"\n\
+         [[plugin]]\nname = \"a2\"\npath = {future:?}\nlease = \"alpha\"\n\
+         [[plugin]]\nname = \"b1\"\npath = {pollable:?}\nlease = \"beta\"\n",
+        s.store().display().to_string()
+    );
+    let cfg = s.write("baton.toml", &text);
+    let mut h = Host::start("host", &cfg);
+    for (plugin, lease) in [("a1", "alpha"), ("a2", "alpha"), ("b1", "beta")] {
+        let started = h.wait_for(SECS(30), "start", |e| e.is(STARTED, Some(plugin)));
+        assert_eq!(started.str("lease"), Some(lease), "{plugin}");
+        h.wait_for(SECS(2), "guest start", |e| {
+            e.guest_line(plugin, "probe start term=1")
+        });
+    }
+    for lease in ["alpha", "beta"] {
+        h.wait_for(SECS(1), "leading", |e| {
+            e.message() == "lease status changed"
+                && e.str("lease") == Some(lease)
+                && e.str("role") == Some("leading")
+        });
+    }
+    h.sigterm();
+    assert!(h.wait_exit(SECS(5)).success());
+    let released: Vec<String> = h
+        .all(|e| e.message() == "released the lease")
+        .iter()
+        .map(|e| e.str("lease").unwrap().to_owned())
+        .collect();
+    assert_eq!(released.len(), 2, "{released:?}");
+    let out = baton()
+        .args(["status", "--store-dir"])
+        .arg(s.store())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("alpha ") && l.contains("released")),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("beta ") && l.contains("released")),
+        "{stdout}"
+    );
+}
