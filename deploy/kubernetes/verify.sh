@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Proves the manifests in this folder against a real API server, the one
+# `scripts/kube-testenv.sh start` runs (scripts/test.sh does both):
+#
+#   1. the API server accepts every manifest (kubectl apply --dry-run=server,
+#      both through kustomization.yaml and file by file);
+#   2. the Role grants exactly what baton's lease store uses: the
+#      ServiceAccount, and the test user baton-a bound to the same Role by an
+#      extra RoleBinding made here (not shipped), may get, list, watch, create
+#      and update Leases in the namespace, and may not delete or patch them,
+#      read Secrets, or touch Leases in another namespace; user nobody may
+#      do nothing with Leases;
+#   3. baton-a really creates and updates a Lease, and is refused its deletion.
+#
+# Usage: deploy/kubernetes/verify.sh [ENV_FILE]
+#   ENV_FILE: the file `kube-testenv.sh start` wrote (default: $BATON_KUBE_ENV,
+#   else the KUBE_TEST_* variables already set, else
+#   $BATON_CACHE/kube/run/env.sh).
+# Leaves the namespace, the ServiceAccount, the Role and both RoleBindings in
+# place (the test server is thrown away by `kube-testenv.sh stop`).
+# Exits 0 if everything holds (or kubectl is missing: then it says so and
+# checks nothing), 1 with a message naming each failed check otherwise.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+. "$repo/scripts/env.sh"
+
+env_file="${1:-${BATON_KUBE_ENV:-}}"
+if [ -z "$env_file" ] && [ -z "${KUBE_TEST_SERVER:-}" ]; then
+    env_file="$BATON_CACHE/kube/run/env.sh"
+fi
+if [ -n "$env_file" ]; then
+    [ -f "$env_file" ] || { echo "verify: error: no env file $env_file (run scripts/kube-testenv.sh start)" >&2; exit 1; }
+    # shellcheck disable=SC1090
+    . "$env_file"
+fi
+for v in KUBE_TEST_SERVER KUBE_TEST_KUBECONFIG KUBE_TEST_KUBECONFIG_DIR; do
+    [ -n "${!v:-}" ] || { echo "verify: error: $v is not set (run scripts/kube-testenv.sh start)" >&2; exit 1; }
+done
+if [ -z "${KUBE_TEST_KUBECTL:-}" ] || [ ! -x "$KUBE_TEST_KUBECTL" ]; then
+    echo "verify: SKIPPED: no kubectl (KUBE_TEST_KUBECTL is empty): the manifests in $here were not checked" >&2
+    exit 0
+fi
+
+# The namespace the manifests name (the placeholder `baton`).
+ns="$(awk '$1 == "namespace:" { print $2; exit }' "$here/role.yaml")"
+manifests=(serviceaccount.yaml role.yaml rolebinding.yaml configmap.yaml deployment.yaml)
+
+failures=()
+fail() { failures+=("$*"); echo "verify: FAIL: $*" >&2; }
+ok() { echo "verify: ok: $*" >&2; }
+as_admin() { "$KUBE_TEST_KUBECTL" --kubeconfig "$KUBE_TEST_KUBECONFIG" --request-timeout=30s "$@"; }
+as_user() { local u="$1"; shift; "$KUBE_TEST_KUBECTL" --kubeconfig "$KUBE_TEST_KUBECONFIG_DIR/$u.kubeconfig" --request-timeout=30s "$@"; }
+die() { echo "verify: error: $*" >&2; exit 1; }
+
+echo "verify: checking $here against $KUBE_TEST_SERVER, namespace $ns" >&2
+
+# ---- 1. the API server accepts the manifests
+as_admin get namespace "$ns" >/dev/null 2>&1 || as_admin create namespace "$ns" >&2 ||
+    die "cannot create namespace $ns"
+
+# Every manifest in the folder is listed in kustomization.yaml, and only those.
+listed="$(awk '/^resources:/ { on = 1; next } on && $1 == "-" { print $2 } on && !/^ / && !/^-/ { on = 0 }' \
+    "$here/kustomization.yaml" | sort | tr '\n' ' ')"
+present="$(cd "$here" && ls -- *.yaml | grep -vx kustomization.yaml | sort | tr '\n' ' ')"
+expected="$(printf '%s\n' "${manifests[@]}" | sort | tr '\n' ' ')"
+if [ "$listed" = "$present" ] && [ "$present" = "$expected" ]; then
+    ok "kustomization.yaml lists every manifest: $listed"
+else
+    fail "kustomization.yaml lists [$listed], the folder holds [$present], expected [$expected]"
+fi
+
+# `kubectl apply -f deploy/kubernetes/` would also send kustomization.yaml,
+# which is not a cluster object: apply through it (-k), and file by file.
+if out="$(as_admin apply --dry-run=server -k "$here" 2>&1)"; then
+    ok "kubectl apply --dry-run=server -k $here: $(echo "$out" | wc -l) objects accepted"
+else
+    fail "kubectl apply --dry-run=server -k $here: $out"
+fi
+files=()
+for m in "${manifests[@]}"; do files+=(-f "$here/$m"); done
+if out="$(as_admin apply --dry-run=server "${files[@]}" 2>&1)"; then
+    ok "kubectl apply --dry-run=server -f ${manifests[*]}: accepted"
+else
+    fail "kubectl apply --dry-run=server -f ${manifests[*]}: $out"
+fi
+
+# ---- 2. RBAC
+as_admin apply -f "$here/serviceaccount.yaml" -f "$here/role.yaml" -f "$here/rolebinding.yaml" >&2 ||
+    die "cannot apply the ServiceAccount, Role and RoleBinding"
+# Test only: the shipped Role, bound also to the token user baton-a.
+as_admin apply -f - >&2 <<EOF || die "cannot bind the Role to user baton-a"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: baton-verify-user-baton-a
+  namespace: $ns
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: baton
+subjects:
+  - apiGroup: rbac.authorization.k8s.io
+    kind: User
+    name: baton-a
+EOF
+
+# expect WHO yes|no VERB RESOURCE NAMESPACE
+# WHO: a user with a kubeconfig in KUBE_TEST_KUBECONFIG_DIR, or sa (the
+# ServiceAccount, by impersonation as admin).
+expect() {
+    local who="$1" want="$2" verb="$3" res="$4" where="$5" got
+    if [ "$who" = sa ]; then
+        got="$(as_admin auth can-i "$verb" "$res" -n "$where" --as="system:serviceaccount:$ns:baton" 2>/dev/null || true)"
+        who="serviceaccount $ns/baton"
+    else
+        got="$(as_user "$who" auth can-i "$verb" "$res" -n "$where" 2>/dev/null || true)"
+        who="user $who"
+    fi
+    if [ "$got" = "$want" ]; then
+        ok "$who can-i $verb $res -n $where: $got"
+    else
+        fail "$who can-i $verb $res -n $where: expected $want, got '${got:-an error}'"
+    fi
+}
+leases=leases.coordination.k8s.io
+for who in sa baton-a; do
+    for verb in get list watch create update; do expect "$who" yes "$verb" "$leases" "$ns"; done
+    for verb in delete patch deletecollection; do expect "$who" no "$verb" "$leases" "$ns"; done
+    expect "$who" no get secrets "$ns"
+    expect "$who" no list configmaps "$ns"
+    expect "$who" no create "$leases" default
+done
+for verb in get create update; do expect nobody no "$verb" "$leases" "$ns"; done
+
+# ---- 3. real requests as baton-a
+lease=baton-verify
+as_admin delete "$leases" "$lease" -n "$ns" --ignore-not-found >/dev/null 2>&1 || true
+lease_yaml() { # holder transitions [resourceVersion]
+    local rv_line=
+    [ -z "${3:-}" ] || rv_line="  resourceVersion: \"$3\""
+    cat <<EOF
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: $lease
+  namespace: $ns
+  labels: { app.kubernetes.io/name: baton }
+$rv_line
+spec:
+  holderIdentity: $1
+  leaseDurationSeconds: 15
+  leaseTransitions: $2
+EOF
+}
+if out="$(lease_yaml baton-a 1 | as_user baton-a create -f - 2>&1)"; then
+    ok "baton-a created Lease $ns/$lease"
+    rv="$(as_user baton-a get "$leases" "$lease" -n "$ns" -o 'jsonpath={.metadata.resourceVersion}' 2>&1)" ||
+        fail "baton-a cannot get Lease $ns/$lease: $rv"
+    if out="$(lease_yaml baton-a 2 "$rv" | as_user baton-a replace -f - 2>&1)"; then
+        ok "baton-a updated Lease $ns/$lease at resourceVersion $rv"
+    else
+        fail "baton-a cannot update Lease $ns/$lease: $out"
+    fi
+    if out="$(lease_yaml baton-a 3 "$rv" | as_user baton-a replace -f - 2>&1)"; then
+        fail "baton-a updated Lease $ns/$lease at the stale resourceVersion $rv"
+    elif echo "$out" | grep -qi conflict; then
+        ok "baton-a's update at the stale resourceVersion $rv conflicts"
+    else
+        fail "baton-a's update at a stale resourceVersion failed, but not with a conflict: $out"
+    fi
+    if out="$(as_user baton-a delete "$leases" "$lease" -n "$ns" 2>&1)"; then
+        fail "baton-a deleted Lease $ns/$lease"
+    elif echo "$out" | grep -qi forbidden; then
+        ok "baton-a may not delete Lease $ns/$lease (forbidden)"
+    else
+        fail "baton-a's delete failed, but not as forbidden: $out"
+    fi
+else
+    fail "baton-a cannot create Lease $ns/$lease: $out"
+fi
+if out="$(lease_yaml nobody 1 | as_user nobody create -f - 2>&1)"; then
+    fail "nobody created a Lease in $ns"
+elif echo "$out" | grep -qi forbidden; then
+    ok "nobody may not create a Lease in $ns (forbidden)"
+else
+    fail "nobody's create failed, but not as forbidden: $out"
+fi
+as_admin delete "$leases" "$lease" -n "$ns" --ignore-not-found >/dev/null 2>&1 || true
+
+if [ ${#failures[@]} -gt 0 ]; then
+    echo "verify: ${#failures[@]} check(s) failed for $here:" >&2
+    printf '  - %s\n' "${failures[@]}" >&2
+    exit 1
+fi
+echo "verify: all checks passed for $here" >&2
