@@ -10,6 +10,16 @@ cd "$repo"
 
 scripts/build-guests.sh >/dev/null
 export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
+# A real Kubernetes API server on loopback (scripts/kube-testenv.sh: built and
+# cached on first use), for the kubernetes store's tests (the KUBE_TEST_*
+# variables) and the deploy manifests' check; stopped on exit.
+export BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-$$.env"
+trap 'scripts/kube-testenv.sh stop' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+scripts/kube-testenv.sh start >/dev/null
+. "$BATON_KUBE_ENV"
+deploy/kubernetes/verify.sh
 cargo build -p baton
 # The end-to-end tests time reactions in milliseconds: run test binaries one
 # test at a time, so that one test's busy guests do not steal the CPU of another.
