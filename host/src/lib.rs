@@ -5,6 +5,7 @@
 pub mod config;
 pub mod election;
 pub mod runtime;
+pub mod scaffold;
 pub mod serve;
 pub mod store;
 pub mod supervisor;

@@ -54,6 +54,17 @@ enum Command {
         #[arg(required = true)]
         plugins: Vec<PathBuf>,
     },
+    /// Create ./NAME: a new plugin with a build script and a configuration.
+    New {
+        /// The plugin's language.
+        #[arg(long)]
+        lang: baton::scaffold::Lang,
+        /// The plugin's name (lower-case letters, digits and '-').
+        name: String,
+        /// Create it in this folder instead of the current one.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
     /// Show each lease of the embedded store: holder, term, time to expiry.
     Status {
         /// Take the store from this configuration file.
@@ -118,6 +129,11 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { plugins } => check(plugins).await,
+        Command::New { lang, name, dir } => {
+            let root = baton::scaffold::new_plugin(lang, &name, &dir)?;
+            println!("created {}: build it with {}/build.sh", root.display(), root.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Status { config, store_dir } => {
             let dir = match (config, store_dir) {
                 (_, Some(dir)) => dir,
