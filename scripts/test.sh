@@ -10,6 +10,8 @@ cd "$repo"
 
 scripts/build-guests.sh >/dev/null
 export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
+export BATON_POLYGLOT_DIR="${BATON_POLYGLOT_DIR:-$BATON_CACHE/polyglot}"
+scripts/build-polyglot-guests.sh >/dev/null
 # A real Kubernetes API server on loopback (scripts/kube-testenv.sh: built and
 # cached on first use), for the kubernetes store's tests (the KUBE_TEST_*
 # variables) and the deploy manifests' check; stopped on exit.

@@ -1,0 +1,316 @@
+//! End-to-end tests of the guests written in Python, JavaScript and C
+//! (`examples/{python,js,c}-*`), built from source with their real
+//! toolchains by `scripts/build-polyglot-guests.sh` into
+//! `BATON_POLYGLOT_DIR`, and of the `baton new` templates.
+//!
+//! Each example honours `PROBE_MODE`: `cooperative` (the default: prints
+//! `start term=N mode=M`, `tick term=N n=K` once a second, and
+//! `stop term=N role=R` once the status changes) or `busy` (ignores the
+//! change in a compute loop). The assertions are those of the Rust probes
+//! in tests/e2e: a guest runs only while its host leads, sees the term its
+//! host leads in, returns within 20 ms of a cooperative change, and is
+//! stopped by force after the grace when it ignores the change.
+//!
+//! A missing guest fails the test: scripts/test.sh always builds them.
+
+#[path = "../e2e/support.rs"]
+#[allow(dead_code)]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use support::*;
+
+const STARTED: &str = "leader task started";
+const STOPPED: &str = "leader task stopped";
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+/// How soon a cooperative guest must return after the change.
+const COOPERATIVE_MS: f64 = 20.0;
+
+/// The folder of the built polyglot guests.
+fn polyglot_dir() -> PathBuf {
+    let dir = std::env::var_os("BATON_POLYGLOT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/baton/polyglot"));
+    assert!(
+        dir.join("tools.txt").is_file(),
+        "polyglot guests not found in {}: run scripts/build-polyglot-guests.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+fn guest_file(file: &str) -> PathBuf {
+    let path = polyglot_dir().join(file);
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/build-polyglot-guests.sh",
+        path.display()
+    );
+    path
+}
+
+fn plugin<'a>(name: &'a str, file: &str, mode: &'a str) -> PluginDef<'a> {
+    PluginDef {
+        name,
+        path: guest_file(file),
+        mode,
+    }
+}
+
+fn leading(e: &Event) -> bool {
+    e.message() == "lease status changed" && e.str("role") == Some("leading")
+}
+
+/// Two hosts, one cooperative guest: only the leader runs it, with its term;
+/// on SIGTERM it returns within 20 ms and the standby takes over in a newer
+/// term, its guest running within 50 ms of winning the lease (the standby
+/// compiled the plugin before contending).
+fn cooperative(file: &str) -> f64 {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[plugin("g", file, "cooperative")]),
+    );
+    let mut a = Host::start("host-a", &cfg);
+    let a_start = a.wait_for(SECS(120), "a's guest start", |e| e.guest_line("g", "start term="));
+    let a_led = a.wait_for(SECS(1), "a leading", leading);
+    let term_a = a_start.guest_term().expect("term in the start line");
+    assert_eq!(
+        a_led.u64("term"),
+        Some(term_a),
+        "the guest sees the term its host leads in"
+    );
+    assert!(
+        a_led.at <= a_start.at,
+        "the guest started after its host won the lease"
+    );
+    a.wait_for(SECS(3), "a tick", |e| {
+        e.guest_line("g", &format!("tick term={term_a} n=1"))
+    });
+
+    let b = Host::start("host-b", &cfg);
+    b.wait_for(SECS(120), "b following", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        b.all(|e| e.message() == STARTED).is_empty(),
+        "the follower runs nothing"
+    );
+
+    a.sigterm();
+    let stopped = a.wait_for(SECS(5), "a's stop", |e| e.is(STOPPED, Some("g")));
+    let after = stopped.f64("after_ms").unwrap();
+    println!("{file}: returned {after:.2} ms after the change");
+    assert_eq!(stopped.str("how"), Some("cooperative"), "{}", a.output());
+    assert_eq!(stopped.str("outcome"), Some("ok"), "{}", a.output());
+    assert!(
+        after < COOPERATIVE_MS,
+        "{file} returned {after:.2} ms after the change"
+    );
+    a.wait_for(SECS(1), "a's guest stop line", |e| {
+        e.guest_line("g", &format!("stop term={term_a} role=pending"))
+    });
+    assert!(a.wait_exit(SECS(5)).success());
+
+    let b_start = b.wait_for(SECS(5), "b's guest start", |e| e.guest_line("g", "start term="));
+    let b_led = b.wait_for(SECS(1), "b leading", leading);
+    let term_b = b_start.guest_term().unwrap();
+    assert!(term_b > term_a, "term {term_b} after {term_a}");
+    assert_eq!(b_led.u64("term"), Some(term_b));
+    assert!(stopped.at < b_start.at, "a's guest stopped before b's started");
+    let takeover = ms_between(b_led.at, b_start.at);
+    println!("{file}: first guest line {takeover:.1} ms after winning the lease");
+    takeover
+}
+
+/// A guest that ignores the change is stopped by force after the grace.
+fn forced(file: &str) {
+    let s = Scratch::new();
+    let cfg = s.write("baton.toml", &config(&s.store(), &[plugin("g", file, "busy")]));
+    let mut h = Host::start("host", &cfg);
+    h.wait_for(SECS(120), "guest start", |e| e.guest_line("g", "start term="));
+    std::thread::sleep(Duration::from_millis(1000));
+    h.sigterm();
+    let stopped = h.wait_for(SECS(5), "stop", |e| e.is(STOPPED, Some("g")));
+    let after = stopped.f64("after_ms").unwrap();
+    let bound = GRACE.as_secs_f64() * 1e3 + 50.0;
+    println!("{file}: stopped by force {after:.1} ms after the change");
+    assert_eq!(stopped.str("how"), Some("forced"));
+    assert!(
+        after >= GRACE.as_secs_f64() * 1e3 && after <= bound,
+        "stopped after {after:.1} ms"
+    );
+    assert!(h.wait_exit(SECS(5)).success());
+}
+
+macro_rules! guest_tests {
+    ($($coop:ident, $busy:ident: $file:literal;)*) => {$(
+        #[test]
+        fn $coop() {
+            cooperative($file);
+        }
+        #[test]
+        fn $busy() {
+            forced($file);
+        }
+    )*};
+}
+
+guest_tests! {
+    python_pollable_runs_only_while_leading_and_stops_promptly,
+        python_pollable_ignoring_the_change_is_stopped_by_force: "python_pollable_ticker.wasm";
+    python_future_runs_only_while_leading_and_stops_promptly,
+        python_future_ignoring_the_change_is_stopped_by_force: "python_future_ticker.wasm";
+    js_pollable_runs_only_while_leading_and_stops_promptly,
+        js_pollable_ignoring_the_change_is_stopped_by_force: "js_pollable_ticker.wasm";
+    js_future_runs_only_while_leading_and_stops_promptly,
+        js_future_ignoring_the_change_is_stopped_by_force: "js_future_ticker.wasm";
+    c_pollable_runs_only_while_leading_and_stops_promptly,
+        c_pollable_ignoring_the_change_is_stopped_by_force: "c_pollable_ticker.wasm";
+}
+
+#[test]
+fn a_warm_standby_runs_a_python_guest_within_50ms_of_winning_the_lease() {
+    // Three hand-overs; the best of them must be within 50 ms, every one
+    // within 200 ms (a 2-core machine also runs the previous leader's exit).
+    let mut took: Vec<f64> = (0..3)
+        .map(|_| cooperative("python_pollable_ticker.wasm"))
+        .collect();
+    took.sort_by(f64::total_cmp);
+    println!("python takeover, winning the lease to the first guest line: {took:.1?} ms");
+    assert!(took[0] < 50.0, "{took:?}");
+    assert!(took[2] < 200.0, "{took:?}");
+}
+
+fn baton_check(path: &Path) -> (bool, String) {
+    let out = baton().arg("check").arg(path).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn baton_check_names_each_guests_world() {
+    for (file, world) in [
+        ("python_pollable_ticker.wasm", "pollable-plugin"),
+        ("python_future_ticker.wasm", "future-plugin"),
+        ("js_pollable_ticker.wasm", "pollable-plugin"),
+        ("js_future_ticker.wasm", "future-plugin"),
+        ("c_pollable_ticker.wasm", "pollable-plugin"),
+    ] {
+        let (ok, out) = baton_check(&guest_file(file));
+        assert!(ok, "{out}");
+        assert!(
+            out.contains(&format!("ok: targets baton:leader/{world}@0.1.0")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn a_js_guest_importing_wasi_http_is_refused_with_the_import_and_the_fix() {
+    let file = guest_file("js_http_import.wasm");
+    let (ok, out) = baton_check(&file);
+    assert!(!ok, "{out}");
+    assert!(out.contains("imports `wasi:http/"), "{out}");
+    assert!(out.contains("-d http fetch-event"), "{out}");
+
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(
+            &s.store(),
+            &[
+                plugin("http", "js_http_import.wasm", "cooperative"),
+                plugin("c", "c_pollable_ticker.wasm", "cooperative"),
+            ],
+        ),
+    );
+    let mut h = Host::start("host", &cfg);
+    h.wait_for(SECS(60), "the good plugin runs", |e| {
+        e.guest_line("c", "start term=")
+    });
+    let out = h.output();
+    assert!(
+        out.contains("wasi:http/") && out.contains("-d http fetch-event"),
+        "{out}"
+    );
+    h.sigterm();
+    assert!(h.wait_exit(SECS(5)).success());
+}
+
+/// The tools the build script installed, from its tools.txt.
+fn tool(name: &str) -> String {
+    let text = std::fs::read_to_string(polyglot_dir().join("tools.txt")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in tools.txt"))
+        .to_owned()
+}
+
+fn new_builds_and_checks(lang: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("my-{lang}-plugin");
+    let out = baton()
+        .args(["new", "--lang", lang, &name, "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let root = dir.path().join(&name);
+    let build = Command::new(root.join("build.sh"))
+        .env("COMPONENTIZE_PY", tool("componentize-py"))
+        .env("COMPONENTIZE_JS", tool("componentize-js"))
+        .env("JCO", tool("jco"))
+        .env("WIT_BINDGEN", tool("wit-bindgen"))
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "{lang} template build failed:\n{}{}",
+        String::from_utf8_lossy(&build.stdout),
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let wasm = root.join(format!("{name}.wasm"));
+    let (ok, out) = baton_check(&wasm);
+    assert!(
+        ok && out.contains("ok: targets baton:leader/pollable-plugin@0.1.0"),
+        "{out}"
+    );
+
+    // Its own baton.toml runs it.
+    let mut h = Host::start("host", &root.join("baton.toml"));
+    let start = h.wait_for(SECS(120), "the new plugin runs", |e| {
+        e.guest_line(&name, "start term=")
+    });
+    assert!(start.guest_term().unwrap() >= 1);
+    h.sigterm();
+    let stopped = h.wait_for(SECS(5), "stop", |e| e.is(STOPPED, Some(&name)));
+    assert_eq!(stopped.str("how"), Some("cooperative"));
+    assert!(h.wait_exit(SECS(5)).success());
+}
+
+#[test]
+fn baton_new_rust_builds_checks_and_runs() {
+    new_builds_and_checks("rust");
+}
+
+#[test]
+fn baton_new_python_builds_checks_and_runs() {
+    new_builds_and_checks("python");
+}
+
+#[test]
+fn baton_new_js_builds_checks_and_runs() {
+    new_builds_and_checks("js");
+}
+
+#[test]
+fn baton_new_c_builds_checks_and_runs() {
+    new_builds_and_checks("c");
+}
