@@ -8,13 +8,16 @@
 #                                     free loopback ports; prints `export ...` lines,
 #                                     so `eval "$(scripts/kube-testenv.sh start)"` works
 #   scripts/kube-testenv.sh stop      stop them (by their recorded process ids) and
-#                                     delete their data; safe to call twice
+#                                     delete their data, keys and tokens; safe to
+#                                     call twice
 #   scripts/kube-testenv.sh status    says whether they run (exit 0 if so, 1 if not)
 #
 # Everything downloaded or built lives in $BATON_CACHE/kube (scripts/env.sh),
 # never in the clone:
-#   src/   the source package and its build tree    bin/   kube-apiserver (and kubectl,
-#   run/   one folder per started server, and env.sh       if taken from the .deb)
+#   src/   the source package (the build tree is deleted once the build succeeded)
+#   bin/   kube-apiserver, and kubectl when it is unpacked from the .deb
+#   run/   one folder per started server (its logs stay after `stop`, until the
+#          next `start`), and the default env file
 #
 # `start` writes an env file ($BATON_KUBE_ENV, default $BATON_CACHE/kube/run/env.sh)
 # that exports:
