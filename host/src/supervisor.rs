@@ -100,8 +100,11 @@ async fn run_term(
         tokio::pin!(task);
         let mut term_watch = view.clone();
         let ended = tokio::select! {
-            outcome = &mut task => Some(outcome),
+            // A task that returns because its term ended is a stop, not a
+            // finish: look at the term first.
+            biased;
             _ = term_watch.wait_for(|v| !in_term(v, term)) => None,
+            outcome = &mut task => Some(outcome),
         };
         match ended {
             Some(outcome) => {
