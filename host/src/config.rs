@@ -73,6 +73,13 @@ struct RawConfig {
 enum RawStore {
     #[serde(rename = "embedded")]
     Embedded { dir: Option<PathBuf> },
+    #[serde(rename = "kubernetes")]
+    Kubernetes {
+        namespace: Option<String>,
+        kubeconfig: Option<PathBuf>,
+        #[serde(default)]
+        labels: BTreeMap<String, String>,
+    },
 }
 
 impl Default for RawStore {
@@ -163,6 +170,18 @@ pub enum StoreConfig {
         /// The directory.
         dir: PathBuf,
     },
+    /// `coordination.k8s.io/v1` Lease objects on a Kubernetes API server.
+    Kubernetes {
+        /// The namespace of the Lease objects; `None`: the kubeconfig
+        /// context's namespace, the in-cluster service account's, or
+        /// `default`.
+        namespace: Option<String>,
+        /// The kubeconfig file; `None`: `KUBECONFIG`, `~/.kube/config`, or
+        /// the in-cluster service account.
+        kubeconfig: Option<PathBuf>,
+        /// Labels written on the Lease objects.
+        labels: BTreeMap<String, String>,
+    },
 }
 
 /// One lease and its timings.
@@ -206,6 +225,19 @@ pub fn default_identity() -> String {
     let host = gethostname::gethostname().to_string_lossy().into_owned();
     let suffix: u32 = rand::random::<u32>() & 0xff_ffff;
     format!("{host}-{}-{suffix:06x}", std::process::id())
+}
+
+/// Checks a Kubernetes namespace name: an RFC 1123 label (at most 63
+/// characters of a-z, 0-9 and '-', starting and ending with a letter or
+/// digit).
+fn validate_namespace(ns: &str) -> Result<(), String> {
+    if ns.len() > 63 || ns.contains('.') || validate_lease_name(ns).is_err() {
+        return Err(format!(
+            "invalid namespace {ns:?}: must be a lowercase RFC 1123 label (at most 63 characters \
+             of a-z, 0-9 and '-', starting and ending with a letter or digit)"
+        ));
+    }
+    Ok(())
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -259,6 +291,21 @@ impl Config {
             timings
                 .validate()
                 .map_err(|e| err_at(at, format!("lease {name:?}: unsafe timings: {e}")))?;
+            if matches!(raw.store, RawStore::Kubernetes { .. }) {
+                let d = timings.lease_duration;
+                if d.subsec_nanos() != 0 || d.as_secs() > i32::MAX as u64 {
+                    return Err(err_at(
+                        at,
+                        format!(
+                            "lease {name:?}: lease-duration {} is not a whole number of seconds: a \
+                             Kubernetes Lease holds leaseDurationSeconds; use {}s or {}s",
+                            humantime::format_duration(d),
+                            d.as_secs(),
+                            d.as_secs() + 1
+                        ),
+                    ));
+                }
+            }
             leases.push(LeaseConfig {
                 name: name.clone(),
                 timings,
@@ -334,6 +381,28 @@ impl Config {
                     .map(|d| resolve(&d))
                     .unwrap_or_else(|| base.join(".baton").join("leases")),
             },
+            RawStore::Kubernetes {
+                namespace,
+                kubeconfig,
+                labels,
+            } => {
+                if let Some(ns) = &namespace {
+                    validate_namespace(ns).map_err(|e| ConfigError(format!("{file}: [store]: field `namespace`: {e}")))?;
+                }
+                for (k, v) in &labels {
+                    if k.is_empty() || k.len() > 316 || v.len() > 63 {
+                        return Err(ConfigError(format!(
+                            "{file}: [store]: field `labels`: invalid label {k:?} = {v:?}: keys are \
+                             non-empty, values at most 63 characters"
+                        )));
+                    }
+                }
+                StoreConfig::Kubernetes {
+                    namespace,
+                    kubeconfig: kubeconfig.map(|p| resolve(&p)),
+                    labels,
+                }
+            }
         };
         Ok(Config {
             source: source.map(Path::to_path_buf),
@@ -435,6 +504,52 @@ env = { A = "1" }
             .unwrap_err()
             .to_string();
         assert!(e.contains("field `identity` is empty"), "{e}");
+    }
+
+    #[test]
+    fn a_kubernetes_store_is_parsed_with_defaults_and_paths() {
+        let text = "[store]\nkind = \"kubernetes\"\nnamespace = \"baton\"\nkubeconfig = \"kube.yaml\"\n\
+                    labels = { app = \"baton\" }\n[[lease]]\nname = \"demo\"\n";
+        let c = Config::parse(text, Some(Path::new("/etc/baton/baton.toml"))).unwrap();
+        assert_eq!(
+            c.store,
+            StoreConfig::Kubernetes {
+                namespace: Some("baton".into()),
+                kubeconfig: Some("/etc/baton/kube.yaml".into()),
+                labels: [("app".to_owned(), "baton".to_owned())].into(),
+            }
+        );
+        let c = Config::parse("[store]\nkind = \"kubernetes\"\n", None).unwrap();
+        assert_eq!(
+            c.store,
+            StoreConfig::Kubernetes {
+                namespace: None,
+                kubeconfig: None,
+                labels: BTreeMap::new(),
+            }
+        );
+        let e = Config::parse("[store]\nkind = \"kubernetes\"\nnamespace = \"Bad_NS\"\n", Some(Path::new("k.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("k.toml: [store]: field `namespace`: invalid namespace"), "{e}");
+        let e = Config::parse("[store]\nkind = \"kubernetes\"\ndir = \"x\"\n", Some(Path::new("k.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `dir`"), "{e}");
+    }
+
+    #[test]
+    fn a_kubernetes_store_refuses_lease_durations_in_fractions_of_a_second() {
+        let text = "[store]\nkind = \"kubernetes\"\n[[lease]]\nname = \"demo\"\nlease-duration = \"4500ms\"\n\
+                    renew-deadline = \"2s\"\nretry-period = \"500ms\"\ngrace = \"1s\"\n";
+        let e = Config::parse(text, Some(Path::new("k.toml"))).unwrap_err().to_string();
+        assert!(
+            e.starts_with("k.toml:4: lease \"demo\": lease-duration 4s 500ms is not a whole number of seconds"),
+            "{e}"
+        );
+        assert!(e.contains("use 4s or 5s"), "{e}");
+        // The embedded store takes it.
+        Config::parse(&text.replace("kubernetes", "embedded"), None).unwrap();
     }
 
     #[test]

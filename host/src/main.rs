@@ -47,6 +47,10 @@ enum Command {
         /// Where compiled code is cached (overrides the file).
         #[arg(long, env = "BATON_CACHE_DIR")]
         cache_dir: Option<PathBuf>,
+        /// The kubeconfig of a kubernetes store (overrides the file, KUBECONFIG
+        /// and ~/.kube/config).
+        #[arg(long, env = "BATON_KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
     },
     /// Say which world each component targets, or exactly why it cannot run.
     Check {
@@ -108,6 +112,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             identity,
             store_dir,
             cache_dir,
+            kubeconfig,
         } => {
             let mut cfg = Config::load(&config)?;
             if let Some(identity) = identity {
@@ -122,6 +127,15 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             }
             if let Some(dir) = cache_dir {
                 cfg.cache_dir = Some(dir);
+            }
+            if let Some(path) = kubeconfig {
+                match &mut cfg.store {
+                    StoreConfig::Kubernetes { kubeconfig, .. } => *kubeconfig = Some(path),
+                    StoreConfig::Embedded { .. } => anyhow::bail!(
+                        "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but the \
+                         configuration uses the embedded store"
+                    ),
+                }
             }
             let shutdown = CancellationToken::new();
             tokio::spawn(wait_for_signal(shutdown.clone()));
@@ -139,6 +153,11 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 (_, Some(dir)) => dir,
                 (Some(config), None) => match Config::load(&config)?.store {
                     StoreConfig::Embedded { dir } => dir,
+                    StoreConfig::Kubernetes { namespace, .. } => anyhow::bail!(
+                        "baton status reads only the embedded store; for a kubernetes store use \
+                         `kubectl get leases -n {}`",
+                        namespace.as_deref().unwrap_or("NAMESPACE")
+                    ),
                 },
                 (None, None) => anyhow::bail!("say which store: --config FILE or --store-dir DIR"),
             };

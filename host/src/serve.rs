@@ -12,8 +12,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, StoreConfig};
 use crate::election::{Elector, ElectorConfig, ElectorControl};
 use crate::runtime::{PluginEngine, PluginRuntime, RuntimeError, default_cache_dir};
-use crate::store::LeaseStore;
+use crate::store::{LeaseStore, StoreError};
 use crate::store::embedded::EmbeddedStore;
+use crate::store::kube::{KubeOptions, KubeStore};
 use crate::supervisor::run_leader_tasks;
 
 /// Why the host could not start.
@@ -27,12 +28,47 @@ pub enum ServeError {
     Store(String),
 }
 
-/// Opens the configured lease store.
-pub fn open_store(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, ServeError> {
-    match config {
+/// Opens the configured lease store. For a Kubernetes store this builds
+/// the client (no request is made yet): a Lease with a holder but no
+/// duration is read as the longest configured lease duration, and the
+/// client's connect timeout is the shortest configured request timeout.
+pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeError> {
+    match &config.store {
         StoreConfig::Embedded { dir } => EmbeddedStore::open(dir)
             .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
             .map_err(|e| ServeError::Store(format!("embedded store at {}: {e}", dir.display()))),
+        StoreConfig::Kubernetes {
+            namespace,
+            kubeconfig,
+            labels,
+        } => {
+            let defaults = crate::election::Timings::default();
+            let options = KubeOptions {
+                namespace: namespace.clone(),
+                kubeconfig: kubeconfig.clone(),
+                labels: labels.clone(),
+                fallback_duration: config
+                    .leases
+                    .iter()
+                    .map(|l| l.timings.lease_duration)
+                    .max()
+                    .unwrap_or(defaults.lease_duration),
+                request_timeout: config
+                    .leases
+                    .iter()
+                    .map(|l| l.timings.request_timeout)
+                    .min()
+                    .unwrap_or(defaults.request_timeout),
+            };
+            KubeStore::connect(options)
+                .await
+                .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
+                .map_err(|e| match e {
+                    // Not about any one lease.
+                    StoreError::Refused { detail, .. } => ServeError::Store(format!("kubernetes store: {detail}")),
+                    other => ServeError::Store(format!("kubernetes store: {other}")),
+                })
+        }
     }
 }
 
@@ -45,7 +81,7 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
     let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let engine = PluginEngine::new(Some(cache_dir.clone()))?;
     let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
-    let store = open_store(&config.store)?;
+    let store = open_store(&config).await?;
     tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), "baton starting");
 
     // Compile every plugin before contending, so that winning a lease costs

@@ -8,6 +8,8 @@
 //!
 //! - [`embedded`]: a directory on the local disk; the default, needs nothing
 //!   installed, and lets several `baton` processes on one machine contend.
+//! - [`kube`]: `coordination.k8s.io/v1` Lease objects through the
+//!   Kubernetes API server, for hosts on many machines.
 //! - [`memory`]: in-process, with fault injection, for unit tests of the
 //!   elector.
 //!
@@ -20,6 +22,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 pub mod embedded;
+pub mod kube;
 pub mod memory;
 
 /// One lease record, as written by the holder.

@@ -1,0 +1,968 @@
+//! The Kubernetes store: lease records as `coordination.k8s.io/v1` Lease
+//! objects, through the API server.
+//!
+//! # Mapping
+//!
+//! | [`LeaseRecord`] | Lease |
+//! |---|---|
+//! | `holder` | `spec.holderIdentity` (`""` written on release, as client-go does; `null` or `""` read as no holder) |
+//! | `lease_duration` | `spec.leaseDurationSeconds` (whole seconds; missing or not positive: read as the store's *fallback duration*, see below) |
+//! | `acquire_time`, `renew_time` | `spec.acquireTime`, `spec.renewTime` (MicroTime; unreadable or missing: `None`, they are informational) |
+//! | `transitions` (the term) | `spec.leaseTransitions` (an int32; missing or negative: 0; a term above `i32::MAX` is refused) |
+//! | version | `metadata.resourceVersion` |
+//!
+//! A Lease whose holder is set but whose duration is missing (or zero, which
+//! the API server's validation refuses anyway) promised no duration; client-go
+//! takes it over at once. This store reads it as the *fallback duration*,
+//! the longest lease duration this host is configured with, so a foreign
+//! holder gets at least as long as baton's own.
+//!
+//! # Writes
+//!
+//! Every acquire, renew and release is a `PUT` of the whole object with its
+//! `metadata.resourceVersion`: the API server refuses it with 409 Conflict
+//! if anyone wrote in between. The object written is the one last read
+//! (from a get, the watch, or the answer to a write) with only the spec
+//! fields above and this host's configured labels changed, so labels,
+//! annotations, owner references and any other field written by someone
+//! else are carried over. When the version to update is not among the
+//! objects this store has seen, it reads the object first and reports a
+//! conflict without writing if the version differs.
+//!
+//! The term is `leaseTransitions` only: no annotation. An annotation would
+//! be deleted with the object, so it would not survive the case it is meant
+//! for (a deleted and re-created Lease); running hosts already remember the
+//! highest term they saw, and a single number keeps `kubectl` and client-go
+//! tools in agreement with what guests see.
+//!
+//! # Watching
+//!
+//! [`LeaseStore::watch`] lists the one Lease (field selector on
+//! `metadata.name`), yields it (or `None`), and watches from the list's
+//! resourceVersion, so no change between the two is missed. A watch that the
+//! server ends normally (its `timeoutSeconds`, chosen at random between 4 and
+//! 5 minutes) is resumed from the last resourceVersion seen (bookmarks keep
+//! it fresh) without a new list. Any error, including 410 Gone, ends the
+//! stream with that error; the elector then watches again after its jittered
+//! retry, which lists afresh.
+//!
+//! Watch events are history: one may arrive after this host already has a
+//! newer version of the Lease from its own read or write (for example the
+//! event of its own create, after its first renewal). Such an event, and
+//! a listed state older than what the caller has since learned, is not
+//! yielded: the stream only ever moves forward, as the embedded store's
+//! does. (resourceVersions are compared as numbers, which etcd revisions
+//! are; one that is not a number is always passed on.)
+//!
+//! # Errors
+//!
+//! 409 is [`StoreError::Conflict`]; 401 and 403 are [`StoreError::Refused`]
+//! with the API server's message (it names the user, verb, resource and
+//! namespace); other 4xx are `Refused`; 410, 429, 5xx, connection errors
+//! and timeouts are [`StoreError::Unavailable`]; undecodable answers are
+//! [`StoreError::Malformed`].
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures::stream::{self, BoxStream};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{
+    Api, ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams, TypeMeta, WatchEvent,
+    WatchParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use rand::Rng;
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+
+use super::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
+
+/// The `lease` named in errors that concern the whole store.
+const ANY_LEASE: &str = "*";
+
+/// How many recently seen objects of each lease are kept for
+/// read-modify-write.
+const KEEP_OBJECTS: usize = 8;
+
+/// A watch the server ended sooner than this after it started, without a
+/// single event, is reported as an error (the elector then backs off)
+/// instead of being resumed at once: no request storms.
+const MIN_QUIET_WATCH: Duration = Duration::from_secs(1);
+
+/// How long a watch may stay silent past its own server-side timeout before
+/// it is taken as dead.
+const WATCH_SILENCE_ALLOWANCE: Duration = Duration::from_secs(30);
+
+/// The bound on listing every lease (`LeaseStore::list`, for status
+/// reports), which no elector bounds.
+const OWN_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to reach the API server and where the leases live.
+#[derive(Clone, Debug, Default)]
+pub struct KubeOptions {
+    /// The namespace of the Lease objects; default: the kubeconfig context's
+    /// namespace, the in-cluster service account's, or `default`.
+    pub namespace: Option<String>,
+    /// A kubeconfig file; default: `KUBECONFIG`, `~/.kube/config`, or the
+    /// in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// Labels written on every Lease this host writes.
+    pub labels: BTreeMap<String, String>,
+    /// The duration read for a Lease that has a holder but no usable
+    /// `leaseDurationSeconds`: the longest configured lease duration.
+    pub fallback_duration: Duration,
+    /// The shortest configured request timeout: the client's connect
+    /// timeout, and the bound on the requests this store makes by itself
+    /// (resuming a watch). The elector bounds all the others.
+    pub request_timeout: Duration,
+}
+
+/// Lease records as Kubernetes Lease objects; see the [module
+/// documentation](self). Cloning is cheap; clones share the client and the
+/// objects seen.
+#[derive(Clone)]
+pub struct KubeStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    api: Api<DynamicObject>,
+    resource: ApiResource,
+    namespace: String,
+    server: String,
+    labels: BTreeMap<String, String>,
+    fallback_duration: Duration,
+    request_timeout: Duration,
+    /// What was seen of each lease.
+    seen: Mutex<HashMap<String, Seen>>,
+}
+
+/// What a store has seen of one lease.
+#[derive(Default)]
+struct Seen {
+    /// Recently seen objects, newest last.
+    objects: VecDeque<DynamicObject>,
+    /// The highest resourceVersion learned from any answer (reads, writes,
+    /// the watch, deletions).
+    newest: u64,
+}
+
+/// A resourceVersion as a number. The API server's resourceVersions are
+/// etcd revisions, which grow with every write; `None` for one that is not
+/// a number (then nothing is judged stale by it).
+fn rv_number(rv: &str) -> Option<u64> {
+    rv.parse().ok()
+}
+
+impl std::fmt::Debug for KubeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeStore")
+            .field("namespace", &self.inner.namespace)
+            .field("server", &self.inner.server)
+            .finish()
+    }
+}
+
+impl KubeStore {
+    /// Builds a client the usual kube-rs way (the given kubeconfig, else
+    /// `KUBECONFIG`, `~/.kube/config`, or the in-cluster service account) and
+    /// opens the store. Makes no request.
+    pub async fn connect(options: KubeOptions) -> Result<KubeStore, StoreError> {
+        let refused = |detail: String| StoreError::Refused {
+            lease: ANY_LEASE.into(),
+            detail,
+        };
+        let mut config = match &options.kubeconfig {
+            Some(path) => {
+                let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
+                    refused(format!("cannot read the kubeconfig {}: {e}", path.display()))
+                })?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| refused(format!("kubeconfig {}: {e}", path.display())))?
+            }
+            None => kube::Config::infer().await.map_err(|e| {
+                refused(format!(
+                    "no Kubernetes client configuration (set KUBECONFIG, pass --kubeconfig, \
+                     or run in a pod with a service account): {e}"
+                ))
+            })?,
+        };
+        // The elector bounds every request and retries by itself; the
+        // client's own retries would only blur its timings.
+        config.default_retry = false;
+        config.connect_timeout = Some(options.request_timeout);
+        // Watches are bounded by their server-side timeout and by this
+        // store's silence check, other requests by the elector.
+        config.read_timeout = None;
+        let namespace = options
+            .namespace
+            .clone()
+            .unwrap_or_else(|| config.default_namespace.clone());
+        let server = config.cluster_url.to_string();
+        let client = Client::try_from(config)
+            .map_err(|e| refused(format!("cannot build the Kubernetes client: {e}")))?;
+        Ok(KubeStore::with_client(client, &namespace, server, &options))
+    }
+
+    /// Opens the store on an existing client.
+    pub fn with_client(client: Client, namespace: &str, server: String, options: &KubeOptions) -> KubeStore {
+        let resource = ApiResource::erase::<Lease>(&());
+        KubeStore {
+            inner: Arc::new(Inner {
+                api: Api::namespaced_with(client, namespace, &resource),
+                resource,
+                namespace: namespace.to_owned(),
+                server,
+                labels: options.labels.clone(),
+                fallback_duration: options.fallback_duration,
+                request_timeout: options.request_timeout.max(Duration::from_millis(100)),
+                seen: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The namespace of the Lease objects.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+}
+
+impl Inner {
+    /// Remembers an object as the latest seen of its lease.
+    fn remember(&self, lease: &str, obj: &DynamicObject) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = seen.entry(lease.to_owned()).or_default();
+        let rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
+        seen.newest = seen.newest.max(rv_number(rv).unwrap_or(0));
+        let list = &mut seen.objects;
+        if list
+            .back()
+            .is_some_and(|last| last.metadata.resource_version == obj.metadata.resource_version)
+        {
+            return;
+        }
+        list.push_back(obj.clone());
+        while list.len() > KEEP_OBJECTS {
+            list.pop_front();
+        }
+    }
+
+    /// The lease does not exist (any more), as of `rv` if known.
+    fn forget(&self, lease: &str, rv: Option<&str>) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = seen.entry(lease.to_owned()).or_default();
+        seen.objects.clear();
+        seen.newest = seen.newest.max(rv.and_then(rv_number).unwrap_or(0));
+    }
+
+    /// Whether something newer than `rv` was already learned of `lease`
+    /// (and handed to the caller): a watch event that old is history.
+    fn is_stale(&self, lease: &str, rv: &str) -> bool {
+        let Some(n) = rv_number(rv) else { return false };
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(lease).is_some_and(|s| s.newest > n)
+    }
+
+    /// The object of `lease` at `version`, if it was seen.
+    fn seen_at(&self, lease: &str, version: &str) -> Option<DynamicObject> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(lease)?
+            .objects
+            .iter()
+            .rev()
+            .find(|o| o.metadata.resource_version.as_deref() == Some(version))
+            .cloned()
+    }
+
+    /// Converts an object the API server sent, and remembers it.
+    fn accept(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
+        let v = to_versioned(lease, obj, self.fallback_duration)?;
+        self.remember(lease, obj);
+        Ok(v)
+    }
+
+    fn new_object(&self, lease: &str) -> DynamicObject {
+        DynamicObject {
+            types: Some(TypeMeta {
+                api_version: self.resource.api_version.clone(),
+                kind: self.resource.kind.clone(),
+            }),
+            metadata: ObjectMeta {
+                name: Some(lease.to_owned()),
+                namespace: Some(self.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            data: Value::Object(Map::new()),
+        }
+    }
+
+    /// Writes `record` and this host's labels into `obj`, leaving everything
+    /// else as it is.
+    fn apply(&self, lease: &str, obj: &mut DynamicObject, record: &LeaseRecord) -> Result<(), StoreError> {
+        if !self.labels.is_empty() {
+            let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
+            for (k, v) in &self.labels {
+                labels.insert(k.clone(), v.clone());
+            }
+        }
+        write_spec(lease, &mut obj.data, record)
+    }
+}
+
+/// Reads a Lease object as a record. Lenient with everything a foreign
+/// writer may leave out; strict only where a value has the wrong JSON type
+/// (which a real API server never serves).
+pub fn to_versioned(lease: &str, obj: &DynamicObject, fallback_duration: Duration) -> Result<Versioned, StoreError> {
+    let malformed = |detail: String| StoreError::Malformed {
+        lease: lease.to_owned(),
+        detail,
+    };
+    let version = obj
+        .metadata
+        .resource_version
+        .clone()
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| malformed("the Lease object has no metadata.resourceVersion".into()))?;
+    let empty = Map::new();
+    let spec = match obj.data.get("spec") {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(spec)) => spec,
+        Some(other) => return Err(malformed(format!("spec is not an object: {other}"))),
+    };
+    let field = |name: &str| spec.get(name).filter(|v| !v.is_null());
+    let holder = match field("holderIdentity") {
+        None => None,
+        Some(Value::String(h)) if h.is_empty() => None,
+        Some(Value::String(h)) => Some(h.clone()),
+        Some(other) => return Err(malformed(format!("spec.holderIdentity is not a string: {other}"))),
+    };
+    let lease_duration = match field("leaseDurationSeconds") {
+        None => fallback_duration,
+        Some(v) => match v.as_i64() {
+            Some(s) if s > 0 => Duration::from_secs(s as u64),
+            Some(_) => fallback_duration,
+            None => {
+                return Err(malformed(format!(
+                    "spec.leaseDurationSeconds is not an integer: {v}"
+                )));
+            }
+        },
+    };
+    let time = |name: &str| {
+        field(name)
+            .and_then(Value::as_str)
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+    };
+    let transitions = match field("leaseTransitions") {
+        None => 0,
+        Some(v) => match v.as_i64() {
+            Some(t) => t.max(0) as u64,
+            None => return Err(malformed(format!("spec.leaseTransitions is not an integer: {v}"))),
+        },
+    };
+    Ok(Versioned {
+        version,
+        record: LeaseRecord {
+            holder,
+            lease_duration,
+            acquire_time: time("acquireTime"),
+            renew_time: time("renewTime"),
+            transitions,
+        },
+    })
+}
+
+/// Writes the record's fields into an object's `spec`, keeping any other
+/// field of it.
+pub fn write_spec(lease: &str, data: &mut Value, record: &LeaseRecord) -> Result<(), StoreError> {
+    let refused = |detail: String| StoreError::Refused {
+        lease: lease.to_owned(),
+        detail,
+    };
+    let d = record.lease_duration;
+    if d.subsec_nanos() != 0 || d.as_secs() == 0 || d.as_secs() > i32::MAX as u64 {
+        return Err(refused(format!(
+            "a Kubernetes Lease holds its duration in whole seconds (1 to {}); {} cannot be written",
+            i32::MAX,
+            humantime::format_duration(d)
+        )));
+    }
+    let transitions = i32::try_from(record.transitions).map_err(|_| {
+        refused(format!(
+            "term {} does not fit in leaseTransitions (an int32)",
+            record.transitions
+        ))
+    })?;
+    if !data.is_object() {
+        *data = Value::Object(Map::new());
+    }
+    let root = data.as_object_mut().expect("an object");
+    let spec = root
+        .entry("spec")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !spec.is_object() {
+        *spec = Value::Object(Map::new());
+    }
+    let spec = spec.as_object_mut().expect("an object");
+    spec.insert(
+        "holderIdentity".into(),
+        Value::String(record.holder.clone().unwrap_or_default()),
+    );
+    spec.insert("leaseDurationSeconds".into(), Value::from(d.as_secs()));
+    let mut time = |name: &str, t: Option<SystemTime>| match t {
+        Some(t) => {
+            spec.insert(name.into(), Value::String(micro_time(t)));
+        }
+        None => {
+            spec.remove(name);
+        }
+    };
+    time("acquireTime", record.acquire_time);
+    time("renewTime", record.renew_time);
+    spec.insert("leaseTransitions".into(), Value::from(transitions));
+    Ok(())
+}
+
+/// A Kubernetes MicroTime: RFC 3339 in UTC with microseconds.
+fn micro_time(t: SystemTime) -> String {
+    humantime::format_rfc3339_micros(t).to_string()
+}
+
+/// Maps a client error to a store error.
+pub fn map_error(lease: &str, verb: &str, err: kube::Error) -> StoreError {
+    let lease = lease.to_owned();
+    match err {
+        kube::Error::Api(status) => {
+            let message = if status.message.is_empty() {
+                format!("{verb} failed: HTTP {} {}", status.code, status.reason)
+            } else {
+                status.message.clone()
+            };
+            match status.code {
+                409 => StoreError::Conflict { lease, detail: message },
+                // Updating an object that was deleted: someone else wrote.
+                404 if verb == "update" => StoreError::Conflict { lease, detail: message },
+                401 => StoreError::Refused {
+                    lease,
+                    detail: format!("unauthorized ({verb} leases): {message}"),
+                },
+                403 => StoreError::Refused {
+                    lease,
+                    detail: format!("forbidden: {message}"),
+                },
+                410 => StoreError::Unavailable {
+                    lease,
+                    detail: format!("watch expired (410 Gone): {message}"),
+                },
+                429 | 500..=599 => StoreError::Unavailable {
+                    lease,
+                    detail: format!("{verb}: HTTP {}: {message}", status.code),
+                },
+                code => StoreError::Refused {
+                    lease,
+                    detail: format!("{verb}: HTTP {code}: {message}"),
+                },
+            }
+        }
+        kube::Error::SerdeError(e) => StoreError::Malformed {
+            lease,
+            detail: format!("{verb}: cannot decode the API server's answer: {e}"),
+        },
+        other => StoreError::Unavailable {
+            lease,
+            detail: format!("{verb}: {other}"),
+        },
+    }
+}
+
+/// Writes are recorded in `metadata.managedFields` under the manager
+/// `baton`.
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some("baton".into()),
+        ..PostParams::default()
+    }
+}
+
+fn field_selector(lease: &str) -> String {
+    format!("metadata.name={lease}")
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for KubeStore {
+    fn describe(&self) -> String {
+        format!(
+            "kubernetes store: Lease objects in namespace {:?} at {}",
+            self.inner.namespace, self.inner.server
+        )
+    }
+
+    async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
+        let inner = &self.inner;
+        match inner.api.get_opt(lease).await.map_err(|e| map_error(lease, "get", e))? {
+            Some(obj) => inner.accept(lease, &obj).map(Some),
+            None => {
+                inner.forget(lease, None);
+                Ok(None)
+            }
+        }
+    }
+
+    async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
+        let inner = &self.inner;
+        let mut obj = inner.new_object(lease);
+        inner.apply(lease, &mut obj, record)?;
+        let created = inner
+            .api
+            .create(&post_params(), &obj)
+            .await
+            .map_err(|e| map_error(lease, "create", e))?;
+        inner.accept(lease, &created)
+    }
+
+    async fn update(&self, lease: &str, version: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
+        let inner = &self.inner;
+        let mut obj = match inner.seen_at(lease, version) {
+            Some(obj) => obj,
+            None => {
+                let current = inner
+                    .api
+                    .get_opt(lease)
+                    .await
+                    .map_err(|e| map_error(lease, "get", e))?;
+                let Some(current) = current else {
+                    return Err(StoreError::Conflict {
+                        lease: lease.to_owned(),
+                        detail: format!("does not exist (expected version {version})"),
+                    });
+                };
+                inner.remember(lease, &current);
+                let current_version = current.metadata.resource_version.clone().unwrap_or_default();
+                if current_version != version {
+                    return Err(StoreError::Conflict {
+                        lease: lease.to_owned(),
+                        detail: format!("version is {current_version}, not {version}"),
+                    });
+                }
+                current
+            }
+        };
+        // The precondition: the API server refuses the update with 409 if
+        // the object's resourceVersion is no longer this one.
+        obj.metadata.resource_version = Some(version.to_owned());
+        inner.apply(lease, &mut obj, record)?;
+        let written = inner
+            .api
+            .replace(lease, &post_params(), &obj)
+            .await
+            .map_err(|e| map_error(lease, "update", e))?;
+        inner.accept(lease, &written)
+    }
+
+    async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
+        let inner = self.inner.clone();
+        let list = inner
+            .api
+            .list(&ListParams::default().fields(&field_selector(lease)))
+            .await
+            .map_err(|e| map_error(lease, "list", e))?;
+        let resource_version = list.metadata.resource_version.clone().unwrap_or_default();
+        let first = match list.items.iter().find(|o| o.metadata.name.as_deref() == Some(lease)) {
+            Some(obj) => (
+                inner.accept(lease, obj).map(Some),
+                obj.metadata.resource_version.clone().unwrap_or_default(),
+            ),
+            None => {
+                inner.forget(lease, Some(&resource_version));
+                (Ok(None), resource_version.clone())
+            }
+        };
+        let mut state = WatchState {
+            inner,
+            lease: lease.to_owned(),
+            first: Some(first),
+            resource_version,
+            events: None,
+            done: false,
+        };
+        if state.first.as_ref().is_some_and(|(first, _)| first.is_ok()) {
+            // Start watching now, so that the caller's bound covers it and a
+            // refusal (RBAC) surfaces here.
+            state.start().await?;
+        }
+        Ok(Box::pin(stream::unfold(state, next_observation)))
+    }
+
+    /// Every Lease in the namespace, or only those carrying this store's
+    /// labels when labels are configured.
+    async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
+        let inner = &self.inner;
+        let mut params = ListParams::default();
+        let selector: Vec<String> = inner.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if !selector.is_empty() {
+            params = params.labels(&selector.join(","));
+        }
+        let list = tokio::time::timeout(OWN_REQUEST_TIMEOUT, inner.api.list(&params))
+            .await
+            .map_err(|_| StoreError::Unavailable {
+                lease: ANY_LEASE.into(),
+                detail: format!("listing leases timed out after {OWN_REQUEST_TIMEOUT:?}"),
+            })?
+            .map_err(|e| map_error(ANY_LEASE, "list", e))?;
+        let mut leases = Vec::new();
+        for obj in &list.items {
+            let name = obj.metadata.name.clone().unwrap_or_default();
+            leases.push((name.clone(), to_versioned(&name, obj, inner.fallback_duration)?));
+        }
+        leases.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(leases)
+    }
+}
+
+type Events = BoxStream<'static, Result<WatchEvent<DynamicObject>, kube::Error>>;
+
+/// A running watch of one lease.
+struct WatchState {
+    inner: Arc<Inner>,
+    lease: String,
+    /// What to yield first: the listed record, and its resourceVersion.
+    first: Option<(Result<Option<Versioned>, StoreError>, String)>,
+    /// The last resourceVersion seen; the next watch starts there.
+    resource_version: String,
+    /// The current watch request: its events, when it started, and the
+    /// server-side timeout it was given.
+    events: Option<(Events, Instant, Duration, bool)>,
+    /// The stream has ended with an error.
+    done: bool,
+}
+
+impl WatchState {
+    /// Starts a watch request from the last resourceVersion seen.
+    async fn start(&mut self) -> Result<(), StoreError> {
+        // Spread the re-watches of many hosts over a minute.
+        let timeout_secs: u32 = rand::rng().random_range(240..300);
+        let params = WatchParams::default()
+            .fields(&field_selector(&self.lease))
+            .timeout(timeout_secs);
+        let events = self
+            .inner
+            .api
+            .watch(&params, &self.resource_version)
+            .await
+            .map_err(|e| map_error(&self.lease, "watch", e))?;
+        self.events = Some((
+            events.boxed(),
+            Instant::now(),
+            Duration::from_secs(timeout_secs.into()),
+            false,
+        ));
+        Ok(())
+    }
+}
+
+async fn next_observation(
+    mut state: WatchState,
+) -> Option<(Result<Option<Versioned>, StoreError>, WatchState)> {
+    loop {
+        if state.done {
+            return None;
+        }
+        if let Some((first, rv)) = state.first.take() {
+            if first.is_err() {
+                state.done = true;
+            } else if state.inner.is_stale(&state.lease, &rv) {
+                // The caller learned something newer (by a read or a write)
+                // since the list: what was listed is history.
+                continue;
+            }
+            return Some((first, state));
+        }
+        let Some((events, started, limit, active)) = &mut state.events else {
+            let bound = state.inner.request_timeout;
+            let result = match tokio::time::timeout(bound, state.start()).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Unavailable {
+                    lease: state.lease.clone(),
+                    detail: format!("resuming the watch timed out after {bound:?}"),
+                }),
+            };
+            if let Err(e) = result {
+                state.done = true;
+                return Some((Err(e), state));
+            }
+            continue;
+        };
+        let silence = (*started + *limit + WATCH_SILENCE_ALLOWANCE).saturating_duration_since(Instant::now());
+        let event = match tokio::time::timeout(silence, events.next()).await {
+            Err(_) => {
+                state.done = true;
+                let detail = format!("the watch was silent past its {limit:?} timeout");
+                return Some((
+                    Err(StoreError::Unavailable {
+                        lease: state.lease.clone(),
+                        detail,
+                    }),
+                    state,
+                ));
+            }
+            Ok(event) => event,
+        };
+        let lease = state.lease.clone();
+        match event {
+            None => {
+                // The server ended the watch (its timeout, or the connection
+                // closed cleanly): resume from the last version seen, unless
+                // it ended at once, which would turn into a request storm.
+                if !*active && started.elapsed() < MIN_QUIET_WATCH {
+                    state.done = true;
+                    let detail = "the watch ended as soon as it started".to_owned();
+                    return Some((Err(StoreError::Unavailable { lease, detail }), state));
+                }
+                state.events = None;
+            }
+            Some(Err(e)) => {
+                state.done = true;
+                return Some((Err(map_error(&lease, "watch", e)), state));
+            }
+            Some(Ok(event)) => {
+                *active = true;
+                match event {
+                    WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+                        if !rv.is_empty() {
+                            state.resource_version = rv.clone();
+                        }
+                        // Events arrive in order, but the caller may already
+                        // have a newer version from its own read or write:
+                        // an older event is not news.
+                        if state.inner.is_stale(&lease, &rv) {
+                            continue;
+                        }
+                        let seen = state.inner.accept(&lease, &obj).map(Some);
+                        if seen.is_err() {
+                            state.done = true;
+                        }
+                        return Some((seen, state));
+                    }
+                    WatchEvent::Deleted(obj) => {
+                        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+                        if !rv.is_empty() {
+                            state.resource_version = rv.clone();
+                        }
+                        if state.inner.is_stale(&lease, &rv) {
+                            continue;
+                        }
+                        state.inner.forget(&lease, Some(&rv));
+                        return Some((Ok(None), state));
+                    }
+                    WatchEvent::Bookmark(b) => {
+                        state.resource_version = b.metadata.resource_version;
+                    }
+                    WatchEvent::Error(status) => {
+                        state.done = true;
+                        return Some((Err(map_error(&lease, "watch", kube::Error::Api(status))), state));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const FALLBACK: Duration = Duration::from_secs(15);
+
+    fn object(spec: Value) -> DynamicObject {
+        let mut o: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "demo",
+                "namespace": "ns",
+                "resourceVersion": "42",
+                "labels": {"team": "other"},
+                "annotations": {"owner.example/x": "keep me"},
+            },
+        }))
+        .unwrap();
+        if !spec.is_null() {
+            o.data["spec"] = spec;
+        }
+        o
+    }
+
+    #[test]
+    fn a_full_lease_maps_one_to_one() {
+        let o = object(json!({
+            "holderIdentity": "host-a",
+            "leaseDurationSeconds": 4,
+            "acquireTime": "2026-11-29T18:19:49.174601Z",
+            "renewTime": "2026-11-29T18:19:51.000002Z",
+            "leaseTransitions": 7,
+        }));
+        let v = to_versioned("demo", &o, FALLBACK).unwrap();
+        assert_eq!(v.version, "42");
+        assert_eq!(v.record.holder(), Some("host-a"));
+        assert_eq!(v.record.lease_duration, Duration::from_secs(4));
+        assert_eq!(v.record.transitions, 7);
+        let renew = v.record.renew_time.unwrap();
+        assert_eq!(micro_time(renew), "2026-11-29T18:19:51.000002Z");
+        assert_eq!(
+            micro_time(v.record.acquire_time.unwrap()),
+            "2026-11-29T18:19:49.174601Z"
+        );
+
+        // And back: the same spec.
+        let mut data = json!({"spec": {"somethingNewer": true}});
+        write_spec("demo", &mut data, &v.record).unwrap();
+        assert_eq!(
+            data,
+            json!({"spec": {
+                "somethingNewer": true,
+                "holderIdentity": "host-a",
+                "leaseDurationSeconds": 4,
+                "acquireTime": "2026-11-29T18:19:49.174601Z",
+                "renewTime": "2026-11-29T18:19:51.000002Z",
+                "leaseTransitions": 7,
+            }})
+        );
+    }
+
+    #[test]
+    fn foreign_and_sparse_leases_are_read_without_errors() {
+        // No spec at all.
+        let v = to_versioned("demo", &object(Value::Null), FALLBACK).unwrap();
+        assert_eq!(v.record.holder, None);
+        assert_eq!(v.record.transitions, 0);
+        assert_eq!(v.record.renew_time, None);
+
+        // Null and empty holders are no holder.
+        for holder in [Value::Null, json!("")] {
+            let v = to_versioned("demo", &object(json!({"holderIdentity": holder})), FALLBACK).unwrap();
+            assert_eq!(v.record.holder(), None);
+        }
+
+        // A holder without a usable duration gets the fallback.
+        for d in [Value::Null, json!(0), json!(-5)] {
+            let o = object(json!({"holderIdentity": "x", "leaseDurationSeconds": d}));
+            let v = to_versioned("demo", &o, FALLBACK).unwrap();
+            assert_eq!(v.record.lease_duration, FALLBACK, "{d}");
+        }
+        let o = object(json!({"holderIdentity": "x"}));
+        assert_eq!(to_versioned("demo", &o, FALLBACK).unwrap().record.lease_duration, FALLBACK);
+
+        // Missing or unreadable times, negative transitions.
+        let o = object(json!({
+            "holderIdentity": "x",
+            "leaseDurationSeconds": 10,
+            "renewTime": "yesterday",
+            "leaseTransitions": -3,
+        }));
+        let v = to_versioned("demo", &o, FALLBACK).unwrap();
+        assert_eq!(v.record.renew_time, None);
+        assert_eq!(v.record.acquire_time, None);
+        assert_eq!(v.record.transitions, 0);
+    }
+
+    #[test]
+    fn wrong_types_and_missing_versions_are_malformed() {
+        for spec in [
+            json!("not an object"),
+            json!({"holderIdentity": 5}),
+            json!({"leaseDurationSeconds": "4s"}),
+            json!({"leaseTransitions": 1.5}),
+        ] {
+            match to_versioned("demo", &object(spec.clone()), FALLBACK) {
+                Err(StoreError::Malformed { lease, .. }) => assert_eq!(lease, "demo"),
+                other => panic!("{spec}: expected Malformed, got {other:?}"),
+            }
+        }
+        let mut o = object(json!({}));
+        o.metadata.resource_version = None;
+        assert!(matches!(
+            to_versioned("demo", &o, FALLBACK),
+            Err(StoreError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn writes_refuse_what_a_lease_cannot_hold_and_keep_other_fields() {
+        let record = |d: Duration, t: u64| LeaseRecord {
+            holder: None,
+            lease_duration: d,
+            acquire_time: None,
+            renew_time: None,
+            transitions: t,
+        };
+        let mut data = json!({});
+        for (r, what) in [
+            (record(Duration::from_millis(1500), 1), "whole seconds"),
+            (record(Duration::ZERO, 1), "whole seconds"),
+            (record(Duration::from_secs(1), 1 << 31), "int32"),
+        ] {
+            match write_spec("demo", &mut data, &r) {
+                Err(StoreError::Refused { detail, .. }) => assert!(detail.contains(what), "{detail}"),
+                other => panic!("expected Refused, got {other:?}"),
+            }
+        }
+        // A release: empty holder, times removed, everything else kept.
+        let mut data = json!({"spec": {
+            "holderIdentity": "x",
+            "acquireTime": "2026-11-29T18:19:49.174601Z",
+            "preferredHolder": "y",
+        }, "status": {"foo": 1}});
+        write_spec("demo", &mut data, &record(Duration::from_secs(1), 3)).unwrap();
+        assert_eq!(
+            data,
+            json!({"spec": {
+                "holderIdentity": "",
+                "leaseDurationSeconds": 1,
+                "leaseTransitions": 3,
+                "preferredHolder": "y",
+            }, "status": {"foo": 1}})
+        );
+    }
+
+    #[test]
+    fn api_errors_map_to_store_errors() {
+        let api = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "Reason")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert!(map_error("l", "update", api(409, "conflict")).is_conflict());
+        let forbidden = map_error(
+            "l",
+            "create",
+            api(403, "leases.coordination.k8s.io is forbidden: User \"nobody\" cannot create resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"x\""),
+        );
+        match forbidden {
+            StoreError::Refused { detail, .. } => {
+                assert!(detail.starts_with("forbidden: "), "{detail}");
+                assert!(detail.contains("cannot create resource \"leases\""), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
+        for code in [410, 429, 500, 503, 504] {
+            assert!(
+                matches!(map_error("l", "get", api(code, "x")), StoreError::Unavailable { .. }),
+                "{code}"
+            );
+        }
+        assert!(matches!(
+            map_error("l", "create", api(422, "invalid")),
+            StoreError::Refused { .. }
+        ));
+    }
+}
