@@ -162,11 +162,18 @@ impl Host {
     }
 
     pub fn start_with(name: &str, config: &Path, cache_dir: &Path) -> Host {
+        Host::start_with_args(name, config, cache_dir, &[])
+    }
+
+    /// Like [`Host::start_with`], with more arguments for `baton run`.
+    #[allow(dead_code)] // used by tests/kube
+    pub fn start_with_args(name: &str, config: &Path, cache_dir: &Path, args: &[&std::ffi::OsStr]) -> Host {
         let mut child = baton()
             .args(["--log-format", "json", "run", "--config"])
             .arg(config)
             .args(["--identity", name, "--cache-dir"])
             .arg(cache_dir)
+            .args(args)
             .env("BATON_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,0 +1,206 @@
+//! The Kubernetes test environment started by `scripts/kube-testenv.sh`
+//! (scripts/test.sh starts it before the tests and stops it after): a real
+//! kube-apiserver on loopback, its admin, and token users without roles.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+
+/// What the env file of a started test server says.
+pub struct KubeEnv {
+    pub admin_kubeconfig: PathBuf,
+    pub kubeconfig_dir: PathBuf,
+    pub apiserver_pid: i32,
+    pub file: PathBuf,
+}
+
+impl KubeEnv {
+    /// Reads the env file (`BATON_KUBE_ENV`, default
+    /// `$BATON_CACHE/kube/run/env.sh`) and checks that the API server runs.
+    /// Fails (never skips) when it does not.
+    pub fn load() -> KubeEnv {
+        let file = std::env::var_os("BATON_KUBE_ENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let cache = std::env::var_os("BATON_CACHE")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/baton"));
+                cache.join("kube/run/env.sh")
+            });
+        let help = "start the test API server first: scripts/kube-testenv.sh start \
+                    (scripts/test.sh does it before running the tests)";
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+            panic!("no Kubernetes test environment: cannot read {}: {e}; {help}", file.display())
+        });
+        let vars: BTreeMap<String, String> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.trim_matches(['"', '\'']).to_owned()))
+            .collect();
+        let var = |k: &str| {
+            vars.get(k)
+                .cloned()
+                .unwrap_or_else(|| panic!("{} does not set {k}; {help}", file.display()))
+        };
+        let env = KubeEnv {
+            admin_kubeconfig: var("KUBE_TEST_KUBECONFIG").into(),
+            kubeconfig_dir: var("KUBE_TEST_KUBECONFIG_DIR").into(),
+            apiserver_pid: var("KUBE_TEST_APISERVER_PID").parse().expect("a pid"),
+            file: file.clone(),
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(env.apiserver_pid, 0) } == 0;
+        assert!(
+            alive,
+            "the test API server (pid {}, from {}) is not running; {help}",
+            env.apiserver_pid,
+            file.display()
+        );
+        env
+    }
+
+    /// The kubeconfig of a token user: baton-a, baton-b, baton-c or nobody.
+    pub fn kubeconfig(&self, user: &str) -> PathBuf {
+        let path = self.kubeconfig_dir.join(format!("{user}.kubeconfig"));
+        assert!(path.is_file(), "{} is missing (from {})", path.display(), self.file.display());
+        path
+    }
+
+    pub async fn client(&self, kubeconfig: &std::path::Path) -> Client {
+        let kc = Kubeconfig::read_from(kubeconfig).unwrap();
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        config.default_retry = false;
+        Client::try_from(config).unwrap()
+    }
+
+    pub async fn admin(&self) -> Client {
+        self.client(&self.admin_kubeconfig).await
+    }
+}
+
+/// A fresh namespace for one test, deleted when dropped (best effort).
+pub struct TestNamespace {
+    pub name: String,
+    pub admin: Client,
+    rt: tokio::runtime::Handle,
+}
+
+impl TestNamespace {
+    pub async fn create(admin: Client, prefix: &str) -> TestNamespace {
+        let name = format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff);
+        let api: Api<Namespace> = Api::all(admin.clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        api.create(&PostParams::default(), &ns).await.unwrap();
+        TestNamespace {
+            name,
+            admin,
+            rt: tokio::runtime::Handle::current(),
+        }
+    }
+
+    pub fn leases(&self) -> Api<Lease> {
+        Api::namespaced(self.admin.clone(), &self.name)
+    }
+
+    /// Creates `role` in this namespace and binds it to the token user `user`.
+    pub async fn bind(&self, mut role: Role, user: &str) {
+        let role_name = role.metadata.name.clone().expect("a role name");
+        role.metadata.namespace = Some(self.name.clone());
+        role.metadata.resource_version = None;
+        Api::<Role>::namespaced(self.admin.clone(), &self.name)
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap();
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("{role_name}-{user}")),
+                namespace: Some(self.name.clone()),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: role_name,
+            },
+            subjects: Some(vec![Subject {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "User".into(),
+                name: user.into(),
+                namespace: None,
+            }]),
+        };
+        Api::<RoleBinding>::namespaced(self.admin.clone(), &self.name)
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let api: Api<Namespace> = Api::all(self.admin.clone());
+        let name = self.name.clone();
+        let rt = self.rt.clone();
+        // Dropped inside or outside the runtime: run the request on a thread.
+        let _ = std::thread::spawn(move || {
+            rt.block_on(async {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    api.delete(&name, &DeleteParams::default()),
+                )
+                .await;
+            })
+        })
+        .join();
+    }
+}
+
+/// `apiserver_request_total` for `resource="leases"`, summed per verb.
+pub async fn lease_requests(admin: &Client) -> BTreeMap<String, f64> {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin.request_text(req).await.unwrap();
+    let mut counts = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        if !labels.contains("resource=\"leases\"") {
+            continue;
+        }
+        let verb = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("verb=\""))
+            .map(|v| v.trim_end_matches('"').to_owned())
+            .unwrap_or_default();
+        *counts.entry(verb).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    counts
+}
+
+/// `after - before`, per verb, leaving out zeros.
+pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(verb, n)| (verb.clone(), (n - before.get(verb).copied().unwrap_or(0.0)).round() as u64))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}

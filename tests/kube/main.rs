@@ -1,0 +1,745 @@
+//! Kubernetes tests: real `baton` processes electing through Lease objects
+//! on a real kube-apiserver (v1.20, started by `scripts/kube-testenv.sh`;
+//! `scripts/test.sh` starts it before the tests and stops it after). They
+//! fail, never skip, when the server is not running.
+//!
+//! Timings throughout: lease 4 s, renew deadline 2 s, retry period 500 ms,
+//! grace 1 s, request timeout 500 ms (2 s + 1 s + 250 ms margin < 4 s).
+//! Each test works in a namespace of its own.
+
+#[allow(dead_code)]
+#[path = "../e2e/support.rs"]
+mod support;
+mod env;
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use baton::store::kube::{KubeOptions, KubeStore};
+use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::rbac::v1::Role;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+
+use env::{KubeEnv, TestNamespace, delta, lease_requests};
+use support::*;
+
+const STOPPED: &str = "leader task stopped";
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+const LD: Duration = Duration::from_secs(4);
+const RD: Duration = Duration::from_secs(2);
+const RP: Duration = Duration::from_millis(500);
+const GRACE: Duration = Duration::from_secs(1);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A configuration on the kubernetes store with one lease and the given
+/// plugins; `kubeconfig` may be left to `--kubeconfig`.
+fn kube_config(ns: &str, kubeconfig: Option<&Path>, lease: &str, plugins: &[PluginDef]) -> String {
+    let mut text = format!("[store]\nkind = \"kubernetes\"\nnamespace = {ns:?}\n");
+    if let Some(kc) = kubeconfig {
+        text.push_str(&format!("kubeconfig = {:?}\n", kc.display().to_string()));
+    }
+    text.push_str(&format!(
+        "labels = {{ app = \"baton-test\" }}\n\n[defaults]\nlease-duration = \"4s\"\nrenew-deadline = \"2s\"\n\
+         retry-period = \"500ms\"\ngrace = \"1s\"\nrequest-timeout = \"500ms\"\n\n[[lease]]\nname = {lease:?}\n"
+    ));
+    for p in plugins {
+        text.push_str(&format!(
+            "\n[[plugin]]\nname = {:?}\npath = {:?}\nlease = {lease:?}\nenv = {{ PROBE_MODE = {:?} }}\n",
+            p.name,
+            p.path.display().to_string(),
+            p.mode
+        ));
+    }
+    text
+}
+
+fn is_start(e: &Event) -> bool {
+    e.guest_line("probe", "probe start")
+}
+
+/// Which hosts run the probe now (started and not stopped); a killed host
+/// runs nothing.
+fn running(hosts: &[Host]) -> Vec<String> {
+    hosts
+        .iter()
+        .filter(|h| h.all(is_start).len() > h.all(|e| e.is(STOPPED, Some("probe"))).len())
+        .map(|h| h.name.clone())
+        .collect()
+}
+
+/// Every guest run of every host: (start, end, term, host). A run without a
+/// stop event ends at `ends[host]` (when it was killed) or `now`.
+fn runs(hosts: &[Host], killed: &[(String, SystemTime)]) -> Vec<(SystemTime, SystemTime, u64, String)> {
+    let mut all = Vec::new();
+    for h in hosts {
+        let starts = h.all(is_start);
+        let stops = h.all(|e| e.is(STOPPED, Some("probe")));
+        let end = killed
+            .iter()
+            .find(|(n, _)| n == &h.name)
+            .map_or_else(SystemTime::now, |(_, at)| *at);
+        for (i, s) in starts.iter().enumerate() {
+            all.push((
+                s.at,
+                stops.get(i).map_or(end, |e| e.at),
+                s.guest_term().expect("a term"),
+                h.name.clone(),
+            ));
+        }
+    }
+    all.sort_by_key(|r| r.0);
+    all
+}
+
+/// No two guest runs overlap, and terms grow with every run.
+fn assert_one_at_a_time(hosts: &[Host], killed: &[(String, SystemTime)]) -> Vec<(SystemTime, SystemTime, u64, String)> {
+    let all = runs(hosts, killed);
+    for pair in all.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            a.1 < b.0,
+            "guest runs overlap: {} term {} until {:?}, {} term {} from {:?}",
+            a.3,
+            a.2,
+            a.1,
+            b.3,
+            b.2,
+            b.0
+        );
+        assert!(b.2 > a.2, "term {} of {} after term {} of {}", b.2, b.3, a.2, a.3);
+    }
+    all
+}
+
+/// The first event matching `pred` at or after `after` on any of `hosts`.
+fn wait_any(hosts: &[Host], timeout: Duration, what: &str, after: SystemTime, pred: impl Fn(&Event) -> bool) -> (usize, Event) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut found: Option<(usize, Event)> = None;
+        for (i, h) in hosts.iter().enumerate() {
+            for e in h.all(|e| e.at >= after && pred(e)) {
+                if found.as_ref().is_none_or(|(_, f)| e.at < f.at) {
+                    found = Some((i, e));
+                }
+            }
+        }
+        if let Some(f) = found {
+            return f;
+        }
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = hosts.iter().map(|h| format!("--- {}:\n{}", h.name, h.output())).collect();
+            panic!("no {what} within {timeout:?}; logs:\n{}", logs.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn lease_of(rt: &tokio::runtime::Runtime, ns: &TestNamespace, name: &str) -> Option<Lease> {
+    rt.block_on(ns.leases().get_opt(name)).unwrap()
+}
+
+fn spec_of(lease: &Lease) -> LeaseSpec {
+    lease.spec.clone().unwrap_or_default()
+}
+
+fn summary(mut ms: Vec<f64>) -> String {
+    ms.sort_by(f64::total_cmp);
+    format!(
+        "min {:.1} / median {:.1} / max {:.1} ms over {}",
+        ms[0],
+        ms[ms.len() / 2],
+        ms[ms.len() - 1],
+        ms.len()
+    )
+}
+
+#[test]
+fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "elect"));
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &[probe("probe", "pollable", "cooperative")]),
+    );
+    let mut hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
+        .iter()
+        .map(|n| Host::start(n, &cfg))
+        .collect();
+    let t0 = SystemTime::UNIX_EPOCH;
+    wait_any(&hosts, SECS(60), "first guest start", t0, is_start);
+    for h in &hosts {
+        h.wait_for(SECS(60), "a status", |e| e.message() == "lease status changed" && e.str("role") != Some("pending"));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(running(&hosts).len(), 1, "exactly one guest runs: {:?}", running(&hosts));
+
+    // Idle: the leader renews once per retry period, followers only watch.
+    let idle = SECS(6);
+    let before = rt.block_on(lease_requests(&admin));
+    std::thread::sleep(idle);
+    let after = rt.block_on(lease_requests(&admin));
+    let idle_requests = delta(&before, &after);
+    println!(
+        "requests to leases in {idle:?} idle, 1 leader + 2 followers (retry period {RP:?}): {idle_requests:?}"
+    );
+    let count = |verb: &str| idle_requests.get(verb).copied().unwrap_or(0);
+    assert_eq!(count("GET") + count("LIST"), 0, "nobody polls: {idle_requests:?}");
+    assert!(
+        count("PUT") <= (idle.as_millis() / RP.as_millis()) as u64 + 1,
+        "the leader writes at most once per retry period: {idle_requests:?}"
+    );
+    assert!(count("PUT") >= (idle.as_millis() / RP.as_millis()) as u64 - 2, "the leader renews: {idle_requests:?}");
+    assert_eq!(count("POST") + count("WATCH"), 0, "no re-watching, no creating: {idle_requests:?}");
+
+    // SIGTERM the leader, three times: a standby's guest runs within 500 ms.
+    let mut killed: Vec<(String, SystemTime)> = Vec::new();
+    let mut handovers = Vec::new();
+    let mut next_name = b'd';
+    for _ in 0..3 {
+        let leader = hosts
+            .iter()
+            .position(|h| running(std::slice::from_ref(h)).len() == 1)
+            .expect("a leader");
+        let termed = hosts[leader].sigterm();
+        let (idx, started) = wait_any(&hosts, SECS(5), "a standby's guest start", termed, is_start);
+        assert_ne!(idx, leader);
+        let took = ms_between(termed, started.at);
+        handovers.push(took);
+        assert!(took < 500.0, "SIGTERM handover took {took:.0} ms");
+        assert!(hosts[leader].wait_exit(SECS(5)).success());
+        assert_eq!(
+            hosts[leader].all(|e| e.message() == "released the lease").len(),
+            1,
+            "{} released the lease",
+            hosts[leader].name
+        );
+        // A new standby takes the stopped host's place.
+        let name = format!("host-{}", next_name as char);
+        next_name += 1;
+        let h = Host::start(&name, &cfg);
+        h.wait_for(SECS(60), "following", |e| e.message() == "lease status changed" && e.str("role") == Some("following"));
+        hosts.push(h);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    println!("SIGTERM handover (signal to the standby's guest start): {}", summary(handovers));
+
+    // SIGKILL the leader: another runs within LD + RP.
+    let leader = hosts
+        .iter()
+        .position(|h| running(std::slice::from_ref(h)).len() == 1)
+        .expect("a leader");
+    println!("SIGKILL {}", hosts[leader].name);
+    let killed_at = hosts[leader].sigkill();
+    killed.push((hosts[leader].name.clone(), killed_at));
+    let (_, started) = wait_any(&hosts, LD + RP + SECS(2), "a guest start after SIGKILL", killed_at, is_start);
+    let took = ms_between(killed_at, started.at);
+    println!("SIGKILL failover: {took:.0} ms (bound LD + RP = {} ms)", (LD + RP).as_millis());
+    assert!(took <= (LD + RP).as_millis() as f64, "failover took {took:.0} ms");
+    std::thread::sleep(Duration::from_millis(500));
+
+    // One at a time throughout, terms growing, and the last term is the
+    // Lease's leaseTransitions; each leading host reported the guest's term.
+    let all = assert_one_at_a_time(&hosts, &killed);
+    let alive: Vec<String> = running(&hosts)
+        .into_iter()
+        .filter(|n| !killed.iter().any(|(k, _)| k == n))
+        .collect();
+    assert_eq!(alive.len(), 1, "one guest runs: {alive:?}");
+    let last_term = all.last().unwrap().2;
+    let spec = spec_of(&lease_of(&rt, &ns, "demo").expect("the Lease"));
+    assert_eq!(spec.lease_transitions, Some(last_term as i32), "the term is the Lease's transitions");
+    assert_eq!(spec.lease_duration_seconds, Some(4));
+    for h in &hosts {
+        for led in h.all(|e| e.message() == "lease status changed" && e.str("role") == Some("leading")) {
+            let term = led.u64("term").unwrap();
+            assert!(
+                all.iter().any(|r| r.3 == h.name && r.2 == term),
+                "{} led term {term} and its guest ran in it",
+                h.name
+            );
+        }
+    }
+    println!(
+        "terms: {:?}",
+        all.iter().map(|r| format!("{}:{}", r.3, r.2)).collect::<Vec<_>>()
+    );
+}
+
+/// Sends SIGCONT to the API server when dropped, so a failing test never
+/// leaves it stopped.
+struct Resume(i32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the test API server's pid.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "outage"));
+    let s = Scratch::new();
+    // A guest that ignores the change: it must be stopped by force.
+    let cfg = s.write(
+        "baton.toml",
+        &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &[probe("probe", "pollable", "block")]),
+    );
+    let hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
+        .iter()
+        .map(|n| Host::start(n, &cfg))
+        .collect();
+    wait_any(&hosts, SECS(60), "first guest start", SystemTime::UNIX_EPOCH, is_start);
+    for h in &hosts {
+        h.wait_for(SECS(60), "a status", |e| e.message() == "lease status changed" && e.str("role") != Some("pending"));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let leader = hosts
+        .iter()
+        .position(|h| running(std::slice::from_ref(h)).len() == 1)
+        .expect("a leader");
+
+    // Stop the API server for longer than the renew deadline (and the lease).
+    let outage = LD + SECS(1);
+    let before = rt.block_on(lease_requests(&admin));
+    let stopped_at = SystemTime::now();
+    // SAFETY: kill(2) on the test API server's pid.
+    assert_eq!(unsafe { libc::kill(env.apiserver_pid, libc::SIGSTOP) }, 0);
+    let resume = Resume(env.apiserver_pid);
+    std::thread::sleep(outage);
+    drop(resume);
+    let resumed_at = SystemTime::now();
+
+    // The leader's guest was stopped (by force) before the lease could have
+    // expired anywhere: the last renewal others saw began at most RP before
+    // the outage, so none could take over before stopped_at - RP + LD.
+    let stop = hosts[leader].wait_for(SECS(1), "the leader's forced stop", |e| e.is(STOPPED, Some("probe")));
+    let after = ms_between(stopped_at, stop.at);
+    let bound = (RD + GRACE).as_millis() as f64 + 100.0;
+    let expiry = (LD - RP).as_millis() as f64;
+    println!(
+        "API server stopped for {outage:?}: the leader's guest was stopped by force {after:.0} ms into it \
+         (renew deadline + grace = {} ms; the lease could expire elsewhere at {expiry:.0} ms at the earliest)",
+        (RD + GRACE).as_millis()
+    );
+    assert_eq!(stop.str("how"), Some("forced"));
+    assert!(after <= bound && after < expiry, "stopped {after:.0} ms into the outage");
+    let gave_up = hosts[leader].wait_for(SECS(1), "stepping down", |e| e.message() == "stepping down");
+    println!("the leader stepped down {:.0} ms into the outage", ms_between(stopped_at, gave_up.at));
+
+    // Nobody started a guest while the API server was away.
+    for h in &hosts {
+        let during: Vec<Event> = h.all(|e| is_start(e) && e.at > stopped_at && e.at < resumed_at);
+        assert!(during.is_empty(), "{} started a guest during the outage: {during:?}", h.name);
+    }
+
+    // When it is back, the election resumes by itself: exactly one leader.
+    let (idx, started) = wait_any(&hosts, LD + SECS(6), "a guest start after the outage", resumed_at, is_start);
+    println!(
+        "after the API server came back, {} ran the guest {:.0} ms later",
+        hosts[idx].name,
+        ms_between(resumed_at, started.at)
+    );
+    std::thread::sleep(LD + SECS(1));
+    assert_eq!(running(&hosts).len(), 1, "one leader: {:?}", running(&hosts));
+    assert_one_at_a_time(&hosts, &[]);
+    // What the three hosts asked for, from just before the outage until
+    // now (requests sent while the server was stopped are counted when it
+    // serves them): retries are spaced by the retry period, no storm.
+    let after = rt.block_on(lease_requests(&admin));
+    let total = SystemTime::now().duration_since(stopped_at).unwrap();
+    let requests = delta(&before, &after);
+    println!("requests to leases over the {total:.1?} from the outage to now, 3 hosts: {requests:?}");
+    let all: u64 = requests.values().sum();
+    // Unhindered: the leader's renewals, and each follower re-reading and
+    // re-watching about once per retry period while it cannot: 3 hosts x
+    // (1 + 2 per retry period) is a generous ceiling.
+    let ceiling = 3 * (1 + 2 * (total.as_millis() / RP.as_millis()) as u64);
+    assert!(all <= ceiling, "{all} requests, more than {ceiling}: {requests:?}");
+    let spec = spec_of(&lease_of(&rt, &ns, "demo").unwrap());
+    assert_eq!(spec.holder_identity.as_deref(), Some(hosts[idx].name.as_str()));
+}
+
+#[test]
+fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "foreign"));
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &[probe("probe", "pollable", "cooperative")]),
+    );
+    let hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
+        .iter()
+        .map(|n| Host::start(n, &cfg))
+        .collect();
+    let (_, first) = wait_any(&hosts, SECS(60), "first guest start", SystemTime::UNIX_EPOCH, is_start);
+    for h in &hosts {
+        h.wait_for(SECS(60), "a status", |e| e.message() == "lease status changed" && e.str("role") != Some("pending"));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+
+    // Deleted: the leader stops at once; one host creates it again, with a
+    // higher term.
+    let deleted_at = SystemTime::now();
+    rt.block_on(ns.leases().delete("demo", &DeleteParams::default())).unwrap();
+    let (idx, again) = wait_any(&hosts, SECS(5), "a guest start after the delete", deleted_at, is_start);
+    println!(
+        "Lease deleted: {} ran the guest again {:.0} ms later, term {} after {}",
+        hosts[idx].name,
+        ms_between(deleted_at, again.at),
+        again.guest_term().unwrap(),
+        first.guest_term().unwrap()
+    );
+    assert!(again.guest_term().unwrap() > first.guest_term().unwrap());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(running(&hosts).len(), 1);
+
+    // Overwritten by a foreign writer with its own labels and annotations,
+    // a 2 s lease and a term of its own: the leader stops at once, the
+    // others wait out the foreign lease, then one takes over with the next
+    // term, keeping the foreign fields.
+    let mut lease = lease_of(&rt, &ns, "demo").unwrap();
+    lease.metadata.labels.get_or_insert_default().insert("team".into(), "other".into());
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("other.example/owner".into(), "keep me".into());
+    lease.spec = Some(LeaseSpec {
+        holder_identity: Some("foreign-writer".into()),
+        lease_duration_seconds: Some(2),
+        lease_transitions: Some(40),
+        ..LeaseSpec::default()
+    });
+    let overwritten_at = SystemTime::now();
+    rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease)).unwrap();
+    let (idx, taken) = wait_any(&hosts, SECS(6), "a guest start after the overwrite", overwritten_at, is_start);
+    let waited = ms_between(overwritten_at, taken.at);
+    println!(
+        "Lease overwritten by a foreign holder (2 s lease): {} took over after {waited:.0} ms, term {}",
+        hosts[idx].name,
+        taken.guest_term().unwrap()
+    );
+    assert!(waited >= 1900.0, "the foreign lease was honoured: {waited:.0} ms");
+    assert_eq!(taken.guest_term(), Some(41));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(running(&hosts).len(), 1);
+    assert_one_at_a_time(&hosts, &[]);
+    let lease = lease_of(&rt, &ns, "demo").unwrap();
+    let labels = lease.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("team").map(String::as_str), Some("other"), "{labels:?}");
+    assert_eq!(labels.get("app").map(String::as_str), Some("baton-test"), "{labels:?}");
+    assert_eq!(
+        lease.metadata.annotations.clone().unwrap_or_default().get("other.example/owner").map(String::as_str),
+        Some("keep me")
+    );
+    assert_eq!(spec_of(&lease).holder_identity.as_deref(), Some(hosts[idx].name.as_str()));
+}
+
+#[test]
+fn rbac_the_deploy_role_is_enough_and_its_absence_is_a_clear_forbidden() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "rbac"));
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/role.yaml");
+    let role: Role = serde_saphyr::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    rt.block_on(ns.bind(role, "baton-a"));
+    let s = Scratch::new();
+    // The kubeconfig comes from the command line here.
+    let cfg = s.write(
+        "baton.toml",
+        &kube_config(&ns.name, None, "demo", &[probe("probe", "pollable", "cooperative")]),
+    );
+    let kc = |user: &str| env.kubeconfig(user).into_os_string();
+    let allowed = Host::start_with_args(
+        "rbac-a",
+        &cfg,
+        &shared_cache_dir(),
+        &[OsStr::new("--kubeconfig"), kc("baton-a").as_os_str()],
+    );
+    allowed.wait_for(SECS(60), "the allowed host's guest", is_start);
+    let denied = Host::start_with_args(
+        "rbac-nobody",
+        &cfg,
+        &shared_cache_dir(),
+        &[OsStr::new("--kubeconfig"), kc("nobody").as_os_str()],
+    );
+    let refusal = denied.wait_for(SECS(60), "a forbidden error", |e| {
+        e.str("error").is_some_and(|m| m.contains("forbidden"))
+    });
+    let message = refusal.str("error").unwrap().to_owned();
+    println!("user without the Role: {}: {message}", refusal.message());
+    assert!(message.contains("User \"nobody\" cannot"), "{message}");
+    assert!(message.contains("resource \"leases\""), "{message}");
+    assert!(message.contains(&format!("namespace \"{}\"", ns.name)), "{message}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(denied.all(is_start).is_empty());
+    assert!(allowed.all(|e| e.message() == "stepping down").is_empty());
+    let spec = spec_of(&lease_of(&rt, &ns, "demo").unwrap());
+    assert_eq!(spec.holder_identity.as_deref(), Some("rbac-a"));
+}
+
+#[test]
+fn unsafe_or_unrepresentable_timings_are_refused_at_start_up() {
+    let env = KubeEnv::load();
+    let s = Scratch::new();
+    let base = kube_config("baton", Some(&env.admin_kubeconfig), "demo", &[]);
+    // A request timeout longer than the lease itself.
+    let cfg = s.write("slow.toml", &base.replace("request-timeout = \"500ms\"", "request-timeout = \"5s\""));
+    let out = baton().args(["run", "--config"]).arg(&cfg).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{}", stderr.trim());
+    assert!(!out.status.success());
+    assert!(stderr.contains("lease \"demo\": unsafe timings: request-timeout must be shorter than renew-deadline"), "{stderr}");
+    // A lease duration a Lease object cannot hold.
+    let cfg = s.write(
+        "frac.toml",
+        &base
+            .replace("lease-duration = \"4s\"", "lease-duration = \"4500ms\"")
+            .replace("grace = \"1s\"", "grace = \"1s\""),
+    );
+    let out = baton().args(["run", "--config"]).arg(&cfg).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{}", stderr.trim());
+    assert!(!out.status.success());
+    assert!(stderr.contains("lease-duration 4s 500ms is not a whole number of seconds"), "{stderr}");
+}
+
+// ---------------------------------------------------------------------------
+// The store itself against the API server.
+
+fn store(client: kube::Client, ns: &str, labels: &[(&str, &str)]) -> KubeStore {
+    KubeStore::with_client(
+        client,
+        ns,
+        "test".into(),
+        &KubeOptions {
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            fallback_duration: Duration::from_secs(15),
+            request_timeout: Duration::from_secs(2),
+            ..KubeOptions::default()
+        },
+    )
+}
+
+fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
+    LeaseRecord {
+        holder: holder.map(str::to_owned),
+        lease_duration: Duration::from_secs(4),
+        acquire_time: Some(SystemTime::now()),
+        renew_time: Some(SystemTime::now()),
+        transitions: term,
+    }
+}
+
+fn foreign_lease(name: &str, spec: LeaseSpec) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("team".to_owned(), "other".to_owned())].into()),
+            annotations: Some([("other.example/owner".to_owned(), "keep me".to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+    }
+}
+
+#[test]
+fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "store").await;
+        let store = store(admin.clone(), &ns.name, &[("app", "baton")]);
+        let leases = ns.leases();
+        assert_eq!(store.get("missing").await.unwrap(), None);
+
+        // Holder null, no duration, no times, no transitions, no spec fields.
+        leases.create(&PostParams::default(), &foreign_lease("bare", LeaseSpec::default())).await.unwrap();
+        let v = store.get("bare").await.unwrap().unwrap();
+        assert_eq!(v.record.holder(), None);
+        assert_eq!(v.record.transitions, 0);
+        assert_eq!(v.record.renew_time, None);
+        assert_eq!(v.record.lease_duration, Duration::from_secs(15), "the fallback duration");
+
+        // Empty holder; a holder without duration or renew time.
+        for (name, holder) in [("empty", ""), ("nodur", "someone")] {
+            let spec = LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_transitions: Some(5),
+                ..LeaseSpec::default()
+            };
+            leases.create(&PostParams::default(), &foreign_lease(name, spec)).await.unwrap();
+            let v = store.get(name).await.unwrap().unwrap();
+            assert_eq!(v.record.holder(), (!holder.is_empty()).then_some(holder));
+            assert_eq!(v.record.transitions, 5);
+            assert_eq!(v.record.lease_duration, Duration::from_secs(15));
+        }
+
+        // Writing keeps the foreign labels and annotations, adds ours.
+        let v = store.get("nodur").await.unwrap().unwrap();
+        let w = store.update("nodur", &v.version, &record(Some("me"), 6)).await.unwrap();
+        assert_eq!(w.record.holder(), Some("me"));
+        assert_eq!(w.record.transitions, 6);
+        let l = leases.get("nodur").await.unwrap();
+        let labels = l.metadata.labels.clone().unwrap();
+        assert_eq!(labels.get("team").map(String::as_str), Some("other"));
+        assert_eq!(labels.get("app").map(String::as_str), Some("baton"));
+        assert_eq!(
+            l.metadata.annotations.unwrap().get("other.example/owner").map(String::as_str),
+            Some("keep me")
+        );
+        let spec = l.spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("me"));
+        assert_eq!(spec.lease_duration_seconds, Some(4));
+        assert_eq!(spec.lease_transitions, Some(6));
+        assert!(spec.renew_time.is_some() && spec.acquire_time.is_some());
+
+        // A release: empty holder, 1 s.
+        let released = LeaseRecord {
+            holder: None,
+            lease_duration: Duration::from_secs(1),
+            acquire_time: None,
+            renew_time: Some(SystemTime::now()),
+            transitions: 6,
+        };
+        let r = store.update("nodur", &w.version, &released).await.unwrap();
+        let spec = leases.get("nodur").await.unwrap().spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some(""));
+        assert_eq!(spec.lease_duration_seconds, Some(1));
+        assert_eq!(spec.acquire_time, None);
+
+        // Compare-and-swap: a stale version conflicts and writes nothing.
+        let err = store.update("nodur", &w.version, &record(Some("late"), 7)).await.unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        // A store that has not seen the object reads it first.
+        let fresh = self::store(admin.clone(), &ns.name, &[]);
+        let err = fresh.update("nodur", &w.version, &record(Some("late"), 7)).await.unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        assert_eq!(store.get("nodur").await.unwrap().unwrap().version, r.version);
+        let again = fresh.update("nodur", &r.version, &record(Some("fresh"), 7)).await.unwrap();
+        let l = leases.get("nodur").await.unwrap();
+        assert_eq!(l.metadata.labels.unwrap().get("team").map(String::as_str), Some("other"));
+        assert_eq!(l.spec.unwrap().holder_identity.as_deref(), Some("fresh"));
+        // Creating an existing lease conflicts; updating a deleted one too.
+        assert!(store.create("nodur", &record(None, 0)).await.unwrap_err().is_conflict());
+        leases.delete("nodur", &DeleteParams::default()).await.unwrap();
+        let err = store.update("nodur", &again.version, &record(Some("me"), 8)).await.unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        assert_eq!(store.get("nodur").await.unwrap(), None);
+        // Terms beyond int32 are refused, never wrapped.
+        let err = store.create("big", &record(Some("me"), 1 << 31)).await.unwrap_err();
+        assert!(matches!(err, StoreError::Refused { .. }), "{err}");
+
+        // Listing sees the labelled ones only when labels are configured.
+        let listed: Vec<String> = store.list().await.unwrap().into_iter().map(|(n, _)| n).collect();
+        assert!(listed.is_empty(), "nothing left with app=baton: {listed:?}");
+        let listed: Vec<String> = fresh.list().await.unwrap().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(listed, vec!["bare".to_owned(), "empty".to_owned()]);
+    });
+}
+
+async fn next_within(watch: &mut LeaseWatch, secs: u64) -> Option<Versioned> {
+    tokio::time::timeout(Duration::from_secs(secs), watch.next())
+        .await
+        .expect("the watch yields in time")
+        .expect("the watch goes on")
+        .expect("no error")
+}
+
+#[test]
+fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "watch").await;
+        let watcher = store(admin.clone(), &ns.name, &[]);
+        let writer = store(admin.clone(), &ns.name, &[]);
+
+        let mut watch = watcher.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut watch, 2).await, None, "first the current state: none");
+        let mut current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
+        assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
+        let mut latencies = Vec::new();
+        for i in 0..10 {
+            let started = Instant::now();
+            current = writer.update("demo", &current.version, &record(Some("a"), 2 + i)).await.unwrap();
+            assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
+            latencies.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        println!("watch: write to event {}", summary(latencies));
+
+        // The current record comes first when watching starts.
+        let mut second = watcher.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut second, 2).await, Some(current.clone()));
+        drop(second);
+
+        // Deletion.
+        ns.leases().delete("demo", &DeleteParams::default()).await.unwrap();
+        assert_eq!(next_within(&mut watch, 2).await, None);
+
+        // The watcher's own writes are news before their events arrive:
+        // the stream never goes back to an older version.
+        let created = watcher.create("demo", &record(Some("w"), 3)).await.unwrap();
+        let updated = watcher.update("demo", &created.version, &record(Some("w"), 4)).await.unwrap();
+        assert_eq!(next_within(&mut watch, 2).await, Some(updated.clone()));
+        let quiet = tokio::time::timeout(Duration::from_millis(500), watch.next()).await;
+        assert!(quiet.is_err(), "nothing else: {quiet:?}");
+        // Same for a watch started before writes it has not yielded yet.
+        let mut late = watcher.watch("demo").await.unwrap();
+        let newer = watcher.update("demo", &updated.version, &record(Some("w"), 5)).await.unwrap();
+        assert_eq!(next_within(&mut late, 2).await, Some(newer));
+    });
+}
+
+#[test]
+fn store_requests_without_permission_are_refused_naming_user_verb_and_resource() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "denied").await;
+        let nobody = store(env.client(&env.kubeconfig("nobody")).await, &ns.name, &[]);
+        for (verb, err) in [
+            ("get", nobody.get("demo").await.unwrap_err()),
+            ("create", nobody.create("demo", &record(Some("x"), 1)).await.unwrap_err()),
+            ("list", nobody.watch("demo").await.err().expect("refused")),
+        ] {
+            println!("{verb}: {err}");
+            match &err {
+                StoreError::Refused { lease, detail } => {
+                    assert_eq!(lease, "demo");
+                    assert!(detail.starts_with("forbidden: "), "{detail}");
+                    assert!(
+                        detail.contains(&format!("User \"nobody\" cannot {verb} resource \"leases\"")),
+                        "{detail}"
+                    );
+                    assert!(detail.contains(&format!("namespace \"{}\"", ns.name)), "{detail}");
+                }
+                other => panic!("{verb}: expected Refused, got {other:?}"),
+            }
+        }
+    });
+}
