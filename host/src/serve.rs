@@ -59,6 +59,7 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
                     .map(|l| l.timings.request_timeout)
                     .min()
                     .unwrap_or(defaults.request_timeout),
+                watch_timeout_secs: None,
             };
             KubeStore::connect(options)
                 .await

@@ -715,6 +715,42 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
 }
 
 #[test]
+fn store_watch_is_resumed_after_the_server_ends_it_without_listing_again() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "resume").await;
+        let options = KubeOptions {
+            fallback_duration: Duration::from_secs(15),
+            request_timeout: Duration::from_secs(2),
+            watch_timeout_secs: Some(2),
+            ..KubeOptions::default()
+        };
+        let watcher = KubeStore::with_client(admin.clone(), &ns.name, "test".into(), &options);
+        let writer = store(admin.clone(), &ns.name, &[]);
+        let mut current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
+        let before = lease_requests(&admin).await;
+        let mut watch = watcher.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
+        // Four server-side watch timeouts pass, quietly, then changes still
+        // arrive: the watch was resumed each time.
+        let quiet = tokio::time::timeout(Duration::from_millis(8500), watch.next()).await;
+        assert!(quiet.is_err(), "nothing changed: {quiet:?}");
+        for i in 0..3 {
+            current = writer.update("demo", &current.version, &record(Some("a"), 2 + i)).await.unwrap();
+            assert_eq!(next_within(&mut watch, 3).await, Some(current.clone()));
+        }
+        let requests = delta(&before, &lease_requests(&admin).await);
+        println!("watch with a 2 s server timeout, over 9 s: {requests:?}");
+        let count = |verb: &str| requests.get(verb).copied().unwrap_or(0);
+        assert_eq!(count("LIST"), 1, "listed once, when the watch started: {requests:?}");
+        assert!((4..=6).contains(&count("WATCH")), "resumed every 2 s: {requests:?}");
+        assert_eq!(count("GET"), 0, "{requests:?}");
+    });
+}
+
+#[test]
 fn store_requests_without_permission_are_refused_naming_user_verb_and_resource() {
     let env = KubeEnv::load();
     let rt = runtime();
