@@ -16,7 +16,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use baton::store::kube::{KubeOptions, KubeStore};
+use baton::store::kube::{KubeOptions, KubeStore, TOMBSTONE};
 use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -387,7 +387,7 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
         "baton.toml",
         &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &[probe("probe", "pollable", "cooperative")]),
     );
-    let hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
+    let mut hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
         .iter()
         .map(|n| Host::start(n, &cfg))
         .collect();
@@ -397,21 +397,34 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     }
     std::thread::sleep(Duration::from_secs(1));
 
-    // Deleted: the leader stops at once; one host creates it again, with a
-    // higher term.
+    // Deleted while held: the holder may still run its guest and sees the
+    // deletion no sooner than the others, so nobody else may start. It
+    // re-creates the Lease at its next renewal and leads on, same term.
+    let leader = running(&hosts).pop().expect("a leader");
+    let term = first.guest_term().unwrap();
     let deleted_at = SystemTime::now();
     rt.block_on(ns.leases().delete("demo", &DeleteParams::default())).unwrap();
-    let (idx, again) = wait_any(&hosts, SECS(5), "a guest start after the delete", deleted_at, is_start);
+    let recreated = loop {
+        if let Some(lease) = lease_of(&rt, &ns, "demo") {
+            break lease;
+        }
+        assert!(ms_between(deleted_at, SystemTime::now()) < 3000.0, "the Lease was not re-created");
+        std::thread::sleep(Duration::from_millis(10));
+    };
     println!(
-        "Lease deleted: {} ran the guest again {:.0} ms later, term {} after {}",
-        hosts[idx].name,
-        ms_between(deleted_at, again.at),
-        again.guest_term().unwrap(),
-        first.guest_term().unwrap()
+        "Lease deleted while held: it was back {:.0} ms later, held by {:?} in term {:?} (leader {leader}, term {term})",
+        ms_between(deleted_at, SystemTime::now()),
+        spec_of(&recreated).holder_identity,
+        spec_of(&recreated).lease_transitions,
     );
-    assert!(again.guest_term().unwrap() > first.guest_term().unwrap());
-    std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(running(&hosts).len(), 1);
+    assert_eq!(spec_of(&recreated).holder_identity.as_deref(), Some(leader.as_str()));
+    assert_eq!(spec_of(&recreated).lease_transitions, Some(term as i32));
+    std::thread::sleep(LD);
+    for h in &hosts {
+        let moved: Vec<Event> = h.all(|e| e.at >= deleted_at && (is_start(e) || e.is(STOPPED, Some("probe"))));
+        assert!(moved.is_empty(), "{}: no guest stopped or started after the delete: {moved:?}", h.name);
+    }
+    assert_eq!(running(&hosts), vec![leader.clone()]);
 
     // Overwritten by a foreign writer with its own labels and annotations,
     // a 2 s lease and a term of its own: the leader stops at once, the
@@ -453,6 +466,24 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
         Some("keep me")
     );
     assert_eq!(spec_of(&lease).holder_identity.as_deref(), Some(hosts[idx].name.as_str()));
+
+    // Deleted after its holder died: the others honour the dead holder's
+    // lease from when they saw the deletion, then one takes over.
+    let killed_at = hosts[idx].sigkill();
+    let killed = vec![(hosts[idx].name.clone(), killed_at)];
+    let deleted_at = SystemTime::now();
+    rt.block_on(ns.leases().delete("demo", &DeleteParams::default())).unwrap();
+    let (next, taken) = wait_any(&hosts, LD + SECS(3), "a guest start after the delete", deleted_at, is_start);
+    let waited = ms_between(deleted_at, taken.at);
+    println!(
+        "Lease deleted after its holder was killed: {} took over after {waited:.0} ms, term {:?}",
+        hosts[next].name,
+        taken.guest_term()
+    );
+    assert!(waited >= LD.as_millis() as f64 - 50.0, "the dead holder's lease was honoured: {waited:.0} ms");
+    assert_eq!(taken.guest_term(), Some(42));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_one_at_a_time(&hosts, &killed);
 }
 
 #[test]
@@ -647,7 +678,18 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
         leases.delete("nodur", &DeleteParams::default()).await.unwrap();
         let err = store.update("nodur", &again.version, &record(Some("me"), 8)).await.unwrap_err();
         assert!(err.is_conflict(), "{err}");
-        assert_eq!(store.get("nodur").await.unwrap(), None);
+        // Deleted while held by "fresh": read as still held by it, under a
+        // version of its own, until it is re-created through that version
+        // (once: a second try conflicts).
+        let tombstone = fresh.get("nodur").await.unwrap().expect("the last record");
+        assert!(tombstone.version.starts_with(TOMBSTONE));
+        assert_eq!(tombstone.record.holder(), Some("fresh"));
+        assert_eq!(tombstone.record.transitions, 7);
+        fresh.update("nodur", &tombstone.version, &record(Some("fresh"), 7)).await.unwrap();
+        let err = fresh.update("nodur", &tombstone.version, &record(Some("fresh"), 7)).await.unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        assert_eq!(leases.get("nodur").await.unwrap().spec.unwrap().holder_identity.as_deref(), Some("fresh"));
+        leases.delete("nodur", &DeleteParams::default()).await.unwrap();
         // Terms beyond int32 are refused, never wrapped.
         let err = store.create("big", &record(Some("me"), 1 << 31)).await.unwrap_err();
         assert!(matches!(err, StoreError::Refused { .. }), "{err}");
@@ -696,9 +738,24 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         assert_eq!(next_within(&mut second, 2).await, Some(current.clone()));
         drop(second);
 
-        // Deletion.
+        // Deletion of a held Lease: its last record, still held, under a
+        // version of its own.
+        ns.leases().delete("demo", &DeleteParams::default()).await.unwrap();
+        let tombstone = next_within(&mut watch, 2).await.expect("the last record");
+        assert!(tombstone.version.starts_with(TOMBSTONE), "{tombstone:?}");
+        assert_eq!(tombstone.record, current.record);
+        // A watch started now, and a read, say the same.
+        let mut third = watcher.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut third, 2).await, Some(tombstone.clone()));
+        drop(third);
+        assert_eq!(watcher.get("demo").await.unwrap(), Some(tombstone.clone()));
+        // Deleted again without a holder: gone.
+        let released = LeaseRecord { holder: None, ..record(None, 2) };
+        let back = watcher.update("demo", &tombstone.version, &released).await.unwrap();
+        assert_eq!(next_within(&mut watch, 2).await, Some(back.clone()));
         ns.leases().delete("demo", &DeleteParams::default()).await.unwrap();
         assert_eq!(next_within(&mut watch, 2).await, None);
+        assert_eq!(watcher.get("demo").await.unwrap(), None);
 
         // The watcher's own writes are news before their events arrive:
         // the stream never goes back to an older version.

@@ -35,6 +35,15 @@
 //! highest term they saw, and a single number keeps `kubectl` and client-go
 //! tools in agreement with what guests see.
 //!
+//! # Deleted Leases
+//!
+//! A Lease deleted while it had a holder is read (by get, list and watch)
+//! as its last record, still held, under a version of its own: see
+//! [`TOMBSTONE`]. Its holder re-creates it at its next renewal and keeps
+//! leading in the same term; the others wait out its lease duration from
+//! when they saw the deletion, as they would for any holder, so no two
+//! hosts lead at once. A deleted Lease without a holder is simply gone.
+//!
 //! # Watching
 //!
 //! [`LeaseStore::watch`] lists the one Lease (field selector on
@@ -155,7 +164,20 @@ struct Seen {
     /// The highest resourceVersion learned from any answer (reads, writes,
     /// the watch, deletions).
     newest: u64,
+    /// The lease was seen deleted while it had a holder: its last record,
+    /// under a version of its own (see [`TOMBSTONE`]).
+    tombstone: Option<Versioned>,
 }
+
+/// The version prefix of a deleted Lease's last record. A Lease that is
+/// deleted while held is read as still held, by the same holder for the
+/// same duration, from when the deletion was seen: its holder may still be
+/// running its tasks and sees the deletion no sooner than the others. The
+/// holder keeps leading and re-creates the Lease at its next renewal (an
+/// update of this version is a create); the others take over only if it
+/// does not, after the lease duration, as from any silent holder.
+/// resourceVersions never contain `@`.
+pub const TOMBSTONE: &str = "deleted@";
 
 /// A resourceVersion as a number. The API server's resourceVersions are
 /// etcd revisions, which grow with every write; `None` for one that is not
@@ -246,6 +268,7 @@ impl Inner {
         let seen = seen.entry(lease.to_owned()).or_default();
         let rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
         seen.newest = seen.newest.max(rv_number(rv).unwrap_or(0));
+        seen.tombstone = None;
         let list = &mut seen.objects;
         if list
             .back()
@@ -259,12 +282,32 @@ impl Inner {
         }
     }
 
-    /// The lease does not exist (any more), as of `rv` if known.
-    fn forget(&self, lease: &str, rv: Option<&str>) {
+    /// The lease does not exist (any more), as of `rv` if known; `last` is
+    /// its final state if the deletion event told it. Returns what to hand
+    /// the caller: the tombstone if the last known state had a holder (see
+    /// [`TOMBSTONE`]), else `None`.
+    fn deleted(&self, lease: &str, last: Option<&DynamicObject>, rv: Option<&str>) -> Option<Versioned> {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let seen = seen.entry(lease.to_owned()).or_default();
+        let last = last.cloned().or_else(|| seen.objects.back().cloned());
         seen.objects.clear();
         seen.newest = seen.newest.max(rv.and_then(rv_number).unwrap_or(0));
+        if let Some(obj) = last {
+            seen.tombstone = to_versioned(lease, &obj, self.fallback_duration)
+                .ok()
+                .filter(|v| v.record.holder().is_some())
+                .map(|v| Versioned {
+                    version: format!("{TOMBSTONE}{}", v.version),
+                    record: v.record,
+                });
+        }
+        seen.tombstone.clone()
+    }
+
+    /// The tombstone of `lease`, if it is the latest state seen.
+    fn tombstone(&self, lease: &str) -> Option<Versioned> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(lease)?.tombstone.clone()
     }
 
     /// Whether something newer than `rv` was already learned of `lease`
@@ -513,10 +556,7 @@ impl LeaseStore for KubeStore {
         let inner = &self.inner;
         match inner.api.get_opt(lease).await.map_err(|e| map_error(lease, "get", e))? {
             Some(obj) => inner.accept(lease, &obj).map(Some),
-            None => {
-                inner.forget(lease, None);
-                Ok(None)
-            }
+            None => Ok(inner.deleted(lease, None, None)),
         }
     }
 
@@ -534,6 +574,17 @@ impl LeaseStore for KubeStore {
 
     async fn update(&self, lease: &str, version: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
         let inner = &self.inner;
+        if version.starts_with(TOMBSTONE) {
+            // The Lease was deleted: re-create it, unless something newer
+            // was seen since (409 if another host re-created it first).
+            if inner.tombstone(lease).is_none_or(|t| t.version != version) {
+                return Err(StoreError::Conflict {
+                    lease: lease.to_owned(),
+                    detail: format!("the deleted Lease ({version}) has changed since"),
+                });
+            }
+            return self.create(lease, record).await;
+        }
         let mut obj = match inner.seen_at(lease, version) {
             Some(obj) => obj,
             None => {
@@ -584,10 +635,10 @@ impl LeaseStore for KubeStore {
                 inner.accept(lease, obj).map(Some),
                 obj.metadata.resource_version.clone().unwrap_or_default(),
             ),
-            None => {
-                inner.forget(lease, Some(&resource_version));
-                (Ok(None), resource_version.clone())
-            }
+            None => (
+                Ok(inner.deleted(lease, None, Some(&resource_version))),
+                resource_version.clone(),
+            ),
         };
         let mut state = WatchState {
             inner,
@@ -767,8 +818,8 @@ async fn next_observation(
                         if state.inner.is_stale(&lease, &rv) {
                             continue;
                         }
-                        state.inner.forget(&lease, Some(&rv));
-                        return Some((Ok(None), state));
+                        let last = state.inner.deleted(&lease, Some(&obj), Some(&rv));
+                        return Some((Ok(last), state));
                     }
                     WatchEvent::Bookmark(b) => {
                         state.resource_version = b.metadata.resource_version;
