@@ -25,4 +25,6 @@ deploy/kubernetes/verify.sh
 cargo build -p baton
 # The end-to-end tests time reactions in milliseconds: run test binaries one
 # test at a time, so that one test's busy guests do not steal the CPU of another.
-cargo test -p baton -p baton-guest "$@" -- --test-threads=1
+# --nocapture: the tests print their measured figures (hand-over times,
+# stop latencies, request counts); the hosts' own logs stay captured.
+cargo test -p baton -p baton-guest "$@" -- --test-threads=1 --nocapture
