@@ -293,13 +293,19 @@ impl Inner {
         seen.objects.clear();
         seen.newest = seen.newest.max(rv.and_then(rv_number).unwrap_or(0));
         if let Some(obj) = last {
-            seen.tombstone = to_versioned(lease, &obj, self.fallback_duration)
+            let tombstone = to_versioned(lease, &obj, self.fallback_duration)
                 .ok()
                 .filter(|v| v.record.holder().is_some())
                 .map(|v| Versioned {
                     version: format!("{TOMBSTONE}{}", v.version),
                     record: v.record,
                 });
+            // One deletion may be learned twice (a read, then the watch's
+            // event): keep the version the caller may already hold.
+            let same = matches!((&seen.tombstone, &tombstone), (Some(a), Some(b)) if a.record == b.record);
+            if !same {
+                seen.tombstone = tombstone;
+            }
         }
         seen.tombstone.clone()
     }
