@@ -207,8 +207,7 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
     // SIGTERM the leader, three times: a standby's guest runs within 500 ms.
     let mut killed: Vec<(String, SystemTime)> = Vec::new();
     let mut handovers = Vec::new();
-    let mut next_name = b'd';
-    for _ in 0..3 {
+    for next_name in b'd'..=b'f' {
         let leader = hosts
             .iter()
             .position(|h| running(std::slice::from_ref(h)).len() == 1)
@@ -228,7 +227,6 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         );
         // A new standby takes the stopped host's place.
         let name = format!("host-{}", next_name as char);
-        next_name += 1;
         let h = Host::start(&name, &cfg);
         h.wait_for(SECS(60), "following", |e| e.message() == "lease status changed" && e.str("role") == Some("following"));
         hosts.push(h);
@@ -545,9 +543,7 @@ fn unsafe_or_unrepresentable_timings_are_refused_at_start_up() {
     // A lease duration a Lease object cannot hold.
     let cfg = s.write(
         "frac.toml",
-        &base
-            .replace("lease-duration = \"4s\"", "lease-duration = \"4500ms\"")
-            .replace("grace = \"1s\"", "grace = \"1s\""),
+        &base.replace("lease-duration = \"4s\"", "lease-duration = \"4500ms\""),
     );
     let out = baton().args(["run", "--config"]).arg(&cfg).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
