@@ -32,10 +32,6 @@ struct Candidate {
 }
 
 fn start(store: &MemoryStore, identity: &str) -> Candidate {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter("debug")
-        .try_init();
     let cfg = ElectorConfig {
         lease: LEASE.into(),
         identity: identity.into(),
