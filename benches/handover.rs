@@ -38,15 +38,23 @@ fn handover(signal: i32) -> f64 {
     let s = Scratch::new();
     let cfg = s.write("baton.toml", &config_text(&s.store()));
     let mut a = Host::start("leader", &cfg);
-    a.wait_for(Duration::from_secs(30), "leader's guest", |e| e.guest_line("probe", "probe start"));
+    a.wait_for(Duration::from_secs(30), "leader's guest", |e| {
+        e.guest_line("probe", "probe start")
+    });
     let b = Host::start("standby", &cfg);
     b.wait_for(Duration::from_secs(30), "standby following", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
     // Let the leader renew a few times, so a crash lands mid-lease.
     std::thread::sleep(Duration::from_millis(1250));
-    let stopped = if signal == libc::SIGKILL { a.sigkill() } else { a.signal(signal) };
-    let started = b.wait_for(Duration::from_secs(10), "standby's guest", |e| e.guest_line("probe", "probe start"));
+    let stopped = if signal == libc::SIGKILL {
+        a.sigkill()
+    } else {
+        a.signal(signal)
+    };
+    let started = b.wait_for(Duration::from_secs(10), "standby's guest", |e| {
+        e.guest_line("probe", "probe start")
+    });
     ms_between(stopped, started.at)
 }
 
@@ -72,7 +80,10 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let runs: usize = std::env::var("BATON_BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(8);
+    let runs: usize = std::env::var("BATON_BENCH_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(8);
     println!("baton hand-over on the embedded store (lease 4s, renew 3s, retry 500ms, grace 500ms)");
     let graceful: Vec<f64> = (0..runs).map(|_| handover(libc::SIGTERM)).collect();
     summary("graceful", graceful.clone());

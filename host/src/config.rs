@@ -387,7 +387,8 @@ impl Config {
                 labels,
             } => {
                 if let Some(ns) = &namespace {
-                    validate_namespace(ns).map_err(|e| ConfigError(format!("{file}: [store]: field `namespace`: {e}")))?;
+                    validate_namespace(ns)
+                        .map_err(|e| ConfigError(format!("{file}: [store]: field `namespace`: {e}")))?;
                 }
                 for (k, v) in &labels {
                     if k.is_empty() || k.len() > 316 || v.len() > 63 {
@@ -528,13 +529,22 @@ env = { A = "1" }
                 labels: BTreeMap::new(),
             }
         );
-        let e = Config::parse("[store]\nkind = \"kubernetes\"\nnamespace = \"Bad_NS\"\n", Some(Path::new("k.toml")))
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("k.toml: [store]: field `namespace`: invalid namespace"), "{e}");
-        let e = Config::parse("[store]\nkind = \"kubernetes\"\ndir = \"x\"\n", Some(Path::new("k.toml")))
-            .unwrap_err()
-            .to_string();
+        let e = Config::parse(
+            "[store]\nkind = \"kubernetes\"\nnamespace = \"Bad_NS\"\n",
+            Some(Path::new("k.toml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("k.toml: [store]: field `namespace`: invalid namespace"),
+            "{e}"
+        );
+        let e = Config::parse(
+            "[store]\nkind = \"kubernetes\"\ndir = \"x\"\n",
+            Some(Path::new("k.toml")),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("unknown field `dir`"), "{e}");
     }
 
@@ -542,9 +552,13 @@ env = { A = "1" }
     fn a_kubernetes_store_refuses_lease_durations_in_fractions_of_a_second() {
         let text = "[store]\nkind = \"kubernetes\"\n[[lease]]\nname = \"demo\"\nlease-duration = \"4500ms\"\n\
                     renew-deadline = \"2s\"\nretry-period = \"500ms\"\ngrace = \"1s\"\n";
-        let e = Config::parse(text, Some(Path::new("k.toml"))).unwrap_err().to_string();
+        let e = Config::parse(text, Some(Path::new("k.toml")))
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.starts_with("k.toml:4: lease \"demo\": lease-duration 4s 500ms is not a whole number of seconds"),
+            e.starts_with(
+                "k.toml:4: lease \"demo\": lease-duration 4s 500ms is not a whole number of seconds"
+            ),
             "{e}"
         );
         assert!(e.contains("use 4s or 5s"), "{e}");

@@ -145,7 +145,11 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Check { plugins } => check(plugins).await,
         Command::New { lang, name, dir } => {
             let root = baton::scaffold::new_plugin(lang, &name, &dir)?;
-            println!("created {}: build it with {}/build.sh", root.display(), root.display());
+            println!(
+                "created {}: build it with {}/build.sh",
+                root.display(),
+                root.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { config, store_dir } => {

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, StoreConfig};
 use crate::election::{Elector, ElectorConfig, ElectorControl};
 use crate::runtime::{PluginEngine, PluginRuntime, RuntimeError, default_cache_dir};
-use crate::store::{LeaseStore, StoreError};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
+use crate::store::{LeaseStore, StoreError};
 use crate::supervisor::run_leader_tasks;
 
 /// Why the host could not start.
@@ -66,7 +66,9 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
                 .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
                 .map_err(|e| match e {
                     // Not about any one lease.
-                    StoreError::Refused { detail, .. } => ServeError::Store(format!("kubernetes store: {detail}")),
+                    StoreError::Refused { detail, .. } => {
+                        ServeError::Store(format!("kubernetes store: {detail}"))
+                    }
                     other => ServeError::Store(format!("kubernetes store: {other}")),
                 })
         }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::Client;
 
 /// What the env file of a started test server says.
 pub struct KubeEnv {
@@ -37,7 +37,10 @@ impl KubeEnv {
         let help = "start the test API server first: scripts/kube-testenv.sh start \
                     (scripts/test.sh does it before running the tests)";
         let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
-            panic!("no Kubernetes test environment: cannot read {}: {e}; {help}", file.display())
+            panic!(
+                "no Kubernetes test environment: cannot read {}: {e}; {help}",
+                file.display()
+            )
         });
         let vars: BTreeMap<String, String> = text
             .lines()
@@ -70,7 +73,12 @@ impl KubeEnv {
     /// The kubeconfig of a token user: baton-a, baton-b, baton-c or nobody.
     pub fn kubeconfig(&self, user: &str) -> PathBuf {
         let path = self.kubeconfig_dir.join(format!("{user}.kubeconfig"));
-        assert!(path.is_file(), "{} is missing (from {})", path.display(), self.file.display());
+        assert!(
+            path.is_file(),
+            "{} is missing (from {})",
+            path.display(),
+            self.file.display()
+        );
         path
     }
 
@@ -200,7 +208,12 @@ pub async fn lease_requests(admin: &Client) -> BTreeMap<String, f64> {
 pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, u64> {
     after
         .iter()
-        .map(|(verb, n)| (verb.clone(), (n - before.get(verb).copied().unwrap_or(0.0)).round() as u64))
+        .map(|(verb, n)| {
+            (
+                verb.clone(),
+                (n - before.get(verb).copied().unwrap_or(0.0)).round() as u64,
+            )
+        })
         .filter(|(_, n)| *n > 0)
         .collect()
 }

@@ -7,10 +7,10 @@
 //! grace 1 s, request timeout 500 ms (2 s + 1 s + 250 ms margin < 4 s).
 //! Each test works in a namespace of its own.
 
+mod env;
 #[allow(dead_code)]
 #[path = "../e2e/support.rs"]
 mod support;
-mod env;
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -102,7 +102,10 @@ fn runs(hosts: &[Host], killed: &[(String, SystemTime)]) -> Vec<(SystemTime, Sys
 }
 
 /// No two guest runs overlap, and terms grow with every run.
-fn assert_one_at_a_time(hosts: &[Host], killed: &[(String, SystemTime)]) -> Vec<(SystemTime, SystemTime, u64, String)> {
+fn assert_one_at_a_time(
+    hosts: &[Host],
+    killed: &[(String, SystemTime)],
+) -> Vec<(SystemTime, SystemTime, u64, String)> {
     let all = runs(hosts, killed);
     for pair in all.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
@@ -122,7 +125,13 @@ fn assert_one_at_a_time(hosts: &[Host], killed: &[(String, SystemTime)]) -> Vec<
 }
 
 /// The first event matching `pred` at or after `after` on any of `hosts`.
-fn wait_any(hosts: &[Host], timeout: Duration, what: &str, after: SystemTime, pred: impl Fn(&Event) -> bool) -> (usize, Event) {
+fn wait_any(
+    hosts: &[Host],
+    timeout: Duration,
+    what: &str,
+    after: SystemTime,
+    pred: impl Fn(&Event) -> bool,
+) -> (usize, Event) {
     let deadline = Instant::now() + timeout;
     loop {
         let mut found: Option<(usize, Event)> = None;
@@ -137,7 +146,10 @@ fn wait_any(hosts: &[Host], timeout: Duration, what: &str, after: SystemTime, pr
             return f;
         }
         if Instant::now() >= deadline {
-            let logs: Vec<String> = hosts.iter().map(|h| format!("--- {}:\n{}", h.name, h.output())).collect();
+            let logs: Vec<String> = hosts
+                .iter()
+                .map(|h| format!("--- {}:\n{}", h.name, h.output()))
+                .collect();
             panic!("no {what} within {timeout:?}; logs:\n{}", logs.join("\n"));
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -172,7 +184,12 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
     let s = Scratch::new();
     let cfg = s.write(
         "baton.toml",
-        &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &[probe("probe", "pollable", "cooperative")]),
+        &kube_config(
+            &ns.name,
+            Some(&env.admin_kubeconfig),
+            "demo",
+            &[probe("probe", "pollable", "cooperative")],
+        ),
     );
     let mut hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
         .iter()
@@ -181,10 +198,17 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
     let t0 = SystemTime::UNIX_EPOCH;
     wait_any(&hosts, SECS(60), "first guest start", t0, is_start);
     for h in &hosts {
-        h.wait_for(SECS(60), "a status", |e| e.message() == "lease status changed" && e.str("role") != Some("pending"));
+        h.wait_for(SECS(60), "a status", |e| {
+            e.message() == "lease status changed" && e.str("role") != Some("pending")
+        });
     }
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(running(&hosts).len(), 1, "exactly one guest runs: {:?}", running(&hosts));
+    assert_eq!(
+        running(&hosts).len(),
+        1,
+        "exactly one guest runs: {:?}",
+        running(&hosts)
+    );
 
     // Idle: the leader renews once per retry period, followers only watch.
     let idle = SECS(6);
@@ -201,8 +225,15 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         count("PUT") <= (idle.as_millis() / RP.as_millis()) as u64 + 1,
         "the leader writes at most once per retry period: {idle_requests:?}"
     );
-    assert!(count("PUT") >= (idle.as_millis() / RP.as_millis()) as u64 - 2, "the leader renews: {idle_requests:?}");
-    assert_eq!(count("POST") + count("WATCH"), 0, "no re-watching, no creating: {idle_requests:?}");
+    assert!(
+        count("PUT") >= (idle.as_millis() / RP.as_millis()) as u64 - 2,
+        "the leader renews: {idle_requests:?}"
+    );
+    assert_eq!(
+        count("POST") + count("WATCH"),
+        0,
+        "no re-watching, no creating: {idle_requests:?}"
+    );
 
     // SIGTERM the leader, three times: a standby's guest runs within 500 ms.
     let mut killed: Vec<(String, SystemTime)> = Vec::new();
@@ -228,11 +259,16 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         // A new standby takes the stopped host's place.
         let name = format!("host-{}", next_name as char);
         let h = Host::start(&name, &cfg);
-        h.wait_for(SECS(60), "following", |e| e.message() == "lease status changed" && e.str("role") == Some("following"));
+        h.wait_for(SECS(60), "following", |e| {
+            e.message() == "lease status changed" && e.str("role") == Some("following")
+        });
         hosts.push(h);
         std::thread::sleep(Duration::from_millis(300));
     }
-    println!("SIGTERM handover (signal to the standby's guest start): {}", summary(handovers));
+    println!(
+        "SIGTERM handover (signal to the standby's guest start): {}",
+        summary(handovers)
+    );
 
     // SIGKILL the leader: another runs within LD + RP.
     let leader = hosts
@@ -242,9 +278,18 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
     println!("SIGKILL {}", hosts[leader].name);
     let killed_at = hosts[leader].sigkill();
     killed.push((hosts[leader].name.clone(), killed_at));
-    let (_, started) = wait_any(&hosts, LD + RP + SECS(2), "a guest start after SIGKILL", killed_at, is_start);
+    let (_, started) = wait_any(
+        &hosts,
+        LD + RP + SECS(2),
+        "a guest start after SIGKILL",
+        killed_at,
+        is_start,
+    );
     let took = ms_between(killed_at, started.at);
-    println!("SIGKILL failover: {took:.0} ms (bound LD + RP = {} ms)", (LD + RP).as_millis());
+    println!(
+        "SIGKILL failover: {took:.0} ms (bound LD + RP = {} ms)",
+        (LD + RP).as_millis()
+    );
     assert!(took <= (LD + RP).as_millis() as f64, "failover took {took:.0} ms");
     std::thread::sleep(Duration::from_millis(500));
 
@@ -258,7 +303,11 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
     assert_eq!(alive.len(), 1, "one guest runs: {alive:?}");
     let last_term = all.last().unwrap().2;
     let spec = spec_of(&lease_of(&rt, &ns, "demo").expect("the Lease"));
-    assert_eq!(spec.lease_transitions, Some(last_term as i32), "the term is the Lease's transitions");
+    assert_eq!(
+        spec.lease_transitions,
+        Some(last_term as i32),
+        "the term is the Lease's transitions"
+    );
     assert_eq!(spec.lease_duration_seconds, Some(4));
     for h in &hosts {
         for led in h.all(|e| e.message() == "lease status changed" && e.str("role") == Some("leading")) {
@@ -297,15 +346,28 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
     // A guest that ignores the change: it must be stopped by force.
     let cfg = s.write(
         "baton.toml",
-        &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &[probe("probe", "pollable", "block")]),
+        &kube_config(
+            &ns.name,
+            Some(&env.admin_kubeconfig),
+            "demo",
+            &[probe("probe", "pollable", "block")],
+        ),
     );
     let hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
         .iter()
         .map(|n| Host::start(n, &cfg))
         .collect();
-    wait_any(&hosts, SECS(60), "first guest start", SystemTime::UNIX_EPOCH, is_start);
+    wait_any(
+        &hosts,
+        SECS(60),
+        "first guest start",
+        SystemTime::UNIX_EPOCH,
+        is_start,
+    );
     for h in &hosts {
-        h.wait_for(SECS(60), "a status", |e| e.message() == "lease status changed" && e.str("role") != Some("pending"));
+        h.wait_for(SECS(60), "a status", |e| {
+            e.message() == "lease status changed" && e.str("role") != Some("pending")
+        });
     }
     std::thread::sleep(Duration::from_millis(1500));
     let leader = hosts
@@ -327,7 +389,9 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
     // The leader's guest was stopped (by force) before the lease could have
     // expired anywhere: the last renewal others saw began at most RP before
     // the outage, so none could take over before stopped_at - RP + LD.
-    let stop = hosts[leader].wait_for(SECS(1), "the leader's forced stop", |e| e.is(STOPPED, Some("probe")));
+    let stop = hosts[leader].wait_for(SECS(1), "the leader's forced stop", |e| {
+        e.is(STOPPED, Some("probe"))
+    });
     let after = ms_between(stopped_at, stop.at);
     let bound = (RD + GRACE).as_millis() as f64 + 100.0;
     let expiry = (LD - RP).as_millis() as f64;
@@ -337,18 +401,34 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
         (RD + GRACE).as_millis()
     );
     assert_eq!(stop.str("how"), Some("forced"));
-    assert!(after <= bound && after < expiry, "stopped {after:.0} ms into the outage");
+    assert!(
+        after <= bound && after < expiry,
+        "stopped {after:.0} ms into the outage"
+    );
     let gave_up = hosts[leader].wait_for(SECS(1), "stepping down", |e| e.message() == "stepping down");
-    println!("the leader stepped down {:.0} ms into the outage", ms_between(stopped_at, gave_up.at));
+    println!(
+        "the leader stepped down {:.0} ms into the outage",
+        ms_between(stopped_at, gave_up.at)
+    );
 
     // Nobody started a guest while the API server was away.
     for h in &hosts {
         let during: Vec<Event> = h.all(|e| is_start(e) && e.at > stopped_at && e.at < resumed_at);
-        assert!(during.is_empty(), "{} started a guest during the outage: {during:?}", h.name);
+        assert!(
+            during.is_empty(),
+            "{} started a guest during the outage: {during:?}",
+            h.name
+        );
     }
 
     // When it is back, the election resumes by itself: exactly one leader.
-    let (idx, started) = wait_any(&hosts, LD + SECS(6), "a guest start after the outage", resumed_at, is_start);
+    let (idx, started) = wait_any(
+        &hosts,
+        LD + SECS(6),
+        "a guest start after the outage",
+        resumed_at,
+        is_start,
+    );
     println!(
         "after the API server came back, {} ran the guest {:.0} ms later",
         hosts[idx].name,
@@ -369,7 +449,10 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
     // re-watching about once per retry period while it cannot: 3 hosts x
     // (1 + 2 per retry period) is a generous ceiling.
     let ceiling = 3 * (1 + 2 * (total.as_millis() / RP.as_millis()) as u64);
-    assert!(all <= ceiling, "{all} requests, more than {ceiling}: {requests:?}");
+    assert!(
+        all <= ceiling,
+        "{all} requests, more than {ceiling}: {requests:?}"
+    );
     let spec = spec_of(&lease_of(&rt, &ns, "demo").unwrap());
     assert_eq!(spec.holder_identity.as_deref(), Some(hosts[idx].name.as_str()));
 }
@@ -383,15 +466,28 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     let s = Scratch::new();
     let cfg = s.write(
         "baton.toml",
-        &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &[probe("probe", "pollable", "cooperative")]),
+        &kube_config(
+            &ns.name,
+            Some(&env.admin_kubeconfig),
+            "demo",
+            &[probe("probe", "pollable", "cooperative")],
+        ),
     );
     let mut hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
         .iter()
         .map(|n| Host::start(n, &cfg))
         .collect();
-    let (_, first) = wait_any(&hosts, SECS(60), "first guest start", SystemTime::UNIX_EPOCH, is_start);
+    let (_, first) = wait_any(
+        &hosts,
+        SECS(60),
+        "first guest start",
+        SystemTime::UNIX_EPOCH,
+        is_start,
+    );
     for h in &hosts {
-        h.wait_for(SECS(60), "a status", |e| e.message() == "lease status changed" && e.str("role") != Some("pending"));
+        h.wait_for(SECS(60), "a status", |e| {
+            e.message() == "lease status changed" && e.str("role") != Some("pending")
+        });
     }
     std::thread::sleep(Duration::from_secs(1));
 
@@ -401,12 +497,16 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     let leader = running(&hosts).pop().expect("a leader");
     let term = first.guest_term().unwrap();
     let deleted_at = SystemTime::now();
-    rt.block_on(ns.leases().delete("demo", &DeleteParams::default())).unwrap();
+    rt.block_on(ns.leases().delete("demo", &DeleteParams::default()))
+        .unwrap();
     let recreated = loop {
         if let Some(lease) = lease_of(&rt, &ns, "demo") {
             break lease;
         }
-        assert!(ms_between(deleted_at, SystemTime::now()) < 3000.0, "the Lease was not re-created");
+        assert!(
+            ms_between(deleted_at, SystemTime::now()) < 3000.0,
+            "the Lease was not re-created"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     println!(
@@ -415,12 +515,20 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
         spec_of(&recreated).holder_identity,
         spec_of(&recreated).lease_transitions,
     );
-    assert_eq!(spec_of(&recreated).holder_identity.as_deref(), Some(leader.as_str()));
+    assert_eq!(
+        spec_of(&recreated).holder_identity.as_deref(),
+        Some(leader.as_str())
+    );
     assert_eq!(spec_of(&recreated).lease_transitions, Some(term as i32));
     std::thread::sleep(LD);
     for h in &hosts {
-        let moved: Vec<Event> = h.all(|e| e.at >= deleted_at && (is_start(e) || e.is(STOPPED, Some("probe"))));
-        assert!(moved.is_empty(), "{}: no guest stopped or started after the delete: {moved:?}", h.name);
+        let moved: Vec<Event> =
+            h.all(|e| e.at >= deleted_at && (is_start(e) || e.is(STOPPED, Some("probe"))));
+        assert!(
+            moved.is_empty(),
+            "{}: no guest stopped or started after the delete: {moved:?}",
+            h.name
+        );
     }
     assert_eq!(running(&hosts), vec![leader.clone()]);
 
@@ -429,7 +537,11 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     // others wait out the foreign lease, then one takes over with the next
     // term, keeping the foreign fields.
     let mut lease = lease_of(&rt, &ns, "demo").unwrap();
-    lease.metadata.labels.get_or_insert_default().insert("team".into(), "other".into());
+    lease
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("team".into(), "other".into());
     lease
         .metadata
         .annotations
@@ -442,8 +554,15 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
         ..LeaseSpec::default()
     });
     let overwritten_at = SystemTime::now();
-    rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease)).unwrap();
-    let (idx, taken) = wait_any(&hosts, SECS(6), "a guest start after the overwrite", overwritten_at, is_start);
+    rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease))
+        .unwrap();
+    let (idx, taken) = wait_any(
+        &hosts,
+        SECS(6),
+        "a guest start after the overwrite",
+        overwritten_at,
+        is_start,
+    );
     let waited = ms_between(overwritten_at, taken.at);
     println!(
         "Lease overwritten by a foreign holder (2 s lease): {} took over after {waited:.0} ms, term {}",
@@ -457,28 +576,55 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     assert_one_at_a_time(&hosts, &[]);
     let lease = lease_of(&rt, &ns, "demo").unwrap();
     let labels = lease.metadata.labels.clone().unwrap_or_default();
-    assert_eq!(labels.get("team").map(String::as_str), Some("other"), "{labels:?}");
-    assert_eq!(labels.get("app").map(String::as_str), Some("baton-test"), "{labels:?}");
     assert_eq!(
-        lease.metadata.annotations.clone().unwrap_or_default().get("other.example/owner").map(String::as_str),
+        labels.get("team").map(String::as_str),
+        Some("other"),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels.get("app").map(String::as_str),
+        Some("baton-test"),
+        "{labels:?}"
+    );
+    assert_eq!(
+        lease
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get("other.example/owner")
+            .map(String::as_str),
         Some("keep me")
     );
-    assert_eq!(spec_of(&lease).holder_identity.as_deref(), Some(hosts[idx].name.as_str()));
+    assert_eq!(
+        spec_of(&lease).holder_identity.as_deref(),
+        Some(hosts[idx].name.as_str())
+    );
 
     // Deleted after its holder died: the others honour the dead holder's
     // lease from when they saw the deletion, then one takes over.
     let killed_at = hosts[idx].sigkill();
     let killed = vec![(hosts[idx].name.clone(), killed_at)];
     let deleted_at = SystemTime::now();
-    rt.block_on(ns.leases().delete("demo", &DeleteParams::default())).unwrap();
-    let (next, taken) = wait_any(&hosts, LD + SECS(3), "a guest start after the delete", deleted_at, is_start);
+    rt.block_on(ns.leases().delete("demo", &DeleteParams::default()))
+        .unwrap();
+    let (next, taken) = wait_any(
+        &hosts,
+        LD + SECS(3),
+        "a guest start after the delete",
+        deleted_at,
+        is_start,
+    );
     let waited = ms_between(deleted_at, taken.at);
     println!(
         "Lease deleted after its holder was killed: {} took over after {waited:.0} ms, term {:?}",
         hosts[next].name,
         taken.guest_term()
     );
-    assert!(waited >= LD.as_millis() as f64 - 50.0, "the dead holder's lease was honoured: {waited:.0} ms");
+    assert!(
+        waited >= LD.as_millis() as f64 - 50.0,
+        "the dead holder's lease was honoured: {waited:.0} ms"
+    );
     assert_eq!(taken.guest_term(), Some(42));
     std::thread::sleep(Duration::from_secs(1));
     assert_one_at_a_time(&hosts, &killed);
@@ -497,7 +643,12 @@ fn rbac_the_deploy_role_is_enough_and_its_absence_is_a_clear_forbidden() {
     // The kubeconfig comes from the command line here.
     let cfg = s.write(
         "baton.toml",
-        &kube_config(&ns.name, None, "demo", &[probe("probe", "pollable", "cooperative")]),
+        &kube_config(
+            &ns.name,
+            None,
+            "demo",
+            &[probe("probe", "pollable", "cooperative")],
+        ),
     );
     let kc = |user: &str| env.kubeconfig(user).into_os_string();
     let allowed = Host::start_with_args(
@@ -520,7 +671,10 @@ fn rbac_the_deploy_role_is_enough_and_its_absence_is_a_clear_forbidden() {
     println!("user without the Role: {}: {message}", refusal.message());
     assert!(message.contains("User \"nobody\" cannot"), "{message}");
     assert!(message.contains("resource \"leases\""), "{message}");
-    assert!(message.contains(&format!("namespace \"{}\"", ns.name)), "{message}");
+    assert!(
+        message.contains(&format!("namespace \"{}\"", ns.name)),
+        "{message}"
+    );
     std::thread::sleep(Duration::from_secs(2));
     assert!(denied.all(is_start).is_empty());
     assert!(allowed.all(|e| e.message() == "stepping down").is_empty());
@@ -534,12 +688,19 @@ fn unsafe_or_unrepresentable_timings_are_refused_at_start_up() {
     let s = Scratch::new();
     let base = kube_config("baton", Some(&env.admin_kubeconfig), "demo", &[]);
     // A request timeout longer than the lease itself.
-    let cfg = s.write("slow.toml", &base.replace("request-timeout = \"500ms\"", "request-timeout = \"5s\""));
+    let cfg = s.write(
+        "slow.toml",
+        &base.replace("request-timeout = \"500ms\"", "request-timeout = \"5s\""),
+    );
     let out = baton().args(["run", "--config"]).arg(&cfg).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{}", stderr.trim());
     assert!(!out.status.success());
-    assert!(stderr.contains("lease \"demo\": unsafe timings: request-timeout must be shorter than renew-deadline"), "{stderr}");
+    assert!(
+        stderr
+            .contains("lease \"demo\": unsafe timings: request-timeout must be shorter than renew-deadline"),
+        "{stderr}"
+    );
     // A lease duration a Lease object cannot hold.
     let cfg = s.write(
         "frac.toml",
@@ -549,7 +710,10 @@ fn unsafe_or_unrepresentable_timings_are_refused_at_start_up() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{}", stderr.trim());
     assert!(!out.status.success());
-    assert!(stderr.contains("lease-duration 4s 500ms is not a whole number of seconds"), "{stderr}");
+    assert!(
+        stderr.contains("lease-duration 4s 500ms is not a whole number of seconds"),
+        "{stderr}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -561,7 +725,10 @@ fn store(client: kube::Client, ns: &str, labels: &[(&str, &str)]) -> KubeStore {
         ns,
         "test".into(),
         &KubeOptions {
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             fallback_duration: Duration::from_secs(15),
             request_timeout: Duration::from_secs(2),
             ..KubeOptions::default()
@@ -603,12 +770,22 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
         assert_eq!(store.get("missing").await.unwrap(), None);
 
         // Holder null, no duration, no times, no transitions, no spec fields.
-        leases.create(&PostParams::default(), &foreign_lease("bare", LeaseSpec::default())).await.unwrap();
+        leases
+            .create(
+                &PostParams::default(),
+                &foreign_lease("bare", LeaseSpec::default()),
+            )
+            .await
+            .unwrap();
         let v = store.get("bare").await.unwrap().unwrap();
         assert_eq!(v.record.holder(), None);
         assert_eq!(v.record.transitions, 0);
         assert_eq!(v.record.renew_time, None);
-        assert_eq!(v.record.lease_duration, Duration::from_secs(15), "the fallback duration");
+        assert_eq!(
+            v.record.lease_duration,
+            Duration::from_secs(15),
+            "the fallback duration"
+        );
 
         // Empty holder; a holder without duration or renew time.
         for (name, holder) in [("empty", ""), ("nodur", "someone")] {
@@ -617,7 +794,10 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
                 lease_transitions: Some(5),
                 ..LeaseSpec::default()
             };
-            leases.create(&PostParams::default(), &foreign_lease(name, spec)).await.unwrap();
+            leases
+                .create(&PostParams::default(), &foreign_lease(name, spec))
+                .await
+                .unwrap();
             let v = store.get(name).await.unwrap().unwrap();
             assert_eq!(v.record.holder(), (!holder.is_empty()).then_some(holder));
             assert_eq!(v.record.transitions, 5);
@@ -626,7 +806,10 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
 
         // Writing keeps the foreign labels and annotations, adds ours.
         let v = store.get("nodur").await.unwrap().unwrap();
-        let w = store.update("nodur", &v.version, &record(Some("me"), 6)).await.unwrap();
+        let w = store
+            .update("nodur", &v.version, &record(Some("me"), 6))
+            .await
+            .unwrap();
         assert_eq!(w.record.holder(), Some("me"));
         assert_eq!(w.record.transitions, 6);
         let l = leases.get("nodur").await.unwrap();
@@ -634,7 +817,11 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
         assert_eq!(labels.get("team").map(String::as_str), Some("other"));
         assert_eq!(labels.get("app").map(String::as_str), Some("baton"));
         assert_eq!(
-            l.metadata.annotations.unwrap().get("other.example/owner").map(String::as_str),
+            l.metadata
+                .annotations
+                .unwrap()
+                .get("other.example/owner")
+                .map(String::as_str),
             Some("keep me")
         );
         let spec = l.spec.unwrap();
@@ -658,21 +845,42 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
         assert_eq!(spec.acquire_time, None);
 
         // Compare-and-swap: a stale version conflicts and writes nothing.
-        let err = store.update("nodur", &w.version, &record(Some("late"), 7)).await.unwrap_err();
+        let err = store
+            .update("nodur", &w.version, &record(Some("late"), 7))
+            .await
+            .unwrap_err();
         assert!(err.is_conflict(), "{err}");
         // A store that has not seen the object reads it first.
         let fresh = self::store(admin.clone(), &ns.name, &[]);
-        let err = fresh.update("nodur", &w.version, &record(Some("late"), 7)).await.unwrap_err();
+        let err = fresh
+            .update("nodur", &w.version, &record(Some("late"), 7))
+            .await
+            .unwrap_err();
         assert!(err.is_conflict(), "{err}");
         assert_eq!(store.get("nodur").await.unwrap().unwrap().version, r.version);
-        let again = fresh.update("nodur", &r.version, &record(Some("fresh"), 7)).await.unwrap();
+        let again = fresh
+            .update("nodur", &r.version, &record(Some("fresh"), 7))
+            .await
+            .unwrap();
         let l = leases.get("nodur").await.unwrap();
-        assert_eq!(l.metadata.labels.unwrap().get("team").map(String::as_str), Some("other"));
+        assert_eq!(
+            l.metadata.labels.unwrap().get("team").map(String::as_str),
+            Some("other")
+        );
         assert_eq!(l.spec.unwrap().holder_identity.as_deref(), Some("fresh"));
         // Creating an existing lease conflicts; updating a deleted one too.
-        assert!(store.create("nodur", &record(None, 0)).await.unwrap_err().is_conflict());
+        assert!(
+            store
+                .create("nodur", &record(None, 0))
+                .await
+                .unwrap_err()
+                .is_conflict()
+        );
         leases.delete("nodur", &DeleteParams::default()).await.unwrap();
-        let err = store.update("nodur", &again.version, &record(Some("me"), 8)).await.unwrap_err();
+        let err = store
+            .update("nodur", &again.version, &record(Some("me"), 8))
+            .await
+            .unwrap_err();
         assert!(err.is_conflict(), "{err}");
         // Deleted while held by "fresh": read as still held by it, under a
         // version of its own, until it is re-created through that version
@@ -681,13 +889,32 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
         assert!(tombstone.version.starts_with(TOMBSTONE));
         assert_eq!(tombstone.record.holder(), Some("fresh"));
         assert_eq!(tombstone.record.transitions, 7);
-        fresh.update("nodur", &tombstone.version, &record(Some("fresh"), 7)).await.unwrap();
-        let err = fresh.update("nodur", &tombstone.version, &record(Some("fresh"), 7)).await.unwrap_err();
+        fresh
+            .update("nodur", &tombstone.version, &record(Some("fresh"), 7))
+            .await
+            .unwrap();
+        let err = fresh
+            .update("nodur", &tombstone.version, &record(Some("fresh"), 7))
+            .await
+            .unwrap_err();
         assert!(err.is_conflict(), "{err}");
-        assert_eq!(leases.get("nodur").await.unwrap().spec.unwrap().holder_identity.as_deref(), Some("fresh"));
+        assert_eq!(
+            leases
+                .get("nodur")
+                .await
+                .unwrap()
+                .spec
+                .unwrap()
+                .holder_identity
+                .as_deref(),
+            Some("fresh")
+        );
         leases.delete("nodur", &DeleteParams::default()).await.unwrap();
         // Terms beyond int32 are refused, never wrapped.
-        let err = store.create("big", &record(Some("me"), 1 << 31)).await.unwrap_err();
+        let err = store
+            .create("big", &record(Some("me"), 1 << 31))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::Refused { .. }), "{err}");
 
         // Listing sees the labelled ones only when labels are configured.
@@ -717,13 +944,20 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         let writer = store(admin.clone(), &ns.name, &[]);
 
         let mut watch = watcher.watch("demo").await.unwrap();
-        assert_eq!(next_within(&mut watch, 2).await, None, "first the current state: none");
+        assert_eq!(
+            next_within(&mut watch, 2).await,
+            None,
+            "first the current state: none"
+        );
         let mut current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
         assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
         let mut latencies = Vec::new();
         for i in 0..10 {
             let started = Instant::now();
-            current = writer.update("demo", &current.version, &record(Some("a"), 2 + i)).await.unwrap();
+            current = writer
+                .update("demo", &current.version, &record(Some("a"), 2 + i))
+                .await
+                .unwrap();
             assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
             latencies.push(started.elapsed().as_secs_f64() * 1e3);
         }
@@ -736,7 +970,10 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
 
         // Deletion of a held Lease: its last record, still held, under a
         // version of its own.
-        ns.leases().delete("demo", &DeleteParams::default()).await.unwrap();
+        ns.leases()
+            .delete("demo", &DeleteParams::default())
+            .await
+            .unwrap();
         let tombstone = next_within(&mut watch, 2).await.expect("the last record");
         assert!(tombstone.version.starts_with(TOMBSTONE), "{tombstone:?}");
         assert_eq!(tombstone.record, current.record);
@@ -746,23 +983,38 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         drop(third);
         assert_eq!(watcher.get("demo").await.unwrap(), Some(tombstone.clone()));
         // Deleted again without a holder: gone.
-        let released = LeaseRecord { holder: None, ..record(None, 2) };
-        let back = watcher.update("demo", &tombstone.version, &released).await.unwrap();
+        let released = LeaseRecord {
+            holder: None,
+            ..record(None, 2)
+        };
+        let back = watcher
+            .update("demo", &tombstone.version, &released)
+            .await
+            .unwrap();
         assert_eq!(next_within(&mut watch, 2).await, Some(back.clone()));
-        ns.leases().delete("demo", &DeleteParams::default()).await.unwrap();
+        ns.leases()
+            .delete("demo", &DeleteParams::default())
+            .await
+            .unwrap();
         assert_eq!(next_within(&mut watch, 2).await, None);
         assert_eq!(watcher.get("demo").await.unwrap(), None);
 
         // The watcher's own writes are news before their events arrive:
         // the stream never goes back to an older version.
         let created = watcher.create("demo", &record(Some("w"), 3)).await.unwrap();
-        let updated = watcher.update("demo", &created.version, &record(Some("w"), 4)).await.unwrap();
+        let updated = watcher
+            .update("demo", &created.version, &record(Some("w"), 4))
+            .await
+            .unwrap();
         assert_eq!(next_within(&mut watch, 2).await, Some(updated.clone()));
         let quiet = tokio::time::timeout(Duration::from_millis(500), watch.next()).await;
         assert!(quiet.is_err(), "nothing else: {quiet:?}");
         // Same for a watch started before writes it has not yielded yet.
         let mut late = watcher.watch("demo").await.unwrap();
-        let newer = watcher.update("demo", &updated.version, &record(Some("w"), 5)).await.unwrap();
+        let newer = watcher
+            .update("demo", &updated.version, &record(Some("w"), 5))
+            .await
+            .unwrap();
         assert_eq!(next_within(&mut late, 2).await, Some(newer));
     });
 }
@@ -791,14 +1043,24 @@ fn store_watch_is_resumed_after_the_server_ends_it_without_listing_again() {
         let quiet = tokio::time::timeout(Duration::from_millis(8500), watch.next()).await;
         assert!(quiet.is_err(), "nothing changed: {quiet:?}");
         for i in 0..3 {
-            current = writer.update("demo", &current.version, &record(Some("a"), 2 + i)).await.unwrap();
+            current = writer
+                .update("demo", &current.version, &record(Some("a"), 2 + i))
+                .await
+                .unwrap();
             assert_eq!(next_within(&mut watch, 3).await, Some(current.clone()));
         }
         let requests = delta(&before, &lease_requests(&admin).await);
         println!("watch with a 2 s server timeout, over 9 s: {requests:?}");
         let count = |verb: &str| requests.get(verb).copied().unwrap_or(0);
-        assert_eq!(count("LIST"), 1, "listed once, when the watch started: {requests:?}");
-        assert!((4..=6).contains(&count("WATCH")), "resumed every 2 s: {requests:?}");
+        assert_eq!(
+            count("LIST"),
+            1,
+            "listed once, when the watch started: {requests:?}"
+        );
+        assert!(
+            (4..=6).contains(&count("WATCH")),
+            "resumed every 2 s: {requests:?}"
+        );
         assert_eq!(count("GET"), 0, "{requests:?}");
     });
 }
@@ -813,7 +1075,10 @@ fn store_requests_without_permission_are_refused_naming_user_verb_and_resource()
         let nobody = store(env.client(&env.kubeconfig("nobody")).await, &ns.name, &[]);
         for (verb, err) in [
             ("get", nobody.get("demo").await.unwrap_err()),
-            ("create", nobody.create("demo", &record(Some("x"), 1)).await.unwrap_err()),
+            (
+                "create",
+                nobody.create("demo", &record(Some("x"), 1)).await.unwrap_err(),
+            ),
             ("list", nobody.watch("demo").await.err().expect("refused")),
         ] {
             println!("{verb}: {err}");

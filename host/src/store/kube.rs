@@ -76,15 +76,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use futures::stream::{self, BoxStream};
 use futures::StreamExt;
+use futures::stream::{self, BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
 use kube::api::{
-    Api, ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams, TypeMeta, WatchEvent,
-    WatchParams,
+    Api, ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams, TypeMeta, WatchEvent, WatchParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::Client;
 use rand::Rng;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
@@ -206,9 +205,8 @@ impl KubeStore {
         };
         let mut config = match &options.kubeconfig {
             Some(path) => {
-                let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
-                    refused(format!("cannot read the kubeconfig {}: {e}", path.display()))
-                })?;
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .map_err(|e| refused(format!("cannot read the kubeconfig {}: {e}", path.display())))?;
                 kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                     .await
                     .map_err(|e| refused(format!("kubeconfig {}: {e}", path.display())))?
@@ -373,7 +371,11 @@ impl Inner {
 /// Reads a Lease object as a record. Lenient with everything a foreign
 /// writer may leave out; strict only where a value has the wrong JSON type
 /// (which a real API server never serves).
-pub fn to_versioned(lease: &str, obj: &DynamicObject, fallback_duration: Duration) -> Result<Versioned, StoreError> {
+pub fn to_versioned(
+    lease: &str,
+    obj: &DynamicObject,
+    fallback_duration: Duration,
+) -> Result<Versioned, StoreError> {
     let malformed = |detail: String| StoreError::Malformed {
         lease: lease.to_owned(),
         detail,
@@ -458,9 +460,7 @@ pub fn write_spec(lease: &str, data: &mut Value, record: &LeaseRecord) -> Result
         *data = Value::Object(Map::new());
     }
     let root = data.as_object_mut().expect("an object");
-    let spec = root
-        .entry("spec")
-        .or_insert_with(|| Value::Object(Map::new()));
+    let spec = root.entry("spec").or_insert_with(|| Value::Object(Map::new()));
     if !spec.is_object() {
         *spec = Value::Object(Map::new());
     }
@@ -500,9 +500,15 @@ pub fn map_error(lease: &str, verb: &str, err: kube::Error) -> StoreError {
                 status.message.clone()
             };
             match status.code {
-                409 => StoreError::Conflict { lease, detail: message },
+                409 => StoreError::Conflict {
+                    lease,
+                    detail: message,
+                },
                 // Updating an object that was deleted: someone else wrote.
-                404 if verb == "update" => StoreError::Conflict { lease, detail: message },
+                404 if verb == "update" => StoreError::Conflict {
+                    lease,
+                    detail: message,
+                },
                 401 => StoreError::Refused {
                     lease,
                     detail: format!("unauthorized ({verb} leases): {message}"),
@@ -560,7 +566,12 @@ impl LeaseStore for KubeStore {
 
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
         let inner = &self.inner;
-        match inner.api.get_opt(lease).await.map_err(|e| map_error(lease, "get", e))? {
+        match inner
+            .api
+            .get_opt(lease)
+            .await
+            .map_err(|e| map_error(lease, "get", e))?
+        {
             Some(obj) => inner.accept(lease, &obj).map(Some),
             None => Ok(inner.deleted(lease, None, None)),
         }
@@ -578,7 +589,12 @@ impl LeaseStore for KubeStore {
         inner.accept(lease, &created)
     }
 
-    async fn update(&self, lease: &str, version: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
+    async fn update(
+        &self,
+        lease: &str,
+        version: &str,
+        record: &LeaseRecord,
+    ) -> Result<Versioned, StoreError> {
         let inner = &self.inner;
         if version.starts_with(TOMBSTONE) {
             // The Lease was deleted: re-create it, unless something newer
@@ -636,7 +652,11 @@ impl LeaseStore for KubeStore {
             .await
             .map_err(|e| map_error(lease, "list", e))?;
         let resource_version = list.metadata.resource_version.clone().unwrap_or_default();
-        let first = match list.items.iter().find(|o| o.metadata.name.as_deref() == Some(lease)) {
+        let first = match list
+            .items
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some(lease))
+        {
             Some(obj) => (
                 inner.accept(lease, obj).map(Some),
                 obj.metadata.resource_version.clone().unwrap_or_default(),
@@ -924,7 +944,10 @@ mod tests {
             assert_eq!(v.record.lease_duration, FALLBACK, "{d}");
         }
         let o = object(json!({"holderIdentity": "x"}));
-        assert_eq!(to_versioned("demo", &o, FALLBACK).unwrap().record.lease_duration, FALLBACK);
+        assert_eq!(
+            to_versioned("demo", &o, FALLBACK).unwrap().record.lease_duration,
+            FALLBACK
+        );
 
         // Missing or unreadable times, negative transitions.
         let o = object(json!({
@@ -1011,7 +1034,10 @@ mod tests {
         let forbidden = map_error(
             "l",
             "create",
-            api(403, "leases.coordination.k8s.io is forbidden: User \"nobody\" cannot create resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"x\""),
+            api(
+                403,
+                "leases.coordination.k8s.io is forbidden: User \"nobody\" cannot create resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"x\"",
+            ),
         );
         match forbidden {
             StoreError::Refused { detail, .. } => {
@@ -1022,7 +1048,10 @@ mod tests {
         }
         for code in [410, 429, 500, 503, 504] {
             assert!(
-                matches!(map_error("l", "get", api(code, "x")), StoreError::Unavailable { .. }),
+                matches!(
+                    map_error("l", "get", api(code, "x")),
+                    StoreError::Unavailable { .. }
+                ),
                 "{code}"
             );
         }
