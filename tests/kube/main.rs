@@ -175,13 +175,9 @@ fn summary(mut ms: Vec<f64>) -> String {
     )
 }
 
-#[test]
-fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests() {
-    let env = KubeEnv::load();
-    let rt = runtime();
-    let admin = rt.block_on(env.admin());
-    let ns = rt.block_on(TestNamespace::create(admin.clone(), "elect"));
-    let s = Scratch::new();
+/// Three hosts (host-a, host-b, host-c) with one cooperative probe on lease
+/// "demo" in `ns`, as the admin; returns the configuration and the hosts.
+fn three_hosts(env: &KubeEnv, ns: &TestNamespace, s: &Scratch) -> (std::path::PathBuf, Vec<Host>) {
     let cfg = s.write(
         "baton.toml",
         &kube_config(
@@ -191,10 +187,21 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
             &[probe("probe", "pollable", "cooperative")],
         ),
     );
-    let mut hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
+    let hosts = ["host-a", "host-b", "host-c"]
         .iter()
         .map(|n| Host::start(n, &cfg))
         .collect();
+    (cfg, hosts)
+}
+
+#[test]
+fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "elect"));
+    let s = Scratch::new();
+    let (cfg, mut hosts) = three_hosts(&env, &ns, &s);
     let t0 = SystemTime::UNIX_EPOCH;
     wait_any(&hosts, SECS(60), "first guest start", t0, is_start);
     for h in &hosts {
@@ -464,19 +471,7 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     let admin = rt.block_on(env.admin());
     let ns = rt.block_on(TestNamespace::create(admin.clone(), "foreign"));
     let s = Scratch::new();
-    let cfg = s.write(
-        "baton.toml",
-        &kube_config(
-            &ns.name,
-            Some(&env.admin_kubeconfig),
-            "demo",
-            &[probe("probe", "pollable", "cooperative")],
-        ),
-    );
-    let mut hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
-        .iter()
-        .map(|n| Host::start(n, &cfg))
-        .collect();
+    let (_, mut hosts) = three_hosts(&env, &ns, &s);
     let (_, first) = wait_any(
         &hosts,
         SECS(60),
