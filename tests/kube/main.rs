@@ -530,27 +530,34 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     // Overwritten by a foreign writer with its own labels and annotations,
     // a 2 s lease and a term of its own: the leader stops at once, the
     // others wait out the foreign lease, then one takes over with the next
-    // term, keeping the foreign fields.
-    let mut lease = lease_of(&rt, &ns, "demo").unwrap();
-    lease
-        .metadata
-        .labels
-        .get_or_insert_default()
-        .insert("team".into(), "other".into());
-    lease
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert("other.example/owner".into(), "keep me".into());
-    lease.spec = Some(LeaseSpec {
-        holder_identity: Some("foreign-writer".into()),
-        lease_duration_seconds: Some(2),
-        lease_transitions: Some(40),
-        ..LeaseSpec::default()
-    });
-    let overwritten_at = SystemTime::now();
-    rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease))
-        .unwrap();
+    // term, keeping the foreign fields. The writer does what any client
+    // must: read, modify, write with the read resourceVersion, and read
+    // again when the leader renewed in between (409 Conflict).
+    let overwritten_at = loop {
+        let mut lease = lease_of(&rt, &ns, "demo").unwrap();
+        lease
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("team".into(), "other".into());
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("other.example/owner".into(), "keep me".into());
+        lease.spec = Some(LeaseSpec {
+            holder_identity: Some("foreign-writer".into()),
+            lease_duration_seconds: Some(2),
+            lease_transitions: Some(40),
+            ..LeaseSpec::default()
+        });
+        let at = SystemTime::now();
+        match rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease)) {
+            Ok(_) => break at,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(e) => panic!("foreign overwrite: {e}"),
+        }
+    };
     let (idx, taken) = wait_any(
         &hosts,
         SECS(6),
