@@ -293,6 +293,27 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
         assert!(text.contains(reason), "{name}: {text}");
     }
 
+    // A host none of whose plugins can run has nothing to serve: it says
+    // so and exits with an error, so that its supervisor notices.
+    let plugins: Vec<PluginDef> = bad
+        .iter()
+        .map(|(name, path, _)| PluginDef {
+            name,
+            path: path.clone(),
+            mode: "cooperative",
+        })
+        .collect();
+    let cfg = s.write("all-bad.toml", &config(&s.store(), &plugins));
+    let mut all_bad = Host::start("all-bad", &cfg);
+    let status = all_bad.wait_exit(SECS(30));
+    assert!(!status.success(), "{status}");
+    let said = "none of the 5 configured plugins can run";
+    let until = std::time::Instant::now() + SECS(5);
+    while !all_bad.output().contains(said) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(all_bad.output().contains(said), "{}", all_bad.output());
+
     // `baton check` says the same, and which world good plugins target.
     for (name, path, reason) in &bad {
         let out = baton().arg("check").arg(path).output().unwrap();
@@ -567,4 +588,92 @@ fn one_host_runs_many_leases_each_gating_its_own_plugins() {
             .any(|l| l.starts_with("beta ") && l.contains("released")),
         "{stdout}"
     );
+}
+
+#[test]
+fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    let record = s.store().join("demo.lease.json");
+    let read = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap() };
+    let mut a = Host::start("host-a", &cfg);
+    let first = a.wait_for(SECS(30), "first guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let term = first.guest_term().unwrap();
+    let others = [Host::start("host-b", &cfg), Host::start("host-c", &cfg)];
+    for h in &others {
+        h.wait_for(SECS(30), "following", |e| {
+            e.message() == "lease status changed" && e.str("role") == Some("following")
+        });
+    }
+
+    // Deleted while held: the holder writes it again at its next renewal
+    // and leads on in the same term; nobody else starts.
+    let deleted_at = SystemTime::now();
+    std::fs::remove_file(&record).unwrap();
+    while !record.exists() {
+        assert!(
+            ms_between(deleted_at, SystemTime::now()) < 1000.0,
+            "the record was not written again"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!(
+        "lease file deleted while held: written again {:.0} ms later",
+        ms_between(deleted_at, SystemTime::now())
+    );
+    let back = read();
+    assert_eq!(back["record"]["holder"], "host-a", "{back}");
+    assert_eq!(back["record"]["transitions"], term, "{back}");
+    std::thread::sleep(LEASE_DURATION + RETRY_PERIOD);
+    let all = [&a, &others[0], &others[1]];
+    for h in all {
+        let moved =
+            h.all(|e| e.at >= deleted_at && (e.guest_line("probe", "probe start") || e.is(STOPPED, None)));
+        assert!(
+            moved.is_empty(),
+            "{}: a guest started or stopped after the delete: {moved:?}",
+            h.name
+        );
+    }
+    assert_eq!(running(&all, "probe"), vec!["host-a"]);
+
+    // Deleted after its holder was killed: the others honour the dead
+    // holder's lease from when they saw the deletion, then one takes over
+    // with the next term.
+    let killed = a.sigkill();
+    std::fs::remove_file(&record).unwrap();
+    let deleted_at = SystemTime::now();
+    let (taken, by) = loop {
+        if let Some(h) = others
+            .iter()
+            .find(|h| !h.all(|e| e.guest_line("probe", "probe start")).is_empty())
+        {
+            break (
+                h.all(|e| e.guest_line("probe", "probe start"))[0].clone(),
+                h.name.clone(),
+            );
+        }
+        assert!(
+            ms_between(deleted_at, SystemTime::now()) < 10_000.0,
+            "nobody took over"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let waited = ms_between(deleted_at, taken.at);
+    println!(
+        "lease file deleted after its holder was killed: {by} took over {waited:.0} ms after the delete ({:.0} ms after the kill)",
+        ms_between(killed, taken.at)
+    );
+    assert!(
+        waited >= LEASE_DURATION.as_millis() as f64 - 50.0,
+        "the dead holder's lease was honoured from the delete: {waited:.0} ms"
+    );
+    assert_eq!(taken.guest_term(), Some(term + 1));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(running(&[&others[0], &others[1]], "probe"), vec![by]);
 }

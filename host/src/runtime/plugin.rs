@@ -175,11 +175,11 @@ impl PluginRuntime {
             .map_err(|e| fail(missing_import_message(&e)))?;
         let pre = match world {
             World::Future => Pre::Future(
-                future_plugin::FuturePluginPre::new(pre).map_err(|e| fail(format!("{}", error_chain(&e))))?,
+                future_plugin::FuturePluginPre::new(pre).map_err(|e| fail(error_chain(&e).to_string()))?,
             ),
             World::Pollable => Pre::Pollable(
                 pollable_plugin::PollablePluginPre::new(pre)
-                    .map_err(|e| fail(format!("{}", error_chain(&e))))?,
+                    .map_err(|e| fail(error_chain(&e).to_string()))?,
             ),
         };
         Ok(Plugin {

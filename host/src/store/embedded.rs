@@ -29,6 +29,14 @@
 //! the kernel releases its lock. Readers never lock: they read whichever
 //! complete file the name points to.
 //!
+//! # Deleted records
+//!
+//! A record file deleted while it had a holder reads as a tombstone, as
+//! described in [Deleted records](super#deleted-records): each store
+//! remembers the last record it read or wrote of each lease, and a holder
+//! whose record vanished writes it again (a new incarnation, same term) at
+//! its next renewal.
+//!
 //! # Watching
 //!
 //! [`LeaseStore::watch`] uses inotify (through the `notify` crate) on the
@@ -47,7 +55,9 @@ use notify::event::{AccessKind, AccessMode, MetadataKind, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher};
 use serde::{Deserialize, Serialize};
 
-use super::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
+use std::collections::HashMap;
+
+use super::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned};
 
 /// File name suffix of lease records.
 const RECORD_SUFFIX: &str = ".lease.json";
@@ -101,11 +111,61 @@ pub fn validate_lease_name(name: &str) -> Result<(), String> {
 /// Lease records as JSON files in a local directory; see the [module
 /// documentation](self) for the layout and guarantees.
 ///
-/// Cloning is cheap and the clones share nothing but the directory name; any
-/// number of stores, in this process or others, may use the same directory.
+/// Cloning is cheap; clones share the directory name and the memory of the
+/// records seen (for tombstones). Any number of stores, in this process or
+/// others, may use the same directory.
 #[derive(Clone, Debug)]
 pub struct EmbeddedStore {
     dir: Arc<PathBuf>,
+    seen: Arc<Sightings>,
+}
+
+/// The last record a store saw of each lease, so that a record deleted
+/// while held reads as a tombstone.
+#[derive(Debug, Default)]
+struct Sightings(Mutex<HashMap<String, Sighting>>);
+
+#[derive(Debug, Default)]
+struct Sighting {
+    /// The last record read or written, while it exists.
+    last: Option<Versioned>,
+    /// The record was deleted while held: its last state, under a
+    /// [`TOMBSTONE`] version.
+    tombstone: Option<Versioned>,
+}
+
+impl Sightings {
+    /// What to report for `lease` after finding `read` in its file.
+    fn report(&self, lease: &str, read: Option<Versioned>) -> Option<Versioned> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = map.entry(lease.to_owned()).or_default();
+        match read {
+            Some(current) => {
+                seen.last = Some(current.clone());
+                seen.tombstone = None;
+                Some(current)
+            }
+            None => {
+                // Only the first read after the deletion makes a tombstone,
+                // so every later read reports the same version.
+                if let Some(last) = seen.last.take().filter(|l| l.record.holder().is_some()) {
+                    seen.tombstone = Some(Versioned {
+                        version: format!("{TOMBSTONE}{}", last.version),
+                        record: last.record,
+                    });
+                }
+                seen.tombstone.clone()
+            }
+        }
+    }
+
+    /// Whether `version` is the tombstone this store reports for `lease`.
+    fn is_tombstone(&self, lease: &str, version: &str) -> bool {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(lease)
+            .and_then(|s| s.tombstone.as_ref())
+            .is_some_and(|t| t.version == version)
+    }
 }
 
 /// What is stored in a record file.
@@ -157,7 +217,10 @@ impl EmbeddedStore {
                 detail: format!("{} is not a directory", dir.display()),
             });
         }
-        Ok(Self { dir: Arc::new(dir) })
+        Ok(Self {
+            dir: Arc::new(dir),
+            seen: Arc::default(),
+        })
     }
 
     /// The directory holding the records (made absolute).
@@ -209,16 +272,17 @@ impl LeaseStore for EmbeddedStore {
 
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
         let files = self.files(lease)?;
-        blocking(&files.lease.clone(), move || {
+        let read = blocking(&files.lease.clone(), move || {
             Ok(read_record(&files)?.map(StoredRecord::into_versioned))
         })
-        .await
+        .await?;
+        Ok(self.seen.report(lease, read))
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
         let files = self.files(lease)?;
         let record = record.clone();
-        locked(files, move |files| {
+        let created = locked(files, move |files| {
             if let Some(current) = read_record(files)? {
                 return Err(StoreError::Conflict {
                     lease: files.lease.clone(),
@@ -233,7 +297,9 @@ impl LeaseStore for EmbeddedStore {
             write_record(files, &stored)?;
             Ok(stored.into_versioned())
         })
-        .await
+        .await?;
+        self.seen.report(lease, Some(created.clone()));
+        Ok(created)
     }
 
     async fn update(
@@ -242,10 +308,21 @@ impl LeaseStore for EmbeddedStore {
         version: &str,
         record: &LeaseRecord,
     ) -> Result<Versioned, StoreError> {
+        if version.starts_with(TOMBSTONE) {
+            // The record was deleted while held: write it again, unless it
+            // changed since (a conflict if another store created it first).
+            if !self.seen.is_tombstone(lease, version) {
+                return Err(StoreError::Conflict {
+                    lease: lease.to_owned(),
+                    detail: format!("the deleted record ({version}) has changed since"),
+                });
+            }
+            return self.create(lease, record).await;
+        }
         let files = self.files(lease)?;
         let record = record.clone();
         let version = version.to_owned();
-        locked(files, move |files| {
+        let updated = locked(files, move |files| {
             let Some(current) = read_record(files)? else {
                 return Err(StoreError::Conflict {
                     lease: files.lease.clone(),
@@ -267,7 +344,9 @@ impl LeaseStore for EmbeddedStore {
             write_record(files, &stored)?;
             Ok(stored.into_versioned())
         })
-        .await
+        .await?;
+        self.seen.report(lease, Some(updated.clone()));
+        Ok(updated)
     }
 
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
@@ -282,6 +361,7 @@ impl LeaseStore for EmbeddedStore {
             _watcher: watcher,
             signal,
             files,
+            seen: self.seen.clone(),
             first: true,
             done: false,
         };
@@ -543,6 +623,7 @@ struct WatchState {
     _watcher: notify::RecommendedWatcher,
     signal: Arc<Signal>,
     files: Arc<LeaseFiles>,
+    seen: Arc<Sightings>,
     /// The current record has not been yielded yet.
     first: bool,
     /// The watch broke and said so; the stream ends.
@@ -573,7 +654,8 @@ async fn next_observation(
     let observed = blocking(&files.lease.clone(), move || {
         Ok(read_record(&files)?.map(StoredRecord::into_versioned))
     })
-    .await;
+    .await
+    .map(|read| state.seen.report(&state.files.lease, read));
     Some((observed, state))
 }
 
@@ -603,6 +685,21 @@ mod tests {
     }
 
     /// The next item of a watch, failing the test after `secs` seconds.
+    /// The watch's next observation that differs from `previous` (a watch
+    /// may yield the same record again).
+    async fn next_change(watch: &mut LeaseWatch, previous: &Option<Versioned>) -> Option<Versioned> {
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(5), watch.next())
+                .await
+                .expect("watch yielded in time")
+                .expect("watch still open")
+                .expect("watch yielded a record");
+            if &next != previous {
+                return next;
+            }
+        }
+    }
+
     async fn next_within(watch: &mut LeaseWatch, secs: u64) -> Option<Versioned> {
         tokio::time::timeout(Duration::from_secs(secs), watch.next())
             .await
@@ -700,9 +797,17 @@ mod tests {
         let again = EmbeddedStore::open(store.dir()).unwrap();
         assert_eq!(again.get("demo").await.unwrap(), Some(v2.clone()));
 
+        // Deleted while held: read as its tombstone by the stores that saw
+        // it, as free by one that did not.
         assert!(store.delete("demo").await.unwrap());
         assert!(!store.delete("demo").await.unwrap());
-        assert_eq!(store.get("demo").await.unwrap(), None);
+        let tombstone = Versioned {
+            version: format!("{TOMBSTONE}{}", v2.version),
+            record: r2,
+        };
+        assert_eq!(store.get("demo").await.unwrap(), Some(tombstone));
+        let stranger = EmbeddedStore::open(store.dir()).unwrap();
+        assert_eq!(stranger.get("demo").await.unwrap(), None);
     }
 
     #[tokio::test]
@@ -792,6 +897,65 @@ mod tests {
         let last = store.get("counter").await.unwrap().unwrap();
         assert_eq!(last.record.transitions as usize, (TASKS + THREADS) * EACH);
         assert_eq!(versions.len(), (TASKS + THREADS) * EACH);
+    }
+
+    #[tokio::test]
+    async fn a_record_deleted_while_held_reads_as_a_tombstone_until_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let holder = EmbeddedStore::open(dir.path()).unwrap();
+        let follower = EmbeddedStore::open(dir.path()).unwrap();
+        let held = holder.create("demo", &record(Some("a"), 7)).await.unwrap();
+        let mut watch = follower.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut watch, 5).await, Some(held.clone()));
+        fs::remove_file(dir.path().join("demo.lease.json")).unwrap();
+
+        // Every reader that saw the record reads the same tombstone, again
+        // and again; one that never saw it finds the lease free.
+        let tomb_version = format!("{TOMBSTONE}{}", held.version);
+        let tombstone = Some(Versioned {
+            version: tomb_version.clone(),
+            record: held.record.clone(),
+        });
+        assert_eq!(next_change(&mut watch, &Some(held.clone())).await, tombstone);
+        assert_eq!(follower.get("demo").await.unwrap(), tombstone);
+        assert_eq!(holder.get("demo").await.unwrap(), tombstone);
+        assert_eq!(holder.get("demo").await.unwrap(), tombstone);
+        let stranger = EmbeddedStore::open(dir.path()).unwrap();
+        assert_eq!(stranger.get("demo").await.unwrap(), None);
+
+        // Updating the tombstone writes the record again; updating it once
+        // more, or updating a tombstone this store never reported, conflicts.
+        let again = holder
+            .update("demo", &tomb_version, &record(Some("a"), 7))
+            .await
+            .unwrap();
+        assert_ne!(again.version, held.version);
+        assert_eq!(next_change(&mut watch, &tombstone).await, Some(again.clone()));
+        let err = follower
+            .update("demo", &tomb_version, &record(Some("b"), 8))
+            .await
+            .unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        let err = stranger
+            .update("demo", &tomb_version, &record(Some("b"), 8))
+            .await
+            .unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        assert_eq!(holder.get("demo").await.unwrap(), Some(again));
+
+        // A record deleted without a holder is simply gone.
+        let released = holder
+            .update(
+                "demo",
+                &holder.get("demo").await.unwrap().unwrap().version,
+                &record(None, 7),
+            )
+            .await
+            .unwrap();
+        assert_eq!(follower.get("demo").await.unwrap(), Some(released));
+        fs::remove_file(dir.path().join("demo.lease.json")).unwrap();
+        assert_eq!(follower.get("demo").await.unwrap(), None);
+        assert_eq!(holder.get("demo").await.unwrap(), None);
     }
 
     #[tokio::test]
@@ -983,10 +1147,14 @@ mod tests {
             latencies[19].1,
         );
 
-        // Deletion through a store, and behind its back.
+        // Deletion through a store, and behind its back: a record deleted
+        // while held is seen as its tombstone, one without a holder as gone.
         let started = Instant::now();
         assert!(writer.delete("demo").await.unwrap());
-        while next_within(&mut watch, 1).await.is_some() {}
+        while next_within(&mut watch, 1)
+            .await
+            .is_none_or(|v| !v.version.starts_with(TOMBSTONE))
+        {}
         println!("watch saw deletion after {:?}", started.elapsed());
 
         let again = writer.create("demo", &record(None, 0)).await.unwrap();

@@ -168,15 +168,9 @@ struct Seen {
     tombstone: Option<Versioned>,
 }
 
-/// The version prefix of a deleted Lease's last record. A Lease that is
-/// deleted while held is read as still held, by the same holder for the
-/// same duration, from when the deletion was seen: its holder may still be
-/// running its tasks and sees the deletion no sooner than the others. The
-/// holder keeps leading and re-creates the Lease at its next renewal (an
-/// update of this version is a create); the others take over only if it
-/// does not, after the lease duration, as from any silent holder.
-/// resourceVersions never contain `@`.
-pub const TOMBSTONE: &str = "deleted@";
+/// The version prefix of a deleted Lease's last record (see [Deleted
+/// records](super#deleted-records)). resourceVersions never contain `@`.
+pub use super::TOMBSTONE;
 
 /// A resourceVersion as a number. The API server's resourceVersions are
 /// etcd revisions, which grow with every write; `None` for one that is not

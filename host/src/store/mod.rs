@@ -15,6 +15,20 @@
 //!
 //! The record mirrors a Kubernetes `coordination.k8s.io/v1` Lease spec so a
 //! later backend can map it one to one.
+//!
+//! # Deleted records
+//!
+//! An operator may delete a record while a host holds it (a file removed,
+//! `kubectl delete lease`). Its holder may still be running its tasks and
+//! learns of the deletion no sooner than anyone else, so the persistent
+//! stores ([`embedded`], [`kube`]) read a record deleted while held as its
+//! last state, still held, under a version of its own ([`TOMBSTONE`]
+//! followed by the last version). The holder keeps leading and writes the
+//! record again at its next renewal (an update of a tombstone is a create);
+//! the others wait out the holder's lease from when they saw the deletion,
+//! as for any holder that has gone quiet. A record deleted without a holder
+//! is simply gone. A store remembers only what it has seen: one that never
+//! saw the record (a host started after the deletion) finds the lease free.
 
 use std::time::{Duration, SystemTime};
 
@@ -24,6 +38,10 @@ use serde::{Deserialize, Serialize};
 pub mod embedded;
 pub mod kube;
 pub mod memory;
+
+/// The version prefix of a record deleted while held; see [Deleted
+/// records](self#deleted-records). No store's own versions contain `@`.
+pub const TOMBSTONE: &str = "deleted@";
 
 /// One lease record, as written by the holder.
 ///
@@ -132,7 +150,8 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A short description for logs, such as `embedded store at /var/lib/baton`.
     fn describe(&self) -> String;
 
-    /// Reads a lease; `Ok(None)` if it does not exist.
+    /// Reads a lease; `Ok(None)` if it does not exist (or a tombstone: see
+    /// [Deleted records](self#deleted-records)).
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError>;
 
     /// Creates a lease; [`StoreError::Conflict`] if it already exists.
