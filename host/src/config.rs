@@ -29,6 +29,8 @@
 //! env = { GREETING = "hello" }   # variables the guest sees
 //! inherit-env = ["TZ"]           # host variables passed through by name
 //! dirs = [{ host = "data", guest = "/data", read-only = true }]
+//! connect = ["10.0.0.0/8:5432"]  # where it may connect over TCP
+//! name-lookup = true             # whether it may resolve names
 //! ```
 
 use std::collections::BTreeMap;
@@ -40,7 +42,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::election::Timings;
-use crate::runtime::{DirGrant, PluginSpec};
+use crate::runtime::{ConnectGrant, DirGrant, NetworkGrant, PluginSpec};
 use crate::store::embedded::validate_lease_name;
 
 /// A configuration that cannot be used; the message names the file, line
@@ -151,6 +153,10 @@ struct RawPlugin {
     inherit_env: Vec<String>,
     #[serde(default)]
     dirs: Vec<RawDir>,
+    #[serde(default)]
+    connect: Vec<Spanned<String>>,
+    #[serde(default)]
+    name_lookup: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -356,6 +362,20 @@ impl Config {
                     read_only: d.read_only,
                 })
                 .collect();
+            let mut connect = Vec::new();
+            for grant in &p.connect {
+                let parsed = grant.get_ref().parse::<ConnectGrant>().map_err(|e| {
+                    err_at(
+                        grant.span().start,
+                        format!("plugin {name:?}: field `connect`: {e}"),
+                    )
+                })?;
+                connect.push(parsed);
+            }
+            let network = NetworkGrant {
+                connect,
+                name_lookup: p.name_lookup,
+            };
             let memory_limit = p.memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).as_u64();
             if memory_limit < ByteSize::mib(1).as_u64() {
                 return Err(err_at(
@@ -370,6 +390,7 @@ impl Config {
                     memory_limit,
                     env,
                     dirs,
+                    network,
                 },
                 lease: lease.clone(),
             });

@@ -485,6 +485,97 @@ fn plugins_see_only_what_they_are_granted() {
 }
 
 #[test]
+fn plugins_reach_the_network_only_where_granted() {
+    use std::io::Read;
+    use std::net::TcpListener;
+    let granted = TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (granted_addr, other_addr) = (granted.local_addr().unwrap(), other.local_addr().unwrap());
+    for l in [&granted, &other] {
+        l.set_nonblocking(true).unwrap();
+    }
+    let s = Scratch::new();
+    let probe_path = guest("probe_pollable.wasm").display().to_string();
+    let plugin = |name: &str, connect_to: std::net::SocketAddr, grants: &str| {
+        format!(
+            "\n[[plugin]]\nname = {name:?}\npath = {probe_path:?}\nlease = \"demo\"\n\
+             env = {{ PROBE_MODE = \"sandbox\", PROBE_CONNECT = \"{connect_to}\", PROBE_LOOKUP = \"localhost\" }}\n{grants}\n"
+        )
+    };
+    let text = format!(
+        "{}{}{}{}",
+        config(&s.store(), &[]),
+        plugin(
+            "netted",
+            granted_addr,
+            &format!(
+                "connect = [\"127.0.0.0/8:{}\"]\nname-lookup = true",
+                granted_addr.port()
+            )
+        ),
+        plugin(
+            "wrong-port",
+            other_addr,
+            &format!("connect = [\"127.0.0.1:{}\"]", granted_addr.port())
+        ),
+        plugin("closed", granted_addr, ""),
+    );
+    let cfg = s.write("baton.toml", &text);
+    let h = Host::start("host", &cfg);
+    let said = |name: &str, what: &str| {
+        h.wait_for(SECS(30), what, |e| e.guest_line(name, what))
+            .message()
+            .to_owned()
+    };
+    let netted = said("netted", "probe connect");
+    assert_eq!(netted, format!("probe connect {granted_addr} ok"));
+    assert_eq!(said("netted", "probe lookup"), "probe lookup localhost ok");
+    let wrong_port = said("wrong-port", "probe connect");
+    assert!(
+        wrong_port.starts_with(&format!("probe connect {other_addr} denied")),
+        "{wrong_port}"
+    );
+    let closed = said("closed", "probe connect");
+    assert!(
+        closed.starts_with(&format!("probe connect {granted_addr} denied")),
+        "{closed}"
+    );
+    let lookup = said("closed", "probe lookup");
+    assert!(lookup.starts_with("probe lookup localhost denied"), "{lookup}");
+    println!("ungranted connect: {closed}; ungranted lookup: {lookup}");
+
+    // The granted listener got exactly the one connection, with the term;
+    // the other got none.
+    let (mut conn, _) = granted.accept().expect("the granted connection");
+    conn.set_nonblocking(false).unwrap();
+    let mut got = String::new();
+    conn.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "term=1\n");
+    assert!(granted.accept().is_err(), "one connection only");
+    assert!(other.accept().is_err(), "no connection to the port not granted");
+
+    // A grant that is not an address is refused at start, naming the
+    // file, line, plugin and field.
+    let bad = s.write(
+        "bad.toml",
+        &format!(
+            "{}{}",
+            config(&s.store(), &[]),
+            plugin("named", granted_addr, "connect = [\"db.internal:5432\"]")
+        ),
+    );
+    let out = baton().args(["run", "--config"]).arg(&bad).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:", bad.display()))
+            && stderr.contains("plugin \"named\": field `connect`: \"db.internal:5432\"")
+            && stderr.contains("not an IP address or CIDR range"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_paused_leader_sees_its_lead_lost_the_moment_it_resumes() {
     let s = Scratch::new();
     let cfg = s.write(

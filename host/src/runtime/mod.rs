@@ -7,6 +7,7 @@
 //!   `pollable-plugin`.
 //! - [`state`]: what a Store holds, and the host side of `current-status`.
 //! - [`plugin`]: checking, loading and running a plugin.
+//! - [`network`]: the outbound connections a plugin may make.
 //! - [`output`]: guest stdout/stderr as log lines.
 //!
 //! Unstable: component-model async (the `future-plugin` world) is still
@@ -16,11 +17,13 @@ use std::path::{Path, PathBuf};
 
 pub mod bindings;
 pub mod engine;
+pub mod network;
 pub mod output;
 pub mod plugin;
 pub mod state;
 
 pub use engine::{EPOCH_TICK, PluginEngine, default_cache_dir};
+pub use network::{ConnectGrant, NetworkGrant};
 pub use plugin::{DirGrant, Plugin, PluginRuntime, PluginSpec, TaskGuard, TaskOutcome, World};
 
 /// The engine could not be set up.

@@ -14,6 +14,7 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 use super::bindings::{WitStatus, future_plugin, pollable_plugin};
 use super::engine::PluginEngine;
+use super::network::NetworkGrant;
 use super::output::{GuestOutput, GuestStream};
 use super::state::{GuestState, StatusFuture};
 use super::{PluginError, RuntimeError};
@@ -66,6 +67,8 @@ pub struct PluginSpec {
     pub env: Vec<(String, String)>,
     /// Directories the guest may use (nothing else is visible).
     pub dirs: Vec<DirGrant>,
+    /// Where the guest may connect (nowhere by default).
+    pub network: NetworkGrant,
 }
 
 /// Links both worlds' imports: WASI 0.2 and 0.3, and `current-status`.
@@ -349,6 +352,7 @@ impl Plugin {
                 wasi.preopened_dir(&d.host, &d.guest, perms)
                     .map_err(|e| format!("cannot open granted directory {}: {e}", d.host.display()))?;
             }
+            spec.network.add_to_wasi(&mut wasi);
         }
         let state = GuestState {
             wasi: wasi.build(),

@@ -16,7 +16,11 @@
 //! - `sandbox`: reports what the sandbox lets it see, one line each:
 //!   `probe env K=V` for every variable, `probe read PATH ok|denied: E` for
 //!   `/data/hello.txt` and `/etc/hostname`, `probe write PATH ok|denied: E`
-//!   for `/data/out.txt`, then returns `Ok`.
+//!   for `/data/out.txt`; if `PROBE_CONNECT` names an address, connects to
+//!   it over TCP, sends `term=N` and prints `probe connect ADDR ok` or
+//!   `probe connect ADDR denied: E`; if `PROBE_LOOKUP` names a host, resolves
+//!   it and prints `probe lookup NAME ok` or `probe lookup NAME denied: E`;
+//!   then returns `Ok`.
 //! - `memory`: tries to grow its memory by 64 MiB and prints
 //!   `probe memory grew` or `probe memory refused`, then returns `Ok`.
 //!
@@ -80,6 +84,21 @@ impl LeaderTask for Probe {
                 match std::fs::write("/data/out.txt", "written") {
                     Ok(()) => say(format_args!("probe write /data/out.txt ok")),
                     Err(e) => say(format_args!("probe write /data/out.txt denied: {e}")),
+                }
+                if let Ok(addr) = std::env::var("PROBE_CONNECT") {
+                    let sent = std::net::TcpStream::connect(&addr)
+                        .and_then(|mut s| s.write_all(format!("term={term}\n").as_bytes()));
+                    match sent {
+                        Ok(()) => say(format_args!("probe connect {addr} ok")),
+                        Err(e) => say(format_args!("probe connect {addr} denied: {e}")),
+                    }
+                }
+                if let Ok(name) = std::env::var("PROBE_LOOKUP") {
+                    use std::net::ToSocketAddrs;
+                    match (name.as_str(), 80).to_socket_addrs() {
+                        Ok(_) => say(format_args!("probe lookup {name} ok")),
+                        Err(e) => say(format_args!("probe lookup {name} denied: {e}")),
+                    }
                 }
                 Ok(())
             }

@@ -1,0 +1,183 @@
+//! Network grants: the outbound TCP connections a plugin may make.
+//!
+//! A plugin has no network unless its configuration grants it. A grant is
+//! an address range and a port (or any port) the plugin may *connect* to
+//! over TCP through `wasi:sockets`; listening, accepting and UDP stay
+//! refused. Name lookups (`wasi:sockets/ip-name-lookup`) are a separate
+//! grant: resolving a name reveals nothing the plugin could connect to
+//! without a matching address grant, but it does reach the host's resolver.
+//!
+//! The grant covers the WASI 0.2 and 0.3 sockets interfaces alike:
+//! wasmtime-wasi checks both against the same context.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::sockets::SocketAddrUse;
+
+/// An address range and port a plugin may connect to.
+///
+/// Written `ADDRESS:PORT`, where `ADDRESS` is an IP address or a CIDR range
+/// (IPv6 in brackets) and `PORT` a port number or `*` for any port:
+///
+/// ```
+/// use baton::runtime::ConnectGrant;
+///
+/// let db: ConnectGrant = "10.0.0.0/8:5432".parse().unwrap();
+/// assert!(db.allows("10.1.2.3:5432".parse().unwrap()));
+/// assert!(!db.allows("10.1.2.3:22".parse().unwrap()));
+/// assert!(!db.allows("192.168.0.1:5432".parse().unwrap()));
+///
+/// let local: ConnectGrant = "[::1]:*".parse().unwrap();
+/// assert!(local.allows("[::1]:8080".parse().unwrap()));
+///
+/// let err = "db.internal:5432".parse::<ConnectGrant>().unwrap_err();
+/// assert!(err.contains("not an IP address or CIDR range"), "{err}");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectGrant {
+    /// The addresses.
+    pub net: IpNet,
+    /// The port; `None`: any port.
+    pub port: Option<u16>,
+}
+
+impl ConnectGrant {
+    /// Whether a connection to `addr` is granted.
+    pub fn allows(&self, addr: SocketAddr) -> bool {
+        self.net.contains(&addr.ip()) && self.port.is_none_or(|p| p == addr.port())
+    }
+}
+
+impl FromStr for ConnectGrant {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ConnectGrant, String> {
+        let form = "write ADDRESS:PORT, for example 10.0.0.5:5432, 10.0.0.0/8:443, [::1]:8080 or 127.0.0.1:*";
+        let (address, port) = text
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{text:?} has no port: {form}"))?;
+        let port = match port {
+            "*" => None,
+            p => Some(
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|&p| p != 0)
+                    .ok_or_else(|| format!("{text:?}: port {p:?} is not 1-65535 or *: {form}"))?,
+            ),
+        };
+        let address = address
+            .strip_prefix('[')
+            .and_then(|a| a.strip_suffix(']'))
+            .unwrap_or(address);
+        let net = address
+            .parse::<IpNet>()
+            .or_else(|_| address.parse::<std::net::IpAddr>().map(IpNet::from))
+            .map_err(|_| {
+                format!(
+                    "{text:?}: {address:?} is not an IP address or CIDR range (names are not granted; \
+                     grant the addresses they resolve to, and `name-lookup` to resolve them): {form}"
+                )
+            })?;
+        Ok(ConnectGrant { net, port })
+    }
+}
+
+impl fmt::Display for ConnectGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One address prints as itself, a range with its prefix length.
+        let net = if self.net.prefix_len() == self.net.max_prefix_len() {
+            self.net.addr().to_string()
+        } else {
+            self.net.to_string()
+        };
+        let net = match self.net {
+            IpNet::V6(_) => format!("[{net}]"),
+            IpNet::V4(_) => net,
+        };
+        match self.port {
+            Some(p) => write!(f, "{net}:{p}"),
+            None => write!(f, "{net}:*"),
+        }
+    }
+}
+
+/// What a plugin may do on the network.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkGrant {
+    /// Where it may connect over TCP; empty: nowhere.
+    pub connect: Vec<ConnectGrant>,
+    /// Whether it may resolve names.
+    pub name_lookup: bool,
+}
+
+impl NetworkGrant {
+    /// Applies the grant to a WASI context (which starts with no network).
+    pub fn add_to_wasi(&self, wasi: &mut WasiCtxBuilder) {
+        wasi.allow_ip_name_lookup(self.name_lookup);
+        if self.connect.is_empty() {
+            return;
+        }
+        wasi.allow_tcp(true);
+        let grants: Arc<[ConnectGrant]> = self.connect.clone().into();
+        wasi.socket_addr_check(move |addr, usage| {
+            let allowed = match usage {
+                SocketAddrUse::TcpConnect => grants.iter().any(|g| g.allows(addr)),
+                // The implicit bind of a connecting socket: any local
+                // address and port, chosen by the system. An explicit bind
+                // to a chosen address or port is a server's first step.
+                SocketAddrUse::TcpBind => addr.ip().is_unspecified() && addr.port() == 0,
+                _ => false,
+            };
+            Box::pin(async move { allowed })
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_parse_and_print_back() {
+        for text in [
+            "10.0.0.5:5432",
+            "10.0.0.0/8:443",
+            "[::1]:8080",
+            "127.0.0.1:*",
+            "[fd00::/8]:*",
+        ] {
+            let grant: ConnectGrant = text.parse().unwrap();
+            let printed = grant.to_string();
+            assert_eq!(printed, text);
+            assert_eq!(printed.parse::<ConnectGrant>().unwrap(), grant);
+        }
+    }
+
+    #[test]
+    fn bad_grants_say_what_is_wrong() {
+        for (text, says) in [
+            ("10.0.0.5", "has no port"),
+            ("10.0.0.5:0", "port \"0\" is not 1-65535"),
+            ("10.0.0.5:http", "port \"http\" is not"),
+            ("db:5432", "not an IP address or CIDR range"),
+            ("10.0.0.0/33:1", "not an IP address or CIDR range"),
+        ] {
+            let err = text.parse::<ConnectGrant>().unwrap_err();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_grant_allows_its_range_and_port_only() {
+        let g: ConnectGrant = "192.168.1.0/24:443".parse().unwrap();
+        assert!(g.allows("192.168.1.200:443".parse().unwrap()));
+        assert!(!g.allows("192.168.2.1:443".parse().unwrap()));
+        assert!(!g.allows("192.168.1.1:80".parse().unwrap()));
+        assert!(!g.allows("[::ffff:192.168.1.1]:443".parse().unwrap()));
+    }
+}
