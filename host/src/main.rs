@@ -63,6 +63,9 @@ enum Command {
         /// The plugin's language.
         #[arg(long)]
         lang: baton::scaffold::Lang,
+        /// The world it targets (future: Rust and Python only).
+        #[arg(long, value_enum, default_value_t)]
+        world: baton::scaffold::World,
         /// The plugin's name (lower-case letters, digits and '-').
         name: String,
         /// Create it in this folder instead of the current one.
@@ -143,8 +146,13 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { plugins } => check(plugins).await,
-        Command::New { lang, name, dir } => {
-            let root = baton::scaffold::new_plugin(lang, &name, &dir)?;
+        Command::New {
+            lang,
+            world,
+            name,
+            dir,
+        } => {
+            let root = baton::scaffold::new_plugin(lang, world, &name, &dir)?;
             println!(
                 "created {}: build it with {}/build.sh",
                 root.display(),

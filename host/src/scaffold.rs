@@ -22,6 +22,18 @@ pub enum Lang {
     C,
 }
 
+/// The world a new plugin targets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum World {
+    /// `pollable-plugin`: WASI 0.2, a blocking `run` that waits on
+    /// pollables. Every language has this template.
+    #[default]
+    Pollable,
+    /// `future-plugin`: component-model async, an `async run` that awaits
+    /// the change future. Rust and Python have this template.
+    Future,
+}
+
 macro_rules! file {
     ($path:literal) => {
         ($path, include_str!(concat!("../../templates/", $path)))
@@ -34,9 +46,16 @@ const TEMPLATES: &[(&str, &str)] = &[
     file!("rust/src/lib.rs"),
     file!("rust/build.sh"),
     file!("rust/baton.toml"),
+    file!("rust-future/Cargo.toml"),
+    file!("rust-future/src/lib.rs"),
+    file!("rust-future/build.sh"),
+    file!("rust-future/baton.toml"),
     file!("python/app.py"),
     file!("python/build.sh"),
     file!("python/baton.toml"),
+    file!("python-future/app.py"),
+    file!("python-future/build.sh"),
+    file!("python-future/baton.toml"),
     file!("js/plugin.js"),
     file!("js/build.sh"),
     file!("js/baton.toml"),
@@ -68,13 +87,31 @@ fn sdk_path() -> PathBuf {
 }
 
 impl Lang {
-    fn dir(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Lang::Rust => "rust",
             Lang::Python => "python",
             Lang::Js => "js",
             Lang::C => "c",
         }
+    }
+
+    /// The template folder for `world`, or why there is none.
+    fn template(self, world: World) -> Result<&'static str> {
+        Ok(match (self, world) {
+            (lang, World::Pollable) => lang.name(),
+            (Lang::Rust, World::Future) => "rust-future",
+            (Lang::Python, World::Future) => "python-future",
+            (Lang::Js, World::Future) => bail!(
+                "no js template for the future world: componentize-js binds only the pollable world; \
+                 componentize-qjs (QuickJS) can target the future world, see examples/js-future-ticker \
+                 in the baton repository and docs/guests/javascript.md"
+            ),
+            (Lang::C, World::Future) => bail!(
+                "no c template for the future world: wit-bindgen c's component-model async support is \
+                 not stable yet; use --world pollable"
+            ),
+        })
     }
 }
 
@@ -92,9 +129,11 @@ pub fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Creates `parent/name` with a new `lang` plugin; returns its path.
-pub fn new_plugin(lang: Lang, name: &str, parent: &Path) -> Result<PathBuf> {
+/// Creates `parent/name` with a new `lang` plugin for `world`; returns its
+/// path.
+pub fn new_plugin(lang: Lang, world: World, name: &str, parent: &Path) -> Result<PathBuf> {
     check_name(name)?;
+    let template = lang.template(world)?;
     let root = parent.join(name);
     if root.exists() {
         bail!("{} already exists", root.display());
@@ -107,7 +146,7 @@ pub fn new_plugin(lang: Lang, name: &str, parent: &Path) -> Result<PathBuf> {
             .replace("{{crate}}", &crate_name)
             .replace("{{sdk}}", &sdk.display().to_string())
     };
-    let prefix = format!("{}/", lang.dir());
+    let prefix = format!("{template}/");
     let mut files: Vec<(String, String)> = TEMPLATES
         .iter()
         .filter_map(|(path, text)| Some((path.strip_prefix(&prefix)?.to_owned(), fill(text))))
@@ -139,20 +178,33 @@ mod tests {
     #[test]
     fn every_language_gets_its_files_with_placeholders_filled() {
         let dir = tempfile::tempdir().unwrap();
-        for (lang, main) in [
-            (Lang::Rust, "src/lib.rs"),
-            (Lang::Python, "app.py"),
-            (Lang::Js, "plugin.js"),
-            (Lang::C, "plugin.c"),
+        for (lang, world, main, world_says) in [
+            (Lang::Rust, World::Pollable, "src/lib.rs", "export_pollable!"),
+            (Lang::Rust, World::Future, "src/lib.rs", "export_future!"),
+            (Lang::Python, World::Pollable, "app.py", "TaskSync"),
+            (Lang::Python, World::Future, "app.py", "TaskAsync"),
+            (Lang::Js, World::Pollable, "plugin.js", "status-pollable"),
+            (Lang::C, World::Pollable, "plugin.c", "pollable"),
         ] {
-            let name = format!("my-{}", lang.dir());
-            let root = new_plugin(lang, &name, dir.path()).unwrap();
+            let name = format!("my-{}-{world:?}", lang.name()).to_lowercase();
+            let root = new_plugin(lang, world, &name, dir.path()).unwrap();
             for f in [main, "build.sh", "baton.toml"] {
                 let text = std::fs::read_to_string(root.join(f)).unwrap();
                 assert!(!text.contains("{{"), "{f} of {lang:?} has a placeholder left");
             }
+            let code = std::fs::read_to_string(root.join(main)).unwrap();
+            assert!(code.contains(world_says), "{lang:?} {world:?}: {main}");
             assert_eq!(root.join("wit/leader.wit").is_file(), lang != Lang::Rust);
-            assert!(new_plugin(lang, &name, dir.path()).is_err(), "no overwrite");
+            assert!(
+                new_plugin(lang, world, &name, dir.path()).is_err(),
+                "no overwrite"
+            );
+        }
+        for lang in [Lang::Js, Lang::C] {
+            let err = new_plugin(lang, World::Future, "x", dir.path())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("for the future world"), "{err}");
         }
     }
 

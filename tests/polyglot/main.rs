@@ -253,11 +253,11 @@ fn tool(name: &str) -> String {
         .to_owned()
 }
 
-fn new_builds_and_checks(lang: &str) {
+fn new_builds_and_checks(lang: &str, world: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let name = format!("my-{lang}-plugin");
+    let name = format!("my-{lang}-{world}-plugin");
     let out = baton()
-        .args(["new", "--lang", lang, &name, "--dir"])
+        .args(["new", "--lang", lang, "--world", world, &name, "--dir"])
         .arg(dir.path())
         .output()
         .unwrap();
@@ -279,7 +279,7 @@ fn new_builds_and_checks(lang: &str) {
     let wasm = root.join(format!("{name}.wasm"));
     let (ok, out) = baton_check(&wasm);
     assert!(
-        ok && out.contains("ok: targets baton:leader/pollable-plugin@0.1.0"),
+        ok && out.contains(&format!("ok: targets baton:leader/{world}-plugin@0.1.0")),
         "{out}"
     );
 
@@ -305,20 +305,30 @@ fn new_builds_and_checks(lang: &str) {
 
 #[test]
 fn baton_new_rust_builds_checks_and_runs() {
-    new_builds_and_checks("rust");
+    new_builds_and_checks("rust", "pollable");
+}
+
+#[test]
+fn baton_new_rust_future_builds_checks_and_runs() {
+    new_builds_and_checks("rust", "future");
 }
 
 #[test]
 fn baton_new_python_builds_checks_and_runs() {
-    new_builds_and_checks("python");
+    new_builds_and_checks("python", "pollable");
+}
+
+#[test]
+fn baton_new_python_future_builds_checks_and_runs() {
+    new_builds_and_checks("python", "future");
 }
 
 #[test]
 fn baton_new_js_builds_checks_and_runs() {
-    new_builds_and_checks("js");
+    new_builds_and_checks("js", "pollable");
 }
 
 #[test]
 fn baton_new_c_builds_checks_and_runs() {
-    new_builds_and_checks("c");
+    new_builds_and_checks("c", "pollable");
 }
