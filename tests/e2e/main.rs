@@ -767,4 +767,18 @@ fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
     assert_eq!(taken.guest_term(), Some(term + 1));
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(running(&[&others[0], &others[1]], "probe"), vec![by]);
+
+    // Every host gone and the record deleted: the next host still leads in
+    // a term never used before (the store keeps the highest term).
+    let last_term = taken.guest_term().unwrap();
+    for mut h in others {
+        h.sigterm();
+        assert!(h.wait_exit(SECS(5)).success());
+    }
+    std::fs::remove_file(&record).unwrap();
+    let d = Host::start("host-d", &cfg);
+    let start = d.wait_for(SECS(30), "d's guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    assert_eq!(start.guest_term(), Some(last_term + 1), "terms are never reused");
 }

@@ -13,9 +13,11 @@
 //!   record is created and a counter that grows with every write). The
 //!   version string is `<incarnation>-<counter>`, so it never repeats for a
 //!   lease, even when the file is deleted and the lease created again.
-//! - `.demo.lock`: an empty file that writers lock (advisory `flock`) for the
+//! - `.demo.lock`: the file that writers lock (advisory `flock`) for the
 //!   duration of one compare-and-swap. It is never deleted: deleting a lock
 //!   file while someone waits on it would let two writers hold "the" lock.
+//!   It also holds the lease's *term floor*: the highest term ever written,
+//!   as a decimal number, so that terms survive the record's deletion.
 //! - `.demo.tmp`: the next record while it is being written; it exists only
 //!   while a writer holds the lock, or after a writer died mid-write. Readers
 //!   ignore it, and the next writer overwrites it.
@@ -26,8 +28,9 @@
 //! new record to the temporary file, fsyncs it, renames it over the record
 //! (atomic), fsyncs the directory and drops the lock. A process killed at any
 //! point leaves either the old record or the new one, never a torn one, and
-//! the kernel releases its lock. Readers never lock: they read whichever
-//! complete file the name points to.
+//! the kernel releases its lock. Readers do not lock: they read whichever
+//! complete file the name points to (only a reader that finds no record
+//! takes a shared lock, to read the term floor).
 //!
 //! # Deleted records
 //!
@@ -36,6 +39,13 @@
 //! remembers the last record it read or wrote of each lease, and a holder
 //! whose record vanished writes it again (a new incarnation, same term) at
 //! its next renewal.
+//!
+//! A missing record whose lock file holds a term floor (the lease existed
+//! and was deleted) reads as a released record at that term, under the
+//! version [`TOMBSTONE`]`term-<floor>`: free to take, and the next holder
+//! writes the floor plus one. So a term number is never reused, even when
+//! every process that knew the old terms is gone, as long as the lock file
+//! is kept.
 //!
 //! # Watching
 //!
@@ -135,8 +145,9 @@ struct Sighting {
 }
 
 impl Sightings {
-    /// What to report for `lease` after finding `read` in its file.
-    fn report(&self, lease: &str, read: Option<Versioned>) -> Option<Versioned> {
+    /// What to report for `lease` after finding `read` in its file (and,
+    /// if there is none, the term floor in its lock file).
+    fn report(&self, lease: &str, (read, floor): (Option<Versioned>, u64)) -> Option<Versioned> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let seen = map.entry(lease.to_owned()).or_default();
         match read {
@@ -154,7 +165,9 @@ impl Sightings {
                         record: last.record,
                     });
                 }
-                seen.tombstone.clone()
+                seen.tombstone
+                    .clone()
+                    .or_else(|| (floor > 0).then(|| floor_record(floor)))
             }
         }
     }
@@ -165,6 +178,24 @@ impl Sightings {
         map.get(lease)
             .and_then(|s| s.tombstone.as_ref())
             .is_some_and(|t| t.version == version)
+    }
+}
+
+/// The version prefix of a deleted lease's term floor, after [`TOMBSTONE`].
+const FLOOR_VERSION: &str = "term-";
+
+/// How a deleted lease whose highest term was `floor` reads: released, at
+/// that term. Written over as a create.
+fn floor_record(floor: u64) -> Versioned {
+    Versioned {
+        version: format!("{TOMBSTONE}{FLOOR_VERSION}{floor}"),
+        record: LeaseRecord {
+            holder: None,
+            lease_duration: crate::election::RELEASED_LEASE_DURATION,
+            acquire_time: None,
+            renew_time: None,
+            transitions: floor,
+        },
     }
 }
 
@@ -235,7 +266,7 @@ impl EmbeddedStore {
     /// deleted record's.
     pub async fn delete(&self, lease: &str) -> Result<bool, StoreError> {
         let files = self.files(lease)?;
-        locked(files, |files| match fs::remove_file(&files.record) {
+        locked(files, |files, _| match fs::remove_file(&files.record) {
             Ok(()) => {
                 sync_dir(files)?;
                 // A temporary file left by a writer that died.
@@ -272,17 +303,14 @@ impl LeaseStore for EmbeddedStore {
 
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
         let files = self.files(lease)?;
-        let read = blocking(&files.lease.clone(), move || {
-            Ok(read_record(&files)?.map(StoredRecord::into_versioned))
-        })
-        .await?;
+        let read = blocking(&files.lease.clone(), move || observe(&files)).await?;
         Ok(self.seen.report(lease, read))
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
         let files = self.files(lease)?;
         let record = record.clone();
-        let created = locked(files, move |files| {
+        let created = locked(files, move |files, lock| {
             if let Some(current) = read_record(files)? {
                 return Err(StoreError::Conflict {
                     lease: files.lease.clone(),
@@ -294,11 +322,12 @@ impl LeaseStore for EmbeddedStore {
                 counter: 1,
                 record,
             };
+            raise_floor(files, lock, stored.record.transitions)?;
             write_record(files, &stored)?;
             Ok(stored.into_versioned())
         })
         .await?;
-        self.seen.report(lease, Some(created.clone()));
+        self.seen.report(lease, (Some(created.clone()), 0));
         Ok(created)
     }
 
@@ -311,7 +340,10 @@ impl LeaseStore for EmbeddedStore {
         if version.starts_with(TOMBSTONE) {
             // The record was deleted while held: write it again, unless it
             // changed since (a conflict if another store created it first).
-            if !self.seen.is_tombstone(lease, version) {
+            let floor = version
+                .strip_prefix(TOMBSTONE)
+                .is_some_and(|v| v.starts_with(FLOOR_VERSION));
+            if !floor && !self.seen.is_tombstone(lease, version) {
                 return Err(StoreError::Conflict {
                     lease: lease.to_owned(),
                     detail: format!("the deleted record ({version}) has changed since"),
@@ -322,7 +354,7 @@ impl LeaseStore for EmbeddedStore {
         let files = self.files(lease)?;
         let record = record.clone();
         let version = version.to_owned();
-        let updated = locked(files, move |files| {
+        let updated = locked(files, move |files, lock| {
             let Some(current) = read_record(files)? else {
                 return Err(StoreError::Conflict {
                     lease: files.lease.clone(),
@@ -341,11 +373,12 @@ impl LeaseStore for EmbeddedStore {
                 counter: current.counter + 1,
                 record,
             };
+            raise_floor(files, lock, stored.record.transitions)?;
             write_record(files, &stored)?;
             Ok(stored.into_versioned())
         })
         .await?;
-        self.seen.report(lease, Some(updated.clone()));
+        self.seen.report(lease, (Some(updated.clone()), 0));
         Ok(updated)
     }
 
@@ -428,7 +461,7 @@ impl Drop for AbandonOnDrop {
 async fn locked<T, F>(files: LeaseFiles, work: F) -> Result<T, StoreError>
 where
     T: Send + 'static,
-    F: FnOnce(&LeaseFiles) -> Result<T, StoreError> + Send + 'static,
+    F: FnOnce(&LeaseFiles, &File) -> Result<T, StoreError> + Send + 'static,
 {
     let abandoned = Arc::new(AtomicBool::new(false));
     let _guard = AbandonOnDrop(abandoned.clone());
@@ -449,13 +482,71 @@ where
                 detail: "request abandoned while waiting for the lock".into(),
             })
         } else {
-            work(&files)
+            work(&files, &lock)
         };
         // Closing the file would release the lock too; be explicit.
         let _ = lock.unlock();
         result
     })
     .await
+}
+
+/// Reads a lease's record and, if there is none, its term floor (0 if it
+/// has none), under a shared lock so that a writer's floor is never read
+/// half-written.
+fn observe(files: &LeaseFiles) -> Result<(Option<Versioned>, u64), StoreError> {
+    if let Some(stored) = read_record(files)? {
+        return Ok((Some(stored.into_versioned()), 0));
+    }
+    let lock = match File::open(&files.lock) {
+        Ok(lock) => lock,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, 0)),
+        Err(e) => return Err(io_error(&files.lease, "cannot open lock file", &files.lock, e)),
+    };
+    lock.lock_shared()
+        .map_err(|e| io_error(&files.lease, "cannot lock", &files.lock, e))?;
+    // Created while we waited for the lock.
+    if let Some(stored) = read_record(files)? {
+        return Ok((Some(stored.into_versioned()), 0));
+    }
+    let floor = read_floor(files, &lock)?;
+    let _ = lock.unlock();
+    Ok((None, floor))
+}
+
+/// The term floor kept in a lease's lock file; 0 if it holds none (a lock
+/// file written before floors were kept is empty).
+fn read_floor(files: &LeaseFiles, lock: &File) -> Result<u64, StoreError> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; FLOOR_WIDTH];
+    let n = lock
+        .read_at(&mut buf, 0)
+        .map_err(|e| io_error(&files.lease, "cannot read", &files.lock, e))?;
+    let text = std::str::from_utf8(&buf[..n]).unwrap_or_default().trim();
+    if text.is_empty() {
+        return Ok(0);
+    }
+    text.parse().map_err(|_| StoreError::Malformed {
+        lease: files.lease.clone(),
+        detail: format!("{}: term floor {text:?} is not a number", files.lock.display()),
+    })
+}
+
+/// A term floor as written: fixed width, so a larger one overwrites a
+/// smaller one in place.
+const FLOOR_WIDTH: usize = 21;
+
+/// Raises the term floor in the lock file (held by the caller) to `term`,
+/// durably, before a record with that term is written.
+fn raise_floor(files: &LeaseFiles, lock: &File, term: u64) -> Result<(), StoreError> {
+    use std::os::unix::fs::FileExt;
+    if term <= read_floor(files, lock)? {
+        return Ok(());
+    }
+    let text = format!("{term:>width$}\n", width = FLOOR_WIDTH - 1);
+    lock.write_all_at(text.as_bytes(), 0)
+        .and_then(|()| lock.sync_data())
+        .map_err(|e| io_error(&files.lease, "cannot write", &files.lock, e))
 }
 
 /// Reads a lease's record; `None` if there is none.
@@ -651,11 +742,9 @@ async fn next_observation(
         return Some((Err(error), state));
     }
     let files = state.files.clone();
-    let observed = blocking(&files.lease.clone(), move || {
-        Ok(read_record(&files)?.map(StoredRecord::into_versioned))
-    })
-    .await
-    .map(|read| state.seen.report(&state.files.lease, read));
+    let observed = blocking(&files.lease.clone(), move || observe(&files))
+        .await
+        .map(|read| state.seen.report(&state.files.lease, read));
     Some((observed, state))
 }
 
@@ -807,7 +896,7 @@ mod tests {
         };
         assert_eq!(store.get("demo").await.unwrap(), Some(tombstone));
         let stranger = EmbeddedStore::open(store.dir()).unwrap();
-        assert_eq!(stranger.get("demo").await.unwrap(), None);
+        assert_eq!(stranger.get("demo").await.unwrap(), Some(floor_record(2)));
     }
 
     #[tokio::test]
@@ -910,7 +999,7 @@ mod tests {
         fs::remove_file(dir.path().join("demo.lease.json")).unwrap();
 
         // Every reader that saw the record reads the same tombstone, again
-        // and again; one that never saw it finds the lease free.
+        // and again.
         let tomb_version = format!("{TOMBSTONE}{}", held.version);
         let tombstone = Some(Versioned {
             version: tomb_version.clone(),
@@ -920,8 +1009,10 @@ mod tests {
         assert_eq!(follower.get("demo").await.unwrap(), tombstone);
         assert_eq!(holder.get("demo").await.unwrap(), tombstone);
         assert_eq!(holder.get("demo").await.unwrap(), tombstone);
+        // One that never saw it finds the lease free, at the highest term
+        // it ever had.
         let stranger = EmbeddedStore::open(dir.path()).unwrap();
-        assert_eq!(stranger.get("demo").await.unwrap(), None);
+        assert_eq!(stranger.get("demo").await.unwrap(), Some(floor_record(7)));
 
         // Updating the tombstone writes the record again; updating it once
         // more, or updating a tombstone this store never reported, conflicts.
@@ -943,7 +1034,7 @@ mod tests {
         assert!(err.is_conflict(), "{err}");
         assert_eq!(holder.get("demo").await.unwrap(), Some(again));
 
-        // A record deleted without a holder is simply gone.
+        // A record deleted without a holder reads as released at its term.
         let released = holder
             .update(
                 "demo",
@@ -954,8 +1045,33 @@ mod tests {
             .unwrap();
         assert_eq!(follower.get("demo").await.unwrap(), Some(released));
         fs::remove_file(dir.path().join("demo.lease.json")).unwrap();
-        assert_eq!(follower.get("demo").await.unwrap(), None);
-        assert_eq!(holder.get("demo").await.unwrap(), None);
+        assert_eq!(follower.get("demo").await.unwrap(), Some(floor_record(7)));
+        assert_eq!(holder.get("demo").await.unwrap(), Some(floor_record(7)));
+
+        // Taking it over is a create, at a higher term; the floor follows.
+        let taken = stranger
+            .update("demo", &floor_record(7).version, &record(Some("c"), 8))
+            .await
+            .unwrap();
+        assert_eq!(taken.record.transitions, 8);
+        assert!(
+            stranger
+                .update("demo", &floor_record(7).version, &record(Some("d"), 8))
+                .await
+                .unwrap_err()
+                .is_conflict()
+        );
+        fs::remove_file(dir.path().join("demo.lease.json")).unwrap();
+        assert_eq!(
+            EmbeddedStore::open(dir.path())
+                .unwrap()
+                .get("demo")
+                .await
+                .unwrap(),
+            Some(floor_record(8))
+        );
+        // A lease that never existed is just missing.
+        assert_eq!(stranger.get("never").await.unwrap(), None);
     }
 
     #[tokio::test]
@@ -1160,7 +1276,7 @@ mod tests {
         let again = writer.create("demo", &record(None, 0)).await.unwrap();
         while next_within(&mut watch, 1).await != Some(again.clone()) {}
         fs::remove_file(writer.dir().join("demo.lease.json")).unwrap();
-        while next_within(&mut watch, 1).await.is_some() {}
+        while next_within(&mut watch, 1).await != Some(floor_record(21)) {}
     }
 
     #[tokio::test]
