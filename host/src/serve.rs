@@ -26,9 +26,10 @@ pub enum ServeError {
     /// The lease store could not be opened.
     #[error("{0}")]
     Store(String),
-    /// Plugins were configured but none of them can run (each was
-    /// reported when it failed to load): there is nothing to serve, and a
-    /// supervisor (systemd, Kubernetes) should see the host fail.
+    /// No plugin can run (each was reported when it failed to load) and
+    /// every lease has plugins, so no lease is contended for: there is
+    /// nothing to serve, and a supervisor (systemd, Kubernetes) should see
+    /// the host fail.
     #[error(
         "none of the {0} configured plugins can run (each is named in the errors above); nothing to serve"
     )]
@@ -87,7 +88,8 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
 ///
 /// A plugin that cannot be loaded is reported (naming it) and left out;
 /// the others run. Returns the number of plugins that failed to load, or
-/// [`ServeError::NothingToRun`] at once if none of them loaded.
+/// [`ServeError::NothingToRun`] at once if that leaves no lease to contend
+/// for.
 pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize, ServeError> {
     let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let engine = PluginEngine::new(Some(cache_dir.clone()))?;
@@ -127,9 +129,6 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
     }
     if let Some((hits, misses)) = engine.cache_stats() {
         tracing::info!(hits, misses, "compiled-code cache");
-    }
-    if loaded.is_empty() && failed > 0 {
-        return Err(ServeError::NothingToRun(failed));
     }
 
     struct LeaseRun {
@@ -175,6 +174,10 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
                 grace: lease.timings.grace,
             },
         );
+    }
+
+    if runs.is_empty() && failed > 0 {
+        return Err(ServeError::NothingToRun(failed));
     }
 
     shutdown.cancelled().await;

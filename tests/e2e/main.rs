@@ -499,7 +499,7 @@ fn plugins_reach_the_network_only_where_granted() {
     let plugin = |name: &str, connect_to: std::net::SocketAddr, grants: &str| {
         format!(
             "\n[[plugin]]\nname = {name:?}\npath = {probe_path:?}\nlease = \"demo\"\n\
-             env = {{ PROBE_MODE = \"sandbox\", PROBE_CONNECT = \"{connect_to}\", PROBE_LOOKUP = \"localhost\" }}\n{grants}\n"
+             env = {{ PROBE_MODE = \"sandbox\", PROBE_CONNECT = \"{connect_to}\", PROBE_LOOKUP = \"localhost\", PROBE_SERVE = \"1\" }}\n{grants}\n"
         )
     };
     let text = format!(
@@ -530,6 +530,11 @@ fn plugins_reach_the_network_only_where_granted() {
     let netted = said("netted", "probe connect");
     assert_eq!(netted, format!("probe connect {granted_addr} ok"));
     assert_eq!(said("netted", "probe lookup"), "probe lookup localhost ok");
+    // Connect grants grant no server: listening and UDP stay refused.
+    for what in ["probe listen", "probe udp"] {
+        let line = said("netted", what);
+        assert!(line.starts_with(&format!("{what} denied")), "{line}");
+    }
     let wrong_port = said("wrong-port", "probe connect");
     assert!(
         wrong_port.starts_with(&format!("probe connect {other_addr} denied")),
@@ -770,11 +775,19 @@ fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
 
     // Every host gone and the record deleted: the next host still leads in
     // a term never used before (the store keeps the highest term).
-    let last_term = taken.guest_term().unwrap();
+    // (Stopping one host may hand the lease to the other for a term.)
     for mut h in others {
         h.sigterm();
         assert!(h.wait_exit(SECS(5)).success());
     }
+    let last = read();
+    assert_eq!(
+        last["record"]["holder"],
+        serde_json::Value::Null,
+        "released: {last}"
+    );
+    let last_term = last["record"]["transitions"].as_u64().unwrap();
+    assert!(last_term >= taken.guest_term().unwrap());
     std::fs::remove_file(&record).unwrap();
     let d = Host::start("host-d", &cfg);
     let start = d.wait_for(SECS(30), "d's guest start", |e| {

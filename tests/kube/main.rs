@@ -533,7 +533,12 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     // term, keeping the foreign fields. The writer does what any client
     // must: read, modify, write with the read resourceVersion, and read
     // again when the leader renewed in between (409 Conflict).
+    let tries_until = Instant::now() + SECS(10);
     let overwritten_at = loop {
+        assert!(
+            Instant::now() < tries_until,
+            "the foreign overwrite kept conflicting"
+        );
         let mut lease = lease_of(&rt, &ns, "demo").unwrap();
         lease
             .metadata

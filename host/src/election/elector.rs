@@ -455,10 +455,11 @@ impl Elector {
                     {
                         l.current = current.clone();
                         l.next_renew = Instant::now();
-                        self.observe(Some(current), at);
+                        self.observe(Some(current), Instant::now());
                     }
                     Ok(Ok(current)) => {
-                        self.observe(current, at);
+                        // Dated on arrival, as every read (see `refresh`).
+                        self.observe(current, Instant::now());
                         self.step_down("the lease was written by another host");
                     }
                     _ => {

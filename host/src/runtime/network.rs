@@ -4,8 +4,14 @@
 //! an address range and a port (or any port) the plugin may *connect* to
 //! over TCP through `wasi:sockets`; listening, accepting and UDP stay
 //! refused. Name lookups (`wasi:sockets/ip-name-lookup`) are a separate
-//! grant: resolving a name reveals nothing the plugin could connect to
-//! without a matching address grant, but it does reach the host's resolver.
+//! grant: resolving a name opens no connection, but the query reaches the
+//! host's resolver and whatever it forwards to, so a plugin that may look up
+//! names can send data out in the names it asks for, with or without an
+//! address grant. Grant it only to plugins trusted that far.
+//!
+//! A wide range is as wide as it looks: `0.0.0.0/0` includes the host's
+//! loopback services and link-local addresses such as a cloud's metadata
+//! endpoint (169.254.169.254).
 //!
 //! The grant covers the WASI 0.2 and 0.3 sockets interfaces alike:
 //! wasmtime-wasi checks both against the same context.
@@ -70,10 +76,13 @@ impl FromStr for ConnectGrant {
                     .ok_or_else(|| format!("{text:?}: port {p:?} is not 1-65535 or *: {form}"))?,
             ),
         };
-        let address = address
-            .strip_prefix('[')
-            .and_then(|a| a.strip_suffix(']'))
-            .unwrap_or(address);
+        let bracketed = address.strip_prefix('[').and_then(|a| a.strip_suffix(']'));
+        if bracketed.is_none() && address.contains(':') {
+            return Err(format!(
+                "{text:?}: an IPv6 address or range goes in brackets, before the port: {form}"
+            ));
+        }
+        let address = bracketed.unwrap_or(address);
         let net = address
             .parse::<IpNet>()
             .or_else(|_| address.parse::<std::net::IpAddr>().map(IpNet::from))
@@ -83,6 +92,19 @@ impl FromStr for ConnectGrant {
                      grant the addresses they resolve to, and `name-lookup` to resolve them): {form}"
                 )
             })?;
+        if net != net.trunc() {
+            return Err(format!(
+                "{text:?}: the range {address} has bits set after its prefix; write {} (the same \
+                 addresses) or the single address without a prefix",
+                net.trunc()
+            ));
+        }
+        if net.prefix_len() == net.max_prefix_len() && net.addr().is_unspecified() {
+            return Err(format!(
+                "{text:?}: the unspecified address cannot be connected to; to grant every address \
+                 write 0.0.0.0/0 or [::/0]"
+            ));
+        }
         Ok(ConnectGrant { net, port })
     }
 }
@@ -150,6 +172,8 @@ mod tests {
             "[::1]:8080",
             "127.0.0.1:*",
             "[fd00::/8]:*",
+            "0.0.0.0/0:443",
+            "[::/0]:*",
         ] {
             let grant: ConnectGrant = text.parse().unwrap();
             let printed = grant.to_string();
@@ -166,6 +190,11 @@ mod tests {
             ("10.0.0.5:http", "port \"http\" is not"),
             ("db:5432", "not an IP address or CIDR range"),
             ("10.0.0.0/33:1", "not an IP address or CIDR range"),
+            ("10.0.0.5/8:5432", "write 10.0.0.0/8"),
+            ("2001:db8::5432", "goes in brackets"),
+            ("::1:80", "goes in brackets"),
+            ("0.0.0.0:80", "unspecified address"),
+            ("[::]:*", "unspecified address"),
         ] {
             let err = text.parse::<ConnectGrant>().unwrap_err();
             assert!(err.contains(says), "{text}: {err}");

@@ -142,42 +142,89 @@ struct Sighting {
     /// The record was deleted while held: its last state, under a
     /// [`TOMBSTONE`] version.
     tombstone: Option<Versioned>,
+    /// How many times the tombstone was renewed (see [`Sightings::read`]).
+    renewals: u64,
+    /// How many writes this store has made to the lease.
+    writes: u64,
 }
 
 impl Sightings {
-    /// What to report for `lease` after finding `read` in its file (and,
-    /// if there is none, the term floor in its lock file).
-    fn report(&self, lease: &str, (read, floor): (Option<Versioned>, u64)) -> Option<Versioned> {
+    fn with<T>(&self, lease: &str, f: impl FnOnce(&mut Sighting) -> T) -> T {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = map.entry(lease.to_owned()).or_default();
-        match read {
-            Some(current) => {
-                seen.last = Some(current.clone());
-                seen.tombstone = None;
-                Some(current)
+        f(map.entry(lease.to_owned()).or_default())
+    }
+
+    /// How many writes this store has made to `lease`: taken before a read
+    /// and handed back to [`Sightings::read`].
+    fn writes(&self, lease: &str) -> u64 {
+        self.with(lease, |seen| seen.writes)
+    }
+
+    /// This store wrote `written`.
+    fn wrote(&self, lease: &str, written: &Versioned) {
+        self.with(lease, |seen| {
+            seen.last = Some(written.clone());
+            seen.tombstone = None;
+            seen.writes += 1;
+        });
+    }
+
+    /// What to report for `lease` after finding `read` in its file (and,
+    /// if there is none, the term floor in its lock file). `since` is
+    /// [`Sightings::writes`] from before the read; `woken` says the read
+    /// followed a change notice from the watch.
+    fn read(
+        &self,
+        lease: &str,
+        (read, floor): (Option<Versioned>, u64),
+        since: u64,
+        woken: bool,
+    ) -> Option<Versioned> {
+        self.with(lease, |seen| {
+            if seen.writes != since {
+                // This store wrote while the read was under way (a watch
+                // read is delivered when the watch is next polled), so the
+                // read may predate the write: report the write. A change
+                // after it wakes the watch again.
+                return seen.last.clone().or_else(|| seen.tombstone.clone());
             }
-            None => {
-                // Only the first read after the deletion makes a tombstone,
-                // so every later read reports the same version.
-                if let Some(last) = seen.last.take().filter(|l| l.record.holder().is_some()) {
-                    seen.tombstone = Some(Versioned {
-                        version: format!("{TOMBSTONE}{}", last.version),
-                        record: last.record,
-                    });
+            match read {
+                Some(current) => {
+                    seen.last = Some(current.clone());
+                    seen.tombstone = None;
+                    Some(current)
                 }
-                seen.tombstone
-                    .clone()
-                    .or_else(|| (floor > 0).then(|| floor_record(floor)))
+                None => {
+                    if let Some(last) = seen.last.take().filter(|l| l.record.holder().is_some()) {
+                        // The first read since the deletion.
+                        seen.renewals = 0;
+                        seen.tombstone = Some(Versioned {
+                            version: format!("{TOMBSTONE}{}", last.version),
+                            record: last.record,
+                        });
+                    } else if let Some(t) = seen.tombstone.as_mut().filter(|_| woken) {
+                        // The record changed again and is still missing: it
+                        // may have been written and deleted again between
+                        // two reads. A new version makes the others date
+                        // the holder's lease from now.
+                        seen.renewals += 1;
+                        let base = t.version.split('+').next().unwrap_or_default().to_owned();
+                        t.version = format!("{base}+{}", seen.renewals);
+                    }
+                    // Other reads report the same version again.
+                    seen.tombstone
+                        .clone()
+                        .or_else(|| (floor > 0).then(|| floor_record(floor)))
+                }
             }
-        }
+        })
     }
 
     /// Whether `version` is the tombstone this store reports for `lease`.
     fn is_tombstone(&self, lease: &str, version: &str) -> bool {
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(lease)
-            .and_then(|s| s.tombstone.as_ref())
-            .is_some_and(|t| t.version == version)
+        self.with(lease, |seen| {
+            seen.tombstone.as_ref().is_some_and(|t| t.version == version)
+        })
     }
 }
 
@@ -303,8 +350,9 @@ impl LeaseStore for EmbeddedStore {
 
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
         let files = self.files(lease)?;
+        let since = self.seen.writes(lease);
         let read = blocking(&files.lease.clone(), move || observe(&files)).await?;
-        Ok(self.seen.report(lease, read))
+        Ok(self.seen.read(lease, read, since, false))
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
@@ -327,7 +375,7 @@ impl LeaseStore for EmbeddedStore {
             Ok(stored.into_versioned())
         })
         .await?;
-        self.seen.report(lease, (Some(created.clone()), 0));
+        self.seen.wrote(lease, &created);
         Ok(created)
     }
 
@@ -378,7 +426,7 @@ impl LeaseStore for EmbeddedStore {
             Ok(stored.into_versioned())
         })
         .await?;
-        self.seen.report(lease, (Some(updated.clone()), 0));
+        self.seen.wrote(lease, &updated);
         Ok(updated)
     }
 
@@ -728,6 +776,7 @@ async fn next_observation(
     if state.done {
         return None;
     }
+    let woken = !state.first;
     if state.first {
         state.first = false;
     } else {
@@ -742,9 +791,10 @@ async fn next_observation(
         return Some((Err(error), state));
     }
     let files = state.files.clone();
+    let since = state.seen.writes(&files.lease);
     let observed = blocking(&files.lease.clone(), move || observe(&files))
         .await
-        .map(|read| state.seen.report(&state.files.lease, read));
+        .map(|read| state.seen.read(&state.files.lease, read, since, woken));
     Some((observed, state))
 }
 
@@ -773,7 +823,6 @@ mod tests {
         (dir, store)
     }
 
-    /// The next item of a watch, failing the test after `secs` seconds.
     /// The watch's next observation that differs from `previous` (a watch
     /// may yield the same record again).
     async fn next_change(watch: &mut LeaseWatch, previous: &Option<Versioned>) -> Option<Versioned> {
@@ -789,6 +838,7 @@ mod tests {
         }
     }
 
+    /// The next item of a watch, failing the test after `secs` seconds.
     async fn next_within(watch: &mut LeaseWatch, secs: u64) -> Option<Versioned> {
         tokio::time::timeout(Duration::from_secs(secs), watch.next())
             .await
@@ -988,6 +1038,50 @@ mod tests {
         assert_eq!(versions.len(), (TASKS + THREADS) * EACH);
     }
 
+    #[test]
+    fn reads_older_than_a_write_and_repeated_deletions_are_reported_safely() {
+        let seen = Sightings::default();
+        let base = record(None, 3);
+        let v = |version: &str, holder: Option<&str>| Versioned {
+            version: version.into(),
+            record: LeaseRecord {
+                holder: holder.map(str::to_owned),
+                ..base.clone()
+            },
+        };
+        // A read that began before this store's own write reports the write.
+        let since = seen.writes("l");
+        seen.wrote("l", &v("x-2", Some("me")));
+        assert_eq!(
+            seen.read("l", (Some(v("x-1", Some("old"))), 0), since, true),
+            Some(v("x-2", Some("me")))
+        );
+        let since = seen.writes("l");
+        assert_eq!(
+            seen.read("l", (None, 3), since, true).unwrap().version,
+            "deleted@x-2"
+        );
+        // A read that began before the write reports it, not the deletion.
+        let since = seen.writes("l");
+        seen.wrote("l", &v("y-1", Some("me")));
+        assert_eq!(seen.read("l", (None, 3), since, true), Some(v("y-1", Some("me"))));
+        // Deleted: one tombstone; reads without a change notice repeat it,
+        // each change notice that still finds no record renews it, so that
+        // a write and deletion between two reads restarts the wait.
+        let since = seen.writes("l");
+        let first = seen.read("l", (None, 3), since, true).unwrap();
+        assert_eq!(first.version, "deleted@y-1");
+        assert_eq!(seen.read("l", (None, 3), since, false), Some(first.clone()));
+        let renewed = seen.read("l", (None, 3), since, true).unwrap();
+        assert_eq!(renewed.version, "deleted@y-1+1");
+        assert_eq!(renewed.record, first.record);
+        assert!(seen.is_tombstone("l", "deleted@y-1+1") && !seen.is_tombstone("l", "deleted@y-1"));
+        assert_eq!(
+            seen.read("l", (None, 3), since, true).unwrap().version,
+            "deleted@y-1+2"
+        );
+    }
+
     #[tokio::test]
     async fn a_record_deleted_while_held_reads_as_a_tombstone_until_written_again() {
         let dir = tempfile::tempdir().unwrap();
@@ -1021,7 +1115,17 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(again.version, held.version);
-        assert_eq!(next_change(&mut watch, &tombstone).await, Some(again.clone()));
+        // (An extra change notice from the deletion may renew the
+        // tombstone first.)
+        let mut seen = next_within(&mut watch, 5).await;
+        while seen != Some(again.clone()) {
+            assert!(
+                seen.as_ref()
+                    .is_some_and(|v| v.version.starts_with(&tomb_version)),
+                "{seen:?}"
+            );
+            seen = next_within(&mut watch, 5).await;
+        }
         let err = follower
             .update("demo", &tomb_version, &record(Some("b"), 8))
             .await

@@ -150,8 +150,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A short description for logs, such as `embedded store at /var/lib/baton`.
     fn describe(&self) -> String;
 
-    /// Reads a lease; `Ok(None)` if it does not exist (or a tombstone: see
-    /// [Deleted records](self#deleted-records)).
+    /// Reads a lease; `Ok(None)` if it does not exist. A record deleted
+    /// while held may read as `Ok(Some(tombstone))`: see [Deleted
+    /// records](self#deleted-records).
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError>;
 
     /// Creates a lease; [`StoreError::Conflict`] if it already exists.
@@ -159,6 +160,8 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Replaces a lease if its version is still `version`;
     /// [`StoreError::Conflict`] otherwise (including when it was deleted).
+    /// Replacing a tombstone ([`TOMBSTONE`] version) creates the record,
+    /// or conflicts if it was created or changed since.
     async fn update(&self, lease: &str, version: &str, record: &LeaseRecord)
     -> Result<Versioned, StoreError>;
 

@@ -20,7 +20,9 @@
 //!   it over TCP, sends `term=N` and prints `probe connect ADDR ok` or
 //!   `probe connect ADDR denied: E`; if `PROBE_LOOKUP` names a host, resolves
 //!   it and prints `probe lookup NAME ok` or `probe lookup NAME denied: E`;
-//!   then returns `Ok`.
+//!   if `PROBE_SERVE` is set, tries to listen on TCP and to bind UDP and
+//!   prints `probe listen ok|denied: E` and `probe udp ok|denied: E`; then
+//!   returns `Ok`.
 //! - `memory`: tries to grow its memory by 64 MiB and prints
 //!   `probe memory grew` or `probe memory refused`, then returns `Ok`.
 //!
@@ -91,6 +93,16 @@ impl LeaderTask for Probe {
                     match sent {
                         Ok(()) => say(format_args!("probe connect {addr} ok")),
                         Err(e) => say(format_args!("probe connect {addr} denied: {e}")),
+                    }
+                }
+                if std::env::var("PROBE_SERVE").is_ok() {
+                    match std::net::TcpListener::bind("0.0.0.0:0") {
+                        Ok(_) => say(format_args!("probe listen ok")),
+                        Err(e) => say(format_args!("probe listen denied: {e}")),
+                    }
+                    match std::net::UdpSocket::bind("0.0.0.0:0") {
+                        Ok(_) => say(format_args!("probe udp ok")),
+                        Err(e) => say(format_args!("probe udp denied: {e}")),
                     }
                 }
                 if let Ok(name) = std::env::var("PROBE_LOOKUP") {
