@@ -175,14 +175,15 @@ guest_tests! {
 
 #[test]
 fn a_warm_standby_runs_a_python_guest_within_50ms_of_winning_the_lease() {
-    // Three hand-overs; the best of them must be within 50 ms, every one
-    // within 200 ms (a 2-core machine also runs the previous leader's exit).
+    // Three hand-overs; the median must be within 50 ms, every one within
+    // 200 ms (a 2-core machine also runs the previous leader's exit, and
+    // one slow hand-over says more about the machine than about baton).
     let mut took: Vec<f64> = (0..3)
         .map(|_| cooperative("python_pollable_ticker.wasm"))
         .collect();
     took.sort_by(f64::total_cmp);
     println!("python takeover, winning the lease to the first guest line: {took:.1?} ms");
-    assert!(took[0] < 50.0, "{took:?}");
+    assert!(took[1] < 50.0, "{took:?}");
     assert!(took[2] < 200.0, "{took:?}");
 }
 
