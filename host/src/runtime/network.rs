@@ -93,10 +93,13 @@ impl FromStr for ConnectGrant {
                 )
             })?;
         if net != net.trunc() {
+            let fixed = match net.trunc() {
+                IpNet::V6(n) => format!("[{n}]"),
+                IpNet::V4(n) => n.to_string(),
+            };
             return Err(format!(
-                "{text:?}: the range {address} has bits set after its prefix; write {} (the same \
-                 addresses) or the single address without a prefix",
-                net.trunc()
+                "{text:?}: the range {address} has bits set after its prefix; write {fixed} (the \
+                 same addresses) or the single address without a prefix"
             ));
         }
         if net.prefix_len() == net.max_prefix_len() && net.addr().is_unspecified() {
@@ -190,7 +193,8 @@ mod tests {
             ("10.0.0.5:http", "port \"http\" is not"),
             ("db:5432", "not an IP address or CIDR range"),
             ("10.0.0.0/33:1", "not an IP address or CIDR range"),
-            ("10.0.0.5/8:5432", "write 10.0.0.0/8"),
+            ("10.0.0.5/8:5432", "write 10.0.0.0/8 "),
+            ("[2001:db8::1/32]:443", "write [2001:db8::/32] "),
             ("2001:db8::5432", "goes in brackets"),
             ("::1:80", "goes in brackets"),
             ("0.0.0.0:80", "unspecified address"),

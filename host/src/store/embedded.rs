@@ -211,6 +211,15 @@ impl Sightings {
                         let base = t.version.split('+').next().unwrap_or_default().to_owned();
                         t.version = format!("{base}+{}", seen.renewals);
                     }
+                    if seen
+                        .tombstone
+                        .as_ref()
+                        .is_some_and(|t| floor > t.record.transitions)
+                    {
+                        // A higher term was written (and deleted) since:
+                        // the holder's record is history.
+                        seen.tombstone = None;
+                    }
                     // Other reads report the same version again.
                     seen.tombstone
                         .clone()
@@ -220,10 +229,14 @@ impl Sightings {
         })
     }
 
-    /// Whether `version` is the tombstone this store reports for `lease`.
-    fn is_tombstone(&self, lease: &str, version: &str) -> bool {
+    /// The term of the tombstone this store reports for `lease`, if its
+    /// version is `version`.
+    fn tombstone_term(&self, lease: &str, version: &str) -> Option<u64> {
         self.with(lease, |seen| {
-            seen.tombstone.as_ref().is_some_and(|t| t.version == version)
+            seen.tombstone
+                .as_ref()
+                .filter(|t| t.version == version)
+                .map(|t| t.record.transitions)
         })
     }
 }
@@ -356,6 +369,52 @@ impl LeaseStore for EmbeddedStore {
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
+        self.create_at(lease, record, 0).await
+    }
+
+    async fn update(
+        &self,
+        lease: &str,
+        version: &str,
+        record: &LeaseRecord,
+    ) -> Result<Versioned, StoreError> {
+        if let Some(deleted) = version.strip_prefix(TOMBSTONE) {
+            // The record was deleted: write it again, if the lease's highest
+            // term is still the one the caller saw (a conflict if another
+            // store wrote it since, even if that record is gone again).
+            let floor = match deleted.strip_prefix(FLOOR_VERSION) {
+                Some(n) => n.parse().ok(),
+                None => self.seen.tombstone_term(lease, version),
+            };
+            let Some(floor) = floor else {
+                return Err(StoreError::Conflict {
+                    lease: lease.to_owned(),
+                    detail: format!("the deleted record ({version}) has changed since"),
+                });
+            };
+            return self.create_at(lease, record, floor).await;
+        }
+        self.update_existing(lease, version, record).await
+    }
+
+    async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
+        self.start_watch(lease).await
+    }
+
+    async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
+        self.list_all().await
+    }
+}
+
+impl EmbeddedStore {
+    /// Creates the record if there is none and the lease's highest term is
+    /// still `floor` (0: the lease never had a term).
+    async fn create_at(
+        &self,
+        lease: &str,
+        record: &LeaseRecord,
+        floor: u64,
+    ) -> Result<Versioned, StoreError> {
         let files = self.files(lease)?;
         let record = record.clone();
         let created = locked(files, move |files, lock| {
@@ -363,6 +422,24 @@ impl LeaseStore for EmbeddedStore {
                 return Err(StoreError::Conflict {
                     lease: files.lease.clone(),
                     detail: format!("already exists (version {})", current.version()),
+                });
+            }
+            let highest = read_floor(files, lock)?;
+            if highest != floor {
+                return Err(StoreError::Conflict {
+                    lease: files.lease.clone(),
+                    detail: format!(
+                        "the lease's highest term is {highest}, not {floor}: it was written since"
+                    ),
+                });
+            }
+            if record.transitions < highest {
+                return Err(StoreError::Refused {
+                    lease: files.lease.clone(),
+                    detail: format!(
+                        "term {} is below the lease's highest term {highest}: terms never go back",
+                        record.transitions
+                    ),
                 });
             }
             let stored = StoredRecord {
@@ -379,26 +456,12 @@ impl LeaseStore for EmbeddedStore {
         Ok(created)
     }
 
-    async fn update(
+    async fn update_existing(
         &self,
         lease: &str,
         version: &str,
         record: &LeaseRecord,
     ) -> Result<Versioned, StoreError> {
-        if version.starts_with(TOMBSTONE) {
-            // The record was deleted while held: write it again, unless it
-            // changed since (a conflict if another store created it first).
-            let floor = version
-                .strip_prefix(TOMBSTONE)
-                .is_some_and(|v| v.starts_with(FLOOR_VERSION));
-            if !floor && !self.seen.is_tombstone(lease, version) {
-                return Err(StoreError::Conflict {
-                    lease: lease.to_owned(),
-                    detail: format!("the deleted record ({version}) has changed since"),
-                });
-            }
-            return self.create(lease, record).await;
-        }
         let files = self.files(lease)?;
         let record = record.clone();
         let version = version.to_owned();
@@ -416,12 +479,15 @@ impl LeaseStore for EmbeddedStore {
                     detail: format!("version is {current_version}, not {version}"),
                 });
             }
+            // Renewals keep the term: only a new term touches the floor.
+            if record.transitions > current.record.transitions {
+                raise_floor(files, lock, record.transitions)?;
+            }
             let stored = StoredRecord {
                 incarnation: current.incarnation,
                 counter: current.counter + 1,
                 record,
             };
-            raise_floor(files, lock, stored.record.transitions)?;
             write_record(files, &stored)?;
             Ok(stored.into_versioned())
         })
@@ -430,7 +496,7 @@ impl LeaseStore for EmbeddedStore {
         Ok(updated)
     }
 
-    async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
+    async fn start_watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
         let files = Arc::new(self.files(lease)?);
         let signal = Arc::new(Signal::default());
         let watcher = {
@@ -449,7 +515,7 @@ impl LeaseStore for EmbeddedStore {
         Ok(Box::pin(stream::unfold(state, next_observation)))
     }
 
-    async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
+    async fn list_all(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
         let store = self.clone();
         blocking(ANY_LEASE, move || {
             let entries =
@@ -551,8 +617,30 @@ fn observe(files: &LeaseFiles) -> Result<(Option<Versioned>, u64), StoreError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, 0)),
         Err(e) => return Err(io_error(&files.lease, "cannot open lock file", &files.lock, e)),
     };
-    lock.lock_shared()
-        .map_err(|e| io_error(&files.lease, "cannot lock", &files.lock, e))?;
+    // A writer holds the lock for one compare-and-swap (milliseconds); one
+    // that holds it far longer (stopped, or stuck in fsync) must not pin
+    // this thread for good: give up after a while, as a timeout.
+    let deadline = std::time::Instant::now() + SHARED_LOCK_WAIT;
+    loop {
+        match lock.try_lock_shared() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Unavailable {
+                    lease: files.lease.clone(),
+                    detail: format!(
+                        "{} stayed locked by a writer for {SHARED_LOCK_WAIT:?}",
+                        files.lock.display()
+                    ),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(io_error(&files.lease, "cannot lock", &files.lock, e));
+            }
+        }
+    }
     // Created while we waited for the lock.
     if let Some(stored) = read_record(files)? {
         return Ok((Some(stored.into_versioned()), 0));
@@ -570,15 +658,26 @@ fn read_floor(files: &LeaseFiles, lock: &File) -> Result<u64, StoreError> {
     let n = lock
         .read_at(&mut buf, 0)
         .map_err(|e| io_error(&files.lease, "cannot read", &files.lock, e))?;
-    let text = std::str::from_utf8(&buf[..n]).unwrap_or_default().trim();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    let text = text.trim();
     if text.is_empty() {
         return Ok(0);
     }
-    text.parse().map_err(|_| StoreError::Malformed {
+    text.parse().map_err(|_| StoreError::Refused {
         lease: files.lease.clone(),
-        detail: format!("{}: term floor {text:?} is not a number", files.lock.display()),
+        detail: format!(
+            "{}: the term floor (the highest term the lease has had) is not a number: {text:?}; \
+             write that term there (at least the `transitions` of the lease's record), or empty \
+             the file to let terms continue from the record's alone",
+            files.lock.display()
+        ),
     })
 }
+
+/// The longest a reader waits for a writer to release a lease's lock (a
+/// compare-and-swap takes milliseconds; the elector's own request timeout
+/// usually gives up sooner).
+const SHARED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A term floor as written: fixed width, so a larger one overwrites a
 /// smaller one in place.
@@ -838,6 +937,16 @@ mod tests {
         }
     }
 
+    /// Writes `record` to a lease that has none: a create, or an update of
+    /// what the store reads for a deleted lease (a tombstone or the term
+    /// floor).
+    async fn recreate(store: &EmbeddedStore, lease: &str, record: &LeaseRecord) -> Versioned {
+        match store.get(lease).await.unwrap() {
+            Some(gone) => store.update(lease, &gone.version, record).await.unwrap(),
+            None => store.create(lease, record).await.unwrap(),
+        }
+    }
+
     /// The next item of a watch, failing the test after `secs` seconds.
     async fn next_within(watch: &mut LeaseWatch, secs: u64) -> Option<Versioned> {
         tokio::time::timeout(Duration::from_secs(secs), watch.next())
@@ -1075,11 +1184,16 @@ mod tests {
         let renewed = seen.read("l", (None, 3), since, true).unwrap();
         assert_eq!(renewed.version, "deleted@y-1+1");
         assert_eq!(renewed.record, first.record);
-        assert!(seen.is_tombstone("l", "deleted@y-1+1") && !seen.is_tombstone("l", "deleted@y-1"));
+        assert_eq!(seen.tombstone_term("l", "deleted@y-1+1"), Some(3));
+        assert_eq!(seen.tombstone_term("l", "deleted@y-1"), None);
         assert_eq!(
             seen.read("l", (None, 3), since, true).unwrap().version,
             "deleted@y-1+2"
         );
+        // A higher term written (and deleted) since: the tombstone is
+        // history, and the lease reads as released at that term.
+        assert_eq!(seen.read("l", (None, 4), since, false), Some(floor_record(4)));
+        assert_eq!(seen.tombstone_term("l", "deleted@y-1+2"), None);
     }
 
     #[tokio::test]
@@ -1179,16 +1293,81 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn terms_never_go_back_or_repeat_across_deletions() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = EmbeddedStore::open(dir.path()).unwrap();
+        let b = EmbeddedStore::open(dir.path()).unwrap();
+        let record_file = dir.path().join("demo.lease.json");
+        a.create("demo", &record(None, 5)).await.unwrap();
+        fs::remove_file(&record_file).unwrap();
+        // b sees the lease released at term 5; a plain create is refused.
+        let seen_by_b = b.get("demo").await.unwrap().unwrap();
+        assert_eq!(seen_by_b, floor_record(5));
+        assert!(
+            b.create("demo", &record(Some("b"), 1))
+                .await
+                .unwrap_err()
+                .is_conflict()
+        );
+        // a takes term 6 and its record is deleted before b reads again:
+        // b's take-over at term 6 conflicts, and its next read shows 6.
+        let seen_by_a = a.get("demo").await.unwrap().unwrap();
+        a.update("demo", &seen_by_a.version, &record(Some("a"), 6))
+            .await
+            .unwrap();
+        fs::remove_file(&record_file).unwrap();
+        let err = b
+            .update("demo", &seen_by_b.version, &record(Some("b"), 6))
+            .await
+            .unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        let again = b.get("demo").await.unwrap().unwrap();
+        assert_eq!(again, floor_record(6));
+        // A term below the floor is refused outright.
+        let err = b
+            .update("demo", &again.version, &record(Some("b"), 2))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("terms never go back"), "{err}");
+        let taken = b
+            .update("demo", &again.version, &record(Some("b"), 7))
+            .await
+            .unwrap();
+
+        // A lock file whose floor is not a number: renewals go on (they do
+        // not touch the floor), a new term is refused naming the file.
+        fs::write(dir.path().join(".demo.lock"), "not a number\n").unwrap();
+        let renewed = b
+            .update("demo", &taken.version, &record(Some("b"), 7))
+            .await
+            .unwrap();
+        let err = b
+            .update("demo", &renewed.version, &record(Some("c"), 8))
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, StoreError::Refused { .. })
+                && text.contains(".demo.lock")
+                && text.contains("is not a number"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
     async fn versions_never_repeat_after_delete_and_recreate() {
         let (_dir, store) = store();
         let mut seen = HashSet::new();
         let mut stale = Vec::new();
         for round in 0..3 {
-            let mut v = store.create("demo", &record(None, 0)).await.unwrap();
+            let mut v = recreate(&store, "demo", &record(None, 3 * round)).await;
             assert!(seen.insert(v.version.clone()));
             for i in 0..3 {
                 stale.push(v.version.clone());
-                v = store.update("demo", &v.version, &record(None, i)).await.unwrap();
+                v = store
+                    .update("demo", &v.version, &record(None, 3 * round + i))
+                    .await
+                    .unwrap();
                 assert!(seen.insert(v.version.clone()));
             }
             stale.push(v.version.clone());
@@ -1199,7 +1378,7 @@ mod tests {
                 fs::remove_file(store.dir().join("demo.lease.json")).unwrap();
             }
         }
-        let current = store.create("demo", &record(None, 0)).await.unwrap();
+        let current = recreate(&store, "demo", &record(None, 9)).await;
         assert!(!seen.contains(&current.version));
         for old in stale {
             let err = store.update("demo", &old, &record(None, 7)).await.unwrap_err();
@@ -1256,7 +1435,7 @@ mod tests {
         }
         // An operator can clear it.
         assert!(store.delete("demo").await.unwrap());
-        store.create("demo", &v.record).await.unwrap();
+        recreate(&store, "demo", &v.record).await;
     }
 
     #[tokio::test]
@@ -1377,7 +1556,7 @@ mod tests {
         {}
         println!("watch saw deletion after {:?}", started.elapsed());
 
-        let again = writer.create("demo", &record(None, 0)).await.unwrap();
+        let again = recreate(&writer, "demo", &record(None, 21)).await;
         while next_within(&mut watch, 1).await != Some(again.clone()) {}
         fs::remove_file(writer.dir().join("demo.lease.json")).unwrap();
         while next_within(&mut watch, 1).await != Some(floor_record(21)) {}

@@ -22,13 +22,20 @@
 //! `kubectl delete lease`). Its holder may still be running its tasks and
 //! learns of the deletion no sooner than anyone else, so the persistent
 //! stores ([`embedded`], [`kube`]) read a record deleted while held as its
-//! last state, still held, under a version of its own ([`TOMBSTONE`]
-//! followed by the last version). The holder keeps leading and writes the
-//! record again at its next renewal (an update of a tombstone is a create);
-//! the others wait out the holder's lease from when they saw the deletion,
-//! as for any holder that has gone quiet. A record deleted without a holder
-//! is simply gone. A store remembers only what it has seen: one that never
-//! saw the record (a host started after the deletion) finds the lease free.
+//! last state, still held, under a version of its own (a *tombstone*: a
+//! version starting with [`TOMBSTONE`]). The holder keeps leading and writes
+//! the record again at its next renewal (an update of a tombstone is a
+//! create); the others wait out the holder's lease from when they saw the
+//! deletion, as for any holder that has gone quiet. A store remembers only
+//! what it has seen: one that never saw the record (a host started after
+//! the deletion) finds the lease free.
+//!
+//! What a deleted record without a holder reads as depends on the store:
+//! the Kubernetes store reads it as gone (`None`); the embedded store keeps
+//! the lease's highest term and reads it as released at that term, under a
+//! tombstone version, so that terms are never reused. The exact tombstone
+//! versions are each store's own (see their module docs); the elector only
+//! passes them back to [`LeaseStore::update`].
 
 use std::time::{Duration, SystemTime};
 
@@ -136,8 +143,9 @@ impl StoreError {
 }
 
 /// A stream of observations of one lease: it yields the record as read after
-/// each change (`None` once the record is deleted). It may also yield when
-/// nothing changed; the elector compares versions.
+/// each change (`None` once the record is deleted, or a tombstone: see
+/// [Deleted records](self#deleted-records)). It may also yield when nothing
+/// changed; the elector compares versions.
 pub type LeaseWatch = BoxStream<'static, Result<Option<Versioned>, StoreError>>;
 
 /// Where lease records live.
@@ -155,7 +163,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// records](self#deleted-records).
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError>;
 
-    /// Creates a lease; [`StoreError::Conflict`] if it already exists.
+    /// Creates a lease; [`StoreError::Conflict`] if it already exists (or,
+    /// in a store that keeps the terms of deleted records, if it ever
+    /// existed: read it and update what was read).
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError>;
 
     /// Replaces a lease if its version is still `version`;
