@@ -408,6 +408,15 @@ impl Elector {
             Ok(Err(e)) if e.is_conflict() => {
                 tracing::debug!(lease = %self.cfg.lease, "another host wrote first; reading the lease again");
                 self.refresh().await;
+                let unchanged = |o: &Observation| {
+                    o.record.as_ref().map(|v| &v.version) == previous.as_ref().map(|v| &v.version)
+                };
+                if self.observed.as_ref().is_some_and(unchanged) {
+                    // The store refuses what it still shows: do not spin
+                    // on it; try again after a retry period.
+                    tracing::warn!(lease = %self.cfg.lease, error = %e, "the lease reads the same after a conflict; backing off");
+                    self.not_before = Instant::now() + self.jittered_retry();
+                }
             }
             Ok(Err(e)) => {
                 tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot acquire the lease");
@@ -453,8 +462,14 @@ impl Elector {
                         if current.record.holder() == Some(self.cfg.identity.as_str())
                             && current.record.transitions == term =>
                     {
+                        // Ours: renew it at once, unless it is the very
+                        // version that conflicted (then not in a loop).
+                        l.next_renew = if current.version == version {
+                            Instant::now() + t.retry_period / 2
+                        } else {
+                            Instant::now()
+                        };
                         l.current = current.clone();
-                        l.next_renew = Instant::now();
                         self.observe(Some(current), Instant::now());
                     }
                     Ok(Ok(current)) => {

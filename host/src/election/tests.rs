@@ -318,3 +318,32 @@ async fn an_unreachable_store_at_start_is_retried_with_back_off_not_hammered() {
     let s = until_leading(&mut a).await;
     assert_eq!(s.term, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_keeps_refusing_what_it_shows_is_retried_with_back_off() {
+    // A free lease whose writes conflict while reads show it unchanged
+    // (for example a store whose own bookkeeping refuses the write): the
+    // candidate must not spin, writing once per retry period at most.
+    let store = MemoryStore::new();
+    store.write_raw(
+        LEASE,
+        LeaseRecord {
+            holder: None,
+            lease_duration: Duration::from_secs(1),
+            acquire_time: None,
+            renew_time: None,
+            transitions: 4,
+        },
+    );
+    store.inject_conflict_next(1_000);
+    let a = start(&store, "a");
+    sleep(Duration::from_secs(10)).await;
+    let counts = store.op_counts();
+    assert!(counts.create + counts.update <= 11, "{counts:?}");
+    assert!(counts.update >= 5, "it keeps trying: {counts:?}");
+    assert!(!a.rx.borrow().status.is_leading());
+    store.inject_conflict_next(0);
+    let mut a = a;
+    let s = until_leading(&mut a).await;
+    assert_eq!(s.term, 5);
+}

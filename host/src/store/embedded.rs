@@ -425,7 +425,7 @@ impl EmbeddedStore {
                 });
             }
             let highest = read_floor(files, lock)?;
-            if highest != floor {
+            if highest > floor {
                 return Err(StoreError::Conflict {
                     lease: files.lease.clone(),
                     detail: format!(
@@ -433,6 +433,8 @@ impl EmbeddedStore {
                     ),
                 });
             }
+            // (A floor below the caller's was lost: emptied by hand, or
+            // written by an older baton. It is raised below.)
             if record.transitions < highest {
                 return Err(StoreError::Refused {
                     lease: files.lease.clone(),
@@ -479,9 +481,16 @@ impl EmbeddedStore {
                     detail: format!("version is {current_version}, not {version}"),
                 });
             }
-            // Renewals keep the term: only a new term touches the floor.
-            if record.transitions > current.record.transitions {
-                raise_floor(files, lock, record.transitions)?;
+            // A new term must raise the floor. A renewal raises a floor
+            // that was lost (emptied by hand, or never written by an older
+            // baton), and goes on if the floor cannot be read: the next
+            // new term reports it.
+            let new_term = record.transitions > current.record.transitions;
+            match read_floor(files, lock) {
+                Ok(floor) if floor < record.transitions => raise_floor(files, lock, record.transitions)?,
+                Ok(_) => {}
+                Err(e) if new_term => return Err(e),
+                Err(_) => {}
             }
             let stored = StoredRecord {
                 incarnation: current.incarnation,
@@ -667,8 +676,7 @@ fn read_floor(files: &LeaseFiles, lock: &File) -> Result<u64, StoreError> {
         lease: files.lease.clone(),
         detail: format!(
             "{}: the term floor (the highest term the lease has had) is not a number: {text:?}; \
-             write that term there (at least the `transitions` of the lease's record), or empty \
-             the file to let terms continue from the record's alone",
+             write that term there (at least the `transitions` of the lease's record)",
             files.lock.display()
         ),
     })
@@ -1352,6 +1360,34 @@ mod tests {
                 && text.contains("is not a number"),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_lost_floor_is_restored_and_never_blocks_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let lock = dir.path().join(".demo.lock");
+        let record_file = dir.path().join("demo.lease.json");
+        let held = store.create("demo", &record(Some("a"), 9)).await.unwrap();
+        // The floor emptied by hand (or a lock file from an older baton):
+        // a renewal writes it again.
+        fs::write(&lock, "").unwrap();
+        let renewed = store
+            .update("demo", &held.version, &record(Some("a"), 9))
+            .await
+            .unwrap();
+        assert_eq!(fs::read_to_string(&lock).unwrap().trim(), "9");
+        // Emptied again, then the record deleted while held: the holder
+        // still writes it again in its term, and the floor is back.
+        fs::write(&lock, "").unwrap();
+        fs::remove_file(&record_file).unwrap();
+        let tombstone = store.get("demo").await.unwrap().unwrap();
+        assert_eq!(tombstone.version, format!("{TOMBSTONE}{}", renewed.version));
+        store
+            .update("demo", &tombstone.version, &record(Some("a"), 9))
+            .await
+            .unwrap();
+        assert_eq!(fs::read_to_string(&lock).unwrap().trim(), "9");
     }
 
     #[tokio::test]
