@@ -1073,6 +1073,59 @@ fn store_watch_is_resumed_after_the_server_ends_it_without_listing_again() {
 }
 
 #[test]
+fn store_watch_stays_current_through_a_busy_watch_cache_without_listing_again() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "busy").await;
+        let options = KubeOptions {
+            fallback_duration: Duration::from_secs(15),
+            request_timeout: Duration::from_secs(2),
+            watch_timeout_secs: Some(2),
+            ..KubeOptions::default()
+        };
+        let watcher = KubeStore::with_client(admin.clone(), &ns.name, "test".into(), &options);
+        let writer = store(admin.clone(), &ns.name, &[]);
+        let current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
+        let before = lease_requests(&admin).await;
+        let mut watch = watcher.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
+        // 300 writes to another Lease while "demo" stays quiet, more than
+        // the API server's watch cache starts with for leases (100 events;
+        // it may grow under load). Every resume (the server ends the watch
+        // every 2 s) must still succeed without an error or a new list:
+        // the store resumes from the newest resourceVersion it knows,
+        // which the bookmarks it asks for keep current. (This does not
+        // force a 410 Gone; none could be provoked on this server.)
+        let mut noise = writer.create("noise", &record(Some("n"), 1)).await.unwrap();
+        for i in 0..300 {
+            noise = writer
+                .update("noise", &noise.version, &record(Some("n"), 2 + i))
+                .await
+                .unwrap();
+        }
+        let quiet = tokio::time::timeout(Duration::from_secs(5), watch.next()).await;
+        assert!(
+            quiet.is_err(),
+            "no error and no event for the quiet Lease: {quiet:?}"
+        );
+        let changed = writer
+            .update("demo", &current.version, &record(Some("b"), 2))
+            .await
+            .unwrap();
+        assert_eq!(next_within(&mut watch, 3).await, Some(changed));
+        let requests = delta(&before, &lease_requests(&admin).await);
+        println!("watch through 300 foreign writes and 2 s server timeouts: {requests:?}");
+        assert_eq!(
+            requests.get("LIST").copied().unwrap_or(0),
+            1,
+            "listed once, when the watch started: {requests:?}"
+        );
+    });
+}
+
+#[test]
 fn store_requests_without_permission_are_refused_naming_user_verb_and_resource() {
     let env = KubeEnv::load();
     let rt = runtime();
