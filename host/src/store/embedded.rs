@@ -597,8 +597,28 @@ where
             .truncate(false)
             .open(&files.lock)
             .map_err(|e| io_error(&files.lease, "cannot open lock file", &files.lock, e))?;
-        lock.lock()
-            .map_err(|e| io_error(&files.lease, "cannot lock", &files.lock, e))?;
+        // Wait for the lock without pinning this thread for good: a writer
+        // that holds it far longer than one compare-and-swap (a stopped
+        // process) must not take a blocking thread per attempt of ours.
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            if abandoned.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable {
+                    lease: files.lease.clone(),
+                    detail: "request abandoned while waiting for the lock".into(),
+                });
+            }
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(10));
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(io_error(&files.lease, "cannot lock", &files.lock, e));
+                }
+            }
+        }
         let result = if abandoned.load(Ordering::SeqCst) {
             Err(StoreError::Unavailable {
                 lease: files.lease.clone(),
