@@ -112,6 +112,7 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
                     plugin = plugin.name(),
                     lease = %p.lease,
                     world = plugin.world().wit_name(),
+                    grants = %p.spec.grants(),
                     load_ms = started.elapsed().as_secs_f64() * 1e3,
                     "plugin loaded"
                 );

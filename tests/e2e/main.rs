@@ -527,6 +527,20 @@ fn plugins_reach_the_network_only_where_granted() {
             .message()
             .to_owned()
     };
+    // The log says what each plugin was granted.
+    let loaded = h.wait_for(SECS(5), "netted loaded", |e| {
+        e.message() == "plugin loaded" && e.str("plugin") == Some("netted")
+    });
+    assert_eq!(
+        loaded.str("grants"),
+        Some(
+            format!(
+                "env PROBE_CONNECT,PROBE_LOOKUP,PROBE_MODE,PROBE_SERVE; connect 127.0.0.0/8:{}; name-lookup",
+                granted_addr.port()
+            )
+            .as_str()
+        )
+    );
     let netted = said("netted", "probe connect");
     assert_eq!(netted, format!("probe connect {granted_addr} ok"));
     assert_eq!(said("netted", "probe lookup"), "probe lookup localhost ok");

@@ -71,6 +71,51 @@ pub struct PluginSpec {
     pub network: NetworkGrant,
 }
 
+impl PluginSpec {
+    /// What the plugin is granted, in one line for the log: environment
+    /// variable names (not values), directories, network.
+    ///
+    /// ```
+    /// use baton::runtime::{DirGrant, NetworkGrant, PluginSpec};
+    ///
+    /// let spec = PluginSpec {
+    ///     name: "sync".into(),
+    ///     path: "sync.wasm".into(),
+    ///     memory_limit: 64 << 20,
+    ///     env: vec![("TOKEN".into(), "secret".into())],
+    ///     dirs: vec![DirGrant { host: "/srv/data".into(), guest: "/data".into(), read_only: true }],
+    ///     network: NetworkGrant { connect: vec!["10.0.0.0/8:5432".parse().unwrap()], name_lookup: false },
+    /// };
+    /// assert_eq!(
+    ///     spec.grants(),
+    ///     "env TOKEN; dir /srv/data as /data (read-only); connect 10.0.0.0/8:5432"
+    /// );
+    /// ```
+    pub fn grants(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.env.is_empty() {
+            let names: Vec<&str> = self.env.iter().map(|(k, _)| k.as_str()).collect();
+            parts.push(format!("env {}", names.join(",")));
+        }
+        for d in &self.dirs {
+            let mode = if d.read_only { "read-only" } else { "read-write" };
+            parts.push(format!("dir {} as {} ({mode})", d.host.display(), d.guest));
+        }
+        if !self.network.connect.is_empty() {
+            let to: Vec<String> = self.network.connect.iter().map(|g| g.to_string()).collect();
+            parts.push(format!("connect {}", to.join(",")));
+        }
+        if self.network.name_lookup {
+            parts.push("name-lookup".into());
+        }
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
 /// Links both worlds' imports: WASI 0.2 and 0.3, and `current-status`.
 pub struct PluginRuntime {
     engine: PluginEngine,
