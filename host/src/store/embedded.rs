@@ -16,8 +16,10 @@
 //! - `.demo.lock`: the file that writers lock (advisory `flock`) for the
 //!   duration of one compare-and-swap. It is never deleted: deleting a lock
 //!   file while someone waits on it would let two writers hold "the" lock.
-//!   It also holds the lease's *term floor*: the highest term ever written,
-//!   as a decimal number, so that terms survive the record's deletion.
+//!   It also holds two decimal numbers: the lease's *term floor*, the
+//!   highest term ever written, so that terms survive the record's
+//!   deletion, and how many times the record was created, so that a reader
+//!   that finds no record twice knows whether it was created in between.
 //! - `.demo.tmp`: the next record while it is being written; it exists only
 //!   while a writer holds the lock, or after a writer died mid-write. Readers
 //!   ignore it, and the next writer overwrites it.
@@ -38,7 +40,10 @@
 //! described in [Deleted records](super#deleted-records): each store
 //! remembers the last record it read or wrote of each lease, and a holder
 //! whose record vanished writes it again (a new incarnation, same term) at
-//! its next renewal.
+//! its next renewal. A tombstone gets a new version (`+N`), dated anew by
+//! the elector, when the lock file's create count shows the record was
+//! created again since the last read: written and deleted again in
+//! between, which a reader may have missed.
 //!
 //! A missing record whose lock file holds a term floor (the lease existed
 //! and was deleted) reads as a released record at that term, under the
@@ -144,6 +149,8 @@ struct Sighting {
     tombstone: Option<Versioned>,
     /// How many times the tombstone was renewed (see [`Sightings::read`]).
     renewals: u64,
+    /// The lock file's create count when the tombstone was last dated.
+    creates: u64,
     /// How many writes this store has made to the lease.
     writes: u64,
 }
@@ -170,16 +177,15 @@ impl Sightings {
     }
 
     /// What to report for `lease` after finding `read` in its file (and,
-    /// if there is none, the term floor in its lock file). `since` is
-    /// [`Sightings::writes`] from before the read; `woken` says the read
-    /// followed a change notice from the watch.
+    /// if there is none, its lock file's state). `since` is
+    /// [`Sightings::writes`] from before the read.
     fn read(
         &self,
         lease: &str,
-        (read, floor): (Option<Versioned>, u64),
+        (read, lock): (Option<Versioned>, LockState),
         since: u64,
-        woken: bool,
     ) -> Option<Versioned> {
+        let floor = lock.floor;
         self.with(lease, |seen| {
             if seen.writes != since {
                 // This store wrote while the read was under way (a watch
@@ -198,15 +204,17 @@ impl Sightings {
                     if let Some(last) = seen.last.take().filter(|l| l.record.holder().is_some()) {
                         // The first read since the deletion.
                         seen.renewals = 0;
+                        seen.creates = lock.creates;
                         seen.tombstone = Some(Versioned {
                             version: format!("{TOMBSTONE}{}", last.version),
                             record: last.record,
                         });
-                    } else if let Some(t) = seen.tombstone.as_mut().filter(|_| woken) {
-                        // The record changed again and is still missing: it
-                        // may have been written and deleted again between
-                        // two reads. A new version makes the others date
-                        // the holder's lease from now.
+                    } else if let Some(t) = seen.tombstone.as_mut().filter(|_| lock.creates != seen.creates) {
+                        // The record was created (and deleted) again since
+                        // the last read, which may have missed it: a new
+                        // version makes the others date the holder's lease
+                        // from now.
+                        seen.creates = lock.creates;
                         seen.renewals += 1;
                         let base = t.version.split('+').next().unwrap_or_default().to_owned();
                         t.version = format!("{base}+{}", seen.renewals);
@@ -365,7 +373,7 @@ impl LeaseStore for EmbeddedStore {
         let files = self.files(lease)?;
         let since = self.seen.writes(lease);
         let read = blocking(&files.lease.clone(), move || observe(&files)).await?;
-        Ok(self.seen.read(lease, read, since, false))
+        Ok(self.seen.read(lease, read, since))
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
@@ -424,7 +432,8 @@ impl EmbeddedStore {
                     detail: format!("already exists (version {})", current.version()),
                 });
             }
-            let highest = read_floor(files, lock)?;
+            let state = read_lock_state(files, lock)?;
+            let highest = state.floor;
             if highest > floor {
                 return Err(StoreError::Conflict {
                     lease: files.lease.clone(),
@@ -449,7 +458,16 @@ impl EmbeddedStore {
                 counter: 1,
                 record,
             };
-            raise_floor(files, lock, stored.record.transitions)?;
+            // Counted before the record appears, so that a reader that
+            // finds no record again knows it was created in between.
+            write_lock_state(
+                files,
+                lock,
+                LockState {
+                    floor: highest.max(stored.record.transitions),
+                    creates: state.creates + 1,
+                },
+            )?;
             write_record(files, &stored)?;
             Ok(stored.into_versioned())
         })
@@ -634,16 +652,16 @@ where
     .await
 }
 
-/// Reads a lease's record and, if there is none, its term floor (0 if it
-/// has none), under a shared lock so that a writer's floor is never read
-/// half-written.
-fn observe(files: &LeaseFiles) -> Result<(Option<Versioned>, u64), StoreError> {
+/// Reads a lease's record and, if there is none, its [`LockState`] (zeros
+/// if it has none), under a shared lock so that a writer's state is never
+/// read half-written.
+fn observe(files: &LeaseFiles) -> Result<(Option<Versioned>, LockState), StoreError> {
     if let Some(stored) = read_record(files)? {
-        return Ok((Some(stored.into_versioned()), 0));
+        return Ok((Some(stored.into_versioned()), LockState::default()));
     }
     let lock = match File::open(&files.lock) {
         Ok(lock) => lock,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, 0)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, LockState::default())),
         Err(e) => return Err(io_error(&files.lease, "cannot open lock file", &files.lock, e)),
     };
     // A writer holds the lock for one compare-and-swap (milliseconds); one
@@ -672,34 +690,69 @@ fn observe(files: &LeaseFiles) -> Result<(Option<Versioned>, u64), StoreError> {
     }
     // Created while we waited for the lock.
     if let Some(stored) = read_record(files)? {
-        return Ok((Some(stored.into_versioned()), 0));
+        return Ok((Some(stored.into_versioned()), LockState::default()));
     }
-    let floor = read_floor(files, &lock)?;
+    let state = read_lock_state(files, &lock)?;
     let _ = lock.unlock();
-    Ok((None, floor))
+    Ok((None, state))
 }
 
-/// The term floor kept in a lease's lock file; 0 if it holds none (a lock
-/// file written before floors were kept is empty).
-fn read_floor(files: &LeaseFiles, lock: &File) -> Result<u64, StoreError> {
+/// What a lease's lock file holds besides the lock: the term floor (the
+/// highest term ever written) and how many times the record was created.
+/// Both only grow. A lock file written before they were kept is empty and
+/// reads as zeros; one written before the create count reads as count 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct LockState {
+    floor: u64,
+    creates: u64,
+}
+
+/// The width of each number in the lock file: fixed, so that larger ones
+/// overwrite smaller ones in place.
+const NUMBER_WIDTH: usize = 20;
+
+/// Reads a lease's [`LockState`] (the caller holds the lock, shared or not).
+fn read_lock_state(files: &LeaseFiles, lock: &File) -> Result<LockState, StoreError> {
     use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; FLOOR_WIDTH];
+    let mut buf = [0u8; 2 * (NUMBER_WIDTH + 1) + 8];
     let n = lock
         .read_at(&mut buf, 0)
         .map_err(|e| io_error(&files.lease, "cannot read", &files.lock, e))?;
     let text = String::from_utf8_lossy(&buf[..n]);
-    let text = text.trim();
-    if text.is_empty() {
-        return Ok(0);
-    }
-    text.parse().map_err(|_| StoreError::Refused {
+    let bad = || StoreError::Refused {
         lease: files.lease.clone(),
         detail: format!(
-            "{}: the term floor (the highest term the lease has had) is not a number: {text:?}; \
+            "{}: the term floor (the highest term the lease has had) is not a number: {:?}; \
              write that term there (at least the `transitions` of the lease's record)",
-            files.lock.display()
+            files.lock.display(),
+            text.trim()
         ),
-    })
+    };
+    let mut numbers = text
+        .split_whitespace()
+        .map(|t| t.parse::<u64>().map_err(|_| bad()));
+    let state = LockState {
+        floor: numbers.next().transpose()?.unwrap_or(0),
+        creates: numbers.next().transpose()?.unwrap_or(0),
+    };
+    if numbers.next().is_some() {
+        return Err(bad());
+    }
+    Ok(state)
+}
+
+/// The term floor kept in a lease's lock file; 0 if it holds none.
+fn read_floor(files: &LeaseFiles, lock: &File) -> Result<u64, StoreError> {
+    Ok(read_lock_state(files, lock)?.floor)
+}
+
+/// Writes a lease's [`LockState`] durably (the caller holds the lock).
+fn write_lock_state(files: &LeaseFiles, lock: &File, state: LockState) -> Result<(), StoreError> {
+    use std::os::unix::fs::FileExt;
+    let text = format!("{:>w$} {:>w$}\n", state.floor, state.creates, w = NUMBER_WIDTH);
+    lock.write_all_at(text.as_bytes(), 0)
+        .and_then(|()| lock.sync_data())
+        .map_err(|e| io_error(&files.lease, "cannot write", &files.lock, e))
 }
 
 /// The longest a reader waits for a writer to release a lease's lock (a
@@ -707,21 +760,14 @@ fn read_floor(files: &LeaseFiles, lock: &File) -> Result<u64, StoreError> {
 /// usually gives up sooner).
 const SHARED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// A term floor as written: fixed width, so a larger one overwrites a
-/// smaller one in place.
-const FLOOR_WIDTH: usize = 21;
-
 /// Raises the term floor in the lock file (held by the caller) to `term`,
 /// durably, before a record with that term is written.
 fn raise_floor(files: &LeaseFiles, lock: &File, term: u64) -> Result<(), StoreError> {
-    use std::os::unix::fs::FileExt;
-    if term <= read_floor(files, lock)? {
+    let state = read_lock_state(files, lock)?;
+    if term <= state.floor {
         return Ok(());
     }
-    let text = format!("{term:>width$}\n", width = FLOOR_WIDTH - 1);
-    lock.write_all_at(text.as_bytes(), 0)
-        .and_then(|()| lock.sync_data())
-        .map_err(|e| io_error(&files.lease, "cannot write", &files.lock, e))
+    write_lock_state(files, lock, LockState { floor: term, ..state })
 }
 
 /// Reads a lease's record; `None` if there is none.
@@ -903,7 +949,6 @@ async fn next_observation(
     if state.done {
         return None;
     }
-    let woken = !state.first;
     if state.first {
         state.first = false;
     } else {
@@ -921,7 +966,7 @@ async fn next_observation(
     let since = state.seen.writes(&files.lease);
     let observed = blocking(&files.lease.clone(), move || observe(&files))
         .await
-        .map(|read| state.seen.read(&state.files.lease, read, since, woken));
+        .map(|read| state.seen.read(&state.files.lease, read, since));
     Some((observed, state))
 }
 
@@ -963,6 +1008,12 @@ mod tests {
                 return next;
             }
         }
+    }
+
+    /// The term floor in a lock file, as text.
+    fn floor_in(lock: &Path) -> String {
+        let text = fs::read_to_string(lock).unwrap();
+        text.split_whitespace().next().unwrap_or_default().to_owned()
     }
 
     /// Writes `record` to a lease that has none: a create, or an update of
@@ -1186,41 +1237,42 @@ mod tests {
                 ..base.clone()
             },
         };
+        let lock = |floor, creates| LockState { floor, creates };
+        let none = |floor, creates| (None, lock(floor, creates));
         // A read that began before this store's own write reports the write.
         let since = seen.writes("l");
         seen.wrote("l", &v("x-2", Some("me")));
         assert_eq!(
-            seen.read("l", (Some(v("x-1", Some("old"))), 0), since, true),
+            seen.read("l", (Some(v("x-1", Some("old"))), LockState::default()), since),
             Some(v("x-2", Some("me")))
         );
         let since = seen.writes("l");
-        assert_eq!(
-            seen.read("l", (None, 3), since, true).unwrap().version,
-            "deleted@x-2"
-        );
+        assert_eq!(seen.read("l", none(3, 1), since).unwrap().version, "deleted@x-2");
         // A read that began before the write reports it, not the deletion.
         let since = seen.writes("l");
         seen.wrote("l", &v("y-1", Some("me")));
-        assert_eq!(seen.read("l", (None, 3), since, true), Some(v("y-1", Some("me"))));
-        // Deleted: one tombstone; reads without a change notice repeat it,
-        // each change notice that still finds no record renews it, so that
-        // a write and deletion between two reads restarts the wait.
+        assert_eq!(seen.read("l", none(3, 2), since), Some(v("y-1", Some("me"))));
+        // Deleted: one tombstone, reported again by every read, until the
+        // lock file counts another create (the record was written again
+        // and deleted again between two reads): then a new version makes
+        // the others date the holder's lease from that read.
         let since = seen.writes("l");
-        let first = seen.read("l", (None, 3), since, true).unwrap();
+        let first = seen.read("l", none(3, 2), since).unwrap();
         assert_eq!(first.version, "deleted@y-1");
-        assert_eq!(seen.read("l", (None, 3), since, false), Some(first.clone()));
-        let renewed = seen.read("l", (None, 3), since, true).unwrap();
+        assert_eq!(seen.read("l", none(3, 2), since), Some(first.clone()));
+        let renewed = seen.read("l", none(3, 3), since).unwrap();
         assert_eq!(renewed.version, "deleted@y-1+1");
         assert_eq!(renewed.record, first.record);
+        assert_eq!(seen.read("l", none(3, 3), since), Some(renewed.clone()));
         assert_eq!(seen.tombstone_term("l", "deleted@y-1+1"), Some(3));
         assert_eq!(seen.tombstone_term("l", "deleted@y-1"), None);
         assert_eq!(
-            seen.read("l", (None, 3), since, true).unwrap().version,
+            seen.read("l", none(3, 5), since).unwrap().version,
             "deleted@y-1+2"
         );
         // A higher term written (and deleted) since: the tombstone is
         // history, and the lease reads as released at that term.
-        assert_eq!(seen.read("l", (None, 4), since, false), Some(floor_record(4)));
+        assert_eq!(seen.read("l", none(4, 6), since), Some(floor_record(4)));
         assert_eq!(seen.tombstone_term("l", "deleted@y-1+2"), None);
     }
 
@@ -1257,8 +1309,7 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(again.version, held.version);
-        // (An extra change notice from the deletion may renew the
-        // tombstone first.)
+        // (The watch may yield the tombstone again first.)
         let mut seen = next_within(&mut watch, 5).await;
         while seen != Some(again.clone()) {
             assert!(
@@ -1383,6 +1434,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_poller_that_misses_a_rewrite_and_second_deletion_dates_the_holder_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let holder = EmbeddedStore::open(dir.path()).unwrap();
+        let poller = EmbeddedStore::open(dir.path()).unwrap();
+        let record_file = dir.path().join("demo.lease.json");
+        let held = holder.create("demo", &record(Some("h"), 4)).await.unwrap();
+        assert_eq!(poller.get("demo").await.unwrap(), Some(held));
+        fs::remove_file(&record_file).unwrap();
+        let first = poller.get("demo").await.unwrap().unwrap();
+        assert!(first.version.starts_with(TOMBSTONE));
+        assert_eq!(
+            poller.get("demo").await.unwrap(),
+            Some(first.clone()),
+            "no change, same version"
+        );
+        // The holder writes its record again; it is deleted again before
+        // the poller reads: the poller's next read is a new version, so it
+        // dates the holder's lease from then, not from the first deletion.
+        let tomb = holder.get("demo").await.unwrap().unwrap();
+        holder
+            .update("demo", &tomb.version, &record(Some("h"), 4))
+            .await
+            .unwrap();
+        fs::remove_file(&record_file).unwrap();
+        let second = poller.get("demo").await.unwrap().unwrap();
+        assert_ne!(second.version, first.version);
+        assert_eq!(second.record, first.record);
+        assert_eq!(poller.get("demo").await.unwrap(), Some(second));
+    }
+
+    #[tokio::test]
     async fn a_lost_floor_is_restored_and_never_blocks_the_holder() {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path()).unwrap();
@@ -1396,7 +1478,7 @@ mod tests {
             .update("demo", &held.version, &record(Some("a"), 9))
             .await
             .unwrap();
-        assert_eq!(fs::read_to_string(&lock).unwrap().trim(), "9");
+        assert_eq!(floor_in(&lock), "9");
         // Emptied again, then the record deleted while held: the holder
         // still writes it again in its term, and the floor is back.
         fs::write(&lock, "").unwrap();
@@ -1407,7 +1489,7 @@ mod tests {
             .update("demo", &tombstone.version, &record(Some("a"), 9))
             .await
             .unwrap();
-        assert_eq!(fs::read_to_string(&lock).unwrap().trim(), "9");
+        assert_eq!(floor_in(&lock), "9");
     }
 
     #[tokio::test]
