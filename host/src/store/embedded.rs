@@ -465,7 +465,8 @@ impl EmbeddedStore {
                 lock,
                 LockState {
                     floor: highest.max(stored.record.transitions),
-                    creates: state.creates + 1,
+                    // Only ever compared for a change.
+                    creates: state.creates.wrapping_add(1),
                 },
             )?;
             write_record(files, &stored)?;
@@ -722,8 +723,9 @@ fn read_lock_state(files: &LeaseFiles, lock: &File) -> Result<LockState, StoreEr
     let bad = || StoreError::Refused {
         lease: files.lease.clone(),
         detail: format!(
-            "{}: the term floor (the highest term the lease has had) is not a number: {:?}; \
-             write that term there (at least the `transitions` of the lease's record)",
+            "{}: expected the term floor (the highest term the lease has had) and a create \
+             count, two numbers, found {:?}; write the floor there (at least the `transitions` \
+             of the lease's record)",
             files.lock.display(),
             text.trim()
         ),
@@ -750,7 +752,9 @@ fn read_floor(files: &LeaseFiles, lock: &File) -> Result<u64, StoreError> {
 fn write_lock_state(files: &LeaseFiles, lock: &File, state: LockState) -> Result<(), StoreError> {
     use std::os::unix::fs::FileExt;
     let text = format!("{:>w$} {:>w$}\n", state.floor, state.creates, w = NUMBER_WIDTH);
+    // (Cut anything longer left behind, say by hand.)
     lock.write_all_at(text.as_bytes(), 0)
+        .and_then(|()| lock.set_len(text.len() as u64))
         .and_then(|()| lock.sync_data())
         .map_err(|e| io_error(&files.lease, "cannot write", &files.lock, e))
 }
@@ -1428,7 +1432,7 @@ mod tests {
         assert!(
             matches!(err, StoreError::Refused { .. })
                 && text.contains(".demo.lock")
-                && text.contains("is not a number"),
+                && text.contains("expected the term floor"),
             "{text}"
         );
     }
