@@ -269,7 +269,7 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
             "cannot read the file",
         ),
     ];
-    let mut plugins: Vec<PluginDef> = bad
+    let bad_plugins: Vec<PluginDef> = bad
         .iter()
         .map(|(name, path, _)| PluginDef {
             name,
@@ -277,6 +277,7 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
             mode: "cooperative",
         })
         .collect();
+    let mut plugins = bad_plugins.clone();
     plugins.push(probe("good", "pollable", "cooperative"));
     let cfg = s.write("baton.toml", &config(&s.store(), &plugins));
     let h = Host::start("host", &cfg);
@@ -295,15 +296,7 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
 
     // A host none of whose plugins can run has nothing to serve: it says
     // so and exits with an error, so that its supervisor notices.
-    let plugins: Vec<PluginDef> = bad
-        .iter()
-        .map(|(name, path, _)| PluginDef {
-            name,
-            path: path.clone(),
-            mode: "cooperative",
-        })
-        .collect();
-    let cfg = s.write("all-bad.toml", &config(&s.store(), &plugins));
+    let cfg = s.write("all-bad.toml", &config(&s.store(), &bad_plugins));
     let mut all_bad = Host::start("all-bad", &cfg);
     let status = all_bad.wait_exit(SECS(30));
     assert!(!status.success(), "{status}");

@@ -48,6 +48,7 @@ pub const RETRY_PERIOD: Duration = Duration::from_millis(200);
 pub const GRACE: Duration = Duration::from_millis(500);
 
 /// One plugin in a test configuration.
+#[derive(Clone)]
 pub struct PluginDef<'a> {
     pub name: &'a str,
     pub path: PathBuf,
