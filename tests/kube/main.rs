@@ -1026,13 +1026,18 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
     });
 }
 
-#[test]
-fn store_watch_is_resumed_after_the_server_ends_it_without_listing_again() {
-    let env = KubeEnv::load();
-    let rt = runtime();
-    rt.block_on(async {
-        let admin = env.admin().await;
-        let ns = TestNamespace::create(admin.clone(), "resume").await;
+/// A watch on a new Lease "demo" that the server ends every 2 s, after its
+/// first observation; the store that created the Lease, and the request
+/// counts from before the watch started.
+struct ShortWatch {
+    writer: KubeStore,
+    current: Versioned,
+    before: std::collections::BTreeMap<String, f64>,
+    watch: LeaseWatch,
+}
+
+impl ShortWatch {
+    async fn start(admin: &kube::Client, ns: &TestNamespace) -> ShortWatch {
         let options = KubeOptions {
             fallback_duration: Duration::from_secs(15),
             request_timeout: Duration::from_secs(2),
@@ -1041,10 +1046,32 @@ fn store_watch_is_resumed_after_the_server_ends_it_without_listing_again() {
         };
         let watcher = KubeStore::with_client(admin.clone(), &ns.name, "test".into(), &options);
         let writer = store(admin.clone(), &ns.name, &[]);
-        let mut current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
-        let before = lease_requests(&admin).await;
+        let current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
+        let before = lease_requests(admin).await;
         let mut watch = watcher.watch("demo").await.unwrap();
         assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
+        ShortWatch {
+            writer,
+            current,
+            before,
+            watch,
+        }
+    }
+}
+
+#[test]
+fn store_watch_is_resumed_after_the_server_ends_it_without_listing_again() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "resume").await;
+        let ShortWatch {
+            writer,
+            mut current,
+            before,
+            mut watch,
+        } = ShortWatch::start(&admin, &ns).await;
         // Four server-side watch timeouts pass, quietly, then changes still
         // arrive: the watch was resumed each time.
         let quiet = tokio::time::timeout(Duration::from_millis(8500), watch.next()).await;
@@ -1079,18 +1106,12 @@ fn store_watch_stays_current_through_a_busy_watch_cache_without_listing_again() 
     rt.block_on(async {
         let admin = env.admin().await;
         let ns = TestNamespace::create(admin.clone(), "busy").await;
-        let options = KubeOptions {
-            fallback_duration: Duration::from_secs(15),
-            request_timeout: Duration::from_secs(2),
-            watch_timeout_secs: Some(2),
-            ..KubeOptions::default()
-        };
-        let watcher = KubeStore::with_client(admin.clone(), &ns.name, "test".into(), &options);
-        let writer = store(admin.clone(), &ns.name, &[]);
-        let current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
-        let before = lease_requests(&admin).await;
-        let mut watch = watcher.watch("demo").await.unwrap();
-        assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
+        let ShortWatch {
+            writer,
+            current,
+            before,
+            mut watch,
+        } = ShortWatch::start(&admin, &ns).await;
         // 300 writes to another Lease while "demo" stays quiet, more than
         // the API server's watch cache starts with for leases (100 events;
         // it may grow under load). Every resume (the server ends the watch
