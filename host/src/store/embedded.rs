@@ -402,15 +402,98 @@ impl LeaseStore for EmbeddedStore {
             };
             return self.create_at(lease, record, floor).await;
         }
-        self.update_existing(lease, version, record).await
+        let files = self.files(lease)?;
+        let record = record.clone();
+        let version = version.to_owned();
+        let updated = locked(files, move |files, lock| {
+            let Some(current) = read_record(files)? else {
+                return Err(StoreError::Conflict {
+                    lease: files.lease.clone(),
+                    detail: format!("does not exist (expected version {version})"),
+                });
+            };
+            let current_version = current.version();
+            if current_version != version {
+                return Err(StoreError::Conflict {
+                    lease: files.lease.clone(),
+                    detail: format!("version is {current_version}, not {version}"),
+                });
+            }
+            // A new term must raise the floor. A renewal raises a floor
+            // that was lost (emptied by hand, or never written by an older
+            // baton), and goes on if the floor cannot be read: the next
+            // new term reports it.
+            let new_term = record.transitions > current.record.transitions;
+            match read_lock_state(files, lock) {
+                Ok(state) if state.floor < record.transitions => write_lock_state(
+                    files,
+                    lock,
+                    LockState {
+                        floor: record.transitions,
+                        ..state
+                    },
+                )?,
+                Ok(_) => {}
+                Err(e) if new_term => return Err(e),
+                Err(_) => {}
+            }
+            let stored = StoredRecord {
+                incarnation: current.incarnation,
+                counter: current.counter + 1,
+                record,
+            };
+            write_record(files, &stored)?;
+            Ok(stored.into_versioned())
+        })
+        .await?;
+        self.seen.wrote(lease, &updated);
+        Ok(updated)
     }
 
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
-        self.start_watch(lease).await
+        let files = Arc::new(self.files(lease)?);
+        let signal = Arc::new(Signal::default());
+        let watcher = {
+            let files = files.clone();
+            let signal = signal.clone();
+            blocking(&files.lease.clone(), move || start_watcher(&files, signal)).await?
+        };
+        let state = WatchState {
+            _watcher: watcher,
+            signal,
+            files,
+            seen: self.seen.clone(),
+            first: true,
+            done: false,
+        };
+        Ok(Box::pin(stream::unfold(state, next_observation)))
     }
 
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
-        self.list_all().await
+        let store = self.clone();
+        blocking(ANY_LEASE, move || {
+            let entries =
+                fs::read_dir(store.dir()).map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
+            let mut leases = Vec::new();
+            for entry in entries {
+                let entry = entry.map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
+                let name = entry.file_name();
+                let Some(lease) = name.to_str().and_then(|n| n.strip_suffix(RECORD_SUFFIX)) else {
+                    continue;
+                };
+                // Files that no store of ours would have written.
+                let Ok(files) = store.files(lease) else {
+                    continue;
+                };
+                // `None`: deleted since the directory was read.
+                if let Some(stored) = read_record(&files)? {
+                    leases.push((files.lease, stored.into_versioned()));
+                }
+            }
+            leases.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(leases)
+        })
+        .await
     }
 }
 
@@ -476,99 +559,6 @@ impl EmbeddedStore {
         self.seen.wrote(lease, &created);
         Ok(created)
     }
-
-    async fn update_existing(
-        &self,
-        lease: &str,
-        version: &str,
-        record: &LeaseRecord,
-    ) -> Result<Versioned, StoreError> {
-        let files = self.files(lease)?;
-        let record = record.clone();
-        let version = version.to_owned();
-        let updated = locked(files, move |files, lock| {
-            let Some(current) = read_record(files)? else {
-                return Err(StoreError::Conflict {
-                    lease: files.lease.clone(),
-                    detail: format!("does not exist (expected version {version})"),
-                });
-            };
-            let current_version = current.version();
-            if current_version != version {
-                return Err(StoreError::Conflict {
-                    lease: files.lease.clone(),
-                    detail: format!("version is {current_version}, not {version}"),
-                });
-            }
-            // A new term must raise the floor. A renewal raises a floor
-            // that was lost (emptied by hand, or never written by an older
-            // baton), and goes on if the floor cannot be read: the next
-            // new term reports it.
-            let new_term = record.transitions > current.record.transitions;
-            match read_floor(files, lock) {
-                Ok(floor) if floor < record.transitions => raise_floor(files, lock, record.transitions)?,
-                Ok(_) => {}
-                Err(e) if new_term => return Err(e),
-                Err(_) => {}
-            }
-            let stored = StoredRecord {
-                incarnation: current.incarnation,
-                counter: current.counter + 1,
-                record,
-            };
-            write_record(files, &stored)?;
-            Ok(stored.into_versioned())
-        })
-        .await?;
-        self.seen.wrote(lease, &updated);
-        Ok(updated)
-    }
-
-    async fn start_watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
-        let files = Arc::new(self.files(lease)?);
-        let signal = Arc::new(Signal::default());
-        let watcher = {
-            let files = files.clone();
-            let signal = signal.clone();
-            blocking(&files.lease.clone(), move || start_watcher(&files, signal)).await?
-        };
-        let state = WatchState {
-            _watcher: watcher,
-            signal,
-            files,
-            seen: self.seen.clone(),
-            first: true,
-            done: false,
-        };
-        Ok(Box::pin(stream::unfold(state, next_observation)))
-    }
-
-    async fn list_all(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
-        let store = self.clone();
-        blocking(ANY_LEASE, move || {
-            let entries =
-                fs::read_dir(store.dir()).map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
-            let mut leases = Vec::new();
-            for entry in entries {
-                let entry = entry.map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
-                let name = entry.file_name();
-                let Some(lease) = name.to_str().and_then(|n| n.strip_suffix(RECORD_SUFFIX)) else {
-                    continue;
-                };
-                // Files that no store of ours would have written.
-                let Ok(files) = store.files(lease) else {
-                    continue;
-                };
-                // `None`: deleted since the directory was read.
-                if let Some(stored) = read_record(&files)? {
-                    leases.push((files.lease, stored.into_versioned()));
-                }
-            }
-            leases.sort_by(|a, b| a.0.cmp(&b.0));
-            Ok(leases)
-        })
-        .await
-    }
 }
 
 /// Runs blocking file work on tokio's blocking pool.
@@ -616,28 +606,11 @@ where
             .truncate(false)
             .open(&files.lock)
             .map_err(|e| io_error(&files.lease, "cannot open lock file", &files.lock, e))?;
-        // Wait for the lock without pinning this thread for good: a writer
-        // that holds it far longer than one compare-and-swap (a stopped
-        // process) must not take a blocking thread per attempt of ours.
-        let mut pause = std::time::Duration::from_millis(1);
-        loop {
-            if abandoned.load(Ordering::SeqCst) {
-                return Err(StoreError::Unavailable {
-                    lease: files.lease.clone(),
-                    detail: "request abandoned while waiting for the lock".into(),
-                });
-            }
-            match lock.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_millis(10));
-                }
-                Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(io_error(&files.lease, "cannot lock", &files.lock, e));
-                }
-            }
-        }
+        take_lock(&files, &lock, false, || {
+            abandoned
+                .load(Ordering::SeqCst)
+                .then(|| "request abandoned while waiting for the lock".into())
+        })?;
         let result = if abandoned.load(Ordering::SeqCst) {
             Err(StoreError::Unavailable {
                 lease: files.lease.clone(),
@@ -665,30 +638,16 @@ fn observe(files: &LeaseFiles) -> Result<(Option<Versioned>, LockState), StoreEr
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, LockState::default())),
         Err(e) => return Err(io_error(&files.lease, "cannot open lock file", &files.lock, e)),
     };
-    // A writer holds the lock for one compare-and-swap (milliseconds); one
-    // that holds it far longer (stopped, or stuck in fsync) must not pin
-    // this thread for good: give up after a while, as a timeout.
+    // Give up after a while, as a timeout would.
     let deadline = std::time::Instant::now() + SHARED_LOCK_WAIT;
-    loop {
-        match lock.try_lock_shared() {
-            Ok(()) => break,
-            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(StoreError::Unavailable {
-                    lease: files.lease.clone(),
-                    detail: format!(
-                        "{} stayed locked by a writer for {SHARED_LOCK_WAIT:?}",
-                        files.lock.display()
-                    ),
-                });
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(io_error(&files.lease, "cannot lock", &files.lock, e));
-            }
-        }
-    }
+    take_lock(files, &lock, true, || {
+        (std::time::Instant::now() >= deadline).then(|| {
+            format!(
+                "{} stayed locked by a writer for {SHARED_LOCK_WAIT:?}",
+                files.lock.display()
+            )
+        })
+    })?;
     // Created while we waited for the lock.
     if let Some(stored) = read_record(files)? {
         return Ok((Some(stored.into_versioned()), LockState::default()));
@@ -743,11 +702,6 @@ fn read_lock_state(files: &LeaseFiles, lock: &File) -> Result<LockState, StoreEr
     Ok(state)
 }
 
-/// The term floor kept in a lease's lock file; 0 if it holds none.
-fn read_floor(files: &LeaseFiles, lock: &File) -> Result<u64, StoreError> {
-    Ok(read_lock_state(files, lock)?.floor)
-}
-
 /// Writes a lease's [`LockState`] durably (the caller holds the lock).
 fn write_lock_state(files: &LeaseFiles, lock: &File, state: LockState) -> Result<(), StoreError> {
     use std::os::unix::fs::FileExt;
@@ -764,14 +718,40 @@ fn write_lock_state(files: &LeaseFiles, lock: &File, state: LockState) -> Result
 /// usually gives up sooner).
 const SHARED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Raises the term floor in the lock file (held by the caller) to `term`,
-/// durably, before a record with that term is written.
-fn raise_floor(files: &LeaseFiles, lock: &File, term: u64) -> Result<(), StoreError> {
-    let state = read_lock_state(files, lock)?;
-    if term <= state.floor {
-        return Ok(());
+/// Takes `lock`, shared or exclusive, without pinning this thread for good
+/// behind a holder that keeps it far longer than one compare-and-swap (a
+/// stopped process, a stuck fsync): polls it, and fails with the reason
+/// `give_up` returns once it returns one.
+fn take_lock(
+    files: &LeaseFiles,
+    lock: &File,
+    shared: bool,
+    give_up: impl Fn() -> Option<String>,
+) -> Result<(), StoreError> {
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        if let Some(detail) = give_up() {
+            return Err(StoreError::Unavailable {
+                lease: files.lease.clone(),
+                detail,
+            });
+        }
+        let attempt = if shared {
+            lock.try_lock_shared()
+        } else {
+            lock.try_lock()
+        };
+        match attempt {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(io_error(&files.lease, "cannot lock", &files.lock, e));
+            }
+        }
     }
-    write_lock_state(files, lock, LockState { floor: term, ..state })
 }
 
 /// Reads a lease's record; `None` if there is none.
