@@ -31,6 +31,8 @@
 //! dirs = [{ host = "data", guest = "/data", read-only = true }]
 //! connect = ["10.0.0.0/8:5432"]  # where it may connect over TCP
 //! name-lookup = true             # whether it may resolve names
+//! output-rate = "64 KiB"         # guest output per second; the rest is dropped
+//! output-line = "4 KiB"          # the longest line; the rest is cut
 //! ```
 
 use std::collections::BTreeMap;
@@ -42,18 +44,14 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::election::Timings;
-use crate::runtime::{ConnectGrant, DirGrant, NetworkGrant, PluginSpec};
-use crate::store::embedded::validate_lease_name;
+use crate::runtime::{ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, NetworkGrant, OutputLimits, PluginSpec};
+use crate::store::validate_lease_name;
 
 /// A configuration that cannot be used; the message names the file, line
 /// and field at fault.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ConfigError(String);
-
-/// The default memory limit of one plugin instance: room for the Python
-/// and JavaScript runtimes, which need tens of MiB.
-pub const DEFAULT_MEMORY_LIMIT: ByteSize = ByteSize::mib(256);
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -157,6 +155,8 @@ struct RawPlugin {
     connect: Vec<Spanned<String>>,
     #[serde(default)]
     name_lookup: bool,
+    output_rate: Option<ByteSize>,
+    output_line: Option<ByteSize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -376,11 +376,36 @@ impl Config {
                 connect,
                 name_lookup: p.name_lookup,
             };
-            let memory_limit = p.memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).as_u64();
+            let memory_limit = p.memory_limit.map_or(DEFAULT_MEMORY_LIMIT, |m| m.as_u64());
             if memory_limit < ByteSize::mib(1).as_u64() {
                 return Err(err_at(
                     at,
                     format!("plugin {name:?}: field `memory-limit`: below 1 MiB"),
+                ));
+            }
+            let defaults = OutputLimits::default();
+            let output = OutputLimits {
+                bytes_per_second: p.output_rate.map_or(defaults.bytes_per_second, |r| r.as_u64()),
+                line: p.output_line.map_or(defaults.line, |l| {
+                    usize::try_from(l.as_u64()).unwrap_or(usize::MAX)
+                }),
+            };
+            if output.line > crate::runtime::output::MAX_OUTPUT_LINE {
+                return Err(err_at(
+                    at,
+                    format!(
+                        "plugin {name:?}: field `output-line`: at most {} KiB (longer lines are cut)",
+                        crate::runtime::output::MAX_OUTPUT_LINE / 1024
+                    ),
+                ));
+            }
+            if output.bytes_per_second == 0 || output.line == 0 {
+                return Err(err_at(
+                    at,
+                    format!(
+                        "plugin {name:?}: fields `output-rate` and `output-line` must be above zero \
+                         (to silence a plugin, filter its log target: BATON_LOG=info,guest=off)"
+                    ),
                 ));
             }
             plugins.push(PluginConfig {
@@ -391,6 +416,7 @@ impl Config {
                     env,
                     dirs,
                     network,
+                    output,
                 },
                 lease: lease.clone(),
             });

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod election;
+pub mod logging;
 pub mod runtime;
 pub mod scaffold;
 pub mod serve;

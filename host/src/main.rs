@@ -6,10 +6,11 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use baton::config::{Config, StoreConfig};
+use baton::logging::LogFormat;
 use baton::runtime::{PluginEngine, PluginRuntime, default_cache_dir};
 
 /// Runs WebAssembly plugin leader tasks only while this host holds a lease.
@@ -21,14 +22,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -83,29 +76,22 @@ enum Command {
     },
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BATON_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let logging = baton::logging::init(cli.log_format);
     let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
-    match runtime.block_on(dispatch(cli.command)) {
+    let code = match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // A guest stuck in a host call (inline file I/O on a hung disk) must not
+    // hold up the exit: its term's lease is not released and will expire.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    drop(logging);
+    code
 }
 
 async fn dispatch(command: Command) -> Result<ExitCode> {
@@ -243,7 +229,7 @@ async fn status(dir: PathBuf) -> Result<ExitCode> {
             "{:<24} {:<40} {:>6}  {}",
             name,
             r.holder().unwrap_or("-"),
-            r.transitions,
+            r.term,
             expires
         );
     }

@@ -1,16 +1,29 @@
 //! `baton run`: joins the parts. One elector per lease, one supervisor per
 //! plugin, and an orderly shutdown: tell the tasks, wait for them (grace,
 //! then force), and only then release each lease.
+//!
+//! The electors and the lease store run on a runtime of their own (one
+//! thread, `baton-election`), apart from the guests: a guest that blocks a
+//! worker thread (inline file I/O on a slow disk, a busy loop between two
+//! epoch ticks) cannot delay a renewal or a step-down. The two sides share
+//! only each lease's status channel and its [`Term`](crate::election::Term).
+//!
+//! Electors are supervised: one that panics or ends on its own is reported,
+//! its lease's tasks are stopped, the other leases are handed over as in a
+//! shutdown, and [`serve`] fails, without releasing that lease (so it
+//! expires normally).
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
+use futures::FutureExt;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, StoreConfig};
-use crate::election::{Elector, ElectorConfig, ElectorControl};
+use crate::election::{DRAIN_ALLOWANCE, Elector, ElectorConfig, Intent, LeaseView, TermClock, Timings};
 use crate::runtime::{PluginEngine, PluginRuntime, RuntimeError, default_cache_dir};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
@@ -34,6 +47,24 @@ pub enum ServeError {
         "none of the {0} configured plugins can run (each is named in the errors above); nothing to serve"
     )]
     NothingToRun(usize),
+    /// An elector panicked or ended on its own; its lease's tasks were
+    /// stopped and the lease was not released.
+    #[error(
+        "the elector of lease {lease:?} failed: {reason}; its tasks were stopped and the lease was left to expire"
+    )]
+    ElectorFailed {
+        /// The lease.
+        lease: String,
+        /// The panic message, or what happened.
+        reason: String,
+    },
+    /// Shutting down, some leader tasks could not be confirmed stopped
+    /// (stuck in a host call); their leases were left to expire.
+    #[error("leader tasks of lease(s) {0} could not be confirmed stopped; those leases were left to expire")]
+    TasksNotStopped(String),
+    /// The election's runtime could not be started.
+    #[error("cannot start the election runtime: {0}")]
+    ElectionRuntime(String),
 }
 
 /// Opens the configured lease store. For a Kubernetes store this builds
@@ -91,10 +122,32 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
 /// [`ServeError::NothingToRun`] at once if that leaves no lease to contend
 /// for.
 pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize, ServeError> {
+    serve_with(config, None, TermClock::system(), shutdown).await
+}
+
+/// [`serve`], on a given store (instead of the configured one) and clock:
+/// for tests that inject store faults.
+pub async fn serve_with(
+    config: Config,
+    store: Option<Arc<dyn LeaseStore>>,
+    clock: TermClock,
+    shutdown: CancellationToken,
+) -> Result<usize, ServeError> {
     let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let engine = PluginEngine::new(Some(cache_dir.clone()))?;
     let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
-    let store = open_store(&config).await?;
+    let election = ElectionRuntime::start()?;
+    let store = match store {
+        Some(store) => store,
+        None => {
+            let config = config.clone();
+            election
+                .handle()
+                .spawn(async move { open_store(&config).await })
+                .await
+                .map_err(|e| ServeError::Store(format!("opening the store failed: {e}")))??
+        }
+    };
     tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), "baton starting");
 
     // Compile every plugin before contending, so that winning a lease costs
@@ -132,12 +185,7 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
         tracing::info!(hits, misses, "compiled-code cache");
     }
 
-    struct LeaseRun {
-        control: ElectorControl,
-        elector: tokio::task::JoinHandle<()>,
-        tasks: JoinSet<()>,
-        grace: Duration,
-    }
+    let (ended_tx, mut ended) = mpsc::unbounded_channel();
     let mut runs: BTreeMap<String, LeaseRun> = BTreeMap::new();
     for lease in &config.leases {
         let configured = config.plugins.iter().filter(|p| p.lease == lease.name).count();
@@ -147,62 +195,194 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize,
             tracing::error!(lease = %lease.name, "no plugin of this lease could be loaded; not contending for it");
             continue;
         }
-        let (elector, view) = Elector::new(
-            ElectorConfig {
-                lease: lease.name.clone(),
-                identity: config.identity.clone(),
-                timings: lease.timings,
-            },
-            store.clone(),
-        );
-        let control = ElectorControl::default();
-        let mut tasks = JoinSet::new();
+        let cfg = ElectorConfig {
+            lease: lease.name.clone(),
+            identity: config.identity.clone(),
+            timings: lease.timings,
+        };
+        // Built inside the election runtime: its subscription's task runs
+        // there.
+        let (elector, view, intent) = {
+            let _inside = election.handle().enter();
+            Elector::new(cfg, store.clone(), clock.clone())
+        };
+        let (name, ended_tx) = (lease.name.clone(), ended_tx.clone());
+        election.handle().spawn(async move {
+            let result = AssertUnwindSafe(elector.run()).catch_unwind().await;
+            let _ = ended_tx.send((name, result.map_err(panic_message)));
+        });
+        let mut supervisors = JoinSet::new();
         for (_, plugin) in loaded.iter().filter(|(l, _)| l == &lease.name) {
-            tasks.spawn(run_leader_tasks(
-                plugin.clone(),
-                view.clone(),
-                lease.timings.grace,
-                control.resign.clone(),
-            ));
+            supervisors.spawn(run_leader_tasks(plugin.clone(), view.clone()));
         }
-        let elector = tokio::spawn(elector.run(control.clone()));
         runs.insert(
             lease.name.clone(),
             LeaseRun {
-                control,
-                elector,
-                tasks,
-                grace: lease.timings.grace,
+                intent,
+                view,
+                supervisors,
+                timings: lease.timings,
+                ended: false,
             },
         );
     }
+    drop(ended_tx);
 
     if runs.is_empty() && failed > 0 {
         return Err(ServeError::NothingToRun(failed));
     }
 
-    shutdown.cancelled().await;
-    tracing::info!("shutting down: stopping leader tasks, then releasing leases");
-    let mut releases = JoinSet::new();
-    for (lease, mut run) in runs {
-        run.control.resign.cancel();
-        releases.spawn(async move {
-            // Every task stops within its grace (then by force); the bound
-            // below only guards against a bug, and is logged if hit.
-            let bound = run.grace + Duration::from_secs(5);
-            if tokio::time::timeout(bound, async { while run.tasks.join_next().await.is_some() {} })
-                .await
-                .is_err()
-            {
-                tracing::error!(lease = %lease, "leader tasks did not stop in time; aborting them");
-                run.tasks.abort_all();
-                while run.tasks.join_next().await.is_some() {}
+    // Until shutdown, an elector that ends (it never does on its own) or
+    // panics has failed.
+    let mut failures: Vec<(String, String)> = Vec::new();
+    let mut unconfirmed = Vec::new();
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        Some((lease, result)) = ended.recv() => {
+            let reason = match result {
+                Ok(()) => "it stopped on its own".to_owned(),
+                Err(panic) => format!("it panicked: {panic}"),
+            };
+            if let Some(run) = runs.get_mut(&lease) {
+                run.failed(&lease, &reason, &clock);
+                // Its guests are stopped before anything else is done.
+                if !run.wait_for_tasks(&lease, &clock).await {
+                    unconfirmed.push(lease.clone());
+                }
             }
-            run.control.drained.cancel();
-            let _ = run.elector.await;
-        });
+            failures.push((lease, reason));
+        }
     }
-    while releases.join_next().await.is_some() {}
+    tracing::info!("shutting down: stopping leader tasks, then releasing leases");
+    for run in runs.values() {
+        run.intent.send_replace(Intent::Stop);
+    }
+    // Each elector hands its lease over (drain, then release) and returns;
+    // it bounds its own wait. The bound here only guards against a bug.
+    let bound = runs
+        .values()
+        .map(|r| r.timings.grace + r.timings.renew_deadline + DRAIN_ALLOWANCE + r.timings.request_timeout * 2)
+        .max()
+        .unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + bound;
+    while runs.values().any(|r| !r.ended) {
+        match tokio::time::timeout_at(deadline, ended.recv()).await {
+            Ok(Some((lease, result))) => {
+                if let Some(run) = runs.get_mut(&lease) {
+                    run.ended = true;
+                    if let Err(panic) = result {
+                        let reason = format!("it panicked: {panic}");
+                        run.failed(&lease, &reason, &clock);
+                        failures.push((lease, reason));
+                    }
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                for (lease, run) in runs.iter_mut().filter(|(_, r)| !r.ended) {
+                    let reason = format!("it did not hand the lease over within {bound:?}");
+                    run.failed(lease, &reason, &clock);
+                    failures.push((lease.clone(), reason));
+                }
+                break;
+            }
+        }
+    }
+    for (lease, run) in &mut runs {
+        if !run.wait_for_tasks(lease, &clock).await && !unconfirmed.contains(lease) {
+            unconfirmed.push(lease.clone());
+        }
+    }
     tracing::info!("baton stopped");
+    if let Some((lease, reason)) = failures.into_iter().next() {
+        return Err(ServeError::ElectorFailed { lease, reason });
+    }
+    if !unconfirmed.is_empty() {
+        return Err(ServeError::TasksNotStopped(unconfirmed.join(", ")));
+    }
     Ok(failed)
+}
+
+/// One lease being served.
+struct LeaseRun {
+    intent: watch::Sender<Intent>,
+    view: watch::Receiver<LeaseView>,
+    supervisors: JoinSet<()>,
+    timings: Timings,
+    /// Its elector has returned.
+    ended: bool,
+}
+
+impl LeaseRun {
+    /// Its elector failed: says so, and ends its term (the tasks are told,
+    /// then stopped by force); the lease is not released.
+    fn failed(&mut self, lease: &str, reason: &str, clock: &TermClock) {
+        self.ended = true;
+        tracing::error!(
+            lease,
+            reason,
+            "an elector failed: its lease's tasks are stopped and the lease is not released; baton will exit with status 1"
+        );
+        let term = self.view.borrow().term.clone();
+        if let Some(term) = term {
+            term.end(clock.now());
+        }
+    }
+
+    /// Waits for the lease's supervisors to return (each returns once its
+    /// task is gone and the elector is), at most until the current term's
+    /// force-stop time plus [`DRAIN_ALLOWANCE`]. `false` if they did not.
+    async fn wait_for_tasks(&mut self, lease: &str, clock: &TermClock) -> bool {
+        let term = self.view.borrow().term.clone();
+        let left = term.map_or(self.timings.grace, |t| t.stop_at() - clock.now()) + DRAIN_ALLOWANCE;
+        let all = async { while self.supervisors.join_next().await.is_some() {} };
+        if tokio::time::timeout(left, all).await.is_err() {
+            tracing::error!(
+                lease,
+                tasks = self.supervisors.len(),
+                "leader tasks are not confirmed stopped"
+            );
+            self.supervisors.abort_all();
+            return false;
+        }
+        true
+    }
+}
+
+/// The runtime of the electors and the store; see the [module
+/// documentation](self). Shut down in the background when dropped (an
+/// elector stuck in a request does not hold up the exit).
+struct ElectionRuntime(Option<tokio::runtime::Runtime>);
+
+impl ElectionRuntime {
+    fn start() -> Result<ElectionRuntime, ServeError> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("baton-election")
+            .enable_all()
+            .build()
+            .map(|rt| ElectionRuntime(Some(rt)))
+            .map_err(|e| ServeError::ElectionRuntime(e.to_string()))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("running").handle()
+    }
+}
+
+impl Drop for ElectionRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The message of a caught panic.
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }

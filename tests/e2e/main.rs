@@ -5,6 +5,7 @@
 //! 200 ms, grace 500 ms.
 
 mod support;
+mod terms;
 
 use std::time::{Duration, SystemTime};
 
@@ -231,6 +232,11 @@ fn failing_guests_are_retried_with_backoff_and_finished_guests_are_not_rerun() {
     assert_eq!(&failures[..3], &[100, 200, 400], "exponential back-off");
     let traps = h.all(|e| e.is("leader task trapped", Some("traps")));
     assert!(traps.len() >= 3, "{}", h.output());
+    assert_eq!(
+        traps[0].str("error"),
+        Some("the guest panicked: probe trap on purpose"),
+        "the trap's reason in one line"
+    );
     assert_eq!(
         h.all(|e| e.is(STARTED, Some("done"))).len(),
         1,

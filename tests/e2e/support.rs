@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -151,6 +152,19 @@ pub struct Host {
     child: Option<Child>,
     log: Log,
     raw: Arc<Mutex<Vec<String>>>,
+    /// While set, the host's stderr is not read (its pipe fills up).
+    held: Arc<AtomicBool>,
+}
+
+/// More ways to start a host.
+#[derive(Default)]
+pub struct Opts<'a> {
+    /// The compiled-code cache (default: the shared one).
+    pub cache_dir: Option<&'a Path>,
+    /// More arguments for `baton run`.
+    pub args: &'a [&'a std::ffi::OsStr],
+    /// Environment variables of the process.
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 pub fn baton() -> Command {
@@ -169,13 +183,27 @@ impl Host {
     /// Like [`Host::start_with`], with more arguments for `baton run`.
     #[allow(dead_code)] // used by tests/kube
     pub fn start_with_args(name: &str, config: &Path, cache_dir: &Path, args: &[&std::ffi::OsStr]) -> Host {
+        Host::start_opts(
+            name,
+            config,
+            Opts {
+                cache_dir: Some(cache_dir),
+                args,
+                env: &[],
+            },
+        )
+    }
+
+    pub fn start_opts(name: &str, config: &Path, opts: Opts) -> Host {
+        let cache_dir = opts.cache_dir.map_or_else(shared_cache_dir, Path::to_path_buf);
         let mut child = baton()
             .args(["--log-format", "json", "run", "--config"])
             .arg(config)
             .args(["--identity", name, "--cache-dir"])
             .arg(cache_dir)
-            .args(args)
+            .args(opts.args)
             .env("BATON_LOG", "info")
+            .envs(opts.env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -184,9 +212,15 @@ impl Host {
         let log: Log = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
         let raw = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().unwrap();
-        let (log2, raw2, host) = (log.clone(), raw.clone(), name.to_owned());
+        let held = Arc::new(AtomicBool::new(false));
+        let (log2, raw2, host, held2) = (log.clone(), raw.clone(), name.to_owned(), held.clone());
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
+            let mut lines = BufReader::with_capacity(4096, stderr).lines();
+            loop {
+                while held2.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let Some(line) = lines.next() else { break };
                 let Ok(line) = line else { break };
                 if std::env::var_os("BATON_TEST_ECHO").is_some() {
                     eprintln!("[{host}] {line}");
@@ -212,7 +246,15 @@ impl Host {
             child: Some(child),
             log,
             raw,
+            held,
         }
+    }
+
+    /// Stops (or resumes) reading the host's stderr: its pipe fills up, as
+    /// with a log shipper that stalled.
+    #[allow(dead_code)]
+    pub fn hold_stderr(&self, hold: bool) {
+        self.held.store(hold, Ordering::SeqCst);
     }
 
     pub fn pid(&self) -> i32 {

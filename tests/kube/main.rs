@@ -16,7 +16,8 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use baton::store::kube::{KubeOptions, KubeStore, TOMBSTONE};
+use baton::store::TOMBSTONE;
+use baton::store::kube::{KubeOptions, KubeStore};
 use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -749,7 +750,7 @@ fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
         lease_duration: Duration::from_secs(4),
         acquire_time: Some(SystemTime::now()),
         renew_time: Some(SystemTime::now()),
-        transitions: term,
+        term,
     }
 }
 
@@ -786,7 +787,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
             .unwrap();
         let v = store.get("bare").await.unwrap().unwrap();
         assert_eq!(v.record.holder(), None);
-        assert_eq!(v.record.transitions, 0);
+        assert_eq!(v.record.term, 0);
         assert_eq!(v.record.renew_time, None);
         assert_eq!(
             v.record.lease_duration,
@@ -807,7 +808,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
                 .unwrap();
             let v = store.get(name).await.unwrap().unwrap();
             assert_eq!(v.record.holder(), (!holder.is_empty()).then_some(holder));
-            assert_eq!(v.record.transitions, 5);
+            assert_eq!(v.record.term, 5);
             assert_eq!(v.record.lease_duration, Duration::from_secs(15));
         }
 
@@ -818,7 +819,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
             .await
             .unwrap();
         assert_eq!(w.record.holder(), Some("me"));
-        assert_eq!(w.record.transitions, 6);
+        assert_eq!(w.record.term, 6);
         let l = leases.get("nodur").await.unwrap();
         let labels = l.metadata.labels.clone().unwrap();
         assert_eq!(labels.get("team").map(String::as_str), Some("other"));
@@ -843,7 +844,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
             lease_duration: Duration::from_secs(1),
             acquire_time: None,
             renew_time: Some(SystemTime::now()),
-            transitions: 6,
+            term: 6,
         };
         let r = store.update("nodur", &w.version, &released).await.unwrap();
         let spec = leases.get("nodur").await.unwrap().spec.unwrap();
@@ -895,7 +896,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
         let tombstone = fresh.get("nodur").await.unwrap().expect("the last record");
         assert!(tombstone.version.starts_with(TOMBSTONE));
         assert_eq!(tombstone.record.holder(), Some("fresh"));
-        assert_eq!(tombstone.record.transitions, 7);
+        assert_eq!(tombstone.record.term, 7);
         fresh
             .update("nodur", &tombstone.version, &record(Some("fresh"), 7))
             .await

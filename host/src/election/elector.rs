@@ -1,31 +1,43 @@
 //! The elector: one per lease, it acquires, renews and releases the lease
 //! through a [`LeaseStore`] and publishes the resulting [`LeaseView`].
 //!
-//! The decisions are plain functions of what was observed and when
-//! ([`follower_decision`], [`follower_status`]); the loop around them only
-//! performs store requests (each bounded by `request-timeout`) and sleeps on
-//! tokio's clock, so the whole elector runs under paused time in tests.
+//! It is a state machine with one step function per state:
+//!
+//! - **following** ([`Elector::follow`]): another host holds the lease, or
+//!   nobody does yet. Waits until the lease is free (by the rule in
+//!   [`follower_decision`]) and tries to take it.
+//! - **leading** ([`Elector::lead`]): this host holds the lease in a
+//!   [`Term`]. Renews it every retry period, each renewal bounded by the
+//!   time left in the term, and steps down (ends the term) the moment the
+//!   term's renew deadline passes or the record shows another holder.
+//! - **resigning** ([`Elector::resign`]): this host still holds the lease
+//!   but has ended the term, so that its tasks stop; it keeps renewing
+//!   until every task of the term is gone ([`Term::drained`]), then
+//!   releases the lease and goes back to following, or stops.
+//!
+//! What the store says of the lease arrives through a [`Subscription`],
+//! which watches (or polls) apart from the elector: no step ever waits for a
+//! watch to be set up. Each step waits for one event (a new sighting, a
+//! timer, a change of [`Intent`]), makes its store requests, each bounded
+//! by `request-timeout` and, while this host holds the lease, by the time
+//! left in the term, and returns the next state. The decisions are plain
+//! functions ([`follower_decision`], [`follower_status`], [`judge_sighting`])
+//! and the elector sleeps on tokio's clock and the [term clock](TermClock),
+//! so it runs under paused time in tests.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
 use rand::Rng;
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until, timeout_at};
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, sleep_until, timeout};
 
-use super::status::{LeaseView, Role, Status, TermDeadline};
+use super::clock::{Moment, TermClock};
+use super::status::{LeaseView, Role, Status};
+use super::term::Term;
 use super::timing::Timings;
-use crate::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
-
-/// The duration written on release: others may take over at once. Zero is
-/// not a valid Kubernetes lease duration (client-go#754), hence one second.
-pub const RELEASED_LEASE_DURATION: Duration = Duration::from_secs(1);
-
-/// client-go's jitter factor: followers without a watch poll every
-/// retry-period x [1, 2.2].
-const POLL_JITTER: f64 = 1.2;
+use crate::store::subscription::{Cadence, Sighting, Subscription};
+use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, Versioned};
 
 /// What an elector needs to know about itself.
 #[derive(Clone, Debug)]
@@ -38,28 +50,29 @@ pub struct ElectorConfig {
     pub timings: Timings,
 }
 
-/// How the host tells an elector to stop.
-///
-/// Shutdown has two steps so that tasks stop *before* the lease is
-/// released: `resign` makes the elector report `pending` (guests are told
-/// to stop) while it keeps renewing; `drained` says every task of the lease
-/// has stopped, and the elector then releases the lease and returns.
-#[derive(Clone, Debug, Default)]
-pub struct ElectorControl {
-    /// Stop leading: report `pending`, acquire nothing new, keep renewing.
-    pub resign: CancellationToken,
-    /// Every task of this lease has stopped: release and return.
-    pub drained: CancellationToken,
+/// What the host wants of an elector; changed through the sender returned
+/// by [`Elector::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Intent {
+    /// Contend for the lease, and lead when it is won (the start).
+    Contend,
+    /// Hand the lead over if this host has it (end the term, wait until
+    /// its tasks are gone, release), then follow without contending until
+    /// `until`.
+    StandBy {
+        /// When to contend again.
+        until: Instant,
+    },
+    /// Hand the lead over if this host has it, then stop: [`Elector::run`]
+    /// returns.
+    Stop,
 }
 
-/// A record as last observed, and when it was first seen in that version.
-#[derive(Clone, Debug)]
-pub struct Observation {
-    /// The record; `None` if the lease does not exist.
-    pub record: Option<Versioned>,
-    /// When this version was first seen (local monotonic time).
-    pub seen_at: Instant,
-}
+/// How long a resigning elector waits, past its term's force-stop time, for
+/// the supervisors to confirm that every task is gone. A forced stop takes
+/// milliseconds; a task still not gone by then is stuck in a host call, so
+/// the lease is not released and expires normally instead.
+pub const DRAIN_ALLOWANCE: Duration = Duration::from_secs(2);
 
 /// What a host that does not lead should do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,15 +90,15 @@ pub enum Decision {
 /// time at which the record was *seen to change* plus the duration written
 /// in the record, never from timestamps inside it (immune to clock offsets
 /// between hosts, and to candidates configured with other durations).
-pub fn follower_decision(obs: &Observation, identity: &str, now: Instant) -> Decision {
-    let Some(current) = &obs.record else {
+pub fn follower_decision(known: &Sighting, identity: &str, now: Instant) -> Decision {
+    let Some(current) = &known.record else {
         return Decision::Acquire;
     };
     match current.record.holder() {
         None => Decision::Acquire,
         Some(holder) if holder == identity => Decision::Acquire,
         Some(_) => {
-            let expiry = obs.seen_at + current.record.lease_duration;
+            let expiry = known.at + current.record.lease_duration;
             if now >= expiry {
                 Decision::Acquire
             } else {
@@ -95,10 +108,10 @@ pub fn follower_decision(obs: &Observation, identity: &str, now: Instant) -> Dec
     }
 }
 
-/// The status a host that does not lead reports for an observation.
-pub fn follower_status(obs: Option<&Observation>, lease: &str, identity: &str, known_term: u64) -> Status {
-    let record = obs.and_then(|o| o.record.as_ref()).map(|v| &v.record);
-    let term = record.map_or(0, |r| r.transitions).max(known_term);
+/// The status a host that does not lead reports.
+pub fn follower_status(known: Option<&Sighting>, lease: &str, identity: &str, known_term: u64) -> Status {
+    let record = known.and_then(|k| k.record.as_ref()).map(|v| &v.record);
+    let term = record.map_or(0, |r| r.term).max(known_term);
     match record.and_then(|r| r.holder()) {
         Some(holder) if holder != identity => Status {
             role: Role::Following,
@@ -115,12 +128,53 @@ pub fn follower_status(obs: Option<&Observation>, lease: &str, identity: &str, k
     }
 }
 
-/// What this host knows while it leads.
-#[derive(Debug)]
-struct Leadership {
-    deadline: Arc<TermDeadline>,
+/// What a record seen while this host holds the lease means.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The record this host last wrote: nothing new.
+    Same,
+    /// A later version still held by this host in its term (a write whose
+    /// answer was missed, or the record deleted while held, read as its
+    /// tombstone): adopt it and lead on.
+    Ours(Versioned),
+    /// Another holder, no holder, or no record: the lease is lost.
+    Lost,
+}
+
+/// Judges what a store reports while this host holds the lease in `term`,
+/// its last write being `current`.
+pub fn judge_sighting(record: Option<&Versioned>, current: &Versioned, identity: &str, term: u64) -> Verdict {
+    match record {
+        Some(r) if r.version == current.version => Verdict::Same,
+        Some(r) if r.record.holder() == Some(identity) && r.record.term == term => Verdict::Ours(r.clone()),
+        _ => Verdict::Lost,
+    }
+}
+
+/// The states of an elector; see the [module documentation](self).
+enum State {
+    Following(Following),
+    Leading(Lead),
+    Resigning(Lead),
+    Stopped,
+}
+
+/// What a host that does not lead keeps.
+struct Following {
+    /// No acquisition attempt before this (a back-off after a failure).
+    not_before: Instant,
+}
+
+/// What a host that holds the lease keeps.
+struct Lead {
+    term: Arc<Term>,
+    /// The record as this host last wrote (or adopted) it.
     current: Versioned,
-    next_renew: Instant,
+    /// When to renew next, on the term clock.
+    next_renew: Moment,
+    /// Whether the lease is still this host's, as far as it knows (a
+    /// resigning host may lose it while its tasks stop).
+    held: bool,
 }
 
 /// The elector of one lease. Create it with [`Elector::new`], then drive it
@@ -128,146 +182,337 @@ struct Leadership {
 pub struct Elector {
     cfg: ElectorConfig,
     store: Arc<dyn LeaseStore>,
+    clock: TermClock,
+    feed: Subscription,
     tx: watch::Sender<LeaseView>,
-    observed: Option<Observation>,
-    leading: Option<Leadership>,
+    intent: watch::Receiver<Intent>,
+    /// The record as this host last knew it, and when that version was
+    /// first seen.
+    known: Option<Sighting>,
     /// The highest term seen, so a re-created record never reuses a term.
     known_term: u64,
-    /// No acquisition attempt before this (back-off after a failure).
-    not_before: Instant,
-    resigning: bool,
+    /// Earlier terms of this host whose tasks may still run: the lease is
+    /// not released until they are gone too.
+    retired: Vec<Arc<Term>>,
 }
 
 impl Elector {
-    /// An elector and the receiving end of its status channel.
-    pub fn new(cfg: ElectorConfig, store: Arc<dyn LeaseStore>) -> (Elector, watch::Receiver<LeaseView>) {
+    /// An elector, the receiving end of its status channel, and the sender
+    /// of its [`Intent`] (it starts contending). Subscribes to the lease at
+    /// once (on the current tokio runtime).
+    pub fn new(
+        cfg: ElectorConfig,
+        store: Arc<dyn LeaseStore>,
+        clock: TermClock,
+    ) -> (Elector, watch::Receiver<LeaseView>, watch::Sender<Intent>) {
         let (tx, rx) = watch::channel(LeaseView {
             status: Status::initial(&cfg.lease),
-            deadline: None,
-            since: Instant::now(),
+            term: None,
+            since: clock.now(),
         });
+        let (intent_tx, intent) = watch::channel(Intent::Contend);
+        let cadence = Cadence {
+            retry_period: cfg.timings.retry_period,
+            request_timeout: cfg.timings.request_timeout,
+        };
+        let feed = Subscription::start(store.clone(), &cfg.lease, cadence);
         let elector = Elector {
             cfg,
             store,
+            clock,
+            feed,
             tx,
-            observed: None,
-            leading: None,
+            intent,
+            known: None,
             known_term: 0,
-            not_before: Instant::now(),
-            resigning: false,
+            retired: Vec::new(),
         };
-        (elector, rx)
+        (elector, rx, intent_tx)
     }
 
-    /// Runs the election until `control` says the lease's tasks have
-    /// drained (then the lease is released), or until `resign` is fired
-    /// while this host does not lead.
-    pub async fn run(mut self, control: ElectorControl) {
-        let mut watch: Option<LeaseWatch> = None;
-        let mut watch_retry_at = Instant::now();
-        let mut poll_at = Instant::now();
+    /// Runs the election until the intent is [`Intent::Stop`] and the lead,
+    /// if held, has been handed over (or the intent's sender is dropped).
+    pub async fn run(mut self) {
+        let mut state = State::Following(Following {
+            not_before: Instant::now(),
+        });
         loop {
-            let now = Instant::now();
-            if watch.is_none() && now >= watch_retry_at {
-                match timeout_at(
-                    now + self.cfg.timings.request_timeout,
-                    self.store.watch(&self.cfg.lease),
-                )
-                .await
-                {
-                    Ok(Ok(w)) => watch = Some(w),
-                    Ok(Err(e)) => {
-                        tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot watch the lease; polling instead");
-                        watch_retry_at = now + self.jittered_retry();
-                    }
-                    Err(_) => {
-                        tracing::warn!(lease = %self.cfg.lease, "watching the lease timed out; polling instead");
-                        watch_retry_at = now + self.jittered_retry();
-                    }
+            state = match state {
+                State::Following(f) => self.follow(f).await,
+                State::Leading(l) => self.lead(l).await,
+                State::Resigning(l) => self.resign(l).await,
+                State::Stopped => return,
+            };
+        }
+    }
+
+    /// What the host wants; a dropped sender means stop.
+    fn intent(&self) -> Intent {
+        if self.intent.has_changed().is_err() {
+            return Intent::Stop;
+        }
+        *self.intent.borrow()
+    }
+
+    /// Whether this host should hold the lease now (a stand-by whose time
+    /// has come contends again).
+    fn contending(&self) -> bool {
+        match self.intent() {
+            Intent::Contend => true,
+            Intent::StandBy { until } => Instant::now() >= until,
+            Intent::Stop => false,
+        }
+    }
+
+    /// Following: wait for the lease to be free, then try to take it.
+    async fn follow(&mut self, f: Following) -> State {
+        self.take_sighting();
+        let now = Instant::now();
+        let not_before = match self.intent() {
+            Intent::Stop => return State::Stopped,
+            Intent::StandBy { until } => f.not_before.max(until),
+            Intent::Contend => f.not_before,
+        };
+        let wake = match &self.known {
+            // Nothing is known yet: the subscription reads or watches.
+            None => None,
+            Some(known) => match follower_decision(known, &self.cfg.identity, now) {
+                Decision::Acquire if now >= not_before => return self.try_acquire().await,
+                Decision::Acquire => Some(not_before),
+                Decision::WaitUntil(t) => Some(t.max(not_before)),
+            },
+        };
+        let timer = async {
+            match wake {
+                Some(t) => sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            alive = self.feed.changed() => {
+                if !alive {
+                    return self.feed_gone();
                 }
             }
-            if control.resign.is_cancelled() && !self.resigning {
-                self.resigning = true;
-                let current = self.tx.borrow().status.clone();
-                self.publish(
-                    Status {
-                        role: Role::Pending,
-                        holder: None,
-                        ..current
-                    },
-                    None,
+            changed = self.intent.changed() => {
+                if changed.is_err() {
+                    return State::Stopped;
+                }
+            }
+            _ = timer => {}
+        }
+        State::Following(f)
+    }
+
+    /// The subscription's task ended (it panicked): without news of the
+    /// lease the elector cannot go on. It stops; the host notices, ends the
+    /// term if there is one, and exits without releasing.
+    fn feed_gone(&mut self) -> State {
+        tracing::error!(lease = %self.cfg.lease, "the lease's subscription ended unexpectedly; the elector stops");
+        State::Stopped
+    }
+
+    /// Leading: renew on time; step down when the term's deadline passes
+    /// or the lease is seen in other hands.
+    async fn lead(&mut self, mut l: Lead) -> State {
+        if !self.contending() {
+            return self.start_resigning(l);
+        }
+        tokio::select! {
+            biased;
+            changed = self.intent.changed() => {
+                if changed.is_err() {
+                    return self.start_resigning(l);
+                }
+                State::Leading(l)
+            }
+            _ = l.term.over() => self.step_down(l, "no renewal was confirmed within the renew deadline"),
+            _ = self.clock.sleep_until(l.next_renew) => match self.renew(&mut l).await {
+                Ok(()) => State::Leading(l),
+                Err(reason) => self.step_down(l, reason),
+            },
+            alive = self.feed.changed() => {
+                if !alive {
+                    return self.feed_gone();
+                }
+                match self.judge_feed(&mut l) {
+                    Ok(()) => State::Leading(l),
+                    Err(reason) => self.step_down(l, reason),
+                }
+            }
+        }
+    }
+
+    /// Ends the term (its tasks are told now) but keeps the lease until
+    /// they are gone.
+    fn start_resigning(&mut self, l: Lead) -> State {
+        l.term.end(self.clock.now());
+        let status = Status {
+            role: Role::Pending,
+            holder: None,
+            ..self.tx.borrow().status.clone()
+        };
+        self.publish(status, None);
+        tracing::info!(lease = %self.cfg.lease, term = l.term.number(), force_stop_at = %l.term.stop_at_wall(), "resigning: leader tasks are told to stop; the lease is kept until they have");
+        State::Resigning(l)
+    }
+
+    /// Resigning: keep the lease until the term's tasks, and those of any
+    /// earlier term of this host, are gone, then release it.
+    async fn resign(&mut self, mut l: Lead) -> State {
+        self.retired.retain(|t| !(t.is_over() && t.tasks() == 0));
+        let terms: Vec<Arc<Term>> = self.retired.iter().cloned().chain([l.term.clone()]).collect();
+        let last_stop = terms.iter().map(|t| t.stop_at()).max().unwrap_or_default();
+        let give_up_at = last_stop + DRAIN_ALLOWANCE;
+        let held = l.held && self.clock.now() < l.term.lead_until();
+        let drained = async {
+            for t in &terms {
+                t.drained().await;
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = drained => {
+                if held {
+                    self.release(&l).await;
+                } else {
+                    tracing::info!(lease = %self.cfg.lease, term = l.term.number(), "the lease was lost while the tasks stopped; nothing to release");
+                }
+                self.after_resigning()
+            }
+            _ = self.clock.sleep_until(give_up_at) => {
+                let tasks: usize = terms.iter().map(|t| t.tasks()).sum();
+                tracing::error!(
+                    lease = %self.cfg.lease,
+                    term = l.term.number(),
+                    tasks,
+                    "leader tasks are not confirmed stopped; not releasing the lease, which expires on its own"
                 );
-                tracing::info!(lease = %self.cfg.lease, "resigning: leader tasks are told to stop; the lease is kept until they have");
+                self.retired.push(l.term);
+                self.after_resigning()
             }
-            if self.resigning && self.leading.is_none() {
-                return;
+            _ = self.clock.sleep_until(l.next_renew), if held => {
+                if let Err(reason) = self.renew(&mut l).await {
+                    tracing::warn!(lease = %self.cfg.lease, term = l.term.number(), reason, "lost the lease while its tasks stop");
+                    l.held = false;
+                }
+                State::Resigning(l)
             }
-            if self.resigning && control.drained.is_cancelled() {
-                self.release().await;
-                return;
+            alive = self.feed.changed(), if held => {
+                if !alive {
+                    return self.feed_gone();
+                }
+                if let Err(reason) = self.judge_feed(&mut l) {
+                    tracing::warn!(lease = %self.cfg.lease, term = l.term.number(), reason, "lost the lease while its tasks stop");
+                    l.held = false;
+                }
+                State::Resigning(l)
             }
+        }
+    }
 
-            if let Some(l) = &self.leading {
-                let (renew_at, until) = (l.next_renew, l.deadline.until());
-                tokio::select! {
-                    biased;
-                    _ = control.resign.cancelled(), if !self.resigning => {}
-                    _ = control.drained.cancelled(), if self.resigning => {}
-                    _ = sleep_until(until) => {
-                        self.step_down("no renewal was confirmed within the renew deadline");
-                    }
-                    _ = sleep_until(renew_at) => self.renew().await,
-                    event = next_event(&mut watch) => self.on_watch_event(event, &mut watch, &mut watch_retry_at),
-                }
-                continue;
+    fn after_resigning(&mut self) -> State {
+        match self.intent() {
+            Intent::Stop => State::Stopped,
+            _ => {
+                self.publish_follower();
+                State::Following(Following {
+                    not_before: Instant::now(),
+                })
             }
+        }
+    }
 
-            // Not leading.
-            let decision = match &self.observed {
-                Some(obs) => follower_decision(obs, &self.cfg.identity, now),
-                None => Decision::WaitUntil(now), // read first
-            };
-            if self.observed.is_none() {
-                if now < self.not_before {
-                    // The last read failed: back off before reading again.
-                    tokio::select! {
-                        _ = control.resign.cancelled(), if !self.resigning => {}
-                        _ = sleep_until(self.not_before) => {}
-                    }
-                    continue;
-                }
-                self.refresh().await;
-                poll_at = Instant::now() + self.jittered_poll();
-                continue;
+    /// Takes the subscription's newest sighting, if there is one.
+    fn take_sighting(&mut self) {
+        if let Some(s) = self.feed.take_new() {
+            self.observe(s.record, s.at);
+            self.publish_follower();
+        }
+    }
+
+    /// While holding the lease: what the subscription saw.
+    fn judge_feed(&mut self, l: &mut Lead) -> Result<(), &'static str> {
+        let Some(s) = self.feed.take_new() else {
+            return Ok(());
+        };
+        match judge_sighting(s.record.as_ref(), &l.current, &self.cfg.identity, l.term.number()) {
+            Verdict::Same => Ok(()),
+            Verdict::Ours(adopted) => {
+                l.current = adopted.clone();
+                self.observe(Some(adopted), s.at);
+                Ok(())
             }
-            let mut wake = match decision {
-                Decision::Acquire if self.resigning => None,
-                Decision::Acquire if now >= self.not_before => {
-                    self.try_acquire().await;
-                    continue;
-                }
-                Decision::Acquire => Some(self.not_before),
-                Decision::WaitUntil(t) => Some(t),
-            };
-            if watch.is_none() {
-                wake = Some(wake.map_or(poll_at, |w| w.min(poll_at)).min(watch_retry_at));
+            Verdict::Lost => {
+                self.observe(s.record, s.at);
+                Err("the lease was taken over, overwritten or deleted")
             }
-            let sleep = async {
-                match wake {
-                    Some(t) => sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                biased;
-                _ = control.resign.cancelled(), if !self.resigning => {}
-                event = next_event(&mut watch) => self.on_watch_event(event, &mut watch, &mut watch_retry_at),
-                _ = sleep => {
-                    if watch.is_none() && Instant::now() >= poll_at {
-                        self.refresh().await;
-                        poll_at = Instant::now() + self.jittered_poll();
-                    }
-                }
+        }
+    }
+
+    /// Records what this host learned of the record; the time it was seen
+    /// only moves when the version changed.
+    fn observe(&mut self, record: Option<Versioned>, at: Instant) {
+        if let Some(r) = &record {
+            self.known_term = self.known_term.max(r.record.term);
+        }
+        let changed = match &self.known {
+            None => true,
+            Some(k) => k.version() != record.as_ref().map(|v| v.version.as_str()),
+        };
+        if changed {
+            self.known = Some(Sighting { record, at });
+        }
+    }
+
+    /// Publishes a status; observers wake only if it differs.
+    fn publish(&self, status: Status, term: Option<Arc<Term>>) {
+        let lease = &self.cfg.lease;
+        let since = self.clock.now();
+        self.tx.send_if_modified(|view| {
+            if view.status == status {
+                view.term = term;
+                return false;
+            }
+            tracing::info!(
+                lease = %lease,
+                role = %status.role,
+                holder = status.holder.as_deref().unwrap_or(""),
+                term = status.term,
+                "lease status changed"
+            );
+            *view = LeaseView { status, term, since };
+            true
+        });
+    }
+
+    fn publish_follower(&self) {
+        let status = follower_status(
+            self.known.as_ref(),
+            &self.cfg.lease,
+            &self.cfg.identity,
+            self.known_term,
+        );
+        self.publish(status, None);
+    }
+
+    /// Reads the lease now (bounded by `limit`), dating the answer on
+    /// arrival. `None` if it failed.
+    async fn read(&mut self, limit: Duration) -> Option<Option<Versioned>> {
+        match timeout(limit, self.store.get(&self.cfg.lease)).await {
+            Ok(Ok(record)) => {
+                // A change is dated when we learn of it, never earlier: a
+                // later date only makes this host wait longer.
+                self.observe(record.clone(), Instant::now());
+                Some(record)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot read the lease");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.cfg.lease, timeout = ?limit, "reading the lease timed out");
+                None
             }
         }
     }
@@ -279,98 +524,18 @@ impl Elector {
             .mul_f64(rand::rng().random_range(1.0..1.5))
     }
 
-    fn jittered_poll(&self) -> Duration {
-        self.cfg
-            .timings
-            .retry_period
-            .mul_f64(rand::rng().random_range(1.0..1.0 + POLL_JITTER))
+    fn backoff(&self) -> State {
+        State::Following(Following {
+            not_before: Instant::now() + self.jittered_retry(),
+        })
     }
 
-    /// Records an observation; the time it was seen only moves when the
-    /// version changed.
-    fn observe(&mut self, record: Option<Versioned>, at: Instant) {
-        if let Some(r) = &record {
-            self.known_term = self.known_term.max(r.record.transitions);
-        }
-        let changed = match &self.observed {
-            None => true,
-            Some(o) => o.record.as_ref().map(|v| &v.version) != record.as_ref().map(|v| &v.version),
-        };
-        if changed {
-            self.observed = Some(Observation { record, seen_at: at });
-        }
-    }
-
-    /// Publishes a status; observers wake only if it differs.
-    fn publish(&self, status: Status, deadline: Option<Arc<TermDeadline>>) {
-        let lease = &self.cfg.lease;
-        self.tx.send_if_modified(|view| {
-            if view.status == status {
-                view.deadline = deadline;
-                return false;
-            }
-            tracing::info!(
-                lease = %lease,
-                role = %status.role,
-                holder = status.holder.as_deref().unwrap_or(""),
-                term = status.term,
-                "lease status changed"
-            );
-            *view = LeaseView {
-                status,
-                deadline,
-                since: Instant::now(),
-            };
-            true
-        });
-    }
-
-    fn publish_follower(&self) {
-        if self.resigning {
-            return;
-        }
-        let status = follower_status(
-            self.observed.as_ref(),
-            &self.cfg.lease,
-            &self.cfg.identity,
-            self.known_term,
-        );
-        self.publish(status, None);
-    }
-
-    async fn refresh(&mut self) {
-        let at = Instant::now();
-        match timeout_at(
-            at + self.cfg.timings.request_timeout,
-            self.store.get(&self.cfg.lease),
-        )
-        .await
-        {
-            Ok(Ok(record)) => {
-                // A change is dated when we learn of it, never earlier: a
-                // later date only makes this host wait longer.
-                self.observe(record, Instant::now());
-                if self.leading.is_none() {
-                    self.publish_follower();
-                }
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot read the lease");
-                self.not_before = Instant::now() + self.jittered_retry();
-            }
-            Err(_) => {
-                tracing::warn!(lease = %self.cfg.lease, timeout = ?self.cfg.timings.request_timeout, "reading the lease timed out");
-                self.not_before = Instant::now() + self.jittered_retry();
-            }
-        }
-    }
-
-    async fn try_acquire(&mut self) {
+    async fn try_acquire(&mut self) -> State {
         let t = self.cfg.timings;
-        let previous = self.observed.as_ref().and_then(|o| o.record.clone());
+        let previous = self.known.as_ref().and_then(|k| k.record.clone());
         let term = previous
             .as_ref()
-            .map_or(0, |p| p.record.transitions)
+            .map_or(0, |p| p.record.term)
             .max(self.known_term)
             + 1;
         let wall = SystemTime::now();
@@ -379,190 +544,175 @@ impl Elector {
             lease_duration: t.lease_duration,
             acquire_time: Some(wall),
             renew_time: Some(wall),
-            transitions: term,
+            term,
         };
-        let started = Instant::now();
+        let started = self.clock.now();
+        let started_at = Instant::now();
         let request = async {
             match &previous {
                 Some(p) => self.store.update(&self.cfg.lease, &p.version, &record).await,
                 None => self.store.create(&self.cfg.lease, &record).await,
             }
         };
-        match timeout_at(started + t.request_timeout, request).await {
+        match timeout(t.request_timeout, request).await {
             Ok(Ok(written)) => {
-                self.observe(Some(written.clone()), started);
-                let deadline = TermDeadline::new(term, started + t.renew_deadline);
-                self.leading = Some(Leadership {
-                    deadline: deadline.clone(),
-                    current: written,
-                    next_renew: started + t.retry_period,
-                });
+                self.observe(Some(written.clone()), started_at);
+                let term = Term::begin(
+                    &self.cfg.lease,
+                    term,
+                    t.grace,
+                    self.clock.clone(),
+                    started + t.renew_deadline,
+                );
                 let status = Status {
                     role: Role::Leading,
                     holder: Some(self.cfg.identity.clone()),
                     lease: self.cfg.lease.clone(),
-                    term,
+                    term: term.number(),
                 };
-                self.publish(status, Some(deadline));
+                self.publish(status, Some(term.clone()));
+                State::Leading(Lead {
+                    term,
+                    current: written,
+                    next_renew: started + t.retry_period,
+                    held: true,
+                })
             }
             Ok(Err(e)) if e.is_conflict() => {
                 tracing::debug!(lease = %self.cfg.lease, "another host wrote first; reading the lease again");
-                self.refresh().await;
-                let unchanged = |o: &Observation| {
-                    o.record.as_ref().map(|v| &v.version) == previous.as_ref().map(|v| &v.version)
-                };
-                if self.observed.as_ref().is_some_and(unchanged) {
-                    // The store refuses what it still shows: do not spin
-                    // on it; try again after a retry period.
-                    tracing::warn!(lease = %self.cfg.lease, error = %e, "the lease reads the same after a conflict; backing off");
-                    self.not_before = Instant::now() + self.jittered_retry();
+                let read = self.read(t.request_timeout).await;
+                self.publish_follower();
+                match read {
+                    // The store refuses what it still shows: do not spin on
+                    // it; try again after a retry period.
+                    Some(r) if r.as_ref().map(|v| &v.version) == previous.as_ref().map(|v| &v.version) => {
+                        tracing::warn!(lease = %self.cfg.lease, error = %e, "the lease reads the same after a conflict; backing off");
+                        self.backoff()
+                    }
+                    Some(_) => State::Following(Following {
+                        not_before: Instant::now(),
+                    }),
+                    None => self.backoff(),
                 }
             }
             Ok(Err(e)) => {
                 tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot acquire the lease");
-                self.not_before = Instant::now() + self.jittered_retry();
+                self.backoff()
             }
             Err(_) => {
                 tracing::warn!(lease = %self.cfg.lease, timeout = ?t.request_timeout, "acquiring the lease timed out");
-                // The write may have landed; read again before the next try.
-                self.observed = None;
-                self.not_before = Instant::now() + self.jittered_retry();
+                // The write may have landed: read again before the next
+                // attempt (which then conflicts if the read fails too).
+                let _ = self.read(t.request_timeout).await;
+                self.publish_follower();
+                self.backoff()
             }
         }
     }
 
-    async fn renew(&mut self) {
+    /// Renews the lease, bounded by `request-timeout` and by the time left
+    /// in the term. `Err` with the reason if the lease is lost.
+    async fn renew(&mut self, l: &mut Lead) -> Result<(), &'static str> {
         let t = self.cfg.timings;
-        let Some(l) = &self.leading else { return };
-        let until = l.deadline.until();
-        let term = l.deadline.term();
+        let started = self.clock.now();
+        let until = l.term.lead_until();
+        if started >= until {
+            return Err("no renewal was confirmed within the renew deadline");
+        }
+        let limit = t.request_timeout.min(until - started);
         let version = l.current.version.clone();
         let record = LeaseRecord {
             renew_time: Some(SystemTime::now()),
             ..l.current.record.clone()
         };
-        let started = Instant::now();
-        let limit = (started + t.request_timeout).min(until);
-        let result = timeout_at(limit, self.store.update(&self.cfg.lease, &version, &record)).await;
-        let Some(l) = &mut self.leading else { return };
+        let result = timeout(limit, self.store.update(&self.cfg.lease, &version, &record)).await;
+        let retry_soon = |clock: &TermClock| clock.now() + t.retry_period / 2;
         match result {
             Ok(Ok(written)) => {
-                l.deadline.extend_to(started + t.renew_deadline);
+                if !l.term.extend(started + t.renew_deadline) {
+                    return Err("the renewal was confirmed only after the renew deadline");
+                }
                 l.next_renew = started + t.retry_period;
                 l.current = written.clone();
-                self.observe(Some(written), started);
+                self.observe(Some(written), Instant::now());
+                Ok(())
             }
             Ok(Err(e)) if e.is_conflict() => {
                 // Someone wrote after our last write. If it is still ours
                 // (a write whose answer we missed), adopt it; otherwise the
-                // lease was taken: stop at once.
-                let at = Instant::now();
-                match timeout_at(at + t.request_timeout, self.store.get(&self.cfg.lease)).await {
-                    Ok(Ok(Some(current)))
-                        if current.record.holder() == Some(self.cfg.identity.as_str())
-                            && current.record.transitions == term =>
-                    {
-                        // Ours: renew it at once, unless it is the very
-                        // version that conflicted (then not in a loop).
-                        l.next_renew = if current.version == version {
-                            Instant::now() + t.retry_period / 2
-                        } else {
-                            Instant::now()
-                        };
-                        l.current = current.clone();
-                        self.observe(Some(current), Instant::now());
-                    }
-                    Ok(Ok(current)) => {
-                        // Dated on arrival, as every read (see `refresh`).
-                        self.observe(current, Instant::now());
-                        self.step_down("the lease was written by another host");
-                    }
-                    _ => {
-                        l.next_renew = Instant::now() + t.retry_period / 2;
+                // lease was taken: stop at once. The read is bounded by the
+                // term too.
+                let left = l.term.lead_until() - self.clock.now();
+                match self.read(t.request_timeout.min(left)).await {
+                    Some(current) => match judge_sighting(
+                        current.as_ref(),
+                        &l.current,
+                        &self.cfg.identity,
+                        l.term.number(),
+                    ) {
+                        Verdict::Ours(current) => {
+                            // Renew it at once, unless it is the very
+                            // version that conflicted (then not in a loop).
+                            l.next_renew = if current.version == version {
+                                retry_soon(&self.clock)
+                            } else {
+                                self.clock.now()
+                            };
+                            l.current = current;
+                            Ok(())
+                        }
+                        Verdict::Same => {
+                            l.next_renew = retry_soon(&self.clock);
+                            Ok(())
+                        }
+                        Verdict::Lost => Err("the lease was written by another host"),
+                    },
+                    None => {
+                        l.next_renew = retry_soon(&self.clock);
                         tracing::warn!(lease = %self.cfg.lease, "renewal conflicted and the lease cannot be read; retrying");
+                        Ok(())
                     }
                 }
             }
             Ok(Err(e)) => {
-                tracing::warn!(lease = %self.cfg.lease, error = %e, remaining = ?until.saturating_duration_since(Instant::now()), "renewal failed; still leading until the renew deadline");
-                l.next_renew = Instant::now() + t.retry_period / 2;
+                tracing::warn!(lease = %self.cfg.lease, error = %e, remaining = ?(until - self.clock.now()), "renewal failed; still leading until the renew deadline");
+                l.next_renew = retry_soon(&self.clock);
+                Ok(())
             }
             Err(_) => {
-                tracing::warn!(lease = %self.cfg.lease, remaining = ?until.saturating_duration_since(Instant::now()), "renewal timed out; still leading until the renew deadline");
-                l.next_renew = Instant::now() + t.retry_period / 2;
+                tracing::warn!(lease = %self.cfg.lease, remaining = ?(until - self.clock.now()), "renewal timed out; still leading until the renew deadline");
+                l.next_renew = retry_soon(&self.clock);
+                Ok(())
             }
         }
     }
 
-    /// Stops leading at once: the term ends now.
-    fn step_down(&mut self, reason: &str) {
-        if let Some(l) = self.leading.take() {
-            l.deadline.end_by(Instant::now());
-            tracing::warn!(lease = %self.cfg.lease, term = l.deadline.term(), reason, "stepping down");
-        }
-        if self.resigning {
-            // Guests were already told; nothing to release any more.
-            return;
-        }
+    /// Stops leading at once: the term ends now. Its tasks may run until its
+    /// force-stop time; it is kept among the retired terms until they are
+    /// gone, so that a later release waits for them too.
+    fn step_down(&mut self, l: Lead, reason: &str) -> State {
+        l.term.end(self.clock.now());
+        tracing::warn!(lease = %self.cfg.lease, term = l.term.number(), reason, force_stop_at = %l.term.stop_at_wall(), "stepping down");
+        self.retired.retain(|t| !(t.is_over() && t.tasks() == 0));
+        self.retired.push(l.term);
         self.publish_follower();
-    }
-
-    fn on_watch_event(
-        &mut self,
-        event: Option<Result<Option<Versioned>, StoreError>>,
-        watch: &mut Option<LeaseWatch>,
-        watch_retry_at: &mut Instant,
-    ) {
-        let now = Instant::now();
-        match event {
-            Some(Ok(record)) => {
-                if let Some(l) = &self.leading {
-                    let ours = record.as_ref().is_some_and(|r| {
-                        r.version == l.current.version
-                            || (r.record.holder() == Some(self.cfg.identity.as_str())
-                                && r.record.transitions == l.deadline.term())
-                    });
-                    if !ours {
-                        self.observe(record, now);
-                        self.step_down("the lease was taken over, overwritten or deleted");
-                        return;
-                    }
-                    if let Some(r) = record.filter(|r| r.version != l.current.version) {
-                        // Our own write whose answer we missed: adopt it.
-                        if let Some(l) = &mut self.leading {
-                            l.current = r.clone();
-                        }
-                        self.observe(Some(r), now);
-                    }
-                    return;
-                }
-                self.observe(record, now);
-                self.publish_follower();
-            }
-            Some(Err(e)) => {
-                tracing::warn!(lease = %self.cfg.lease, error = %e, "the lease watch broke; watching again");
-                *watch = None;
-                *watch_retry_at = now + self.jittered_retry();
-            }
-            None => {
-                tracing::debug!(lease = %self.cfg.lease, "the lease watch ended; watching again");
-                *watch = None;
-                *watch_retry_at = now;
-            }
-        }
+        State::Following(Following {
+            not_before: Instant::now(),
+        })
     }
 
     /// Gives the lease up after its tasks have drained: an empty holder and
     /// a short duration, so a standby takes over at once. Retried on
-    /// conflict (an in-flight renewal) while the lease is still ours.
-    async fn release(&mut self) {
+    /// conflict (an in-flight renewal) while the lease is still ours, and
+    /// never past the term's renew deadline.
+    async fn release(&mut self, l: &Lead) {
         let t = self.cfg.timings;
-        let Some(l) = self.leading.take() else { return };
-        let term = l.deadline.term();
-        let mut current = l.current;
+        let term = l.term.number();
+        let mut current = l.current.clone();
         loop {
-            let now = Instant::now();
-            if now >= l.deadline.until() {
+            let now = self.clock.now();
+            let until = l.term.lead_until();
+            if now >= until {
                 tracing::warn!(lease = %self.cfg.lease, term, "could not release the lease before the renew deadline; it will expire");
                 return;
             }
@@ -571,43 +721,38 @@ impl Elector {
                 lease_duration: RELEASED_LEASE_DURATION,
                 acquire_time: None,
                 renew_time: Some(SystemTime::now()),
-                transitions: term,
+                term,
             };
-            let limit = (now + t.request_timeout).min(l.deadline.until());
-            match timeout_at(
+            let limit = t.request_timeout.min(until - now);
+            match timeout(
                 limit,
                 self.store.update(&self.cfg.lease, &current.version, &record),
             )
             .await
             {
-                Ok(Ok(_)) => {
-                    l.deadline.end_by(Instant::now());
+                Ok(Ok(written)) => {
+                    self.observe(Some(written), Instant::now());
                     tracing::info!(lease = %self.cfg.lease, term, "released the lease");
                     return;
                 }
                 Ok(Err(e)) if e.is_conflict() => {
-                    match timeout_at(
-                        Instant::now() + t.request_timeout,
-                        self.store.get(&self.cfg.lease),
-                    )
-                    .await
-                    {
-                        Ok(Ok(Some(v)))
-                            if v.record.holder() == Some(self.cfg.identity.as_str())
-                                && v.record.transitions == term =>
+                    let left = l.term.lead_until() - self.clock.now();
+                    match self.read(t.request_timeout.min(left)).await {
+                        Some(read) => match judge_sighting(read.as_ref(), &current, &self.cfg.identity, term)
                         {
-                            current = v;
-                        }
-                        Ok(Ok(_)) => {
-                            tracing::info!(lease = %self.cfg.lease, term, "the lease is no longer ours; nothing to release");
-                            return;
-                        }
-                        _ => tokio::time::sleep(t.retry_period / 4).await,
+                            Verdict::Ours(v) => current = v,
+                            Verdict::Same => self.pause(t.retry_period / 4).await,
+                            Verdict::Lost => {
+                                tracing::info!(lease = %self.cfg.lease, term, "the lease is no longer ours; nothing to release");
+                                return;
+                            }
+                        },
+                        None => self.pause(t.retry_period / 4).await,
                     }
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(lease = %self.cfg.lease, error = %e, "releasing the lease failed; retrying");
-                    tokio::time::sleep(t.retry_period / 4).await;
+                    self.pause(t.retry_period / 4).await;
                 }
                 Err(_) => {
                     tracing::warn!(lease = %self.cfg.lease, "releasing the lease timed out; retrying");
@@ -615,11 +760,8 @@ impl Elector {
             }
         }
     }
-}
 
-async fn next_event(watch: &mut Option<LeaseWatch>) -> Option<Result<Option<Versioned>, StoreError>> {
-    match watch {
-        Some(w) => w.next().await,
-        None => std::future::pending().await,
+    async fn pause(&self, d: Duration) {
+        tokio::time::sleep(d).await;
     }
 }

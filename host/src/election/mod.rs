@@ -1,19 +1,34 @@
-//! The election core: timing rules, the status the elector publishes, and
-//! the elector itself.
+//! The election core: timing rules, the term clock, terms, the status the
+//! elector publishes, and the elector itself.
 //!
 //! Nothing here does I/O of its own: the elector talks to a
-//! [`LeaseStore`](crate::store::LeaseStore) and sleeps on tokio's clock, so
-//! its behaviour is tested with the in-memory store and paused time.
+//! [`LeaseStore`](crate::store::LeaseStore) and sleeps on tokio's clock and
+//! the [`TermClock`], so its behaviour is tested with the in-memory store
+//! and paused time.
+//!
+//! - [`timing`](Timings): the five timings of a lease and the rule that ties
+//!   them together.
+//! - [`TermClock`]: the clock of term deadlines, which counts a suspend.
+//! - [`Term`]: one term of one lease on this host, shared by the elector,
+//!   the supervisors and the guest Stores; the one place that says when a
+//!   term's code must stop.
+//! - [`LeaseView`], [`Status`]: what the elector publishes.
+//! - [`Elector`]: following, leading, resigning.
 
+mod clock;
 mod elector;
 mod status;
+mod term;
 mod timing;
 
+pub use crate::store::RELEASED_LEASE_DURATION;
+pub use clock::{Moment, TermClock};
 pub use elector::{
-    Decision, Elector, ElectorConfig, ElectorControl, Observation, RELEASED_LEASE_DURATION,
-    follower_decision, follower_status,
+    DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, Intent, Verdict, follower_decision, follower_status,
+    judge_sighting,
 };
-pub use status::{LeaseView, Role, Status, TermDeadline};
+pub use status::{LeaseView, Role, Status};
+pub use term::{Term, TermTask};
 pub use timing::{CLOCK_SKEW_DIVISOR, FORCED_STOP_ALLOWANCE, RENEW_ATTEMPTS_FACTOR, TimingError, Timings};
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! What the elector publishes: the status of a lease, and, while leading,
-//! the deadline of the current term.
+//! the current [`Term`].
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::Serialize;
-use tokio::time::Instant;
+
+use super::clock::Moment;
+use super::term::Term;
 
 /// This host's role for one lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -60,60 +62,28 @@ impl Status {
     }
 }
 
-/// The deadline of one term: the moment until which this host may act as
-/// leader. Each term has its own, so a task of an old term keeps the
-/// deadline of its own term even after a new term has begun.
-#[derive(Debug)]
-pub struct TermDeadline {
-    term: u64,
-    until: Mutex<Instant>,
-}
-
-impl TermDeadline {
-    /// A deadline for `term`, valid until `until`.
-    pub fn new(term: u64, until: Instant) -> Arc<TermDeadline> {
-        Arc::new(TermDeadline {
-            term,
-            until: Mutex::new(until),
-        })
-    }
-
-    /// The term this deadline belongs to.
-    pub fn term(&self) -> u64 {
-        self.term
-    }
-
-    /// Until when this host may act as leader in this term.
-    pub fn until(&self) -> Instant {
-        *self.until.lock().expect("term deadline lock")
-    }
-
-    /// Moves the deadline (after a confirmed renewal).
-    pub(crate) fn extend_to(&self, until: Instant) {
-        *self.until.lock().expect("term deadline lock") = until;
-    }
-
-    /// Ends the term no later than `at`.
-    pub(crate) fn end_by(&self, at: Instant) {
-        let mut until = self.until.lock().expect("term deadline lock");
-        if at < *until {
-            *until = at;
-        }
-    }
-}
-
 /// What the elector publishes on its watch channel.
 ///
 /// Two views are equal when their statuses are equal: renewals move the
-/// term deadline without waking anybody.
+/// term's deadline without waking anybody.
 #[derive(Clone, Debug)]
 pub struct LeaseView {
     /// The status.
     pub status: Status,
-    /// The deadline of the current term, while leading.
-    pub deadline: Option<Arc<TermDeadline>>,
-    /// When this status was published (to measure how fast tasks react).
-    pub since: Instant,
+    /// The current term, while leading.
+    pub term: Option<Arc<Term>>,
+    /// When this status was published, on the term clock.
+    pub since: Moment,
+}
+
+impl LeaseView {
+    /// The term to run tasks in: the current one, if this host leads and
+    /// the term is not over.
+    pub fn leading_term(&self) -> Option<&Arc<Term>> {
+        self.term
+            .as_ref()
+            .filter(|t| self.status.is_leading() && t.number() == self.status.term && !t.is_over())
+    }
 }
 
 impl PartialEq for LeaseView {

@@ -9,7 +9,8 @@ use tokio::time::{Instant, sleep};
 
 use super::*;
 use crate::store::memory::MemoryStore;
-use crate::store::{LeaseRecord, Versioned};
+use crate::store::subscription::Sighting;
+use crate::store::{LeaseRecord, LeaseStore, Versioned};
 
 const LEASE: &str = "demo";
 
@@ -25,86 +26,137 @@ fn timings() -> Timings {
     t
 }
 
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// One store and one clock, shared by the candidates of a test.
+struct Cluster {
+    store: MemoryStore,
+    clock: TermClock,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        Cluster {
+            store: MemoryStore::new(),
+            clock: TermClock::paused(),
+        }
+    }
+
+    /// A candidate with its own client of the store (as a process would).
+    fn start(&self, identity: &str) -> Candidate {
+        let cfg = ElectorConfig {
+            lease: LEASE.into(),
+            identity: identity.into(),
+            timings: timings(),
+        };
+        let (elector, rx, intent) = Elector::new(cfg, Arc::new(self.store.client()), self.clock.clone());
+        let task = tokio::spawn(elector.run());
+        Candidate { rx, intent, task }
+    }
+}
+
 struct Candidate {
     rx: watch::Receiver<LeaseView>,
-    control: ElectorControl,
+    intent: watch::Sender<Intent>,
     task: JoinHandle<()>,
 }
 
-fn start(store: &MemoryStore, identity: &str) -> Candidate {
-    let cfg = ElectorConfig {
-        lease: LEASE.into(),
-        identity: identity.into(),
-        timings: timings(),
-    };
-    let (elector, rx) = Elector::new(cfg, Arc::new(store.clone()));
-    let control = ElectorControl::default();
-    let task = tokio::spawn(elector.run(control.clone()));
-    Candidate { rx, control, task }
+impl Candidate {
+    async fn until_leading(&mut self) -> Status {
+        self.rx
+            .wait_for(|v| v.status.is_leading())
+            .await
+            .unwrap()
+            .status
+            .clone()
+    }
+
+    async fn until_not_leading(&mut self) -> Status {
+        self.rx
+            .wait_for(|v| !v.status.is_leading())
+            .await
+            .unwrap()
+            .status
+            .clone()
+    }
+
+    async fn until_following(&mut self) -> Status {
+        self.rx
+            .wait_for(|v| v.status.role == Role::Following)
+            .await
+            .unwrap()
+            .status
+            .clone()
+    }
+
+    fn term(&self) -> Arc<Term> {
+        self.rx.borrow().term.clone().expect("leading")
+    }
 }
 
-async fn until_leading(c: &mut Candidate) -> Status {
-    c.rx.wait_for(|v| v.status.is_leading())
-        .await
-        .unwrap()
-        .status
-        .clone()
-}
-
-async fn until_not_leading(c: &mut Candidate) -> Status {
-    c.rx.wait_for(|v| !v.status.is_leading())
-        .await
-        .unwrap()
-        .status
-        .clone()
+fn record(holder: Option<&str>, term: u64, lease_secs: u64) -> LeaseRecord {
+    LeaseRecord {
+        holder: holder.map(str::to_owned),
+        lease_duration: secs(lease_secs),
+        acquire_time: None,
+        renew_time: None,
+        term,
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_lone_candidate_leads_with_term_one() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    let s = until_leading(&mut a).await;
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    let s = a.until_leading().await;
     assert_eq!(s.term, 1);
     assert_eq!(s.holder.as_deref(), Some("a"));
-    let rec = store.peek(LEASE).unwrap().record;
+    let rec = c.store.peek(LEASE).unwrap().record;
     assert_eq!(rec.holder(), Some("a"));
-    assert_eq!(rec.transitions, 1);
+    assert_eq!(rec.term, 1);
     assert_eq!(rec.lease_duration, timings().lease_duration);
+    let term = a.term();
+    assert_eq!(
+        (term.lease(), term.number(), term.grace()),
+        (LEASE, 1, timings().grace)
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn one_leader_and_a_follower_that_is_not_woken_by_renewals() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    until_leading(&mut a).await;
-    let mut b = start(&store, "b");
-    let s =
-        b.rx.wait_for(|v| v.status.role == Role::Following)
-            .await
-            .unwrap()
-            .status
-            .clone();
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let mut b = c.start("b");
+    let s = b.until_following().await;
     assert_eq!(s.holder.as_deref(), Some("a"));
     assert_eq!(s.term, 1);
     b.rx.borrow_and_update();
-    // Ten renewals later the follower's status has not changed.
-    sleep(Duration::from_secs(10)).await;
+    a.rx.borrow_and_update();
+    // Ten renewals later neither status has changed.
+    sleep(secs(10)).await;
     assert!(!b.rx.has_changed().unwrap(), "a renewal woke the follower");
+    assert!(
+        !a.rx.has_changed().unwrap(),
+        "a renewal woke the leader's observers"
+    );
     assert!(a.rx.borrow().status.is_leading());
-    assert!(store.op_counts().update >= 9, "{:?}", store.op_counts());
+    assert!(c.store.op_counts().update >= 9, "{:?}", c.store.op_counts());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_crashed_leader_is_replaced_after_the_lease_duration() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    until_leading(&mut a).await;
-    let mut b = start(&store, "b");
-    b.rx.wait_for(|v| v.status.role == Role::Following).await.unwrap();
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let mut b = c.start("b");
+    b.until_following().await;
     sleep(Duration::from_millis(3500)).await;
     let last_renewal = Instant::now() - Duration::from_millis(500);
     a.task.abort(); // a crash: no release
-    let s = until_leading(&mut b).await;
+    let s = b.until_leading().await;
     let took = Instant::now() - last_renewal;
     assert_eq!(s.term, 2);
     assert!(took >= timings().lease_duration, "took over after {took:?}");
@@ -116,206 +168,354 @@ async fn a_crashed_leader_is_replaced_after_the_lease_duration() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_store_makes_the_leader_step_down_at_the_renew_deadline() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    until_leading(&mut a).await;
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
     sleep(Duration::from_millis(2500)).await;
-    let deadline = a.rx.borrow().deadline.clone().unwrap();
-    let confirmed_until = deadline.until();
-    store.set_unavailable(true);
-    let lost = until_not_leading(&mut a).await;
+    let term = a.term();
+    let confirmed_until = term.lead_until();
+    c.store.set_unavailable(true);
+    let lost = a.until_not_leading().await;
     assert_eq!(lost.role, Role::Pending);
-    let now = Instant::now();
+    let now = c.clock.now();
     assert!(
         now <= confirmed_until,
         "stepped down late: {:?}",
         now - confirmed_until
     );
-    assert!(deadline.until() <= now);
+    assert!(term.is_over());
     // The lease itself could only expire for others a full lease after the
-    // last renewal: the task's force-stop bound (RD + grace) comes first.
+    // last renewal: the task's force-stop time comes first.
     let last_renewal_start = confirmed_until - timings().renew_deadline;
-    assert!(deadline.until() + timings().grace < last_renewal_start + timings().lease_duration);
+    assert!(term.stop_at() < last_renewal_start + timings().lease_duration);
     // The store comes back: the same host regains the lease, in a new term.
-    store.set_unavailable(false);
-    let s = until_leading(&mut a).await;
+    c.store.set_unavailable(false);
+    let s = a.until_leading().await;
     assert_eq!(s.term, 2);
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_hanging_store_cannot_stretch_the_lead() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    until_leading(&mut a).await;
-    let deadline = a.rx.borrow().deadline.clone().unwrap();
-    store.hang(true);
-    let until = deadline.until();
-    until_not_leading(&mut a).await;
-    assert!(Instant::now() <= until + Duration::from_millis(1));
+async fn a_hanging_store_cannot_stretch_the_term() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let term = a.term();
+    c.store.hang(true);
+    let until = term.lead_until();
+    a.until_not_leading().await;
+    assert!(c.clock.now() <= until + Duration::from_millis(1));
+    // The force-stop time never moved past the last confirmed renewal.
+    assert_eq!(term.stop_at(), until + timings().grace);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_force_stop_comes_on_time_even_if_the_elector_is_stuck_or_gone() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    sleep(secs(2)).await;
+    let term = a.term();
+    let stop_at = term.stop_at();
+    assert_eq!(stop_at, term.lead_until() + timings().grace);
+    // The elector dies: nobody will say the term is over.
+    a.task.abort();
+    let start = Instant::now();
+    term.over().await;
+    assert!(term.is_over());
+    term.stop_due().await;
+    assert_eq!(c.clock.now(), stop_at, "at the force-stop time, not later");
+    assert!(Instant::now() - start <= timings().renew_deadline + timings().grace);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_suspended_leader_finds_its_term_over_on_waking_and_starts_a_new_one() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let term = a.term();
+    // The machine sleeps for a minute: tokio's timers did not see it.
+    c.clock.suspend(secs(60));
+    assert!(
+        term.is_over() && term.must_stop(),
+        "the term clock counted the suspend"
+    );
+    // At its next wake the elector steps down instead of renewing, and
+    // (the record still naming it) leads again in a new term.
+    let s =
+        a.rx.wait_for(|v| v.status.is_leading() && v.status.term == 2)
+            .await
+            .unwrap()
+            .status
+            .clone();
+    assert_eq!(s.holder.as_deref(), Some("a"));
+    assert!(term.is_over(), "the old term never comes back");
+    assert!(
+        !a.term().is_over(),
+        "the new term is measured from its own renewal"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_foreign_write_makes_the_leader_step_down_at_once() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    until_leading(&mut a).await;
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let term = a.term();
     let before = Instant::now();
-    store.write_raw(
-        LEASE,
-        LeaseRecord {
-            holder: Some("intruder".into()),
-            lease_duration: Duration::from_secs(30),
-            acquire_time: None,
-            renew_time: None,
-            transitions: 7,
-        },
-    );
-    let s = until_not_leading(&mut a).await;
+    c.store.write_raw(LEASE, record(Some("intruder"), 7, 30));
+    let s = a.until_not_leading().await;
     assert_eq!(s.role, Role::Following);
     assert_eq!(s.holder.as_deref(), Some("intruder"));
     assert_eq!(s.term, 7);
     assert!(Instant::now() - before < Duration::from_millis(10));
+    assert!(term.is_over());
     // When the intruder's lease runs out, `a` takes over with a newer term.
-    let s = until_leading(&mut a).await;
+    let s = a.until_leading().await;
     assert_eq!(s.term, 8);
 }
 
 #[tokio::test(start_paused = true)]
-async fn resign_keeps_the_lease_until_drained_then_releases_for_a_prompt_takeover() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    until_leading(&mut a).await;
-    let mut b = start(&store, "b");
-    b.rx.wait_for(|v| v.status.role == Role::Following).await.unwrap();
+async fn resigning_keeps_the_lease_until_the_terms_tasks_are_gone_then_releases_for_a_prompt_takeover() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let term = a.term();
+    let task = term.enter().unwrap();
+    let mut b = c.start("b");
+    b.until_following().await;
 
-    a.control.resign.cancel();
-    let s = until_not_leading(&mut a).await;
+    a.intent.send_replace(Intent::Stop);
+    let s = a.until_not_leading().await;
     assert_eq!(s.role, Role::Pending);
-    // Draining takes longer than a lease renewal period: still ours.
-    sleep(Duration::from_secs(3)).await;
-    assert_eq!(store.peek(LEASE).unwrap().record.holder(), Some("a"));
+    assert!(term.is_over(), "the tasks were told");
+    // Draining takes longer than a renewal period: still ours.
+    sleep(secs(3)).await;
+    assert_eq!(c.store.peek(LEASE).unwrap().record.holder(), Some("a"));
     assert!(!b.rx.borrow().status.is_leading());
 
     let released_at = Instant::now();
-    a.control.drained.cancel();
+    drop(task);
     a.task.await.unwrap();
-    assert_ne!(store.peek(LEASE).unwrap().record.holder(), Some("a"));
-    let s = until_leading(&mut b).await;
+    assert_ne!(c.store.peek(LEASE).unwrap().record.holder(), Some("a"));
+    let s = b.until_leading().await;
     assert_eq!(s.term, 2);
     assert!(Instant::now() - released_at < Duration::from_millis(50));
 }
 
 #[tokio::test(start_paused = true)]
-async fn release_is_retried_on_conflict() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    until_leading(&mut a).await;
-    a.control.resign.cancel();
-    until_not_leading(&mut a).await;
-    store.inject_conflict_next(2);
-    a.control.drained.cancel();
+async fn a_task_that_is_never_confirmed_gone_keeps_the_lease_unreleased() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let term = a.term();
+    let _stuck = term.enter().unwrap();
+    a.intent.send_replace(Intent::Stop);
     a.task.await.unwrap();
-    let rec = store.peek(LEASE).unwrap().record;
-    assert_eq!(rec.holder(), None);
-    assert_eq!(rec.lease_duration, RELEASED_LEASE_DURATION);
-    assert_eq!(rec.transitions, 1, "a release keeps the term");
+    // It gave up at the force-stop time plus the drain allowance, without
+    // releasing: the lease expires by itself.
+    assert!(c.clock.now() >= term.stop_at() + DRAIN_ALLOWANCE);
+    assert_eq!(c.store.peek(LEASE).unwrap().record.holder(), Some("a"));
 }
 
 #[tokio::test(start_paused = true)]
-async fn terms_grow_on_every_change_of_holder_and_survive_deletion() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    assert_eq!(until_leading(&mut a).await.term, 1);
-    let mut b = start(&store, "b");
-    b.rx.wait_for(|v| v.status.role == Role::Following).await.unwrap();
+async fn standing_by_hands_the_lease_over_and_follows_without_stopping() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let mut b = c.start("b");
+    b.until_following().await;
+    let until = Instant::now() + secs(30);
+    a.intent.send_replace(Intent::StandBy { until });
+    // No task runs: the lease is released at once, b takes it.
+    let s = b.until_leading().await;
+    assert_eq!(s.term, 2);
+    let s = a.until_following().await;
+    assert_eq!(s.holder.as_deref(), Some("b"));
+    // a stands by, then contends again: it follows b, and takes over when
+    // b stops.
+    sleep(secs(40)).await;
+    assert_eq!(a.rx.borrow().status.role, Role::Following);
+    assert!(!a.task.is_finished());
+    a.intent.send_replace(Intent::Contend);
+    b.intent.send_replace(Intent::Stop);
+    let s = a.until_leading().await;
+    assert_eq!(s.term, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_standby_does_not_take_a_free_lease_before_its_time() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let until = Instant::now() + secs(20);
+    a.intent.send_replace(Intent::StandBy { until });
+    a.until_not_leading().await;
+    sleep(secs(15)).await;
+    assert!(
+        !a.rx.borrow().status.is_leading(),
+        "took the lease while standing by"
+    );
+    a.until_leading().await;
+    assert!(Instant::now() >= until);
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_is_retried_on_conflict() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    c.store.inject_conflict_next(2);
+    a.intent.send_replace(Intent::Stop);
+    a.task.await.unwrap();
+    let rec = c.store.peek(LEASE).unwrap().record;
+    assert_eq!(rec.holder(), None);
+    assert_eq!(rec.lease_duration, RELEASED_LEASE_DURATION);
+    assert_eq!(rec.term, 1, "a release keeps the term");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_deleted_while_held_is_written_again_by_its_holder_in_the_same_term() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let mut b = c.start("b");
+    b.until_following().await;
+    let term = a.term();
+    a.rx.borrow_and_update();
+    let deleted_at = Instant::now();
+    assert!(c.store.delete(LEASE));
+    // The holder sees its tombstone, leads on, and writes the record again
+    // at its next renewal.
+    sleep(timings().retry_period * 2).await;
+    let back = c.store.peek(LEASE).expect("written again");
+    assert_eq!((back.record.holder(), back.record.term), (Some("a"), 1));
+    assert!(!a.rx.has_changed().unwrap(), "the holder's status did not change");
+    assert!(!term.is_over());
+    // The holder dies right after: the follower dated the holder's lease
+    // from when it saw the deletion or the rewrite, never earlier.
     a.task.abort();
-    assert_eq!(until_leading(&mut b).await.term, 2);
-    // Someone deletes the record: the leader steps down, re-creates it,
-    // and never reuses a term.
-    store.delete(LEASE);
-    let s =
-        b.rx.wait_for(|v| v.status.is_leading() && v.status.term != 2)
-            .await
-            .unwrap()
-            .status
-            .clone();
-    assert!(s.term > 2, "term {}", s.term);
+    let s = b.until_leading().await;
+    assert_eq!(s.term, 2);
+    assert!(Instant::now() - deleted_at >= timings().lease_duration);
+}
+
+#[tokio::test(start_paused = true)]
+async fn terms_are_never_reused_after_a_deletion() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    assert_eq!(a.until_leading().await.term, 1);
+    let mut b = c.start("b");
+    b.until_following().await;
+    a.task.abort();
+    assert_eq!(b.until_leading().await.term, 2);
+    b.intent.send_replace(Intent::Stop);
+    b.task.await.unwrap();
+    // Every host gone and the record deleted: a newcomer, which never saw
+    // the record, still leads in a term never used before.
+    assert!(c.store.delete(LEASE));
+    let mut d = c.start("d");
+    assert_eq!(d.until_leading().await.term, 3);
 }
 
 #[tokio::test(start_paused = true)]
 async fn transient_failures_within_the_renew_deadline_keep_the_lead() {
-    let store = MemoryStore::new();
-    let mut a = start(&store, "a");
-    until_leading(&mut a).await;
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
     a.rx.borrow_and_update();
-    store.fail_next(3);
-    sleep(Duration::from_secs(5)).await;
+    c.store.fail_next(3);
+    sleep(secs(5)).await;
     assert!(!a.rx.has_changed().unwrap(), "a transient failure cost the lead");
 }
 
 #[test]
 fn expiry_is_judged_from_local_observation_and_the_records_duration() {
     let now = Instant::now();
-    let record = |holder: Option<&str>, secs| Versioned {
+    let versioned = |holder: Option<&str>, secs| Versioned {
         record: LeaseRecord {
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(secs),
             acquire_time: None,
             // Timestamps inside the record are ignored, even absurd ones.
             renew_time: Some(std::time::UNIX_EPOCH),
-            transitions: 3,
+            term: 3,
         },
         version: "1".into(),
     };
-    let obs = |r, seen_at| Observation {
-        record: Some(r),
-        seen_at,
-    };
     let seen = now - Duration::from_secs(5);
+    let known = |r| Sighting {
+        record: Some(r),
+        at: seen,
+    };
     assert_eq!(
-        follower_decision(&obs(record(Some("x"), 30), seen), "me", now),
+        follower_decision(&known(versioned(Some("x"), 30)), "me", now),
         Decision::WaitUntil(seen + Duration::from_secs(30))
     );
     assert_eq!(
-        follower_decision(&obs(record(Some("x"), 4), seen), "me", now),
+        follower_decision(&known(versioned(Some("x"), 4)), "me", now),
         Decision::Acquire
     );
     assert_eq!(
-        follower_decision(&obs(record(None, 30), seen), "me", now),
+        follower_decision(&known(versioned(None, 30)), "me", now),
         Decision::Acquire
     );
     assert_eq!(
-        follower_decision(&obs(record(Some(""), 30), seen), "me", now),
+        follower_decision(&known(versioned(Some(""), 30)), "me", now),
         Decision::Acquire
     );
     assert_eq!(
-        follower_decision(&obs(record(Some("me"), 30), seen), "me", now),
+        follower_decision(&known(versioned(Some("me"), 30)), "me", now),
         Decision::Acquire
     );
-    let none = Observation {
+    let none = Sighting {
         record: None,
-        seen_at: now,
+        at: now,
     };
     assert_eq!(follower_decision(&none, "me", now), Decision::Acquire);
-    let s = follower_status(Some(&obs(record(Some("x"), 30), seen)), "demo", "me", 1);
+    let s = follower_status(Some(&known(versioned(Some("x"), 30))), "demo", "me", 1);
     assert_eq!(
         (s.role, s.holder.as_deref(), s.term),
         (Role::Following, Some("x"), 3)
     );
 }
 
+#[test]
+fn a_leader_judges_what_it_sees_by_holder_and_term() {
+    let v = |version: &str, holder: &str, term| Versioned {
+        version: version.into(),
+        record: record(Some(holder), term, 10),
+    };
+    let current = v("5", "me", 2);
+    assert_eq!(judge_sighting(Some(&current), &current, "me", 2), Verdict::Same);
+    let missed = v("6", "me", 2);
+    assert_eq!(
+        judge_sighting(Some(&missed), &current, "me", 2),
+        Verdict::Ours(missed.clone())
+    );
+    assert_eq!(
+        judge_sighting(Some(&v("7", "other", 3)), &current, "me", 2),
+        Verdict::Lost
+    );
+    assert_eq!(
+        judge_sighting(Some(&v("7", "me", 3)), &current, "me", 2),
+        Verdict::Lost,
+        "a later term of mine is not this term"
+    );
+    assert_eq!(judge_sighting(None, &current, "me", 2), Verdict::Lost);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_store_at_start_is_retried_with_back_off_not_hammered() {
-    let store = MemoryStore::new();
-    store.set_unavailable(true);
-    let mut a = start(&store, "a");
-    sleep(Duration::from_secs(10)).await;
-    let counts = store.op_counts();
+    let c = Cluster::new();
+    c.store.set_unavailable(true);
+    let mut a = c.start("a");
+    sleep(secs(10)).await;
+    let counts = c.store.op_counts();
     // One read per retry period (jittered x [1, 1.5]) at most, plus watch attempts.
     assert!(counts.get <= 11, "{counts:?}");
     assert!(!a.rx.borrow().status.is_leading());
-    store.set_unavailable(false);
-    let s = until_leading(&mut a).await;
+    c.store.set_unavailable(false);
+    let s = a.until_leading().await;
     assert_eq!(s.term, 1);
 }
 
@@ -324,26 +524,140 @@ async fn a_store_that_keeps_refusing_what_it_shows_is_retried_with_back_off() {
     // A free lease whose writes conflict while reads show it unchanged
     // (for example a store whose own bookkeeping refuses the write): the
     // candidate must not spin, writing once per retry period at most.
-    let store = MemoryStore::new();
-    store.write_raw(
-        LEASE,
-        LeaseRecord {
-            holder: None,
-            lease_duration: Duration::from_secs(1),
-            acquire_time: None,
-            renew_time: None,
-            transitions: 4,
-        },
-    );
-    store.inject_conflict_next(1_000);
-    let a = start(&store, "a");
-    sleep(Duration::from_secs(10)).await;
-    let counts = store.op_counts();
+    let c = Cluster::new();
+    c.store.write_raw(LEASE, record(None, 4, 1));
+    c.store.inject_conflict_next(1_000);
+    let mut a = c.start("a");
+    sleep(secs(10)).await;
+    let counts = c.store.op_counts();
     assert!(counts.create + counts.update <= 11, "{counts:?}");
     assert!(counts.update >= 5, "it keeps trying: {counts:?}");
     assert!(!a.rx.borrow().status.is_leading());
-    store.inject_conflict_next(0);
-    let mut a = a;
-    let s = until_leading(&mut a).await;
+    c.store.inject_conflict_next(0);
+    let s = a.until_leading().await;
     assert_eq!(s.term, 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_call_is_bounded_by_the_time_left_in_the_term() {
+    // Requests may take up to request-timeout; a renewal started 0.5 s
+    // before the deadline must give up at the deadline, not 0.5 s later.
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let term = a.term();
+    c.store.set_latency(Duration::from_millis(900));
+    // Renewals now confirm 0.9 s after they start: the lead holds.
+    sleep(secs(8)).await;
+    assert!(a.rx.borrow().status.is_leading());
+    c.store.hang(true);
+    let until = term.lead_until();
+    a.until_not_leading().await;
+    assert!(
+        c.clock.now() <= until,
+        "{:?} after the deadline",
+        c.clock.now() - until
+    );
+    let reads_before = c.store.op_counts().get;
+    assert!(reads_before < 50);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_conflicting_renewal_whose_reread_hangs_steps_down_by_the_deadline() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let term = a.term();
+    // Every renewal conflicts and every read hangs: the leader can neither
+    // renew nor learn why, and must not linger past its deadline.
+    c.store.inject_conflict_next(1_000);
+    let reads = c.store.clone();
+    tokio::spawn(async move {
+        // Let the conflicting renewal through, then hang its re-read.
+        loop {
+            sleep(Duration::from_millis(50)).await;
+            if reads.op_counts().update > 0 {
+                reads.hang(true);
+                break;
+            }
+        }
+    });
+    let until = term.lead_until();
+    a.until_not_leading().await;
+    assert!(c.clock.now() <= until);
+    assert!(term.is_over());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_store_sees_what_the_elector_wrote_through_another_client() {
+    // Sanity: each candidate has its own client, sharing one store.
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let other = c.store.client();
+    let seen = other.get(LEASE).await.unwrap().unwrap();
+    assert_eq!(seen.record.holder(), Some("a"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_waits_for_the_tasks_of_an_earlier_term_too() {
+    // Term 1 ends at its deadline (the store hung) while its task is still
+    // within its grace; the store recovers and this host leads again in
+    // term 2, which has no task. Shutting down must not release the lease
+    // while term 1's task may still run.
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let first = a.term();
+    let task = first.enter().unwrap();
+    c.store.hang(true);
+    a.until_not_leading().await;
+    c.store.hang(false);
+    let s =
+        a.rx.wait_for(|v| v.status.is_leading())
+            .await
+            .unwrap()
+            .status
+            .clone();
+    assert_eq!(s.term, 2);
+    a.intent.send_replace(Intent::Stop);
+    sleep(Duration::from_millis(500)).await;
+    assert!(!a.task.is_finished());
+    assert_eq!(
+        c.store.peek(LEASE).unwrap().record.holder(),
+        Some("a"),
+        "not released while term 1's task runs"
+    );
+    drop(task);
+    a.task.await.unwrap();
+    assert_eq!(
+        c.store.peek(LEASE).unwrap().record.holder(),
+        None,
+        "released once it is gone"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_elector_whose_host_is_gone_hands_the_lease_over_and_stops() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    drop(a.intent);
+    a.task.await.unwrap();
+    assert_eq!(c.store.peek(LEASE).unwrap().record.holder(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_elector_whose_subscription_died_stops_without_releasing() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    c.store.panic_next_watch();
+    c.store.break_watches();
+    a.task.await.unwrap();
+    assert_eq!(
+        c.store.peek(LEASE).unwrap().record.holder(),
+        Some("a"),
+        "left to expire"
+    );
 }

@@ -6,25 +6,33 @@
 //! - [`bindings`]: `bindgen!` output for `future-plugin` and
 //!   `pollable-plugin`.
 //! - [`state`]: what a Store holds, and the host side of `current-status`.
+//! - [`fence`]: the host-call fence, the epoch check and inline file
+//!   streams: nothing of a term acts after its force-stop time.
 //! - [`plugin`]: checking, loading and running a plugin.
 //! - [`network`]: the outbound connections a plugin may make.
-//! - [`output`]: guest stdout/stderr as log lines.
+//! - [`output`]: guest stdout/stderr as log lines, within limits.
+//! - [`trap`]: why an instance trapped, in one line.
 //!
 //! Unstable: component-model async (the `future-plugin` world) is still
-//! evolving in wasmtime; this module pins wasmtime 48's behaviour.
+//! evolving in wasmtime; this module pins wasmtime 48's behaviour, and the
+//! fence relies on where wasmtime 48 calls its call hook (see [`fence`]).
 
 use std::path::{Path, PathBuf};
 
 pub mod bindings;
 pub mod engine;
+pub mod fence;
 pub mod network;
 pub mod output;
 pub mod plugin;
 pub mod state;
+pub mod trap;
 
 pub use engine::{EPOCH_TICK, PluginEngine, default_cache_dir};
 pub use network::{ConnectGrant, NetworkGrant};
-pub use plugin::{DirGrant, Plugin, PluginRuntime, PluginSpec, TaskGuard, TaskOutcome, World};
+pub use output::OutputLimits;
+pub use plugin::{DEFAULT_MEMORY_LIMIT, DirGrant, Plugin, PluginRuntime, PluginSpec, TaskOutcome, World};
+pub use trap::{StoppedByHost, Trap};
 
 /// The engine could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -1,17 +1,173 @@
 //! Guest stdout and stderr, turned into log events tagged with the
-//! plugin's name: one event per line.
+//! plugin's name: one event per line, within the plugin's output limits,
+//! and never after its term's force-stop time.
+//!
+//! Each plugin has an [`OutputBudget`], shared by all its instances (a task
+//! that traps and is retried cannot reset it): a token bucket of
+//! [`OutputLimits::bytes_per_second`], and a longest line
+//! ([`OutputLimits::line`]) beyond which a line is cut. Lines over the
+//! budget are dropped; what was dropped or cut is counted and reported as a
+//! warning of its own, at most once per [`REPORT_PERIOD`] and when the
+//! stream ends.
+//!
+//! Writes are handled inside the guest's host call (the WASI 0.2 stream is
+//! synchronous, not the usual background writer), so the host-call fence
+//! covers them; a write that reaches the logger once its term must stop is
+//! discarded all the same, and counted.
 
+use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
-/// Lines longer than this are logged in pieces, so a guest that never
-/// writes a newline cannot make the host buffer without bound.
-pub const MAX_LINE: usize = 16 * 1024;
+use crate::election::Term;
+
+/// How much a plugin may print, and the longest line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputLimits {
+    /// The sustained rate, in bytes per second; a plugin may print up to one
+    /// second's worth at once.
+    pub bytes_per_second: u64,
+    /// The longest line, in bytes; the rest of a longer line is cut.
+    pub line: usize,
+}
+
+impl Default for OutputLimits {
+    /// 64 KiB per second (hundreds of ordinary lines a second, while a
+    /// guest printing in a loop cannot grow the host's log by more than
+    /// about 230 MB an hour), and lines of 4 KiB.
+    fn default() -> Self {
+        OutputLimits {
+            bytes_per_second: 64 * 1024,
+            line: 4 * 1024,
+        }
+    }
+}
+
+/// The longest `line` a plugin may be given: the log's queue holds lines,
+/// not bytes, so this bounds the memory a stalled stderr can tie up.
+pub const MAX_OUTPUT_LINE: usize = 16 * 1024;
+
+/// How often a plugin's dropped output is reported, at most.
+pub const REPORT_PERIOD: Duration = Duration::from_secs(1);
+
+/// How many of an instance's last stderr lines are kept for its trap report
+/// (a Rust panic prints its message on the line after "panicked at").
+const STDERR_TAIL: usize = 8;
+
+/// The last lines an instance wrote to stderr.
+pub type StderrTail = Arc<Mutex<VecDeque<String>>>;
+
+/// A plugin's output budget; see the [module documentation](self).
+#[derive(Debug)]
+pub struct OutputBudget {
+    plugin: Arc<str>,
+    limits: OutputLimits,
+    bucket: Mutex<Bucket>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+    reported: Instant,
+    /// Not reported yet.
+    dropped: Dropped,
+}
+
+/// What was dropped or cut since the last report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Dropped {
+    lines: u64,
+    bytes: u64,
+    cut_lines: u64,
+    cut_bytes: u64,
+    after_stop_bytes: u64,
+}
+
+impl OutputBudget {
+    /// A full budget for `plugin`.
+    pub fn new(plugin: Arc<str>, limits: OutputLimits) -> Arc<OutputBudget> {
+        let now = Instant::now();
+        Arc::new(OutputBudget {
+            plugin,
+            bucket: Mutex::new(Bucket {
+                tokens: Self::capacity(&limits),
+                refilled: now,
+                reported: now,
+                dropped: Dropped::default(),
+            }),
+            limits,
+        })
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> OutputLimits {
+        self.limits
+    }
+
+    fn capacity(limits: &OutputLimits) -> f64 {
+        // At least one longest line fits, whatever the rate.
+        (limits.bytes_per_second as f64).max(limits.line as f64 + 1.0)
+    }
+
+    fn bucket(&self) -> std::sync::MutexGuard<'_, Bucket> {
+        self.bucket.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a line of `len` bytes (newline included) may be logged now;
+    /// counts it as dropped if not.
+    fn admit(&self, len: usize) -> bool {
+        let mut b = self.bucket();
+        let now = Instant::now();
+        let rate = self.limits.bytes_per_second as f64;
+        b.tokens = (b.tokens + rate * (now - b.refilled).as_secs_f64()).min(Self::capacity(&self.limits));
+        b.refilled = now;
+        if b.tokens >= len as f64 {
+            b.tokens -= len as f64;
+            true
+        } else {
+            b.dropped.lines += 1;
+            b.dropped.bytes += len as u64;
+            false
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Dropped)) {
+        f(&mut self.bucket().dropped);
+    }
+
+    /// Logs what was dropped since the last report, if anything, once a
+    /// report period has passed (or now, if `now`).
+    pub fn report(&self, now: bool) {
+        let dropped = {
+            let mut b = self.bucket();
+            if b.dropped == Dropped::default() || (!now && b.reported.elapsed() < REPORT_PERIOD) {
+                return;
+            }
+            b.reported = Instant::now();
+            std::mem::take(&mut b.dropped)
+        };
+        tracing::warn!(
+            plugin = &*self.plugin,
+            dropped_lines = dropped.lines,
+            dropped_bytes = dropped.bytes,
+            cut_lines = dropped.cut_lines,
+            cut_bytes = dropped.cut_bytes,
+            after_stop_bytes = dropped.after_stop_bytes,
+            bytes_per_second = self.limits.bytes_per_second,
+            longest_line = self.limits.line,
+            "guest output over the plugin's limits was dropped"
+        );
+    }
+}
 
 /// Which guest stream.
 #[derive(Clone, Copy, Debug)]
@@ -22,17 +178,38 @@ pub enum GuestStream {
     Stderr,
 }
 
-/// A WASI output stream that logs each line the guest writes.
+/// A WASI output stream that logs each line an instance writes.
 #[derive(Clone, Debug)]
 pub struct GuestOutput {
-    plugin: Arc<str>,
+    budget: Arc<OutputBudget>,
     stream: GuestStream,
+    term: Arc<Term>,
+    tail: StderrTail,
 }
 
 impl GuestOutput {
-    /// Output of `plugin` on `stream`.
-    pub fn new(plugin: Arc<str>, stream: GuestStream) -> GuestOutput {
-        GuestOutput { plugin, stream }
+    /// Output of one instance of the plugin behind `budget`, in `term`, on
+    /// `stream`; stderr lines are also kept in `tail`.
+    pub fn new(
+        budget: Arc<OutputBudget>,
+        stream: GuestStream,
+        term: Arc<Term>,
+        tail: StderrTail,
+    ) -> GuestOutput {
+        GuestOutput {
+            budget,
+            stream,
+            term,
+            tail,
+        }
+    }
+
+    fn logger(&self) -> LineLogger {
+        LineLogger {
+            out: self.clone(),
+            buf: Vec::new(),
+            cut: 0,
+        }
     }
 }
 
@@ -43,51 +220,112 @@ impl IsTerminal for GuestOutput {
 }
 
 impl StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.logger())
+    }
+
     fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
-        Box::new(LineLogger {
-            out: self.clone(),
-            buf: Vec::new(),
-        })
+        Box::new(self.logger())
     }
 }
 
 struct LineLogger {
     out: GuestOutput,
+    /// The line so far, up to the longest line.
     buf: Vec<u8>,
+    /// Bytes cut off the current line.
+    cut: usize,
 }
 
 impl LineLogger {
-    fn emit(&self, line: &[u8]) {
-        let line = String::from_utf8_lossy(line);
-        let line = line.trim_end_matches('\r');
-        let plugin = &*self.out.plugin;
-        match self.out.stream {
-            GuestStream::Stdout => tracing::info!(target: "guest", plugin, stream = "stdout", "{line}"),
-            GuestStream::Stderr => tracing::warn!(target: "guest", plugin, stream = "stderr", "{line}"),
+    fn take(&mut self, data: &[u8]) {
+        if self.out.term.must_stop() {
+            self.out.budget.count(|d| d.after_stop_bytes += data.len() as u64);
+            return;
+        }
+        let longest = self.out.budget.limits.line;
+        for &b in data {
+            if b == b'\n' {
+                self.emit();
+            } else if self.buf.len() < longest {
+                self.buf.push(b);
+            } else {
+                self.cut += 1;
+            }
         }
     }
 
+    /// Logs the current line, if the budget allows.
+    fn emit(&mut self) {
+        let line = std::mem::take(&mut self.buf);
+        let cut = std::mem::take(&mut self.cut);
+        let budget = &self.out.budget;
+        if cut > 0 {
+            budget.count(|d| {
+                d.cut_lines += 1;
+                d.cut_bytes += cut as u64;
+            });
+        }
+        if !budget.admit(line.len() + 1) {
+            budget.report(false);
+            return;
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches('\r');
+        let plugin = &*budget.plugin;
+        match self.out.stream {
+            GuestStream::Stdout => tracing::info!(target: "guest", plugin, stream = "stdout", "{text}"),
+            GuestStream::Stderr => {
+                tracing::warn!(target: "guest", plugin, stream = "stderr", "{text}");
+                let mut tail = self.out.tail.lock().unwrap_or_else(|e| e.into_inner());
+                if tail.len() == STDERR_TAIL {
+                    tail.pop_front();
+                }
+                tail.push_back(text.to_owned());
+            }
+        }
+        budget.report(false);
+    }
+
     fn flush_partial(&mut self) {
-        if !self.buf.is_empty() {
-            let buf = std::mem::take(&mut self.buf);
-            self.emit(&buf);
+        if !self.buf.is_empty() || self.cut > 0 {
+            if self.out.term.must_stop() {
+                let n = self.buf.len() + self.cut;
+                self.out.budget.count(|d| d.after_stop_bytes += n as u64);
+                self.buf.clear();
+                self.cut = 0;
+            } else {
+                self.emit();
+            }
         }
     }
+}
+
+impl OutputStream for LineLogger {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.take(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        // Never full: what the budget does not admit is dropped, so a
+        // guest never waits on its own output.
+        Ok(64 * 1024)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for LineLogger {
+    async fn ready(&mut self) {}
 }
 
 impl AsyncWrite for LineLogger {
     fn poll_write(mut self: Pin<&mut Self>, _cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        for &b in data {
-            if b == b'\n' {
-                let line = std::mem::take(&mut self.buf);
-                self.emit(&line);
-            } else {
-                self.buf.push(b);
-                if self.buf.len() >= MAX_LINE {
-                    self.flush_partial();
-                }
-            }
-        }
+        self.take(data);
         Poll::Ready(Ok(data.len()))
     }
 
@@ -104,5 +342,71 @@ impl AsyncWrite for LineLogger {
 impl Drop for LineLogger {
     fn drop(&mut self) {
         self.flush_partial();
+        self.out.budget.report(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::election::TermClock;
+
+    fn output(limits: OutputLimits) -> (GuestOutput, Arc<OutputBudget>) {
+        let clock = TermClock::system();
+        let term = Term::begin(
+            "demo",
+            1,
+            Duration::from_secs(1),
+            clock.clone(),
+            clock.now() + Duration::from_secs(60),
+        );
+        let budget = OutputBudget::new(Arc::from("p"), limits);
+        let out = GuestOutput::new(budget.clone(), GuestStream::Stderr, term, StderrTail::default());
+        (out, budget)
+    }
+
+    #[test]
+    fn lines_over_the_rate_are_dropped_and_counted() {
+        let (out, budget) = output(OutputLimits {
+            bytes_per_second: 100,
+            line: 50,
+        });
+        let mut log = out.logger();
+        // 100 bytes at once: ten lines of 9 + newline fit, the rest not.
+        for _ in 0..15 {
+            log.take(b"123456789\n");
+        }
+        let dropped = budget.bucket().dropped;
+        assert_eq!(dropped.lines, 5, "{dropped:?}");
+        assert_eq!(dropped.bytes, 50);
+        budget.report(true);
+        assert_eq!(budget.bucket().dropped, Dropped::default(), "reported");
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_the_tail_keeps_the_last_stderr_lines() {
+        let (out, budget) = output(OutputLimits {
+            bytes_per_second: 1 << 20,
+            line: 8,
+        });
+        let tail = out.tail.clone();
+        let mut log = out.logger();
+        log.take(b"0123456789abcdef\nshort\n");
+        let dropped = budget.bucket().dropped;
+        assert_eq!((dropped.cut_lines, dropped.cut_bytes), (1, 8));
+        let tail: Vec<String> = tail.lock().unwrap().iter().cloned().collect();
+        assert_eq!(tail, vec!["01234567".to_owned(), "short".to_owned()]);
+    }
+
+    #[test]
+    fn nothing_is_logged_once_the_term_must_stop() {
+        let clock = TermClock::system();
+        let term = Term::begin("demo", 1, Duration::ZERO, clock.clone(), clock.now());
+        let budget = OutputBudget::new(Arc::from("p"), OutputLimits::default());
+        let tail = StderrTail::default();
+        let mut log = GuestOutput::new(budget.clone(), GuestStream::Stderr, term, tail.clone()).logger();
+        log.take(b"too late\n");
+        assert!(tail.lock().unwrap().is_empty());
+        assert_eq!(budget.bucket().dropped.after_stop_bytes, 9);
     }
 }

@@ -1,24 +1,29 @@
 //! Plugins: loading and checking a component, and running its leader task
 //! for one term in a fresh Store.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::Instant;
+use wasmtime::Store;
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Store, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 use super::bindings::{WitStatus, future_plugin, pollable_plugin};
 use super::engine::PluginEngine;
+use super::fence;
 use super::network::NetworkGrant;
-use super::output::{GuestOutput, GuestStream};
-use super::state::{GuestState, StatusFuture};
+use super::output::{GuestOutput, GuestStream, OutputBudget, OutputLimits, StderrTail};
+use super::state::{CurrentStatus, GuestState, shown_status};
+use super::trap::{GuestLimits, Trap};
 use super::{PluginError, RuntimeError};
-use crate::election::{LeaseView, Status, TermDeadline};
+use crate::election::{LeaseView, Term};
+
+/// The memory limit of one plugin instance unless configured otherwise
+/// (and of `baton check`): room for the Python and JavaScript runtimes,
+/// which need tens of MiB.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 256 * 1024 * 1024;
 
 /// The world a plugin targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +74,8 @@ pub struct PluginSpec {
     pub dirs: Vec<DirGrant>,
     /// Where the guest may connect (nowhere by default).
     pub network: NetworkGrant,
+    /// How much the guest may print.
+    pub output: OutputLimits,
 }
 
 impl PluginSpec {
@@ -85,6 +92,7 @@ impl PluginSpec {
     ///     env: vec![("TOKEN".into(), "secret".into())],
     ///     dirs: vec![DirGrant { host: "/srv/data".into(), guest: "/data".into(), read_only: true }],
     ///     network: NetworkGrant { connect: vec!["10.0.0.0/8:5432".parse().unwrap()], name_lookup: false },
+    ///     output: Default::default(),
     /// };
     /// assert_eq!(
     ///     spec.grants(),
@@ -116,7 +124,13 @@ impl PluginSpec {
     }
 }
 
-/// Links both worlds' imports: WASI 0.2 and 0.3, and `current-status`.
+/// Links both worlds' imports: WASI 0.2 (with file streams that write
+/// inline; see [`fence`]), the WASI 0.3 clocks and random interfaces, and
+/// `current-status`.
+///
+/// Other WASI 0.3 interfaces (filesystem, sockets, cli) are not offered:
+/// their host tasks act after the import has returned, outside the
+/// host-call fence.
 pub struct PluginRuntime {
     engine: PluginEngine,
     future: Linker<GuestState>,
@@ -129,12 +143,15 @@ impl PluginRuntime {
         let link = |e: wasmtime::Error| RuntimeError::Engine(format!("linking host functions: {e}"));
         let mut future = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut future).map_err(link)?;
-        wasmtime_wasi::p3::add_to_linker(&mut future).map_err(link)?;
-        future_plugin::baton::leader::status_future::add_to_linker::<_, StatusFuture>(&mut future, |s| s)
+        fence::add_fenced_file_streams(&mut future).map_err(link)?;
+        wasmtime_wasi::p3::clocks::add_to_linker(&mut future).map_err(link)?;
+        wasmtime_wasi::p3::random::add_to_linker(&mut future).map_err(link)?;
+        future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut future, |s| s)
             .map_err(link)?;
         let mut pollable = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut pollable).map_err(link)?;
-        pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, StatusFuture>(
+        fence::add_fenced_file_streams(&mut pollable).map_err(link)?;
+        pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
             &mut pollable,
             |s| s,
         )
@@ -230,8 +247,10 @@ impl PluginRuntime {
                     .map_err(|e| fail(error_chain(&e).to_string()))?,
             ),
         };
+        let name: Arc<str> = Arc::from(name);
         Ok(Plugin {
-            name: Arc::from(name),
+            output: OutputBudget::new(name.clone(), OutputLimits::default()),
+            name,
             path: path.to_owned(),
             world,
             pre,
@@ -253,6 +272,7 @@ impl PluginRuntime {
                 ));
             }
         }
+        plugin.output = OutputBudget::new(plugin.name.clone(), spec.output);
         plugin.spec = Some(spec.clone());
         Ok(plugin)
     }
@@ -324,6 +344,8 @@ pub struct Plugin {
     pre: Pre,
     spec: Option<PluginSpec>,
     engine: PluginEngine,
+    /// Shared by all its instances.
+    output: Arc<OutputBudget>,
 }
 
 /// How one run of a leader task ended.
@@ -331,30 +353,31 @@ pub struct Plugin {
 pub enum TaskOutcome {
     /// `run` returned `ok`.
     Finished,
+    /// The term was over before `run` could be called (while the instance
+    /// was being created): `run` was not called.
+    NotStarted,
     /// `run` returned `error`.
     Failed(String),
     /// The guest trapped, or could not be instantiated.
-    Trapped(String),
+    Trapped(Trap),
 }
 
-/// When the host must stop a task by force, checked inside guest execution
-/// at every epoch tick.
-#[derive(Clone, Debug)]
-pub struct TaskGuard {
-    /// The term's deadline.
-    pub deadline: Arc<TermDeadline>,
-    /// The grace after the deadline.
-    pub grace: Duration,
-    /// Set by the supervisor to stop the task at the next tick.
-    pub kill: Arc<AtomicBool>,
+impl TaskOutcome {
+    /// Whether the host stopped the task because its term's force-stop
+    /// time had come (the fence or the epoch check trapped it).
+    pub fn stopped_by_host(&self) -> bool {
+        matches!(self, TaskOutcome::Trapped(t) if t.stopped_by_host())
+    }
 }
 
-impl TaskGuard {
-    /// Whether the task must stop now: it was told to, or its term's
-    /// deadline plus grace has passed (even if the elector has not run yet,
-    /// e.g. right after the process was paused and resumed).
-    pub fn must_stop(&self) -> bool {
-        self.kill.load(Ordering::Relaxed) || Instant::now() > self.deadline.until() + self.grace
+impl fmt::Display for TaskOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskOutcome::Finished => f.write_str("ok"),
+            TaskOutcome::NotStarted => f.write_str("not started: the term was over first"),
+            TaskOutcome::Failed(e) => write!(f, "error: {e}"),
+            TaskOutcome::Trapped(t) => write!(f, "trap: {t}"),
+        }
     }
 }
 
@@ -374,14 +397,27 @@ impl Plugin {
         self.world
     }
 
+    /// Its output budget (shared by all its instances).
+    pub fn output(&self) -> &Arc<OutputBudget> {
+        &self.output
+    }
+
+    /// A fresh Store for one run in `term`: WASI with the plugin's grants,
+    /// its memory limit, and the fence (see [`fence`]).
     fn new_store(
         &self,
+        term: Arc<Term>,
         view: watch::Receiver<LeaseView>,
-        guard: TaskGuard,
     ) -> Result<Store<GuestState>, String> {
+        let tail = StderrTail::default();
         let mut wasi = WasiCtxBuilder::new();
-        wasi.stdout(GuestOutput::new(self.name.clone(), GuestStream::Stdout));
-        wasi.stderr(GuestOutput::new(self.name.clone(), GuestStream::Stderr));
+        let output = |stream| GuestOutput::new(self.output.clone(), stream, term.clone(), tail.clone());
+        wasi.stdout(output(GuestStream::Stdout));
+        wasi.stderr(output(GuestStream::Stderr));
+        // File operations run inside the guest's host call, where the fence
+        // covers them, not later on the blocking pool. (Guests run on their
+        // own runtime's workers; the election runs elsewhere.)
+        wasi.allow_blocking_current_thread(true);
         let mut memory_limit = DEFAULT_MEMORY_LIMIT;
         if let Some(spec) = &self.spec {
             memory_limit = spec.memory_limit;
@@ -402,65 +438,70 @@ impl Plugin {
         let state = GuestState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new()
-                .memory_size(memory_limit as usize)
-                .build(),
-            status: view,
+            limits: GuestLimits::new(memory_limit),
+            term: term.clone(),
+            view,
+            stderr_tail: tail,
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
-            if guard.must_stop() {
-                Err(wasmtime::format_err!(
-                    "stopped by the host: the term is over and the grace period has passed"
-                ))
-            } else {
-                // tokio's own yield lets the worker poll its timers and I/O
-                // before the guest runs again, so the elector's timers and
-                // the supervisor's force-stop fire on time even while every
-                // worker thread runs a busy guest.
-                Ok(UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
-            }
-        });
+        store.epoch_deadline_callback(fence::epoch_check(term.clone()));
+        store.call_hook(fence::call_fence(term));
         Ok(store)
     }
 
-    /// Runs the leader task once, in a fresh instance and Store, until it
-    /// returns or traps. Dropping the returned future drops the Store and
-    /// so ends the task wherever it is.
-    pub async fn run_task(
-        &self,
-        status: Status,
-        view: watch::Receiver<LeaseView>,
-        guard: TaskGuard,
-    ) -> TaskOutcome {
-        let mut store = match self.new_store(view, guard) {
+    /// Runs the leader task once, in a fresh instance and Store, in `term`,
+    /// until it returns or traps. Dropping the returned future drops the
+    /// Store and so ends the task wherever it is.
+    pub async fn run_task(&self, term: Arc<Term>, view: watch::Receiver<LeaseView>) -> TaskOutcome {
+        let mut store = match self.new_store(term.clone(), view.clone()) {
             Ok(s) => s,
-            Err(e) => return TaskOutcome::Trapped(e),
+            Err(e) => return TaskOutcome::Trapped(Trap::setup(e)),
         };
-        let arg = WitStatus::from(&status);
+        // `run` gets the status as it is once the instance exists (creating
+        // it takes a while for a large guest): `leading`, or not called.
+        let status = |term: &Term| {
+            let status = shown_status(&view.borrow(), term);
+            status.is_leading().then(|| WitStatus::from(&status))
+        };
         let result = match &self.pre {
             Pre::Future(pre) => match pre.instantiate_async(&mut store).await {
-                Ok(instance) => store
-                    .run_concurrent(async |a| instance.baton_leader_task_async().call_run(a, arg).await)
-                    .await
-                    .and_then(|r| r),
+                Ok(instance) => {
+                    let Some(arg) = status(&term) else {
+                        return TaskOutcome::NotStarted;
+                    };
+                    store
+                        .run_concurrent(async |a| instance.baton_leader_task_async().call_run(a, arg).await)
+                        .await
+                        .and_then(|r| r)
+                }
                 Err(e) => Err(e),
             },
             Pre::Pollable(pre) => match pre.instantiate_async(&mut store).await {
-                Ok(instance) => instance.baton_leader_task_sync().call_run(&mut store, &arg).await,
+                Ok(instance) => {
+                    let Some(arg) = status(&term) else {
+                        return TaskOutcome::NotStarted;
+                    };
+                    instance.baton_leader_task_sync().call_run(&mut store, &arg).await
+                }
                 Err(e) => Err(e),
             },
         };
         match result {
             Ok(Ok(())) => TaskOutcome::Finished,
             Ok(Err(message)) => TaskOutcome::Failed(message),
-            Err(e) => TaskOutcome::Trapped(error_chain(&e)),
+            Err(e) => {
+                let state = store.data();
+                let tail: Vec<String> = state
+                    .stderr_tail
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect();
+                TaskOutcome::Trapped(Trap::from_error(&e, &tail, &state.limits))
+            }
         }
     }
 }
-
-/// The memory limit of a plugin loaded without a configuration (`baton
-/// check`): generous enough for the Python and JavaScript runtimes.
-pub const DEFAULT_MEMORY_LIMIT: u64 = 256 * 1024 * 1024;

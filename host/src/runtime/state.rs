@@ -1,23 +1,31 @@
 //! The data of one instance's Store, and the host side of the
 //! `current-status` imports of both worlds.
 
+use std::sync::Arc;
+
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until};
-use wasmtime::StoreLimits;
 use wasmtime::component::{Access, FutureReader, HasData, Resource, ResourceTable};
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{WitStatus, future_plugin, pollable_plugin};
-use crate::election::{LeaseView, Role, Status};
+use super::output::StderrTail;
+use super::trap::GuestLimits;
+use crate::election::{LeaseView, Role, Status, Term};
 
 /// What one instance's Store holds: its WASI context and resources, its
-/// limits, and its view of the lease.
+/// limits, its term, and its view of the lease.
 pub struct GuestState {
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
-    pub(crate) limits: StoreLimits,
-    pub(crate) status: watch::Receiver<LeaseView>,
+    pub(crate) limits: GuestLimits,
+    /// The term this instance runs in: every host call and epoch tick asks
+    /// it whether the instance may still run.
+    pub(crate) term: Arc<Term>,
+    pub(crate) view: watch::Receiver<LeaseView>,
+    /// The last lines the instance wrote to stderr (a panic message), for
+    /// the trap report.
+    pub(crate) stderr_tail: StderrTail,
 }
 
 impl WasiView for GuestState {
@@ -30,80 +38,85 @@ impl WasiView for GuestState {
 }
 
 impl GuestState {
-    /// The current status and a receiver to wait on for a different one.
-    fn snapshot(&self) -> (Status, watch::Receiver<LeaseView>) {
-        let rx = self.status.clone();
-        let status = effective_status(&rx.borrow(), Instant::now());
-        (status, rx)
+    /// The current status as this instance is shown it.
+    fn snapshot(&self) -> Status {
+        shown_status(&self.view.borrow(), &self.term)
     }
 }
 
-/// The status a guest is shown: the elector's, except that a lead whose
-/// term deadline has passed is shown as lost at once, even before the
-/// elector has run (for example right after the whole process was paused
-/// and resumed). Guests never see a lead this host may no longer claim.
-pub(crate) fn effective_status(view: &LeaseView, now: Instant) -> Status {
-    match &view.deadline {
-        Some(d) if view.status.is_leading() && now >= d.until() => Status {
+/// The status an instance of `term` is shown: the elector's, except that
+/// it never shows `leading` outside its own term. A lead in another term,
+/// or in its own term once that is over (even before the elector has run,
+/// for example right after the whole process was paused and resumed), is
+/// shown as `pending`.
+pub(crate) fn shown_status(view: &LeaseView, term: &Term) -> Status {
+    let s = &view.status;
+    if s.is_leading() && (s.term != term.number() || term.is_over()) {
+        Status {
             role: Role::Pending,
             holder: None,
-            ..view.status.clone()
-        },
-        _ => view.status.clone(),
+            ..s.clone()
+        }
+    } else {
+        s.clone()
     }
 }
 
-/// Resolves once the status a guest is shown differs from `seen`, with the
-/// new status. Checks the current value first, so a change that happened
-/// before the wait began is never missed; wakes at the term deadline too.
-/// If the elector is gone, the status can no longer change and this never
-/// resolves.
-pub(crate) async fn changed_from(mut rx: watch::Receiver<LeaseView>, seen: &Status) -> Status {
+/// Resolves once the status an instance of `term` is shown differs from
+/// `seen`, with the new status. Checks the current value first, so a change
+/// that happened before the wait began is never missed; wakes when the term
+/// is over too, whether or not the elector has said so. If the elector is
+/// gone and the term cannot end, this never resolves.
+pub(crate) async fn changed_from(
+    mut rx: watch::Receiver<LeaseView>,
+    term: Arc<Term>,
+    seen: &Status,
+) -> Status {
+    let mut elector_gone = false;
     loop {
-        let (status, until) = {
-            let view = rx.borrow_and_update();
-            let until = view
-                .deadline
-                .as_ref()
-                .filter(|_| view.status.is_leading())
-                .map(|d| d.until());
-            (effective_status(&view, Instant::now()), until)
-        };
+        let status = shown_status(&rx.borrow_and_update(), &term);
         if status != *seen {
             return status;
         }
-        let at_deadline = async {
-            match until {
-                Some(t) => sleep_until(t).await,
-                None => std::future::pending().await,
+        let term_over = async {
+            if status.is_leading() {
+                term.over().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let view_changed = async {
+            if elector_gone || rx.changed().await.is_err() {
+                elector_gone = true;
+                std::future::pending::<()>().await;
             }
         };
         tokio::select! {
-            changed = rx.changed() => {
-                if changed.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-            _ = at_deadline => {}
+            _ = view_changed => {}
+            _ = term_over => {}
         }
     }
 }
 
-/// Marker for the `status-future` host implementation.
-pub struct StatusFuture;
+/// The host side of `current-status` in both worlds (the `HasData` marker
+/// of the generated bindings).
+pub struct CurrentStatus;
 
-impl HasData for StatusFuture {
+impl HasData for CurrentStatus {
     type Data<'a> = &'a mut GuestState;
 }
 
-impl<T: Send> future_plugin::baton::leader::status_future::HostWithStore<T> for StatusFuture {
+impl<T: Send> future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
     fn current_status(
         mut host: Access<'_, T, Self>,
     ) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
-        let (status, rx) = host.get().snapshot();
+        let (status, rx, term) = {
+            let state = host.get();
+            (state.snapshot(), state.view.clone(), state.term.clone())
+        };
         let seen = status.clone();
         let future = FutureReader::new(&mut host, async move {
-            let next = changed_from(rx, &seen).await;
+            let next = changed_from(rx, term, &seen).await;
             wasmtime::error::Ok(WitStatus::from(&next))
         })?;
         Ok(((&status).into(), future))
@@ -116,21 +129,23 @@ impl future_plugin::baton::leader::types::Host for GuestState {}
 /// The pollable behind `status-pollable.current-status`.
 pub struct StatusChange {
     rx: watch::Receiver<LeaseView>,
+    term: Arc<Term>,
     seen: Status,
 }
 
 #[wasmtime_wasi::async_trait]
 impl Pollable for StatusChange {
     async fn ready(&mut self) {
-        changed_from(self.rx.clone(), &self.seen).await;
+        changed_from(self.rx.clone(), self.term.clone(), &self.seen).await;
     }
 }
 
 impl pollable_plugin::baton::leader::status_pollable::Host for GuestState {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
-        let (status, rx) = self.snapshot();
+        let status = self.snapshot();
         let change = self.table.push(StatusChange {
-            rx,
+            rx: self.view.clone(),
+            term: self.term.clone(),
             seen: status.clone(),
         })?;
         let pollable = subscribe(&mut self.table, change)?;

@@ -70,58 +70,13 @@ use notify::event::{AccessKind, AccessMode, MetadataKind, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher};
 use serde::{Deserialize, Serialize};
 
-use std::collections::HashMap;
-
-use super::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned};
+use super::deleted::{DeletedRecords, Found};
+use super::{
+    ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned, validate_lease_name,
+};
 
 /// File name suffix of lease records.
 const RECORD_SUFFIX: &str = ".lease.json";
-
-/// The `lease` named in errors that concern the whole directory rather than
-/// one lease (opening the store, listing it).
-const ANY_LEASE: &str = "*";
-
-/// The longest lease name allowed (as for a Kubernetes object name).
-const MAX_LEASE_NAME: usize = 253;
-
-/// Checks that `name` can name a lease: a lowercase RFC 1123 subdomain, as
-/// Kubernetes requires for object names.
-///
-/// That is, at most 253 characters, made of dot-separated labels, each
-/// non-empty, of lowercase letters, digits and `-`, starting and ending with a
-/// letter or digit (for example `demo`, `jobs.billing-1`). Such a name is safe
-/// as a file name and maps one to one to a Kubernetes Lease.
-///
-/// The error explains what is wrong with the name.
-pub fn validate_lease_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("invalid lease name: it is empty".into());
-    }
-    if name.len() > MAX_LEASE_NAME {
-        return Err(format!(
-            "invalid lease name {name:?}: {} characters, at most {MAX_LEASE_NAME} allowed",
-            name.len()
-        ));
-    }
-    for label in name.split('.') {
-        let bytes = label.as_bytes();
-        let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-        let valid = match (bytes.first(), bytes.last()) {
-            (Some(first), Some(last)) => {
-                alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
-            }
-            _ => false,
-        };
-        if !valid {
-            return Err(format!(
-                "invalid lease name {name:?}: must be a lowercase RFC 1123 subdomain \
-                 (dot-separated labels of a-z, 0-9 and '-', each starting and ending \
-                 with a letter or digit)"
-            ));
-        }
-    }
-    Ok(())
-}
 
 /// Lease records as JSON files in a local directory; see the [module
 /// documentation](self) for the layout and guarantees.
@@ -132,139 +87,8 @@ pub fn validate_lease_name(name: &str) -> Result<(), String> {
 #[derive(Clone, Debug)]
 pub struct EmbeddedStore {
     dir: Arc<PathBuf>,
-    seen: Arc<Sightings>,
-}
-
-/// The last record a store saw of each lease, so that a record deleted
-/// while held reads as a tombstone.
-#[derive(Debug, Default)]
-struct Sightings(Mutex<HashMap<String, Sighting>>);
-
-#[derive(Debug, Default)]
-struct Sighting {
-    /// The last record read or written, while it exists.
-    last: Option<Versioned>,
-    /// The record was deleted while held: its last state, under a
-    /// [`TOMBSTONE`] version.
-    tombstone: Option<Versioned>,
-    /// How many times the tombstone was renewed (see [`Sightings::read`]).
-    renewals: u64,
-    /// The lock file's create count when the tombstone was last dated.
-    creates: u64,
-    /// How many writes this store has made to the lease.
-    writes: u64,
-}
-
-impl Sightings {
-    fn with<T>(&self, lease: &str, f: impl FnOnce(&mut Sighting) -> T) -> T {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        f(map.entry(lease.to_owned()).or_default())
-    }
-
-    /// How many writes this store has made to `lease`: taken before a read
-    /// and handed back to [`Sightings::read`].
-    fn writes(&self, lease: &str) -> u64 {
-        self.with(lease, |seen| seen.writes)
-    }
-
-    /// This store wrote `written`.
-    fn wrote(&self, lease: &str, written: &Versioned) {
-        self.with(lease, |seen| {
-            seen.last = Some(written.clone());
-            seen.tombstone = None;
-            seen.writes += 1;
-        });
-    }
-
-    /// What to report for `lease` after finding `read` in its file (and,
-    /// if there is none, its lock file's state). `since` is
-    /// [`Sightings::writes`] from before the read.
-    fn read(
-        &self,
-        lease: &str,
-        (read, lock): (Option<Versioned>, LockState),
-        since: u64,
-    ) -> Option<Versioned> {
-        let floor = lock.floor;
-        self.with(lease, |seen| {
-            if seen.writes != since {
-                // This store wrote while the read was under way (a watch
-                // read is delivered when the watch is next polled), so the
-                // read may predate the write: report the write. A change
-                // after it wakes the watch again.
-                return seen.last.clone().or_else(|| seen.tombstone.clone());
-            }
-            match read {
-                Some(current) => {
-                    seen.last = Some(current.clone());
-                    seen.tombstone = None;
-                    Some(current)
-                }
-                None => {
-                    if let Some(last) = seen.last.take().filter(|l| l.record.holder().is_some()) {
-                        // The first read since the deletion.
-                        seen.renewals = 0;
-                        seen.creates = lock.creates;
-                        seen.tombstone = Some(Versioned {
-                            version: format!("{TOMBSTONE}{}", last.version),
-                            record: last.record,
-                        });
-                    } else if let Some(t) = seen.tombstone.as_mut().filter(|_| lock.creates != seen.creates) {
-                        // The record was created (and deleted) again since
-                        // the last read, which may have missed it: a new
-                        // version makes the others date the holder's lease
-                        // from now.
-                        seen.creates = lock.creates;
-                        seen.renewals += 1;
-                        let base = t.version.split('+').next().unwrap_or_default().to_owned();
-                        t.version = format!("{base}+{}", seen.renewals);
-                    }
-                    if seen
-                        .tombstone
-                        .as_ref()
-                        .is_some_and(|t| floor > t.record.transitions)
-                    {
-                        // A higher term was written (and deleted) since:
-                        // the holder's record is history.
-                        seen.tombstone = None;
-                    }
-                    // Other reads report the same version again.
-                    seen.tombstone
-                        .clone()
-                        .or_else(|| (floor > 0).then(|| floor_record(floor)))
-                }
-            }
-        })
-    }
-
-    /// The term of the tombstone this store reports for `lease`, if its
-    /// version is `version`.
-    fn tombstone_term(&self, lease: &str, version: &str) -> Option<u64> {
-        self.with(lease, |seen| {
-            seen.tombstone
-                .as_ref()
-                .filter(|t| t.version == version)
-                .map(|t| t.record.transitions)
-        })
-    }
-}
-
-/// The version prefix of a deleted lease's term floor, after [`TOMBSTONE`].
-const FLOOR_VERSION: &str = "term-";
-
-/// How a deleted lease whose highest term was `floor` reads: released, at
-/// that term. Written over as a create.
-fn floor_record(floor: u64) -> Versioned {
-    Versioned {
-        version: format!("{TOMBSTONE}{FLOOR_VERSION}{floor}"),
-        record: LeaseRecord {
-            holder: None,
-            lease_duration: crate::election::RELEASED_LEASE_DURATION,
-            acquire_time: None,
-            renew_time: None,
-            transitions: floor,
-        },
-    }
+    /// What this store saw of each lease, for deleted records.
+    seen: Arc<DeletedRecords>,
 }
 
 /// What is stored in a record file.
@@ -371,9 +195,9 @@ impl LeaseStore for EmbeddedStore {
 
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
         let files = self.files(lease)?;
-        let since = self.seen.writes(lease);
-        let read = blocking(&files.lease.clone(), move || observe(&files)).await?;
-        Ok(self.seen.read(lease, read, since))
+        let ticket = self.seen.ticket(lease);
+        let found = blocking(&files.lease.clone(), move || observe(&files)).await?;
+        Ok(self.seen.found_since(lease, ticket, found))
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
@@ -386,20 +210,11 @@ impl LeaseStore for EmbeddedStore {
         version: &str,
         record: &LeaseRecord,
     ) -> Result<Versioned, StoreError> {
-        if let Some(deleted) = version.strip_prefix(TOMBSTONE) {
+        if version.starts_with(TOMBSTONE) {
             // The record was deleted: write it again, if the lease's highest
             // term is still the one the caller saw (a conflict if another
             // store wrote it since, even if that record is gone again).
-            let floor = match deleted.strip_prefix(FLOOR_VERSION) {
-                Some(n) => n.parse().ok(),
-                None => self.seen.tombstone_term(lease, version),
-            };
-            let Some(floor) = floor else {
-                return Err(StoreError::Conflict {
-                    lease: lease.to_owned(),
-                    detail: format!("the deleted record ({version}) has changed since"),
-                });
-            };
+            let floor = self.seen.create_floor(lease, version)?;
             return self.create_at(lease, record, floor).await;
         }
         let files = self.files(lease)?;
@@ -423,13 +238,13 @@ impl LeaseStore for EmbeddedStore {
             // that was lost (emptied by hand, or never written by an older
             // baton), and goes on if the floor cannot be read: the next
             // new term reports it.
-            let new_term = record.transitions > current.record.transitions;
+            let new_term = record.term > current.record.term;
             match read_lock_state(files, lock) {
-                Ok(state) if state.floor < record.transitions => write_lock_state(
+                Ok(state) if state.floor < record.term => write_lock_state(
                     files,
                     lock,
                     LockState {
-                        floor: record.transitions,
+                        floor: record.term,
                         ..state
                     },
                 )?,
@@ -527,12 +342,12 @@ impl EmbeddedStore {
             }
             // (A floor below the caller's was lost: emptied by hand, or
             // written by an older baton. It is raised below.)
-            if record.transitions < highest {
+            if record.term < highest {
                 return Err(StoreError::Refused {
                     lease: files.lease.clone(),
                     detail: format!(
                         "term {} is below the lease's highest term {highest}: terms never go back",
-                        record.transitions
+                        record.term
                     ),
                 });
             }
@@ -547,7 +362,7 @@ impl EmbeddedStore {
                 files,
                 lock,
                 LockState {
-                    floor: highest.max(stored.record.transitions),
+                    floor: highest.max(stored.record.term),
                     // Only ever compared for a change.
                     creates: state.creates.wrapping_add(1),
                 },
@@ -629,13 +444,18 @@ where
 /// Reads a lease's record and, if there is none, its [`LockState`] (zeros
 /// if it has none), under a shared lock so that a writer's state is never
 /// read half-written.
-fn observe(files: &LeaseFiles) -> Result<(Option<Versioned>, LockState), StoreError> {
+fn observe(files: &LeaseFiles) -> Result<Found, StoreError> {
+    let missing = |state: LockState| Found::Missing {
+        last: None,
+        floor: Some(state.floor),
+        creates: Some(state.creates),
+    };
     if let Some(stored) = read_record(files)? {
-        return Ok((Some(stored.into_versioned()), LockState::default()));
+        return Ok(Found::Record(stored.into_versioned()));
     }
     let lock = match File::open(&files.lock) {
         Ok(lock) => lock,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, LockState::default())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(missing(LockState::default())),
         Err(e) => return Err(io_error(&files.lease, "cannot open lock file", &files.lock, e)),
     };
     // Give up after a while, as a timeout would.
@@ -650,11 +470,11 @@ fn observe(files: &LeaseFiles) -> Result<(Option<Versioned>, LockState), StoreEr
     })?;
     // Created while we waited for the lock.
     if let Some(stored) = read_record(files)? {
-        return Ok((Some(stored.into_versioned()), LockState::default()));
+        return Ok(Found::Record(stored.into_versioned()));
     }
     let state = read_lock_state(files, &lock)?;
     let _ = lock.unlock();
-    Ok((None, state))
+    Ok(missing(state))
 }
 
 /// What a lease's lock file holds besides the lock: the term floor (the
@@ -919,7 +739,7 @@ struct WatchState {
     _watcher: notify::RecommendedWatcher,
     signal: Arc<Signal>,
     files: Arc<LeaseFiles>,
-    seen: Arc<Sightings>,
+    seen: Arc<DeletedRecords>,
     /// The current record has not been yielded yet.
     first: bool,
     /// The watch broke and said so; the stream ends.
@@ -947,10 +767,10 @@ async fn next_observation(
         return Some((Err(error), state));
     }
     let files = state.files.clone();
-    let since = state.seen.writes(&files.lease);
+    let ticket = state.seen.ticket(&files.lease);
     let observed = blocking(&files.lease.clone(), move || observe(&files))
         .await
-        .map(|read| state.seen.read(&state.files.lease, read, since));
+        .map(|found| state.seen.found_since(&state.files.lease, ticket, found));
     Some((observed, state))
 }
 
@@ -962,14 +782,15 @@ mod tests {
     use futures::StreamExt;
 
     use super::*;
+    use crate::store::deleted::floor_record;
 
-    fn record(holder: Option<&str>, transitions: u64) -> LeaseRecord {
+    fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
         LeaseRecord {
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(15),
             acquire_time: None,
             renew_time: Some(std::time::SystemTime::now()),
-            transitions,
+            term,
         }
     }
 
@@ -1135,13 +956,13 @@ mod tests {
         assert_eq!(listed, vec![("a".to_string(), a), ("b.jobs".to_string(), b)]);
     }
 
-    /// One compare-and-swap increment of `transitions`, retried on conflict.
+    /// One compare-and-swap increment of `term`, retried on conflict.
     /// Returns the version written.
     async fn increment(store: &EmbeddedStore, lease: &str) -> String {
         loop {
             let current = store.get(lease).await.unwrap().unwrap();
             let mut next = current.record.clone();
-            next.transitions += 1;
+            next.term += 1;
             match store.update(lease, &current.version, &next).await {
                 Ok(written) => return written.version,
                 Err(e) if e.is_conflict() => tokio::task::yield_now().await,
@@ -1206,58 +1027,8 @@ mod tests {
             }
         }
         let last = store.get("counter").await.unwrap().unwrap();
-        assert_eq!(last.record.transitions as usize, (TASKS + THREADS) * EACH);
+        assert_eq!(last.record.term as usize, (TASKS + THREADS) * EACH);
         assert_eq!(versions.len(), (TASKS + THREADS) * EACH);
-    }
-
-    #[test]
-    fn reads_older_than_a_write_and_repeated_deletions_are_reported_safely() {
-        let seen = Sightings::default();
-        let base = record(None, 3);
-        let v = |version: &str, holder: Option<&str>| Versioned {
-            version: version.into(),
-            record: LeaseRecord {
-                holder: holder.map(str::to_owned),
-                ..base.clone()
-            },
-        };
-        let lock = |floor, creates| LockState { floor, creates };
-        let none = |floor, creates| (None, lock(floor, creates));
-        // A read that began before this store's own write reports the write.
-        let since = seen.writes("l");
-        seen.wrote("l", &v("x-2", Some("me")));
-        assert_eq!(
-            seen.read("l", (Some(v("x-1", Some("old"))), LockState::default()), since),
-            Some(v("x-2", Some("me")))
-        );
-        let since = seen.writes("l");
-        assert_eq!(seen.read("l", none(3, 1), since).unwrap().version, "deleted@x-2");
-        // A read that began before the write reports it, not the deletion.
-        let since = seen.writes("l");
-        seen.wrote("l", &v("y-1", Some("me")));
-        assert_eq!(seen.read("l", none(3, 2), since), Some(v("y-1", Some("me"))));
-        // Deleted: one tombstone, reported again by every read, until the
-        // lock file counts another create (the record was written again
-        // and deleted again between two reads): then a new version makes
-        // the others date the holder's lease from that read.
-        let since = seen.writes("l");
-        let first = seen.read("l", none(3, 2), since).unwrap();
-        assert_eq!(first.version, "deleted@y-1");
-        assert_eq!(seen.read("l", none(3, 2), since), Some(first.clone()));
-        let renewed = seen.read("l", none(3, 3), since).unwrap();
-        assert_eq!(renewed.version, "deleted@y-1+1");
-        assert_eq!(renewed.record, first.record);
-        assert_eq!(seen.read("l", none(3, 3), since), Some(renewed.clone()));
-        assert_eq!(seen.tombstone_term("l", "deleted@y-1+1"), Some(3));
-        assert_eq!(seen.tombstone_term("l", "deleted@y-1"), None);
-        assert_eq!(
-            seen.read("l", none(3, 5), since).unwrap().version,
-            "deleted@y-1+2"
-        );
-        // A higher term written (and deleted) since: the tombstone is
-        // history, and the lease reads as released at that term.
-        assert_eq!(seen.read("l", none(4, 6), since), Some(floor_record(4)));
-        assert_eq!(seen.tombstone_term("l", "deleted@y-1+2"), None);
     }
 
     #[tokio::test]
@@ -1334,7 +1105,7 @@ mod tests {
             .update("demo", &floor_record(7).version, &record(Some("c"), 8))
             .await
             .unwrap();
-        assert_eq!(taken.record.transitions, 8);
+        assert_eq!(taken.record.term, 8);
         assert!(
             stranger
                 .update("demo", &floor_record(7).version, &record(Some("d"), 8))

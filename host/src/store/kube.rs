@@ -88,10 +88,8 @@ use rand::Rng;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
-use super::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
-
-/// The `lease` named in errors that concern the whole store.
-const ANY_LEASE: &str = "*";
+use super::deleted::{DeletedRecords, Found};
+use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned};
 
 /// How many recently seen objects of each lease are kept for
 /// read-modify-write.
@@ -151,26 +149,24 @@ struct Inner {
     fallback_duration: Duration,
     request_timeout: Duration,
     watch_timeout_secs: Option<u32>,
-    /// What was seen of each lease.
-    seen: Mutex<HashMap<String, Seen>>,
+    /// The recent objects of each lease.
+    recent: Mutex<HashMap<String, Recent>>,
+    /// What this store saw of each lease, for deleted Leases (see [Deleted
+    /// records](super#deleted-records); resourceVersions never contain
+    /// the `@` of a [`TOMBSTONE`] version).
+    seen: DeletedRecords,
 }
 
-/// What a store has seen of one lease.
+/// The recent objects of one lease, for read-modify-write and to tell
+/// stale watch events.
 #[derive(Default)]
-struct Seen {
+struct Recent {
     /// Recently seen objects, newest last.
     objects: VecDeque<DynamicObject>,
     /// The highest resourceVersion learned from any answer (reads, writes,
     /// the watch, deletions).
     newest: u64,
-    /// The lease was seen deleted while it had a holder: its last record,
-    /// under a version of its own (see [`TOMBSTONE`]).
-    tombstone: Option<Versioned>,
 }
-
-/// The version prefix of a deleted Lease's last record (see [Deleted
-/// records](super#deleted-records)). resourceVersions never contain `@`.
-pub use super::TOMBSTONE;
 
 /// A resourceVersion as a number. The API server's resourceVersions are
 /// etcd revisions, which grow with every write; `None` for one that is not
@@ -242,7 +238,8 @@ impl KubeStore {
                 fallback_duration: options.fallback_duration,
                 request_timeout: options.request_timeout.max(Duration::from_millis(100)),
                 watch_timeout_secs: options.watch_timeout_secs,
-                seen: Mutex::new(HashMap::new()),
+                recent: Mutex::new(HashMap::new()),
+                seen: DeletedRecords::default(),
             }),
         }
     }
@@ -254,14 +251,19 @@ impl KubeStore {
 }
 
 impl Inner {
+    fn recent(&self) -> std::sync::MutexGuard<'_, HashMap<String, Recent>> {
+        // Every change to the map is complete in one step: a poisoned lock
+        // is used as is.
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Remembers an object as the latest seen of its lease.
     fn remember(&self, lease: &str, obj: &DynamicObject) {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = seen.entry(lease.to_owned()).or_default();
+        let mut recent = self.recent();
+        let recent = recent.entry(lease.to_owned()).or_default();
         let rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
-        seen.newest = seen.newest.max(rv_number(rv).unwrap_or(0));
-        seen.tombstone = None;
-        let list = &mut seen.objects;
+        recent.newest = recent.newest.max(rv_number(rv).unwrap_or(0));
+        let list = &mut recent.objects;
         if list
             .back()
             .is_some_and(|last| last.metadata.resource_version == obj.metadata.resource_version)
@@ -276,50 +278,37 @@ impl Inner {
 
     /// The lease does not exist (any more), as of `rv` if known; `last` is
     /// its final state if the deletion event told it. Returns what to hand
-    /// the caller: the tombstone if the last known state had a holder (see
-    /// [`TOMBSTONE`]), else `None`.
+    /// the caller: the tombstone if the last known state had a holder, else
+    /// `None` (a Kubernetes Lease keeps no term floor).
     fn deleted(&self, lease: &str, last: Option<&DynamicObject>, rv: Option<&str>) -> Option<Versioned> {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = seen.entry(lease.to_owned()).or_default();
-        let last = last.cloned().or_else(|| seen.objects.back().cloned());
-        seen.objects.clear();
-        seen.newest = seen.newest.max(rv.and_then(rv_number).unwrap_or(0));
-        if let Some(obj) = last {
-            let tombstone = to_versioned(lease, &obj, self.fallback_duration)
-                .ok()
-                .filter(|v| v.record.holder().is_some())
-                .map(|v| Versioned {
-                    version: format!("{TOMBSTONE}{}", v.version),
-                    record: v.record,
-                });
-            // One deletion may be learned twice (a read, then the watch's
-            // event): keep the version the caller may already hold.
-            let same = matches!((&seen.tombstone, &tombstone), (Some(a), Some(b)) if a.record == b.record);
-            if !same {
-                seen.tombstone = tombstone;
-            }
+        {
+            let mut recent = self.recent();
+            let recent = recent.entry(lease.to_owned()).or_default();
+            recent.objects.clear();
+            recent.newest = recent.newest.max(rv.and_then(rv_number).unwrap_or(0));
         }
-        seen.tombstone.clone()
-    }
-
-    /// The tombstone of `lease`, if it is the latest state seen.
-    fn tombstone(&self, lease: &str) -> Option<Versioned> {
-        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.get(lease)?.tombstone.clone()
+        let last = last.and_then(|obj| to_versioned(lease, obj, self.fallback_duration).ok());
+        self.seen.found(
+            lease,
+            Found::Missing {
+                last,
+                floor: None,
+                creates: None,
+            },
+        )
     }
 
     /// Whether something newer than `rv` was already learned of `lease`
     /// (and handed to the caller): a watch event that old is history.
     fn is_stale(&self, lease: &str, rv: &str) -> bool {
         let Some(n) = rv_number(rv) else { return false };
-        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.get(lease).is_some_and(|s| s.newest > n)
+        self.recent().get(lease).is_some_and(|r| r.newest > n)
     }
 
     /// The object of `lease` at `version`, if it was seen.
     fn seen_at(&self, lease: &str, version: &str) -> Option<DynamicObject> {
-        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.get(lease)?
+        self.recent()
+            .get(lease)?
             .objects
             .iter()
             .rev()
@@ -327,10 +316,21 @@ impl Inner {
             .cloned()
     }
 
-    /// Converts an object the API server sent, and remembers it.
+    /// Converts an object the API server sent in answer to a read (or a
+    /// watch), and remembers it.
     fn accept(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
         let v = to_versioned(lease, obj, self.fallback_duration)?;
         self.remember(lease, obj);
+        self.seen.found(lease, Found::Record(v.clone()));
+        Ok(v)
+    }
+
+    /// Converts the object the API server answered a write with, and
+    /// remembers it.
+    fn accept_written(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
+        let v = to_versioned(lease, obj, self.fallback_duration)?;
+        self.remember(lease, obj);
+        self.seen.wrote(lease, &v);
         Ok(v)
     }
 
@@ -424,7 +424,7 @@ pub fn to_versioned(
             lease_duration,
             acquire_time: time("acquireTime"),
             renew_time: time("renewTime"),
-            transitions,
+            term: transitions,
         },
     })
 }
@@ -444,10 +444,10 @@ pub fn write_spec(lease: &str, data: &mut Value, record: &LeaseRecord) -> Result
             humantime::format_duration(d)
         )));
     }
-    let transitions = i32::try_from(record.transitions).map_err(|_| {
+    let transitions = i32::try_from(record.term).map_err(|_| {
         refused(format!(
             "term {} does not fit in leaseTransitions (an int32)",
-            record.transitions
+            record.term
         ))
     })?;
     if !data.is_object() {
@@ -580,7 +580,7 @@ impl LeaseStore for KubeStore {
             .create(&post_params(), &obj)
             .await
             .map_err(|e| map_error(lease, "create", e))?;
-        inner.accept(lease, &created)
+        inner.accept_written(lease, &created)
     }
 
     async fn update(
@@ -593,12 +593,7 @@ impl LeaseStore for KubeStore {
         if version.starts_with(TOMBSTONE) {
             // The Lease was deleted: re-create it, unless something newer
             // was seen since (409 if another host re-created it first).
-            if inner.tombstone(lease).is_none_or(|t| t.version != version) {
-                return Err(StoreError::Conflict {
-                    lease: lease.to_owned(),
-                    detail: format!("the deleted Lease ({version}) has changed since"),
-                });
-            }
+            inner.seen.create_floor(lease, version)?;
             return self.create(lease, record).await;
         }
         let mut obj = match inner.seen_at(lease, version) {
@@ -615,7 +610,7 @@ impl LeaseStore for KubeStore {
                         detail: format!("does not exist (expected version {version})"),
                     });
                 };
-                inner.remember(lease, &current);
+                inner.accept(lease, &current)?;
                 let current_version = current.metadata.resource_version.clone().unwrap_or_default();
                 if current_version != version {
                     return Err(StoreError::Conflict {
@@ -635,7 +630,7 @@ impl LeaseStore for KubeStore {
             .replace(lease, &post_params(), &obj)
             .await
             .map_err(|e| map_error(lease, "update", e))?;
-        inner.accept(lease, &written)
+        inner.accept_written(lease, &written)
     }
 
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
@@ -893,7 +888,7 @@ mod tests {
         assert_eq!(v.version, "42");
         assert_eq!(v.record.holder(), Some("host-a"));
         assert_eq!(v.record.lease_duration, Duration::from_secs(4));
-        assert_eq!(v.record.transitions, 7);
+        assert_eq!(v.record.term, 7);
         let renew = v.record.renew_time.unwrap();
         assert_eq!(micro_time(renew), "2026-11-29T18:19:51.000002Z");
         assert_eq!(
@@ -922,7 +917,7 @@ mod tests {
         // No spec at all.
         let v = to_versioned("demo", &object(Value::Null), FALLBACK).unwrap();
         assert_eq!(v.record.holder, None);
-        assert_eq!(v.record.transitions, 0);
+        assert_eq!(v.record.term, 0);
         assert_eq!(v.record.renew_time, None);
 
         // Null and empty holders are no holder.
@@ -953,7 +948,7 @@ mod tests {
         let v = to_versioned("demo", &o, FALLBACK).unwrap();
         assert_eq!(v.record.renew_time, None);
         assert_eq!(v.record.acquire_time, None);
-        assert_eq!(v.record.transitions, 0);
+        assert_eq!(v.record.term, 0);
     }
 
     #[test]
@@ -984,7 +979,7 @@ mod tests {
             lease_duration: d,
             acquire_time: None,
             renew_time: None,
-            transitions: t,
+            term: t,
         };
         let mut data = json!({});
         for (r, what) in [

@@ -5,6 +5,14 @@
 //! clone to the code under test and keep another to inject faults, write as a
 //! foreign host would, and count requests.
 //!
+//! # Deleted records
+//!
+//! The store follows the [deleted records](super#deleted-records) rules like
+//! the embedded store: it keeps each lease's highest term (its floor) and
+//! counts creates, and each *client* remembers what it saw, as each process
+//! does with a real store. Clones are one client; [`MemoryStore::client`]
+//! makes another (give each elector of a test its own).
+//!
 //! # Faults
 //!
 //! Each operation ([`get`](LeaseStore::get), [`create`](LeaseStore::create),
@@ -34,8 +42,10 @@ use std::time::Duration;
 use futures::stream;
 use tokio::sync::watch;
 
-use super::embedded::validate_lease_name;
-use super::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
+use super::deleted::{DeletedRecords, Found};
+use super::{
+    ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned, validate_lease_name,
+};
 
 /// How many operations of each kind a [`MemoryStore`] was asked to do,
 /// including those that failed or are still in progress.
@@ -60,6 +70,8 @@ pub struct OpCounts {
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     shared: Arc<Shared>,
+    /// What this client saw of each lease.
+    seen: Arc<DeletedRecords>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -96,12 +108,17 @@ struct State {
     /// Every lease ever touched, with its current record (`None`: absent).
     /// The channel is the storage: watches subscribe to it.
     leases: BTreeMap<String, watch::Sender<Option<Versioned>>>,
+    /// Each lease's highest term ever written and how many times its record
+    /// was created (as the embedded store's lock file keeps them).
+    history: BTreeMap<String, History>,
     /// The last version handed out.
     last_version: u64,
     latency: Duration,
     unavailable: bool,
     fail_next: u64,
     conflict_next: u64,
+    panic_next_update: bool,
+    panic_next_watch: bool,
     counts: OpCounts,
 }
 
@@ -127,9 +144,64 @@ impl State {
             record,
             version: self.next_version(),
         };
-        self.channel(lease).send_replace(Some(versioned.clone()));
+        let history = self.history.entry(lease.to_owned()).or_default();
+        history.floor = history.floor.max(versioned.record.term);
+        let created = self
+            .channel(lease)
+            .send_replace(Some(versioned.clone()))
+            .is_none();
+        if created {
+            self.history.entry(lease.to_owned()).or_default().creates += 1;
+        }
         versioned
     }
+
+    /// What a read finds: the record, or what is known of a missing one.
+    fn found(&self, lease: &str) -> Found {
+        match self.current(lease) {
+            Some(v) => Found::Record(v),
+            None => {
+                let h = self.history.get(lease).copied().unwrap_or_default();
+                Found::Missing {
+                    last: None,
+                    floor: Some(h.floor),
+                    creates: Some(h.creates),
+                }
+            }
+        }
+    }
+
+    /// Creates the record if there is none and the lease's highest term is
+    /// still `floor` (as the embedded store does).
+    fn create_at(&mut self, lease: &str, record: &LeaseRecord, floor: u64) -> Result<Versioned, StoreError> {
+        if let Some(current) = self.current(lease) {
+            return Err(StoreError::Conflict {
+                lease: lease.into(),
+                detail: format!("already exists (version {})", current.version),
+            });
+        }
+        let highest = self.history.get(lease).map_or(0, |h| h.floor);
+        if highest > floor {
+            return Err(StoreError::Conflict {
+                lease: lease.into(),
+                detail: format!("the lease's highest term is {highest}, not {floor}: it was written since"),
+            });
+        }
+        if record.term < highest {
+            return Err(StoreError::Refused {
+                lease: lease.into(),
+                detail: format!("term {} is below the lease's highest term {highest}", record.term),
+            });
+        }
+        Ok(self.put(lease, record.clone()))
+    }
+}
+
+/// A lease's highest term and create count.
+#[derive(Clone, Copy, Debug, Default)]
+struct History {
+    floor: u64,
+    creates: u64,
 }
 
 /// The kinds of operation, for counting and fault decisions.
@@ -146,6 +218,16 @@ impl MemoryStore {
     /// An empty store without faults.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Another client of the same store: it shares the records, the faults
+    /// and the counts, but remembers what it saw on its own (as another
+    /// process would; see [deleted records](self#deleted-records)).
+    pub fn client(&self) -> MemoryStore {
+        MemoryStore {
+            shared: self.shared.clone(),
+            seen: Arc::default(),
+        }
     }
 
     /// Makes every operation started from now on take `latency` (slept with
@@ -177,6 +259,19 @@ impl MemoryStore {
         self.state().conflict_next = n;
     }
 
+    /// Makes the next update panic, as a bug in a store would: for testing
+    /// that a dead elector is noticed. (Reads are spared, so that the
+    /// panic hits the elector, not its subscription.)
+    pub fn panic_next_update(&self) {
+        self.state().panic_next_update = true;
+    }
+
+    /// Makes the next watch request panic: for testing that an elector
+    /// whose subscription died stops.
+    pub fn panic_next_watch(&self) {
+        self.state().panic_next_watch = true;
+    }
+
     /// While `true`, operations do not complete: those waiting (after their
     /// latency) resume only when this is set back to `false`. For testing
     /// request timeouts. Watches already open keep delivering.
@@ -197,7 +292,8 @@ impl MemoryStore {
     }
 
     /// Deletes a lease at once, without faults or counting; returns whether
-    /// it existed. Watches see `None`.
+    /// it existed. The lease's floor stays; watches see the deletion (see
+    /// [deleted records](self#deleted-records)).
     pub fn delete(&self, lease: &str) -> bool {
         let state = self.state();
         match state.leases.get(lease) {
@@ -206,7 +302,8 @@ impl MemoryStore {
         }
     }
 
-    /// The current record of a lease, without faults or counting.
+    /// The current record of a lease as stored (`None` once deleted),
+    /// without faults or counting.
     pub fn peek(&self, lease: &str) -> Option<Versioned> {
         self.state().current(lease)
     }
@@ -239,6 +336,14 @@ impl MemoryStore {
                 Op::Update => counts.update += 1,
                 Op::Watch => counts.watch += 1,
                 Op::List => counts.list += 1,
+            }
+            if op == Op::Update && std::mem::take(&mut state.panic_next_update) {
+                drop(state);
+                panic!("injected panic in a store update of lease {lease:?}");
+            }
+            if op == Op::Watch && std::mem::take(&mut state.panic_next_watch) {
+                drop(state);
+                panic!("injected panic in a watch of lease {lease:?}");
             }
             if op != Op::List {
                 validate_lease_name(lease).map_err(|detail| StoreError::Refused {
@@ -290,18 +395,17 @@ impl LeaseStore for MemoryStore {
 
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
         let state = self.begin(Op::Get, lease).await?;
-        Ok(state.current(lease))
+        let found = state.found(lease);
+        drop(state);
+        Ok(self.seen.found(lease, found))
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
         let mut state = self.begin(Op::Create, lease).await?;
-        if let Some(current) = state.current(lease) {
-            return Err(StoreError::Conflict {
-                lease: lease.into(),
-                detail: format!("already exists (version {})", current.version),
-            });
-        }
-        Ok(state.put(lease, record.clone()))
+        let created = state.create_at(lease, record, 0)?;
+        drop(state);
+        self.seen.wrote(lease, &created);
+        Ok(created)
     }
 
     async fn update(
@@ -311,17 +415,29 @@ impl LeaseStore for MemoryStore {
         record: &LeaseRecord,
     ) -> Result<Versioned, StoreError> {
         let mut state = self.begin(Op::Update, lease).await?;
-        match state.current(lease) {
-            None => Err(StoreError::Conflict {
-                lease: lease.into(),
-                detail: format!("does not exist (expected version {version})"),
-            }),
-            Some(current) if current.version != version => Err(StoreError::Conflict {
-                lease: lease.into(),
-                detail: format!("version is {}, not {version}", current.version),
-            }),
-            Some(_) => Ok(state.put(lease, record.clone())),
-        }
+        let written = if version.starts_with(TOMBSTONE) {
+            let floor = self.seen.create_floor(lease, version)?;
+            state.create_at(lease, record, floor)?
+        } else {
+            match state.current(lease) {
+                None => {
+                    return Err(StoreError::Conflict {
+                        lease: lease.into(),
+                        detail: format!("does not exist (expected version {version})"),
+                    });
+                }
+                Some(current) if current.version != version => {
+                    return Err(StoreError::Conflict {
+                        lease: lease.into(),
+                        detail: format!("version is {}, not {version}", current.version),
+                    });
+                }
+                Some(_) => state.put(lease, record.clone()),
+            }
+        };
+        drop(state);
+        self.seen.wrote(lease, &written);
+        Ok(written)
     }
 
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
@@ -330,6 +446,7 @@ impl LeaseStore for MemoryStore {
         drop(state);
         let watch = MemoryWatch {
             lease: lease.to_owned(),
+            store: self.clone(),
             records,
             breaks: self.shared.breaks.subscribe(),
             first: true,
@@ -338,7 +455,7 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
-        let state = self.begin(Op::List, "*").await?;
+        let state = self.begin(Op::List, ANY_LEASE).await?;
         Ok(state
             .leases
             .iter()
@@ -350,6 +467,8 @@ impl LeaseStore for MemoryStore {
 /// The state of a watch stream.
 struct MemoryWatch {
     lease: String,
+    /// The client watching: what it saw decides how a deletion reads.
+    store: MemoryStore,
     records: watch::Receiver<Option<Versioned>>,
     breaks: watch::Receiver<u64>,
     /// The current record has not been yielded yet.
@@ -377,8 +496,10 @@ impl MemoryWatch {
                 changed = watch.records.changed() => changed.ok()?,
             }
         }
-        let current = watch.records.borrow_and_update().clone();
-        Some((Ok(current), Some(watch)))
+        watch.records.borrow_and_update();
+        let found = watch.store.state().found(&watch.lease);
+        let seen = watch.store.seen.found(&watch.lease, found);
+        Some((Ok(seen), Some(watch)))
     }
 }
 
@@ -389,13 +510,13 @@ mod tests {
 
     use super::*;
 
-    fn record(holder: Option<&str>, transitions: u64) -> LeaseRecord {
+    fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
         LeaseRecord {
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(15),
             acquire_time: None,
             renew_time: None,
-            transitions,
+            term,
         }
     }
 
@@ -442,7 +563,9 @@ mod tests {
         let other = store.clone();
         assert_eq!(other.get("demo").await.unwrap(), Some(v2.clone()));
 
-        // Versions keep growing across delete and re-create.
+        // Deleted while held: this client reads its tombstone, and
+        // updating the tombstone writes the record again; versions keep
+        // growing.
         assert!(store.delete("demo"));
         assert!(!store.delete("demo"));
         assert!(
@@ -452,8 +575,37 @@ mod tests {
                 .unwrap_err()
                 .is_conflict()
         );
-        let v3 = store.create("demo", &record(None, 0)).await.unwrap();
+        let tombstone = store.get("demo").await.unwrap().unwrap();
+        assert_eq!(tombstone.version, "deleted@2");
+        assert_eq!(tombstone.record, v2.record);
+        // A client that never saw the record reads it as released at the
+        // lease's highest term, and a plain create conflicts with that.
+        let stranger = store.client();
+        let floor = stranger.get("demo").await.unwrap().unwrap();
+        assert_eq!(
+            (floor.version.as_str(), floor.record.holder(), floor.record.term),
+            ("deleted@term-2", None, 2)
+        );
+        assert!(
+            stranger
+                .create("demo", &record(None, 0))
+                .await
+                .unwrap_err()
+                .is_conflict()
+        );
+        let v3 = store
+            .update("demo", &tombstone.version, &record(Some("a"), 2))
+            .await
+            .unwrap();
         assert_eq!(v3.version, "3");
+        assert!(
+            stranger
+                .update("demo", &floor.version, &record(Some("b"), 3))
+                .await
+                .unwrap_err()
+                .is_conflict(),
+            "the floor record it read is gone"
+        );
 
         let err = store.get("Not_Valid").await.unwrap_err();
         assert!(matches!(err, StoreError::Refused { ref lease, .. } if lease == "Not_Valid"));
@@ -661,7 +813,10 @@ mod tests {
         let v3 = store.write_raw("demo", record(Some("b"), 2));
         assert_eq!(watch.next().await.unwrap().unwrap(), Some(v3.clone()));
         store.delete("demo");
-        assert_eq!(watch.next().await.unwrap().unwrap(), None);
+        // Deleted while held: its tombstone (see the deleted-records rules).
+        let tombstone = watch.next().await.unwrap().unwrap().unwrap();
+        assert_eq!(tombstone.version, format!("deleted@{}", v3.version));
+        assert_eq!(tombstone.record, v3.record);
 
         // Nothing more until the next change; other leases do not count.
         store.write_raw("other", record(None, 0));
@@ -670,7 +825,7 @@ mod tests {
 
         // A second watch starts from the current state.
         let mut second = store.watch("demo").await.unwrap();
-        assert_eq!(second.next().await.unwrap().unwrap(), None);
+        assert_eq!(second.next().await.unwrap().unwrap(), Some(tombstone.clone()));
 
         // Failed operations do not wake watches.
         store.inject_conflict_next(1);
@@ -686,6 +841,6 @@ mod tests {
         }
         // New watches work.
         let mut third = store.watch("demo").await.unwrap();
-        assert_eq!(third.next().await.unwrap().unwrap(), None);
+        assert_eq!(third.next().await.unwrap().unwrap(), Some(tombstone));
     }
 }

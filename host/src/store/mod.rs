@@ -6,12 +6,18 @@
 //! without polling. Everything a backend does beyond that (files, the
 //! Kubernetes API) stays inside its module.
 //!
+//! Beside the trait: [`subscription`] keeps the latest record of a lease
+//! current apart from the elector that reads it, and [`deleted`] holds the
+//! one implementation of the deleted-records rules below, which every
+//! backend uses.
+//!
 //! - [`embedded`]: a directory on the local disk; the default, needs nothing
 //!   installed, and lets several `baton` processes on one machine contend.
 //! - [`kube`]: `coordination.k8s.io/v1` Lease objects through the
 //!   Kubernetes API server, for hosts on many machines.
 //! - [`memory`]: in-process, with fault injection, for unit tests of the
-//!   elector.
+//!   elector; it follows the same deleted-records rules, so the elector's
+//!   tests see them.
 //!
 //! The record mirrors a Kubernetes `coordination.k8s.io/v1` Lease spec so a
 //! later backend can map it one to one.
@@ -31,20 +37,87 @@
 //! the deletion) finds the lease free.
 //!
 //! What a deleted record without a holder reads as depends on the store:
-//! the Kubernetes store reads it as gone (`None`); the embedded store keeps
-//! the lease's highest term and reads it as released at that term, under a
-//! tombstone version, so that terms are never reused. The exact tombstone
-//! versions are each store's own (see their module docs); the elector only
-//! passes them back to [`LeaseStore::update`].
+//! the Kubernetes store reads it as gone (`None`); the embedded and memory
+//! stores keep the lease's highest term and read it as released at that
+//! term, under a tombstone version, so that terms are never reused. The
+//! rules, and the exact tombstone versions, are in [`deleted`]; the elector
+//! only passes the versions back to [`LeaseStore::update`].
+//!
+//! # Reads never go back
+//!
+//! Neither a read nor a watch of a store reports a state of a lease older
+//! than one this same store already reported or wrote: a watch event that
+//! was overtaken by the store's own write is not passed on. The elector
+//! relies on this: its own writes and its subscription's sightings come
+//! from one store.
 
 use std::time::{Duration, SystemTime};
 
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
+pub mod deleted;
 pub mod embedded;
 pub mod kube;
 pub mod memory;
+pub mod subscription;
+
+/// The `lease` named in errors that concern a whole store rather than one
+/// lease (opening it, listing it).
+pub const ANY_LEASE: &str = "*";
+
+/// The duration written on release: others may take over at once. Zero is
+/// not a valid Kubernetes lease duration (client-go#754), hence one second.
+pub const RELEASED_LEASE_DURATION: Duration = Duration::from_secs(1);
+
+/// The longest lease name allowed (as for a Kubernetes object name).
+const MAX_LEASE_NAME: usize = 253;
+
+/// Checks that `name` can name a lease: a lowercase RFC 1123 subdomain, as
+/// Kubernetes requires for object names.
+///
+/// That is, at most 253 characters, made of dot-separated labels, each
+/// non-empty, of lowercase letters, digits and `-`, starting and ending with a
+/// letter or digit (for example `demo`, `jobs.billing-1`). Such a name is safe
+/// as a file name and maps one to one to a Kubernetes Lease.
+///
+/// The error explains what is wrong with the name.
+///
+/// ```
+/// use baton::store::validate_lease_name;
+///
+/// assert!(validate_lease_name("jobs.billing-1").is_ok());
+/// assert!(validate_lease_name("Jobs").unwrap_err().contains("lowercase"));
+/// ```
+pub fn validate_lease_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("invalid lease name: it is empty".into());
+    }
+    if name.len() > MAX_LEASE_NAME {
+        return Err(format!(
+            "invalid lease name {name:?}: {} characters, at most {MAX_LEASE_NAME} allowed",
+            name.len()
+        ));
+    }
+    for label in name.split('.') {
+        let bytes = label.as_bytes();
+        let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        let valid = match (bytes.first(), bytes.last()) {
+            (Some(first), Some(last)) => {
+                alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
+            }
+            _ => false,
+        };
+        if !valid {
+            return Err(format!(
+                "invalid lease name {name:?}: must be a lowercase RFC 1123 subdomain \
+                 (dot-separated labels of a-z, 0-9 and '-', each starting and ending \
+                 with a letter or digit)"
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// The version prefix of a record deleted while held; see [Deleted
 /// records](self#deleted-records). No store's own versions contain `@`.
@@ -75,8 +148,11 @@ pub struct LeaseRecord {
     pub renew_time: Option<SystemTime>,
     /// The term: how many times any host has started leading this lease.
     /// It grows by one with every acquisition, so the number identifies the
-    /// term and serves as a fencing token.
-    pub transitions: u64,
+    /// term and serves as a fencing token. Stored as `transitions` (the
+    /// embedded store's files) and `leaseTransitions` (a Kubernetes Lease),
+    /// the name Kubernetes gives it.
+    #[serde(rename = "transitions")]
+    pub term: u64,
 }
 
 impl LeaseRecord {

@@ -5,12 +5,16 @@
 //! prints `probe start term=N mode=M`; then:
 //!
 //! - `cooperative` (also when `PROBE_MODE` is unset): prints
-//!   `probe tick term=N` once a second until the status changes, then
-//!   `probe stop term=N role=R` (`R` is the new role) and returns `Ok`.
+//!   `probe tick term=N` once a second (every `PROBE_TICK_MS` milliseconds,
+//!   if set) until the status changes, then `probe stop term=N role=R`
+//!   (`R` is the new role) and returns `Ok`.
 //! - `busy`: spins forever in a pure-compute loop, ignoring the change
 //!   (it never yields to the host).
 //! - `block`: awaits `wasi:clocks/monotonic-clock@0.3.0.wait-for` of an
 //!   hour, ignoring the change.
+//! - `append`: as in the pollable probe: appends `term=N host=H guest=G seq=K at=T`
+//!   records to `/data/records` back to back until the status changes (or,
+//!   with `PROBE_IGNORE` set, until stopped by force).
 //! - `fail`: returns `Err("probe failure on purpose")`.
 //! - `trap`: panics (`probe trap on purpose`), i.e. traps.
 //! - `done`: returns `Ok` at once.
@@ -41,8 +45,12 @@ impl LeaderTask for Probe {
         match mode.as_str() {
             "cooperative" => {
                 let mut change = future::watch(&status);
+                let tick = std::env::var("PROBE_TICK_MS")
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .map_or(Duration::from_secs(1), Duration::from_millis);
                 let now = loop {
-                    match future::timeout(Duration::from_secs(1), &mut change).await {
+                    match future::timeout(tick, &mut change).await {
                         Some(now) => break now,
                         None => say(format_args!("probe tick term={term}")),
                     }
@@ -59,6 +67,31 @@ impl LeaderTask for Probe {
             "block" => {
                 future::sleep(Duration::from_secs(3600)).await;
                 say(format_args!("probe block over term={term}"));
+                Ok(())
+            }
+            "append" => {
+                let host = std::env::var("PROBE_HOST").unwrap_or_default();
+                let tag = std::env::var("PROBE_TAG").unwrap_or_default();
+                let ignore = std::env::var("PROBE_IGNORE").is_ok();
+                let mut file = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open("/data/records")
+                    .map_err(|e| format!("cannot open /data/records: {e}"))?;
+                let mut seq = 0u64;
+                loop {
+                    seq += 1;
+                    let at = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_micros());
+                    let record = format!("term={term} host={host} guest={tag} seq={seq} at={at}\n");
+                    file.write_all(record.as_bytes())
+                        .map_err(|e| format!("cannot append: {e}"))?;
+                    if !ignore && !future::still_leading(term) {
+                        break;
+                    }
+                }
+                say(format_args!("probe stop term={term} appended={seq}"));
                 Ok(())
             }
             "fail" => Err("probe failure on purpose".to_string()),

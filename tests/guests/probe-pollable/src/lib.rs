@@ -5,8 +5,18 @@
 //! prints `probe start term=N mode=M`; then:
 //!
 //! - `cooperative` (also when `PROBE_MODE` is unset): prints
-//!   `probe tick term=N` once a second until the status changes, then
-//!   `probe stop term=N role=R` (`R` is the new role) and returns `Ok`.
+//!   `probe tick term=N` once a second (every `PROBE_TICK_MS` milliseconds,
+//!   if set) until the status changes, then `probe stop term=N role=R`
+//!   (`R` is the new role) and returns `Ok`.
+//! - `append`: appends records `term=N host=H guest=G seq=K at=T` (`H` is `PROBE_HOST`,
+//!   `G` is `PROBE_TAG`, `T` the wall-clock time in microseconds)
+//!   to `/data/records` (opened for appending) back to back, until the
+//!   status changes; with `PROBE_IGNORE` set it ignores the change and
+//!   appends until it is stopped by force.
+//! - `flood`: prints lines of 1 MiB in a loop, ignoring the change.
+//! - `oom`: allocates 1 MiB blocks until an allocation fails (which
+//!   aborts).
+//! - `recurse`: recurses without end (a stack overflow).
 //! - `busy`: spins forever in a pure-compute loop, ignoring the change.
 //! - `block`: blocks for an hour on a `wasi:clocks/monotonic-clock`
 //!   pollable, ignoring the change.
@@ -52,7 +62,11 @@ impl LeaderTask for Probe {
         match mode.as_str() {
             "cooperative" => {
                 let change = pollable::watch(&status);
-                while !change.wait_timeout(Duration::from_secs(1)) {
+                let tick = std::env::var("PROBE_TICK_MS")
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .map_or(Duration::from_secs(1), Duration::from_millis);
+                while !change.wait_timeout(tick) {
                     say(format_args!("probe tick term={term}"));
                 }
                 let (now, _) = pollable::current_status();
@@ -69,6 +83,48 @@ impl LeaderTask for Probe {
                 pollable::sleep(Duration::from_secs(3600));
                 say(format_args!("probe block over term={term}"));
                 Ok(())
+            }
+            "append" => {
+                let host = std::env::var("PROBE_HOST").unwrap_or_default();
+                let tag = std::env::var("PROBE_TAG").unwrap_or_default();
+                let ignore = std::env::var("PROBE_IGNORE").is_ok();
+                let mut file = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open("/data/records")
+                    .map_err(|e| format!("cannot open /data/records: {e}"))?;
+                let change = pollable::watch(&status);
+                let mut seq = 0u64;
+                while ignore || !change.is_ready() {
+                    seq += 1;
+                    let at = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_micros());
+                    let record = format!("term={term} host={host} guest={tag} seq={seq} at={at}\n");
+                    file.write_all(record.as_bytes())
+                        .map_err(|e| format!("cannot append: {e}"))?;
+                }
+                say(format_args!("probe stop term={term} appended={seq}"));
+                Ok(())
+            }
+            "flood" => {
+                let line = "x".repeat(1 << 20);
+                loop {
+                    say(format_args!("{line}"));
+                }
+            }
+            "oom" => {
+                let mut blocks: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    blocks.push(vec![1u8; 1 << 20]);
+                    black_box(&blocks);
+                }
+            }
+            "recurse" => {
+                fn down(n: u64) -> u64 {
+                    black_box(down(black_box(n) + 1)) + 1
+                }
+                Ok(black_box(down(0)).to_string()).map(|_| ())
             }
             "fail" => Err("probe failure on purpose".to_string()),
             "trap" => panic!("probe trap on purpose"),

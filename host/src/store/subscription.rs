@@ -1,0 +1,277 @@
+//! A subscription to one lease: the latest record a store has of it, kept
+//! current by a task of its own, apart from whoever reads it.
+//!
+//! The subscription watches the lease ([`LeaseStore::watch`]); while a watch
+//! cannot be had it polls ([`LeaseStore::get`]) and tries to watch again.
+//! Readers (the lease's elector) never wait on any of this: they read the
+//! newest [`Sighting`] and wake when there is a new one, so a watch that is
+//! slow to set up or a store that does not answer never delays a renewal
+//! or a step-down.
+//!
+//! Today each subscription runs its own watch. The type is the seam for
+//! sharing: a store that can serve many leases from one watch (one inotify
+//! instance per directory, one Kubernetes watch per namespace) hands out
+//! subscriptions fed from it, and electors do not change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use rand::Rng;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until, timeout};
+
+use super::{LeaseStore, StoreError, Versioned};
+
+/// A record as a store reported it, and when the answer arrived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sighting {
+    /// The record; `None` if the lease does not exist.
+    pub record: Option<Versioned>,
+    /// When the answer that carried it arrived (local monotonic time).
+    pub at: Instant,
+}
+
+impl Sighting {
+    /// The record's version, if there is a record.
+    pub fn version(&self) -> Option<&str> {
+        self.record.as_ref().map(|v| v.version.as_str())
+    }
+}
+
+/// How often a subscription polls and retries, and how long one request
+/// may take.
+#[derive(Clone, Copy, Debug)]
+pub struct Cadence {
+    /// A broken watch is retried after this times [1, 1.5], and the lease
+    /// is read once in between.
+    pub retry_period: Duration,
+    /// The bound on each request.
+    pub request_timeout: Duration,
+}
+
+/// The latest record of one lease; see the [module documentation](self).
+/// Dropping it stops its task.
+pub struct Subscription {
+    latest: watch::Receiver<Option<Sighting>>,
+    /// [`Subscription::changed`] saw a sighting that was not taken yet.
+    pending: bool,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Subscription {
+    /// Subscribes to `lease` in `store`: spawns the task that keeps the
+    /// sighting current (on the current tokio runtime).
+    pub fn start(store: Arc<dyn LeaseStore>, lease: &str, cadence: Cadence) -> Subscription {
+        let (tx, latest) = watch::channel(None);
+        let feed = Feed {
+            store,
+            lease: lease.to_owned(),
+            cadence,
+            tx,
+        };
+        let task = tokio::spawn(feed.run()).abort_handle();
+        Subscription {
+            latest,
+            pending: false,
+            task,
+        }
+    }
+
+    /// The newest sighting, if there is one that was not taken yet.
+    pub fn take_new(&mut self) -> Option<Sighting> {
+        if std::mem::take(&mut self.pending) || self.latest.has_changed().unwrap_or(false) {
+            self.latest.borrow_and_update().clone()
+        } else {
+            None
+        }
+    }
+
+    /// Resolves when there is a sighting that was not taken yet (at once if
+    /// there already is one), with `true`; with `false` if the task that
+    /// keeps the sighting current has ended (it panicked: it ends in no
+    /// other way while `self` lives). Cancel-safe.
+    pub async fn changed(&mut self) -> bool {
+        if self.pending {
+            return true;
+        }
+        match self.latest.changed().await {
+            Ok(()) => {
+                self.pending = true;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+struct Feed {
+    store: Arc<dyn LeaseStore>,
+    lease: String,
+    cadence: Cadence,
+    tx: watch::Sender<Option<Sighting>>,
+}
+
+impl Feed {
+    async fn run(self) {
+        let mut polling = false;
+        loop {
+            let started = Instant::now();
+            match timeout(self.cadence.request_timeout, self.store.watch(&self.lease)).await {
+                Ok(Ok(mut watch)) => {
+                    if polling {
+                        tracing::info!(lease = %self.lease, "watching the lease again");
+                        polling = false;
+                    }
+                    let mut events = 0u64;
+                    let broke = loop {
+                        match watch.next().await {
+                            Some(Ok(record)) => {
+                                events += 1;
+                                self.publish(record);
+                            }
+                            Some(Err(e)) => break Some(e),
+                            None => break None,
+                        }
+                    };
+                    match broke {
+                        Some(e) => {
+                            tracing::warn!(lease = %self.lease, error = %e, "the lease watch broke; polling until it can be watched again");
+                            polling = true;
+                        }
+                        // A watch that ended normally (a server-side
+                        // timeout) is resumed at once, unless it ended as
+                        // soon as it began: then no request storm.
+                        None if events > 1 || started.elapsed() >= self.cadence.retry_period => {
+                            tracing::debug!(lease = %self.lease, "the lease watch ended; watching again");
+                            continue;
+                        }
+                        None => {
+                            tracing::debug!(lease = %self.lease, "the lease watch ended at once; polling before watching again");
+                        }
+                    }
+                }
+                Ok(Err(e)) => {
+                    // A refusal (permissions) needs an operator: say it each
+                    // time; an outage once.
+                    if !polling || matches!(e, StoreError::Refused { .. }) {
+                        tracing::warn!(lease = %self.lease, error = %e, "cannot watch the lease; polling instead");
+                        polling = true;
+                    }
+                }
+                Err(_) => {
+                    if !polling {
+                        tracing::warn!(lease = %self.lease, timeout = ?self.cadence.request_timeout, "watching the lease timed out; polling instead");
+                        polling = true;
+                    }
+                }
+            }
+            self.poll_until(Instant::now() + self.jittered(1.0, 1.5)).await;
+        }
+    }
+
+    /// Reads the lease once, then waits until `retry_at` (when the caller
+    /// tries to watch again): one read per retry period x [1, 1.5] while
+    /// there is no watch, as often as client-go's followers poll.
+    async fn poll_until(&self, retry_at: Instant) {
+        match timeout(self.cadence.request_timeout, self.store.get(&self.lease)).await {
+            Ok(Ok(record)) => self.publish(record),
+            Ok(Err(e @ StoreError::Refused { .. })) => {
+                tracing::warn!(lease = %self.lease, error = %e, "cannot read the lease")
+            }
+            Ok(Err(e)) => tracing::debug!(lease = %self.lease, error = %e, "cannot read the lease"),
+            Err(_) => tracing::debug!(lease = %self.lease, "reading the lease timed out"),
+        }
+        sleep_until(retry_at).await;
+    }
+
+    /// Publishes what the store said; a version already published is not
+    /// published again (its arrival time stays the first one).
+    fn publish(&self, record: Option<Versioned>) {
+        let at = Instant::now();
+        self.tx.send_if_modified(|latest| {
+            let same = latest
+                .as_ref()
+                .is_some_and(|s| s.version() == record.as_ref().map(|v| v.version.as_str()));
+            if same {
+                return false;
+            }
+            *latest = Some(Sighting { record, at });
+            true
+        });
+    }
+
+    fn jittered(&self, from: f64, to: f64) -> Duration {
+        self.cadence
+            .retry_period
+            .mul_f64(rand::rng().random_range(from..to))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::LeaseRecord;
+    use crate::store::memory::MemoryStore;
+
+    fn cadence() -> Cadence {
+        Cadence {
+            retry_period: Duration::from_secs(1),
+            request_timeout: Duration::from_millis(500),
+        }
+    }
+
+    fn record(holder: &str, term: u64) -> LeaseRecord {
+        LeaseRecord {
+            holder: Some(holder.into()),
+            lease_duration: Duration::from_secs(10),
+            acquire_time: None,
+            renew_time: None,
+            term,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn follows_the_watch_and_dates_each_change_on_arrival() {
+        let store = MemoryStore::new();
+        let mut sub = Subscription::start(Arc::new(store.clone()), "demo", cadence());
+        sub.changed().await;
+        assert_eq!(sub.take_new().unwrap().record, None);
+        assert!(sub.take_new().is_none(), "taken");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let written = store.write_raw("demo", record("a", 1));
+        let at = Instant::now();
+        sub.changed().await;
+        let s = sub.take_new().unwrap();
+        assert_eq!(s.record, Some(written));
+        assert_eq!(s.at, at);
+        assert_eq!(store.op_counts().get, 0, "no polling while watching");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn polls_while_the_watch_is_broken_and_watches_again() {
+        let store = MemoryStore::new();
+        let mut sub = Subscription::start(Arc::new(store.clone()), "demo", cadence());
+        sub.changed().await;
+        sub.take_new();
+        store.set_unavailable(true);
+        store.break_watches();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let counts = store.op_counts();
+        // One watch attempt and one read per 1 to 1.5 s at most.
+        assert!(counts.get >= 6 && counts.get <= 11, "{counts:?}");
+        store.set_unavailable(false);
+        store.write_raw("demo", record("b", 2));
+        sub.changed().await;
+        assert_eq!(sub.take_new().unwrap().record.unwrap().record.term, 2);
+        let watches = store.op_counts().watch;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(store.op_counts().watch, watches, "watching again, steadily");
+    }
+}

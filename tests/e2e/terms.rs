@@ -1,0 +1,481 @@
+//! The term's promise, tried the way a user would: nothing a guest does
+//! reaches the outside after its term's force-stop time, and no stall of
+//! the host (a paused process, a stalled store, a stderr nobody reads, a
+//! guest that floods its output) stretches a term or starves the election.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use crate::support::*;
+
+const STOPPED: &str = "leader task stopped";
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+const RENEW_DEADLINE: Duration = Duration::from_secs(1);
+/// A forced stop lands within this of its time: the timing rule's
+/// allowance.
+const STOP_ALLOWANCE_MS: f64 = 50.0;
+
+/// Keeps `n` threads spinning until dropped: a machine whose CPUs are busy.
+struct CpuLoad(Arc<AtomicBool>, Vec<std::thread::JoinHandle<()>>);
+
+impl CpuLoad {
+    fn start(n: usize) -> CpuLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 1u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                    }
+                })
+            })
+            .collect();
+        CpuLoad(stop, threads)
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+        for t in self.1.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn force_stop_at(e: &Event) -> SystemTime {
+    humantime::parse_rfc3339(e.str("force_stop_at").expect("force_stop_at")).unwrap()
+}
+
+/// A stop event came no later than its force-stop time plus the allowance.
+fn assert_on_time(host: &Host, e: &Event) {
+    let late = ms_between(force_stop_at(e), e.at);
+    assert!(
+        late <= STOP_ALLOWANCE_MS,
+        "{}: stopped {late:.1} ms after the force-stop time: {:?}",
+        host.name,
+        e.json
+    );
+}
+
+/// The term a host leads in now, according to its last status event.
+fn leading_term(h: &Host) -> Option<u64> {
+    let last = h
+        .all(|e| e.message() == "lease status changed")
+        .into_iter()
+        .last()?;
+    (last.str("role") == Some("leading"))
+        .then(|| last.u64("term"))
+        .flatten()
+}
+
+/// A configuration whose plugins append term-tagged records to
+/// `dir/records`: one pollable guest that honours the change, one future
+/// guest that ignores it.
+fn appenders(s: &Scratch, dir: &std::path::Path) -> std::path::PathBuf {
+    let mut text = config(&s.store(), &[]);
+    for (name, world, ignore) in [("coop", "pollable", false), ("stubborn", "future", true)] {
+        text.push_str(&format!(
+            "\n[[plugin]]\nname = {name:?}\npath = {:?}\nlease = \"demo\"\ninherit-env = [\"PROBE_HOST\"]\n\
+             env = {{ PROBE_MODE = \"append\", PROBE_TAG = {name:?}{} }}\ndirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
+            guest(&format!("probe_{world}.wasm")).display().to_string(),
+            if ignore { ", PROBE_IGNORE = \"1\"" } else { "" },
+            dir.display().to_string(),
+        ));
+    }
+    s.write("appenders.toml", &text)
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_never_appends_after_its_terms_force_stop() {
+    let s = Scratch::new();
+    let data = s.dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let cfg = appenders(&s, &data);
+    let names = ["h1", "h2", "h3"];
+    let hosts: Vec<Host> = names
+        .iter()
+        .map(|n| {
+            Host::start_opts(
+                n,
+                &cfg,
+                Opts {
+                    env: &[("PROBE_HOST", n)],
+                    ..Opts::default()
+                },
+            )
+        })
+        .collect();
+    for h in &hosts {
+        h.wait_for(SECS(60), "plugins loaded", |e| {
+            e.message() == "compiled-code cache"
+        });
+    }
+    let _load = CpuLoad::start(2);
+    const PAUSES: usize = 20;
+    let mut last_term = 0;
+    for round in 0..PAUSES {
+        // The current leader, in a term newer than the last one paused.
+        let until = std::time::Instant::now() + SECS(15);
+        let (leader, term) = loop {
+            if let Some((i, t)) = hosts
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| leading_term(h).map(|t| (i, t)))
+                .filter(|(_, t)| *t > last_term)
+                .max_by_key(|(_, t)| *t)
+            {
+                break (i, t);
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "round {round}: no new leader after term {last_term}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Let it write for a moment, then freeze it past its lease.
+        std::thread::sleep(Duration::from_millis(300));
+        hosts[leader].signal(libc::SIGSTOP);
+        std::thread::sleep(LEASE_DURATION + Duration::from_millis(500));
+        hosts[leader].signal(libc::SIGCONT);
+        last_term = term;
+    }
+    // Let the last resumed leader settle, then stop everyone.
+    std::thread::sleep(SECS(1));
+    drop(_load);
+    let mut hosts = hosts;
+    for h in &hosts {
+        h.sigterm();
+    }
+    for h in &mut hosts {
+        assert!(h.wait_exit(SECS(10)).success(), "{}", h.name);
+    }
+
+    // Every term's force-stop time, as its host logged it. (A paused host
+    // logs its stops late, after it resumed: its guests were fenced from
+    // the force-stop time on, and dropped when it resumed.)
+    let mut force_stop: HashMap<(String, u64), SystemTime> = HashMap::new();
+    for h in &hosts {
+        for e in h.all(|e| e.is(STOPPED, None)) {
+            force_stop.insert((h.name.clone(), e.u64("term").unwrap()), force_stop_at(&e));
+        }
+    }
+    // The file. Every record was stamped (the guest read the wall clock,
+    // a host call) before its term's force-stop time: no host call passed
+    // the fence after it. And no record of an older term follows one of a
+    // newer term, but for the check-then-act window: a write whose system
+    // call was about to start when the process was paused, after the last
+    // check of the term (`runtime/fence.rs`). Such a write was stamped
+    // before the force-stop, and it is the last of its guest in that term.
+    let text = std::fs::read_to_string(data.join("records")).unwrap();
+    struct Record {
+        term: u64,
+        host: String,
+        guest: String,
+        at: SystemTime,
+    }
+    let records: Vec<Record> = text
+        .lines()
+        .enumerate()
+        .map(|(n, line)| {
+            let field = |k: &str| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
+                    .unwrap_or_else(|| panic!("line {}: no {k}: {line:?}", n + 1))
+            };
+            Record {
+                term: field("term").parse().unwrap(),
+                host: field("host"),
+                guest: field("guest"),
+                at: SystemTime::UNIX_EPOCH + Duration::from_micros(field("at").parse().unwrap()),
+            }
+        })
+        .collect();
+    let context = |n: usize| {
+        let from = n.saturating_sub(3);
+        text.lines().skip(from).take(6).collect::<Vec<_>>().join("\n")
+    };
+    let mut newest = 0u64;
+    let mut terms = std::collections::BTreeSet::new();
+    let mut in_window = Vec::new();
+    for (n, r) in records.iter().enumerate() {
+        let Some(stop) = force_stop.get(&(r.host.clone(), r.term)) else {
+            panic!(
+                "line {}: host {} logged no force-stop time for term {}",
+                n + 1,
+                r.host,
+                r.term
+            );
+        };
+        let late = ms_between(*stop, r.at);
+        assert!(
+            late <= 5.0,
+            "line {}: stamped {late:.1} ms after its term's force-stop time:\n{}",
+            n + 1,
+            context(n)
+        );
+        if r.term < newest {
+            let later = records[n + 1..]
+                .iter()
+                .any(|q| q.term == r.term && q.host == r.host && q.guest == r.guest);
+            assert!(
+                !later,
+                "line {}: more than one record of term {} (host {}, {}) after term {newest} began:\n{}",
+                n + 1,
+                r.term,
+                r.host,
+                r.guest,
+                context(n)
+            );
+            in_window.push(format!(
+                "line {}: term {} host {} {} after term {newest}",
+                n + 1,
+                r.term,
+                r.host,
+                r.guest
+            ));
+        } else {
+            newest = r.term;
+        }
+        terms.insert(r.term);
+    }
+    println!(
+        "{PAUSES} pauses of the leader past its lease, CPUs busy: {} records in {} terms, all stamped before their \
+         term's force-stop; {} in the check-then-act window{}",
+        records.len(),
+        terms.len(),
+        in_window.len(),
+        if in_window.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", in_window.join("; "))
+        }
+    );
+    assert!(
+        terms.len() >= PAUSES,
+        "only {} terms wrote: {terms:?}",
+        terms.len()
+    );
+}
+
+#[test]
+fn a_host_whose_stderr_is_not_read_keeps_its_lease_and_stops_its_guests_on_time() {
+    let s = Scratch::new();
+    let mut text = config(
+        &s.store(),
+        &[
+            probe("chatty-1", "pollable", "cooperative"),
+            probe("chatty-2", "future", "cooperative"),
+            probe("chatty-3", "pollable", "cooperative"),
+            probe("chatty-4", "future", "cooperative"),
+            probe("stubborn", "pollable", "block"),
+        ],
+    );
+    // A tick every millisecond: thousands of log lines a second.
+    text = text.replace(
+        "env = { PROBE_MODE = \"cooperative\" }",
+        "env = { PROBE_MODE = \"cooperative\", PROBE_TICK_MS = \"1\" }",
+    );
+    let cfg = s.write("baton.toml", &text);
+    let mut a = Host::start("host-a", &cfg);
+    for p in ["chatty-1", "chatty-2", "chatty-3", "chatty-4", "stubborn"] {
+        a.wait_for(SECS(60), "guest start", |e| e.guest_line(p, "probe start"));
+    }
+    let b = Host::start("host-b", &cfg);
+    b.wait_for(SECS(60), "b following", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+
+    // Nobody reads a's stderr for six seconds: the pipe fills at once.
+    a.hold_stderr(true);
+    let record = s.store().join("demo.lease.json");
+    let renew_time = || -> Option<String> {
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).ok()?).ok()?;
+        json["record"]["renewTime"].as_str().map(str::to_owned)
+    };
+    let started = std::time::Instant::now();
+    let mut last = (renew_time(), std::time::Instant::now());
+    let mut longest = Duration::ZERO;
+    while started.elapsed() < SECS(6) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = renew_time();
+        if now.is_some() && now != last.0 {
+            longest = longest.max(last.1.elapsed());
+            last = (now, std::time::Instant::now());
+        }
+    }
+    longest = longest.max(last.1.elapsed());
+    println!(
+        "stderr not read for 6 s: longest time between renewals {} ms",
+        longest.as_millis()
+    );
+    assert!(longest < RENEW_DEADLINE, "renewals stalled for {longest:?}");
+    assert!(
+        b.all(|e| e.guest_line("chatty-1", "probe start")).is_empty(),
+        "b took over from a host whose stderr was full"
+    );
+
+    // Still not read: a shuts down on time, and b takes over right after
+    // the forced stop of the guest that ignores the change.
+    let termed = a.sigterm();
+    let taken = b.wait_for(SECS(5), "b takes over", |e| {
+        e.guest_line("chatty-1", "probe start")
+    });
+    let took = ms_between(termed, taken.at);
+    println!("stderr not read: b took over {took:.0} ms after a's SIGTERM");
+    assert!(took < 1500.0, "b took over {took:.0} ms after SIGTERM");
+    a.hold_stderr(false);
+    assert!(a.wait_exit(SECS(10)).success());
+    // The count is reported before the log is written out at exit.
+    a.try_wait_for(SECS(5), &|e| e.message() == "baton stopped");
+    a.try_wait_for(SECS(2), &|e| {
+        e.message() == "log lines were dropped: standard error did not keep up"
+    });
+    let dropped: u64 = a
+        .all(|e| e.message() == "log lines were dropped: standard error did not keep up")
+        .iter()
+        .map(|e| e.u64("dropped_lines").unwrap())
+        .sum();
+    println!("stderr not read: {dropped} log lines were dropped and reported");
+    assert!(dropped > 0, "no drop was reported; the log must have been lossy");
+}
+
+#[test]
+fn a_flooding_guest_is_held_to_its_output_rate_and_its_neighbour_keeps_time() {
+    let s = Scratch::new();
+    let mut text = config(
+        &s.store(),
+        // The flood last: the `output-rate` line below is its.
+        &[
+            probe("ticker", "future", "cooperative"),
+            probe("flood", "pollable", "flood"),
+        ],
+    );
+    text = text.replace(
+        "env = { PROBE_MODE = \"cooperative\" }",
+        "env = { PROBE_MODE = \"cooperative\", PROBE_TICK_MS = \"100\" }",
+    );
+    text.push_str("output-rate = \"32 KiB\"\n");
+    let cfg = s.write("baton.toml", &text);
+    let h = Host::start("host", &cfg);
+    h.wait_for(SECS(60), "ticker start", |e| {
+        e.guest_line("ticker", "probe start")
+    });
+    let from = h
+        .wait_for(SECS(60), "flood start", |e| e.guest_line("flood", "probe start"))
+        .at;
+    std::thread::sleep(SECS(8));
+    let to = SystemTime::now();
+
+    let window = |e: &Event| e.at >= from && e.at <= to;
+    let flooded: usize = h
+        .all(|e| window(e) && e.str("target") == Some("guest") && e.str("plugin") == Some("flood"))
+        .iter()
+        .map(|e| e.message().len() + 1)
+        .sum();
+    let secs = ms_between(from, to) / 1e3;
+    let allowed = 32.0 * 1024.0 * (secs + 1.0);
+    println!(
+        "flooding guest: {flooded} bytes of its output logged in {secs:.1} s (limit {allowed:.0} at 32 KiB/s)"
+    );
+    assert!(
+        (flooded as f64) <= allowed,
+        "{flooded} bytes logged, limit {allowed:.0}"
+    );
+    let reports = h.all(|e| e.message() == "guest output over the plugin's limits was dropped");
+    assert!(!reports.is_empty(), "the drops were not reported");
+    let cut: u64 = reports.iter().filter_map(|e| e.u64("cut_bytes")).sum();
+    assert!(cut > 1 << 20, "the 1 MiB lines were cut: {cut} bytes");
+
+    let ticks: Vec<SystemTime> = h
+        .all(|e| window(e) && e.guest_line("ticker", "probe tick"))
+        .iter()
+        .map(|e| e.at)
+        .collect();
+    let mut gaps: Vec<f64> = ticks.windows(2).map(|w| ms_between(w[0], w[1])).collect();
+    gaps.sort_by(f64::total_cmp);
+    assert!(gaps.len() >= 50, "{} ticks", ticks.len());
+    let p99 = gaps[(gaps.len() * 99).div_ceil(100) - 1];
+    println!(
+        "flooding guest: the neighbour ticked {} times, p99 interval {p99:.1} ms (nominal 100 ms)",
+        ticks.len()
+    );
+    assert!(p99 <= 150.0, "the neighbour's p99 tick interval is {p99:.1} ms");
+}
+
+#[test]
+fn a_stalled_lease_store_stops_the_guests_by_the_deadline_plus_grace() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(
+            &s.store(),
+            &[
+                probe("busy", "pollable", "busy"),
+                probe("block", "future", "block"),
+            ],
+        ),
+    );
+    let h = Host::start("host", &cfg);
+    for p in ["busy", "block"] {
+        h.wait_for(SECS(60), "guest start", |e| e.guest_line(p, "probe start"));
+    }
+    // Stall the store: hold the lease's lock, as a writer stuck in a slow
+    // fsync would. Renewals wait for it and time out.
+    let lock = std::fs::File::open(s.store().join(".demo.lock")).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let stalled = SystemTime::now();
+    for p in ["busy", "block"] {
+        let e = h.wait_for(SECS(5), "forced stop", |e| e.is(STOPPED, Some(p)));
+        assert_eq!(e.str("how"), Some("forced"), "{p}");
+        assert_on_time(&h, &e);
+        let bound = (RENEW_DEADLINE + GRACE).as_secs_f64() * 1e3;
+        let force = ms_between(stalled, force_stop_at(&e));
+        assert!(
+            force <= bound,
+            "{p}: force-stop time {force:.0} ms after the stall (bound {bound} ms)"
+        );
+        println!(
+            "stalled store: {p} stopped {:.0} ms after the stall",
+            ms_between(stalled, e.at)
+        );
+    }
+    // The store comes back: the host leads again, in a new term.
+    drop(lock);
+    h.wait_for(SECS(5), "leading again", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("leading") && e.u64("term") == Some(2)
+    });
+}
+
+#[test]
+fn traps_are_reported_in_one_line_of_plain_words() {
+    let s = Scratch::new();
+    let mut text = config(
+        &s.store(),
+        &[
+            probe("panics", "pollable", "trap"),
+            probe("overflows", "pollable", "recurse"),
+            probe("grows", "pollable", "oom"),
+        ],
+    );
+    text.push_str("memory-limit = \"16 MiB\"\n");
+    let cfg = s.write("baton.toml", &text);
+    let h = Host::start("host", &cfg);
+    for (plugin, reason) in [
+        ("panics", "the guest panicked: probe trap on purpose"),
+        ("overflows", "stack overflow"),
+        ("grows", "memory limit of 16.0 MiB reached"),
+    ] {
+        let e = h.wait_for(SECS(60), "trap", |e| e.is("leader task trapped", Some(plugin)));
+        let error = e.str("error").unwrap();
+        println!("{plugin}: {error}");
+        assert!(error.starts_with(reason), "{plugin}: {error:?}");
+        assert!(!error.contains('\n'), "{plugin}: more than one line: {error:?}");
+    }
+}
