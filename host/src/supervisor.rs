@@ -126,7 +126,7 @@ async fn run_term(plugin: &Arc<Plugin>, term: &Arc<Term>, view: &watch::Receiver
                 tracing::debug!(
                     plugin = name,
                     term = number,
-                    detail = trap.detail(),
+                    detail = %trap.detail(),
                     "trap details"
                 );
             }

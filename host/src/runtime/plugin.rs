@@ -500,7 +500,7 @@ impl Plugin {
                     .iter()
                     .cloned()
                     .collect();
-                TaskOutcome::Trapped(Trap::from_error(&e, &tail, &state.limits))
+                TaskOutcome::Trapped(Trap::from_error(e, &tail, &state.limits))
             }
         }
     }

@@ -7,7 +7,9 @@
 //! message. [`Trap::from_error`] says that, from the error and what the
 //! instance left behind (its last stderr lines, a refused memory growth);
 //! [`Trap::detail`] keeps the whole error, backtrace included, for the
-//! debug log.
+//! debug log. It is formatted only when that log line is written: with
+//! `RUST_BACKTRACE` set, the error carries a Rust backtrace too, and
+//! resolving its symbols takes a good part of a second.
 
 use std::fmt;
 
@@ -102,7 +104,21 @@ impl ResourceLimiter for GuestLimits {
 pub struct Trap {
     reason: String,
     by_host: bool,
-    detail: String,
+    /// The error as wasmtime reported it (`None`: the instance could not be
+    /// set up, and the reason says everything).
+    error: Option<wasmtime::Error>,
+}
+
+/// The whole error of a [`Trap`], formatted when displayed.
+pub struct TrapDetail<'a>(&'a Trap);
+
+impl fmt::Display for TrapDetail<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0.error {
+            Some(e) => write!(f, "{e:?}"),
+            None => f.write_str(&self.0.reason),
+        }
+    }
 }
 
 impl fmt::Display for Trap {
@@ -116,16 +132,15 @@ impl Trap {
     /// up.
     pub fn setup(reason: String) -> Trap {
         Trap {
-            detail: reason.clone(),
             reason,
             by_host: false,
+            error: None,
         }
     }
 
     /// Reads `error`, given what the instance left behind: its last stderr
     /// lines, and the memory growth its limiter refused, if any.
-    pub fn from_error(error: &wasmtime::Error, stderr_tail: &[String], limits: &GuestLimits) -> Trap {
-        let detail = format!("{error:?}");
+    pub fn from_error(error: wasmtime::Error, stderr_tail: &[String], limits: &GuestLimits) -> Trap {
         if let Some(stop) = error.downcast_ref::<StoppedByHost>() {
             return Trap {
                 reason: format!(
@@ -133,7 +148,7 @@ impl Trap {
                     stop.term
                 ),
                 by_host: true,
-                detail,
+                error: Some(error),
             };
         }
         let panic = panic_message(stderr_tail);
@@ -149,13 +164,13 @@ impl Trap {
             None => match (limits.refused, panic) {
                 (Some(desired), _) => memory_reason(limits.limit, desired),
                 (None, Some(message)) => format!("the guest panicked: {message}"),
-                (None, None) => without_backtrace(error),
+                (None, None) => without_backtrace(&error),
             },
         };
         Trap {
             reason,
             by_host: false,
-            detail,
+            error: Some(error),
         }
     }
 
@@ -164,9 +179,9 @@ impl Trap {
         self.by_host
     }
 
-    /// The whole error, backtrace included.
-    pub fn detail(&self) -> &str {
-        &self.detail
+    /// The whole error, backtrace included, formatted when displayed.
+    pub fn detail(&self) -> TrapDetail<'_> {
+        TrapDetail(self)
     }
 }
 
@@ -240,12 +255,12 @@ mod tests {
     fn reasons_are_one_line() {
         let limits = GuestLimits::new(64 << 20);
         let e = wasmtime::Error::new(wasmtime::Trap::StackOverflow);
-        assert_eq!(Trap::from_error(&e, &[], &limits).to_string(), "stack overflow");
+        assert_eq!(Trap::from_error(e, &[], &limits).to_string(), "stack overflow");
         let e = wasmtime::Error::new(StoppedByHost {
             term: 4,
             lease: "demo".into(),
         });
-        let t = Trap::from_error(&e, &[], &limits);
+        let t = Trap::from_error(e, &[], &limits);
         assert!(t.stopped_by_host());
         assert_eq!(
             t.to_string(),
@@ -255,7 +270,7 @@ mod tests {
         assert!(!limits.memory_growing(60 << 20, 130 << 20, None).unwrap());
         let e = wasmtime::Error::new(wasmtime::Trap::UnreachableCodeReached);
         assert_eq!(
-            Trap::from_error(&e, &[], &limits).to_string(),
+            Trap::from_error(e, &[], &limits).to_string(),
             "memory limit of 64.0 MiB reached (the guest asked for 130.0 MiB in all)"
         );
     }
