@@ -6,6 +6,7 @@
 
 mod support;
 mod terms;
+mod witness;
 
 use std::time::{Duration, SystemTime};
 

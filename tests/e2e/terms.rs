@@ -3,12 +3,10 @@
 //! the host (a paused process, a stalled store, a stderr nobody reads, a
 //! guest that floods its output) stretches a term or starves the election.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::support::*;
+use crate::witness::*;
 
 const STOPPED: &str = "leader task stopped";
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -16,40 +14,6 @@ const RENEW_DEADLINE: Duration = Duration::from_secs(1);
 /// A forced stop lands within this of its time: the timing rule's
 /// allowance.
 const STOP_ALLOWANCE_MS: f64 = 50.0;
-
-/// Keeps `n` threads spinning until dropped: a machine whose CPUs are busy.
-struct CpuLoad(Arc<AtomicBool>, Vec<std::thread::JoinHandle<()>>);
-
-impl CpuLoad {
-    fn start(n: usize) -> CpuLoad {
-        let stop = Arc::new(AtomicBool::new(false));
-        let threads = (0..n)
-            .map(|_| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    let mut x = 1u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                    }
-                })
-            })
-            .collect();
-        CpuLoad(stop, threads)
-    }
-}
-
-impl Drop for CpuLoad {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-        for t in self.1.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-fn force_stop_at(e: &Event) -> SystemTime {
-    humantime::parse_rfc3339(e.str("force_stop_at").expect("force_stop_at")).unwrap()
-}
 
 /// A stop event came no later than its force-stop time plus the allowance.
 fn assert_on_time(host: &Host, e: &Event) {
@@ -62,204 +26,35 @@ fn assert_on_time(host: &Host, e: &Event) {
     );
 }
 
-/// The term a host leads in now, according to its last status event.
-fn leading_term(h: &Host) -> Option<u64> {
-    let last = h
-        .all(|e| e.message() == "lease status changed")
-        .into_iter()
-        .last()?;
-    (last.str("role") == Some("leading"))
-        .then(|| last.u64("term"))
-        .flatten()
-}
-
-/// A configuration whose plugins append term-tagged records to
-/// `dir/records`: one pollable guest that honours the change, one future
-/// guest that ignores it.
-fn appenders(s: &Scratch, dir: &std::path::Path) -> std::path::PathBuf {
-    let mut text = config(&s.store(), &[]);
-    for (name, world, ignore) in [("coop", "pollable", false), ("stubborn", "future", true)] {
-        text.push_str(&format!(
-            "\n[[plugin]]\nname = {name:?}\npath = {:?}\nlease = \"demo\"\ninherit-env = [\"PROBE_HOST\"]\n\
-             env = {{ PROBE_MODE = \"append\", PROBE_TAG = {name:?}{} }}\ndirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
-            guest(&format!("probe_{world}.wasm")).display().to_string(),
-            if ignore { ", PROBE_IGNORE = \"1\"" } else { "" },
-            dir.display().to_string(),
-        ));
-    }
-    s.write("appenders.toml", &text)
-}
-
 #[test]
 fn a_leader_paused_past_its_lease_never_appends_after_its_terms_force_stop() {
     let s = Scratch::new();
-    let data = s.dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let cfg = appenders(&s, &data);
-    let names = ["h1", "h2", "h3"];
-    let hosts: Vec<Host> = names
-        .iter()
-        .map(|n| {
-            Host::start_opts(
-                n,
-                &cfg,
-                Opts {
-                    env: &[("PROBE_HOST", n)],
-                    ..Opts::default()
-                },
-            )
-        })
-        .collect();
-    for h in &hosts {
-        h.wait_for(SECS(60), "plugins loaded", |e| {
-            e.message() == "compiled-code cache"
-        });
-    }
-    let _load = CpuLoad::start(2);
+    let data = records_dir(&s);
+    let mut text = config(&s.store(), &[]);
+    text.push_str(&appender_plugins("demo", &data));
+    let cfg = s.write("appenders.toml", &text);
+    let mut hosts = start_hosts(&cfg, &["h1", "h2", "h3"], &[]);
     const PAUSES: usize = 20;
-    let mut last_term = 0;
-    for round in 0..PAUSES {
-        // The current leader, in a term newer than the last one paused.
-        let until = std::time::Instant::now() + SECS(15);
-        let (leader, term) = loop {
-            if let Some((i, t)) = hosts
-                .iter()
-                .enumerate()
-                .filter_map(|(i, h)| leading_term(h).map(|t| (i, t)))
-                .filter(|(_, t)| *t > last_term)
-                .max_by_key(|(_, t)| *t)
-            {
-                break (i, t);
-            }
-            assert!(
-                std::time::Instant::now() < until,
-                "round {round}: no new leader after term {last_term}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        // Let it write for a moment, then freeze it past its lease.
-        std::thread::sleep(Duration::from_millis(300));
-        hosts[leader].signal(libc::SIGSTOP);
-        std::thread::sleep(LEASE_DURATION + Duration::from_millis(500));
-        hosts[leader].signal(libc::SIGCONT);
-        last_term = term;
+    {
+        let _load = CpuLoad::start(2);
+        pause_leaders(&hosts, PAUSES, LEASE_DURATION + Duration::from_millis(500));
+        // Let the last resumed leader settle.
+        std::thread::sleep(SECS(1));
     }
-    // Let the last resumed leader settle, then stop everyone.
-    std::thread::sleep(SECS(1));
-    drop(_load);
-    let mut hosts = hosts;
     for h in &hosts {
         h.sigterm();
     }
     for h in &mut hosts {
         assert!(h.wait_exit(SECS(10)).success(), "{}", h.name);
     }
-
-    // Every term's force-stop time, as its host logged it. (A paused host
-    // logs its stops late, after it resumed: its guests were fenced from
-    // the force-stop time on, and dropped when it resumed.)
-    let mut force_stop: HashMap<(String, u64), SystemTime> = HashMap::new();
-    for h in &hosts {
-        for e in h.all(|e| e.is(STOPPED, None)) {
-            force_stop.insert((h.name.clone(), e.u64("term").unwrap()), force_stop_at(&e));
-        }
-    }
-    // The file. Every record was stamped (the guest read the wall clock,
-    // a host call) before its term's force-stop time: no host call passed
-    // the fence after it. And no record of an older term follows one of a
-    // newer term, but for the check-then-act window: a write whose system
-    // call was about to start when the process was paused, after the last
-    // check of the term (`runtime/fence.rs`). Such a write was stamped
-    // before the force-stop, and it is the last of its guest in that term.
-    let text = std::fs::read_to_string(data.join("records")).unwrap();
-    struct Record {
-        term: u64,
-        host: String,
-        guest: String,
-        at: SystemTime,
-    }
-    let records: Vec<Record> = text
-        .lines()
-        .enumerate()
-        .map(|(n, line)| {
-            let field = |k: &str| {
-                line.split_whitespace()
-                    .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
-                    .unwrap_or_else(|| panic!("line {}: no {k}: {line:?}", n + 1))
-            };
-            Record {
-                term: field("term").parse().unwrap(),
-                host: field("host"),
-                guest: field("guest"),
-                at: SystemTime::UNIX_EPOCH + Duration::from_micros(field("at").parse().unwrap()),
-            }
-        })
-        .collect();
-    let context = |n: usize| {
-        let from = n.saturating_sub(3);
-        text.lines().skip(from).take(6).collect::<Vec<_>>().join("\n")
-    };
-    let mut newest = 0u64;
-    let mut terms = std::collections::BTreeSet::new();
-    let mut in_window = Vec::new();
-    for (n, r) in records.iter().enumerate() {
-        let Some(stop) = force_stop.get(&(r.host.clone(), r.term)) else {
-            panic!(
-                "line {}: host {} logged no force-stop time for term {}",
-                n + 1,
-                r.host,
-                r.term
-            );
-        };
-        let late = ms_between(*stop, r.at);
-        assert!(
-            late <= 5.0,
-            "line {}: stamped {late:.1} ms after its term's force-stop time:\n{}",
-            n + 1,
-            context(n)
-        );
-        if r.term < newest {
-            let later = records[n + 1..]
-                .iter()
-                .any(|q| q.term == r.term && q.host == r.host && q.guest == r.guest);
-            assert!(
-                !later,
-                "line {}: more than one record of term {} (host {}, {}) after term {newest} began:\n{}",
-                n + 1,
-                r.term,
-                r.host,
-                r.guest,
-                context(n)
-            );
-            in_window.push(format!(
-                "line {}: term {} host {} {} after term {newest}",
-                n + 1,
-                r.term,
-                r.host,
-                r.guest
-            ));
-        } else {
-            newest = r.term;
-        }
-        terms.insert(r.term);
-    }
+    let seen = check_records(&data.join("records"), &hosts);
     println!(
-        "{PAUSES} pauses of the leader past its lease, CPUs busy: {} records in {} terms, all stamped before their \
-         term's force-stop; {} in the check-then-act window{}",
-        records.len(),
-        terms.len(),
-        in_window.len(),
-        if in_window.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", in_window.join("; "))
-        }
+        "{PAUSES} pauses of the leader past its lease, CPUs busy: {} records in {} terms, all stamped before \
+         their term's force-stop, none out of order",
+        seen.records,
+        seen.terms.len(),
     );
-    assert!(
-        terms.len() >= PAUSES,
-        "only {} terms wrote: {terms:?}",
-        terms.len()
-    );
+    assert!(seen.terms.len() >= PAUSES, "only {} terms wrote: {:?}", seen.terms.len(), seen.terms);
 }
 
 #[test]

@@ -11,6 +11,9 @@ mod env;
 #[allow(dead_code)]
 #[path = "../e2e/support.rs"]
 mod support;
+#[allow(dead_code)]
+#[path = "../e2e/witness.rs"]
+mod witness;
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -342,6 +345,44 @@ impl Drop for Resume {
         // SAFETY: kill(2) on the test API server's pid.
         unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_never_appends_after_its_terms_force_stop() {
+    // As the end-to-end test of the same name, on Leases: three hosts whose
+    // guests append term-tagged records back to back to one file, the
+    // leader stopped with SIGSTOP past its lease, again and again, with the
+    // CPUs busy.
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "pauses"));
+    let s = Scratch::new();
+    let data = witness::records_dir(&s);
+    let mut text = kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &[]);
+    text.push_str(&witness::appender_plugins("demo", &data));
+    let cfg = s.write("appenders.toml", &text);
+    let mut hosts = witness::start_hosts(&cfg, &["h1", "h2", "h3"], &[]);
+    const PAUSES: usize = 6;
+    {
+        let _load = witness::CpuLoad::start(2);
+        witness::pause_leaders(&hosts, PAUSES, LD + Duration::from_millis(500));
+        std::thread::sleep(SECS(1));
+    }
+    for h in &hosts {
+        h.sigterm();
+    }
+    for h in &mut hosts {
+        assert!(h.wait_exit(SECS(15)).success(), "{}", h.name);
+    }
+    let seen = witness::check_records(&data.join("records"), &hosts);
+    println!(
+        "{PAUSES} pauses of the leader past its lease on Kubernetes, CPUs busy: {} records in {} terms, all \
+         stamped before their term's force-stop, none out of order",
+        seen.records,
+        seen.terms.len()
+    );
+    assert!(seen.terms.len() >= PAUSES, "only {} terms wrote: {:?}", seen.terms.len(), seen.terms);
 }
 
 #[test]

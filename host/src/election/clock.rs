@@ -57,8 +57,9 @@ impl Moment {
     }
 
     /// As whole nanoseconds since the origin (what [`Term`](super::Term)
-    /// keeps in its atomics).
-    pub(crate) fn as_nanos(self) -> u64 {
+    /// keeps in its atomics; for the system clock, a `CLOCK_BOOTTIME`
+    /// reading).
+    pub fn as_nanos(self) -> u64 {
         u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX)
     }
 

@@ -6,29 +6,32 @@
 //!
 //! - the **host-call fence** ([`call_fence`], a wasmtime call hook): every
 //!   call from the guest into the host (WASI, `current-status`, a resource
-//!   destructor, a runtime libcall) and every entry into guest code traps
-//!   before it does anything once the term must stop;
+//!   destructor, a runtime libcall) traps before it does anything once the
+//!   term must stop;
 //! - the **epoch callback** ([`epoch_check`]): at every epoch tick (10 ms)
 //!   running guest code traps once the term must stop, or yields to the
 //!   tokio scheduler otherwise, so a busy guest cannot starve the host;
-//! - the **I/O the host would otherwise queue for later** checks again right
-//!   before its system call: file output streams ([`add_fenced_file_streams`]
-//!   replaces wasmtime-wasi's, which hand writes to the blocking pool after
-//!   the host call returned, with streams that write inline), guest stdout
-//!   and stderr ([`output`](super::output) logs inline, and checks).
+//! - **file writes**: [`add_fenced_file_writes`] replaces wasmtime-wasi's
+//!   `descriptor.write` and its file output streams (which hand writes to
+//!   the blocking pool after the host call returned) with writes made
+//!   inline, right after a last check of the term, inside a window the
+//!   kernel closes at the force-stop time ([`window`]: a write held up
+//!   between the check and its system call goes to `/dev/null`);
+//! - guest stdout and stderr ([`output`](super::output)) are logged inline,
+//!   and checked.
 //!
-//! What remains is a check-then-act window: a host call that passed the
-//! fence just before the force-stop time may still complete its system
-//! call just after it (the thread was preempted or the process paused
-//! between the check and the call, or the disk was slow). A TCP write that
-//! the kernel could not take at once is finished by a background task of
-//! wasmtime-wasi, which is aborted when the supervisor drops the Store at
-//! the force-stop time; a name lookup runs on the blocking pool and is not
-//! aborted. `docs/architecture.md` states these windows and why the timing
-//! rule leaves room for them.
+//! What remains is a check-then-act window for the other host calls: one
+//! that passed the fence just before the force-stop time may still make its
+//! system call just after it, if the thread is held up in between (other
+//! filesystem operations: creating, renaming, truncating; a TCP write). A
+//! TCP write that the kernel could not take at once is finished by a
+//! background task of wasmtime-wasi, which is aborted when the supervisor
+//! drops the Store at the force-stop time; a name lookup runs on the
+//! blocking pool and is not aborted. `docs/architecture.md` states these
+//! windows.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -43,15 +46,16 @@ use super::state::GuestState;
 use super::trap::StoppedByHost;
 use crate::election::Term;
 
-/// The call hook: traps a call into the host or into guest code once
-/// `term` must stop. Generic so that benchmarks measure exactly this.
+/// The call hook: traps a call into the host once `term` must stop, before
+/// the host does anything. (Entering guest code is not checked: guest code
+/// reaches the outside only through host calls, and running guest code is
+/// stopped by the epoch check.) Generic so that benchmarks measure exactly
+/// this.
 pub fn call_fence<T>(
     term: Arc<Term>,
 ) -> impl FnMut(StoreContextMut<'_, T>, CallHook) -> wasmtime::Result<()> + Send + Sync + 'static {
     move |_, hook| match hook {
-        CallHook::CallingHost | CallHook::CallingWasm if term.must_stop() => {
-            Err(StoppedByHost::of(&term).into())
-        }
+        CallHook::CallingHost if term.must_stop() => Err(StoppedByHost::of(&term).into()),
         _ => Ok(()),
     }
 }
@@ -71,17 +75,27 @@ pub fn epoch_check<T>(
     }
 }
 
-/// The WASI 0.2 filesystem interface that [`add_fenced_file_streams`]
+#[cfg(target_os = "linux")]
+pub mod window;
+
+/// The WASI 0.2 filesystem interface that [`add_fenced_file_writes`]
 /// overrides (the version wasmtime-wasi 48 serves; guests asking for older
 /// 0.2 versions are linked to it).
 const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
-/// Replaces `descriptor.write-via-stream` and `descriptor.append-via-stream`
-/// with versions whose streams write inline, inside the guest's host call,
-/// after checking the term.
-pub fn add_fenced_file_streams(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+/// Replaces `descriptor.write`, `descriptor.write-via-stream` and
+/// `descriptor.append-via-stream` with versions that write inline, inside
+/// the guest's host call, after a last check of the term, in a window the
+/// kernel closes at the force-stop time.
+pub fn add_fenced_file_writes(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     let mut types = linker.instance(FILESYSTEM_TYPES)?;
+    types.func_wrap(
+        "[method]descriptor.write",
+        |mut store: StoreContextMut<'_, GuestState>, (fd, buffer, offset): (Resource<Descriptor>, Vec<u8>, u64)| {
+            Ok((write_at(store.data_mut(), fd, &buffer, offset)?,))
+        },
+    )?;
     types.func_wrap(
         "[method]descriptor.write-via-stream",
         |mut store: StoreContextMut<'_, GuestState>, (fd, offset): (Resource<Descriptor>, u64)| {
@@ -98,25 +112,93 @@ pub fn add_fenced_file_streams(linker: &mut Linker<GuestState>) -> wasmtime::Res
     Ok(())
 }
 
-fn open_stream(
-    state: &mut GuestState,
-    fd: Resource<Descriptor>,
-    mode: Mode,
-) -> wasmtime::Result<Result<Resource<DynOutputStream>, ErrorCode>> {
-    let file = match state.table.get(&fd)? {
+/// The file behind a descriptor the guest may write, or the error code.
+fn writable(state: &mut GuestState, fd: &Resource<Descriptor>) -> wasmtime::Result<Result<Arc<std::fs::File>, ErrorCode>> {
+    let file = match state.table.get(fd)? {
         Descriptor::File(f) => f.clone(),
         Descriptor::Dir(_) => return Ok(Err(ErrorCode::BadDescriptor)),
     };
     if file.perms.write_not_permitted() {
         return Ok(Err(ErrorCode::NotPermitted));
     }
+    Ok(Ok(file.file))
+}
+
+/// `descriptor.write`: one positioned write, fenced.
+fn write_at(
+    state: &mut GuestState,
+    fd: Resource<Descriptor>,
+    buffer: &[u8],
+    offset: u64,
+) -> wasmtime::Result<Result<u64, ErrorCode>> {
+    let file = match writable(state, &fd)? {
+        Ok(file) => file,
+        Err(code) => return Ok(Err(code)),
+    };
+    let term = state.term.clone();
+    match fenced_write(file.as_raw_fd(), &term, || file.write_at(buffer, offset)) {
+        None => Err(StoppedByHost::of(&term).into()),
+        Some(Ok(n)) => Ok(Ok(n as u64)),
+        Some(Err(e)) => Ok(Err(error_code(&e))),
+    }
+}
+
+/// One write system call on `fd` for `term`: not made once the term must
+/// stop, and unable to land after its force-stop time (see [`window`]).
+/// `None` if the term stopped first.
+fn fenced_write(fd: RawFd, term: &Term, write: impl FnOnce() -> io::Result<usize>) -> Option<io::Result<usize>> {
+    #[cfg(target_os = "linux")]
+    {
+        window::write_before(fd, term.stop_at().as_nanos(), || term.must_stop(), write)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = fd;
+        (!term.must_stop()).then(write)
+    }
+}
+
+fn open_stream(
+    state: &mut GuestState,
+    fd: Resource<Descriptor>,
+    mode: Mode,
+) -> wasmtime::Result<Result<Resource<DynOutputStream>, ErrorCode>> {
+    let file = match writable(state, &fd)? {
+        Ok(file) => file,
+        Err(code) => return Ok(Err(code)),
+    };
+    // A descriptor of its own: the window may point it at /dev/null.
+    let file = match file.try_clone() {
+        Ok(own) => own,
+        Err(e) => return Ok(Err(error_code(&e))),
+    };
     let stream: DynOutputStream = Box::new(FencedFile {
-        file: file.file,
+        file,
         mode,
         term: state.term.clone(),
         failed: false,
     });
     Ok(Ok(state.table.push(stream)?))
+}
+
+/// The WASI error code of a failed write (the codes a write can fail
+/// with; wasmtime-wasi's own mapping is private).
+fn error_code(e: &io::Error) -> ErrorCode {
+    match e.raw_os_error() {
+        Some(libc::EPIPE) => ErrorCode::Pipe,
+        Some(libc::EPERM) => ErrorCode::NotPermitted,
+        Some(libc::EACCES) => ErrorCode::Access,
+        Some(libc::EBADF) => ErrorCode::BadDescriptor,
+        Some(libc::EISDIR) => ErrorCode::IsDirectory,
+        Some(libc::EINVAL) => ErrorCode::Invalid,
+        Some(libc::EFBIG) => ErrorCode::FileTooLarge,
+        Some(libc::ENOSPC) => ErrorCode::InsufficientSpace,
+        Some(libc::EDQUOT) => ErrorCode::Quota,
+        Some(libc::ENOMEM) => ErrorCode::InsufficientMemory,
+        Some(libc::EINTR) => ErrorCode::Interrupted,
+        Some(libc::EOVERFLOW) => ErrorCode::Overflow,
+        _ => ErrorCode::Io,
+    }
 }
 
 /// Where a file stream writes.
@@ -128,32 +210,35 @@ enum Mode {
     Append,
 }
 
-/// A file output stream that writes inline, after checking the term.
+/// A file output stream that writes inline, fenced (see [`fenced_write`]).
 struct FencedFile {
-    file: Arc<std::fs::File>,
+    /// A descriptor of its own (a `dup` of the guest's file).
+    file: std::fs::File,
     mode: Mode,
     term: Arc<Term>,
-    /// A write failed: the stream is closed.
+    /// A write failed, or the term stopped: the stream is closed.
     failed: bool,
 }
 
 impl FencedFile {
-    fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
+    /// Writes all of `data`; `None` if the term stopped first.
+    fn write_all(&mut self, mut data: &[u8]) -> Option<io::Result<()>> {
         while !data.is_empty() {
-            let n = match &mut self.mode {
-                Mode::At(offset) => {
-                    let n = self.file.write_at(data, *offset)?;
-                    *offset += n as u64;
-                    n
-                }
-                Mode::Append => append(&self.file, data)?,
+            let (file, mode) = (&self.file, self.mode);
+            let n = match fenced_write(file.as_raw_fd(), &self.term, || match mode {
+                Mode::At(offset) => file.write_at(data, offset),
+                Mode::Append => append(file, data),
+            })? {
+                Ok(0) => return Some(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => n,
+                Err(e) => return Some(Err(e)),
             };
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+            if let Mode::At(offset) = &mut self.mode {
+                *offset += n as u64;
             }
             data = &data[n..];
         }
-        Ok(())
+        Some(Ok(()))
     }
 }
 
@@ -201,14 +286,18 @@ impl OutputStream for FencedFile {
             return Err(StreamError::Closed);
         }
         // The fence let the host call in; the term is asked again right
-        // before the system call.
-        if self.term.must_stop() {
-            return Err(StreamError::Trap(StoppedByHost::of(&self.term).into()));
+        // before each system call.
+        match self.write_all(&bytes) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => {
+                self.failed = true;
+                Err(StreamError::LastOperationFailed(e.into()))
+            }
+            None => {
+                self.failed = true;
+                Err(StreamError::Trap(StoppedByHost::of(&self.term).into()))
+            }
         }
-        self.write_all(&bytes).map_err(|e| {
-            self.failed = true;
-            StreamError::LastOperationFailed(e.into())
-        })
     }
 
     fn flush(&mut self) -> StreamResult<()> {

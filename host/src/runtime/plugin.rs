@@ -143,14 +143,14 @@ impl PluginRuntime {
         let link = |e: wasmtime::Error| RuntimeError::Engine(format!("linking host functions: {e}"));
         let mut future = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut future).map_err(link)?;
-        fence::add_fenced_file_streams(&mut future).map_err(link)?;
+        fence::add_fenced_file_writes(&mut future).map_err(link)?;
         wasmtime_wasi::p3::clocks::add_to_linker(&mut future).map_err(link)?;
         wasmtime_wasi::p3::random::add_to_linker(&mut future).map_err(link)?;
         future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut future, |s| s)
             .map_err(link)?;
         let mut pollable = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut pollable).map_err(link)?;
-        fence::add_fenced_file_streams(&mut pollable).map_err(link)?;
+        fence::add_fenced_file_writes(&mut pollable).map_err(link)?;
         pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
             &mut pollable,
             |s| s,

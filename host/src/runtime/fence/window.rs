@@ -1,0 +1,211 @@
+//! Closing the check-then-act window of file writes (Linux).
+//!
+//! A write that passed its term's last check can still be held up between
+//! the check and its system call (the process is stopped with SIGSTOP, the
+//! thread is preempted, the machine sleeps) and land after the force-stop
+//! time. Here the kernel closes that window. Before the check, the writing
+//! thread arms a timer of its own: `CLOCK_BOOTTIME`, absolute, at the
+//! force-stop time, its signal directed at that thread. If the timer fires
+//! before the write is done, its handler points the file descriptor the
+//! write is about to use at `/dev/null` (`dup2`), so the write lands
+//! nowhere. A thread that was stopped or descheduled in the window runs
+//! that handler before it runs another instruction of its own: the kernel
+//! delivers pending signals first when the thread resumes. So no write of a
+//! term reaches its file after the force-stop time, unless its system call
+//! was already under way at that time.
+//!
+//! The cost is two `timer_settime` calls per write (see `benches/fence.rs`).
+//! Where the timer or the signal handler cannot be set up, writes fall back
+//! to check-then-write, and the window stays open (logged once).
+
+use std::cell::Cell;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::OnceLock;
+
+/// The timers' signal: a realtime signal that wasmtime, tokio and the
+/// standard library leave alone (glibc reserves the first few, which
+/// `SIGRTMIN()` already skips).
+fn signal() -> libc::c_int {
+    libc::SIGRTMIN() + 7
+}
+
+/// Set up once per process: `/dev/null` to point descriptors at, and the
+/// handler.
+struct Setup {
+    devnull: RawFd,
+}
+
+static SETUP: OnceLock<Option<Setup>> = OnceLock::new();
+
+thread_local! {
+    /// The descriptor of the write in this thread's window, or -1.
+    /// (Const-initialised, without a destructor: safe to read in a signal
+    /// handler.)
+    static FD: Cell<RawFd> = const { Cell::new(-1) };
+    /// Set by the handler when it redirected `FD`.
+    static REDIRECTED: Cell<bool> = const { Cell::new(false) };
+    /// This thread's timer, created on first use.
+    static TIMER: ThreadTimer = ThreadTimer::create();
+}
+
+fn setup() -> Option<&'static Setup> {
+    SETUP
+        .get_or_init(|| {
+            // SAFETY: open(2) of a constant path; sigaction(2) installing a
+            // handler that only touches async-signal-safe state (below).
+            unsafe {
+                let devnull = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if devnull < 0 {
+                    tracing::warn!(error = %io::Error::last_os_error(), "cannot open /dev/null: file writes keep a check-then-act window");
+                    return None;
+                }
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_timer as *const () as usize;
+                action.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut action.sa_mask);
+                if libc::sigaction(signal(), &action, std::ptr::null_mut()) != 0 {
+                    tracing::warn!(error = %io::Error::last_os_error(), "cannot install the write-window signal handler: file writes keep a check-then-act window");
+                    libc::close(devnull);
+                    return None;
+                }
+                Some(Setup { devnull })
+            }
+        })
+        .as_ref()
+}
+
+extern "C" fn on_timer(_: libc::c_int) {
+    // SAFETY: only async-signal-safe calls (dup2), const thread-locals and
+    // an already initialised OnceLock are used; errno is restored.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let fd = FD.with(Cell::get);
+        if fd >= 0 {
+            if let Some(Some(setup)) = SETUP.get() {
+                libc::dup2(setup.devnull, fd);
+            }
+            REDIRECTED.with(|r| r.set(true));
+        }
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// A POSIX timer that signals the thread that created it.
+struct ThreadTimer(Option<libc::timer_t>);
+
+impl ThreadTimer {
+    fn create() -> ThreadTimer {
+        // SAFETY: timer_create(2) with a sigevent naming this thread; the
+        // timer is deleted when the thread exits (Drop).
+        unsafe {
+            let mut event: libc::sigevent = std::mem::zeroed();
+            event.sigev_notify = libc::SIGEV_THREAD_ID;
+            event.sigev_signo = signal();
+            event.sigev_notify_thread_id = libc::gettid();
+            let mut timer: libc::timer_t = std::ptr::null_mut();
+            if libc::timer_create(libc::CLOCK_BOOTTIME, &mut event, &mut timer) != 0 {
+                tracing::warn!(error = %io::Error::last_os_error(), "cannot create a write-window timer: file writes of this thread keep a check-then-act window");
+                return ThreadTimer(None);
+            }
+            ThreadTimer(Some(timer))
+        }
+    }
+
+    /// Arms the timer at `at` nanoseconds of `CLOCK_BOOTTIME` (0: disarms).
+    fn set(timer: libc::timer_t, at: u64) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: (at / 1_000_000_000) as libc::time_t,
+                tv_nsec: (at % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: a timer this thread created and still owns.
+        unsafe {
+            libc::timer_settime(timer, libc::TIMER_ABSTIME, &spec, std::ptr::null_mut());
+        }
+    }
+}
+
+impl Drop for ThreadTimer {
+    fn drop(&mut self) {
+        if let Some(timer) = self.0 {
+            // SAFETY: deleting the timer this thread created, once.
+            unsafe {
+                libc::timer_delete(timer);
+            }
+        }
+    }
+}
+
+/// Runs `write`, one system call on `fd`, unless `must_stop` says the term
+/// must stop, so that it cannot reach the file after `stop_at`
+/// (`CLOCK_BOOTTIME` nanoseconds). `None` if the term stopped first: the
+/// write was not made, or went to `/dev/null` (and `fd` now points there).
+pub fn write_before(
+    fd: RawFd,
+    stop_at: u64,
+    must_stop: impl Fn() -> bool,
+    write: impl FnOnce() -> io::Result<usize>,
+) -> Option<io::Result<usize>> {
+    let timer = setup().and_then(|_| TIMER.with(|t| t.0));
+    let Some(timer) = timer else {
+        return (!must_stop()).then(write);
+    };
+    FD.with(|f| f.set(fd));
+    REDIRECTED.with(|r| r.set(false));
+    ThreadTimer::set(timer, stop_at.max(1));
+    let result = (!must_stop()).then(write);
+    ThreadTimer::set(timer, 0);
+    FD.with(|f| f.set(-1));
+    if REDIRECTED.with(Cell::get) {
+        return None;
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::election::TermClock;
+
+    #[test]
+    fn a_write_held_up_past_the_deadline_goes_nowhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = std::fs::File::create(&path).unwrap();
+        let clock = TermClock::system();
+        // In time: written.
+        let stop_at = (clock.now() + Duration::from_secs(5)).as_nanos();
+        let written = write_before(file.as_raw_fd(), stop_at, || false, || file.write_at(b"early ", 0));
+        assert_eq!(written.unwrap().unwrap(), 6);
+        // Held up past the deadline between the check and the system call
+        // (as a stopped process would be): the write goes to /dev/null.
+        let stop_at = (clock.now() + Duration::from_millis(30)).as_nanos();
+        let late = write_before(
+            file.as_raw_fd(),
+            stop_at,
+            || false,
+            || {
+                std::thread::sleep(Duration::from_millis(100));
+                file.write_at(b"late", 6)
+            },
+        );
+        assert!(late.is_none(), "reported as stopped");
+        let mut text = String::new();
+        std::fs::File::open(&path).unwrap().read_to_string(&mut text).unwrap();
+        assert_eq!(text, "early ", "the late write did not land");
+        // A deadline already past: not written at all.
+        let stop_at = clock.now().as_nanos();
+        let other = std::fs::File::create(dir.path().join("g")).unwrap();
+        let never = write_before(other.as_raw_fd(), stop_at, || true, || other.write_at(b"x", 0));
+        assert!(never.is_none());
+        assert_eq!(std::fs::metadata(dir.path().join("g")).unwrap().len(), 0);
+    }
+}
