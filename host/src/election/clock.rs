@@ -199,6 +199,12 @@ impl TermClock {
         }
     }
 
+    /// Whether this is the machine's clock (its moments are
+    /// `CLOCK_BOOTTIME` readings), not a test's.
+    pub fn is_system(&self) -> bool {
+        matches!(self.source, Source::System)
+    }
+
     /// The current time.
     pub fn now(&self) -> Moment {
         match &self.source {

@@ -148,14 +148,11 @@ fn write_at(
 /// `None` if the term stopped first.
 fn fenced_write(fd: RawFd, term: &Term, write: impl FnOnce() -> io::Result<usize>) -> Option<io::Result<usize>> {
     #[cfg(target_os = "linux")]
-    {
-        window::write_before(fd, term.stop_at().as_nanos(), || term.must_stop(), write)
+    if term.clock().is_system() {
+        return window::write_before(fd, term.stop_at().as_nanos(), || term.must_stop(), write);
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = fd;
-        (!term.must_stop()).then(write)
-    }
+    let _ = fd;
+    (!term.must_stop()).then(write)
 }
 
 fn open_stream(

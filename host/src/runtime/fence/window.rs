@@ -14,7 +14,7 @@
 //! term reaches its file after the force-stop time, unless its system call
 //! was already under way at that time.
 //!
-//! The cost is two `timer_settime` calls per write (see `benches/fence.rs`).
+//! The cost is one `timer_settime` call per write (see `benches/fence.rs`).
 //! Where the timer or the signal handler cannot be set up, writes fall back
 //! to check-then-write, and the window stays open (logged once).
 
@@ -112,7 +112,7 @@ impl ThreadTimer {
         }
     }
 
-    /// Arms the timer at `at` nanoseconds of `CLOCK_BOOTTIME` (0: disarms).
+    /// Arms the timer at `at` nanoseconds of `CLOCK_BOOTTIME`.
     fn set(timer: libc::timer_t, at: u64) {
         let spec = libc::itimerspec {
             it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
@@ -153,11 +153,16 @@ pub fn write_before(
     let Some(timer) = timer else {
         return (!must_stop()).then(write);
     };
-    FD.with(|f| f.set(fd));
-    REDIRECTED.with(|r| r.set(false));
+    // Armed first: setting the timer replaces whatever expiry it had (an
+    // earlier window's, of another term), and a signal of that expiry is
+    // delivered when the call returns, before `FD` names this write's
+    // descriptor. The timer is not disarmed after the write (that would
+    // cost a second system call per write): when it fires later, outside
+    // any window, the handler finds no descriptor and does nothing.
     ThreadTimer::set(timer, stop_at.max(1));
+    REDIRECTED.with(|r| r.set(false));
+    FD.with(|f| f.set(fd));
     let result = (!must_stop()).then(write);
-    ThreadTimer::set(timer, 0);
     FD.with(|f| f.set(-1));
     if REDIRECTED.with(Cell::get) {
         return None;
