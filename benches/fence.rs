@@ -141,9 +141,12 @@ fn main() {
             plain.push(start.elapsed().as_nanos() as f64 / f64::from(WRITES));
             let start = Instant::now();
             for i in 0..WRITES {
-                baton::runtime::fence::window::write_before(file.as_raw_fd(), stop_at, || term.must_stop(), || {
-                    file.write_at(&data, u64::from(i % 1024) * 64)
-                })
+                baton::runtime::fence::window::write_before(
+                    file.as_raw_fd(),
+                    stop_at,
+                    || term.must_stop(),
+                    || file.write_at(&data, u64::from(i % 1024) * 64),
+                )
                 .expect("in time")
                 .expect("write");
             }

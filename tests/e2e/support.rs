@@ -349,6 +349,13 @@ impl Drop for Host {
 }
 
 /// Milliseconds from `a` to `b` (negative if `b` is earlier).
+/// The last `n` lines of `text`, for failure messages.
+#[allow(dead_code)] // not every test binary uses it
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 pub fn ms_between(a: SystemTime, b: SystemTime) -> f64 {
     match b.duration_since(a) {
         Ok(d) => d.as_secs_f64() * 1e3,

@@ -116,7 +116,10 @@ pub fn pause_leaders(hosts: &[Host], rounds: usize, pause: Duration) {
             {
                 break (i, t);
             }
-            assert!(Instant::now() < until, "round {round}: no new leader after term {last_term}");
+            assert!(
+                Instant::now() < until,
+                "round {round}: no new leader after term {last_term}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         std::thread::sleep(Duration::from_millis(300));
@@ -165,7 +168,10 @@ pub fn check_records(file: &Path, hosts: &[Host]) -> Witnessed {
         let host = field("host");
         let at = SystemTime::UNIX_EPOCH + Duration::from_micros(field("at").parse().unwrap());
         let Some(stop) = force_stop.get(&(host.clone(), term)) else {
-            panic!("line {}: host {host} logged no force-stop time for term {term}", n + 1);
+            panic!(
+                "line {}: host {host} logged no force-stop time for term {term}",
+                n + 1
+            );
         };
         let late = ms_between(*stop, at);
         assert!(

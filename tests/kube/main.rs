@@ -382,7 +382,12 @@ fn a_leader_paused_past_its_lease_never_appends_after_its_terms_force_stop() {
         seen.records,
         seen.terms.len()
     );
-    assert!(seen.terms.len() >= PAUSES, "only {} terms wrote: {:?}", seen.terms.len(), seen.terms);
+    assert!(
+        seen.terms.len() >= PAUSES,
+        "only {} terms wrote: {:?}",
+        seen.terms.len(),
+        seen.terms
+    );
 }
 
 #[test]

@@ -92,7 +92,8 @@ pub fn add_fenced_file_writes(linker: &mut Linker<GuestState>) -> wasmtime::Resu
     let mut types = linker.instance(FILESYSTEM_TYPES)?;
     types.func_wrap(
         "[method]descriptor.write",
-        |mut store: StoreContextMut<'_, GuestState>, (fd, buffer, offset): (Resource<Descriptor>, Vec<u8>, u64)| {
+        |mut store: StoreContextMut<'_, GuestState>,
+         (fd, buffer, offset): (Resource<Descriptor>, Vec<u8>, u64)| {
             Ok((write_at(store.data_mut(), fd, &buffer, offset)?,))
         },
     )?;
@@ -113,7 +114,10 @@ pub fn add_fenced_file_writes(linker: &mut Linker<GuestState>) -> wasmtime::Resu
 }
 
 /// The file behind a descriptor the guest may write, or the error code.
-fn writable(state: &mut GuestState, fd: &Resource<Descriptor>) -> wasmtime::Result<Result<Arc<std::fs::File>, ErrorCode>> {
+fn writable(
+    state: &mut GuestState,
+    fd: &Resource<Descriptor>,
+) -> wasmtime::Result<Result<Arc<std::fs::File>, ErrorCode>> {
     let file = match state.table.get(fd)? {
         Descriptor::File(f) => f.clone(),
         Descriptor::Dir(_) => return Ok(Err(ErrorCode::BadDescriptor)),
@@ -146,7 +150,11 @@ fn write_at(
 /// One write system call on `fd` for `term`: not made once the term must
 /// stop, and unable to land after its force-stop time (see [`window`]).
 /// `None` if the term stopped first.
-fn fenced_write(fd: RawFd, term: &Term, write: impl FnOnce() -> io::Result<usize>) -> Option<io::Result<usize>> {
+fn fenced_write(
+    fd: RawFd,
+    term: &Term,
+    write: impl FnOnce() -> io::Result<usize>,
+) -> Option<io::Result<usize>> {
     #[cfg(target_os = "linux")]
     if term.clock().is_system() {
         return window::write_before(fd, term.stop_at().as_nanos(), || term.must_stop(), write);

@@ -115,7 +115,10 @@ impl ThreadTimer {
     /// Arms the timer at `at` nanoseconds of `CLOCK_BOOTTIME`.
     fn set(timer: libc::timer_t, at: u64) {
         let spec = libc::itimerspec {
-            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
             it_value: libc::timespec {
                 tv_sec: (at / 1_000_000_000) as libc::time_t,
                 tv_nsec: (at % 1_000_000_000) as libc::c_long,
@@ -188,7 +191,12 @@ mod tests {
         let clock = TermClock::system();
         // In time: written.
         let stop_at = (clock.now() + Duration::from_secs(5)).as_nanos();
-        let written = write_before(file.as_raw_fd(), stop_at, || false, || file.write_at(b"early ", 0));
+        let written = write_before(
+            file.as_raw_fd(),
+            stop_at,
+            || false,
+            || file.write_at(b"early ", 0),
+        );
         assert_eq!(written.unwrap().unwrap(), 6);
         // Held up past the deadline between the check and the system call
         // (as a stopped process would be): the write goes to /dev/null.
@@ -204,7 +212,10 @@ mod tests {
         );
         assert!(late.is_none(), "reported as stopped");
         let mut text = String::new();
-        std::fs::File::open(&path).unwrap().read_to_string(&mut text).unwrap();
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
         assert_eq!(text, "early ", "the late write did not land");
         // A deadline already past: not written at all.
         let stop_at = clock.now().as_nanos();
