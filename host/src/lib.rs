@@ -5,6 +5,7 @@
 pub mod config;
 pub mod election;
 pub mod logging;
+pub mod recurring;
 pub mod runtime;
 pub mod scaffold;
 pub mod serve;

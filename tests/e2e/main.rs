@@ -809,3 +809,99 @@ fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
     });
     assert_eq!(start.guest_term(), Some(last_term + 1), "terms are never reused");
 }
+
+#[test]
+fn a_garbled_lease_file_is_never_overwritten_and_said_once_with_the_fix() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    let record = s.store().join("demo.lease.json");
+    let a = Host::start("host-a", &cfg);
+    let b = Host::start("host-b", &cfg);
+    let first = a.wait_for(SECS(30), "first guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let term = first.guest_term().unwrap();
+    b.wait_for(SECS(30), "b following", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+
+    // Garbled while held: a cannot renew, steps down at the renew deadline
+    // and stops its guest; nobody writes over the file.
+    let garbled_at = SystemTime::now();
+    std::fs::write(&record, "garbage\n").unwrap();
+    a.wait_for(SECS(5), "a steps down", |e| {
+        e.at >= garbled_at && e.message() == "stepping down"
+    });
+    a.wait_for(SECS(5), "a's guest stopped", |e| {
+        e.at >= garbled_at && e.is(STOPPED, Some("probe"))
+    });
+    // Many retries a second for 6 s (several hundred lines before).
+    std::thread::sleep(SECS(6));
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        "garbage\n",
+        "the file was overwritten"
+    );
+    for h in [&a, &b] {
+        let warned: Vec<Event> = h.all(|e| e.at >= garbled_at && e.str("level") == Some("WARN"));
+        let lines: Vec<String> = warned
+            .iter()
+            .map(|e| format!("{}: {}", e.message(), e.str("error").unwrap_or_default()))
+            .collect();
+        println!(
+            "garbled lease file: {} warned {} times in 6 s",
+            h.name,
+            warned.len()
+        );
+        // a: the failed renewal, stepping down, acquiring; b: its watch
+        // and acquiring; a few more if a warning's text changes.
+        assert!(
+            warned.len() <= 5,
+            "{}: {} warnings in 6 s:\n{}",
+            h.name,
+            warned.len(),
+            lines.join("\n")
+        );
+        let named = warned.iter().any(|e| {
+            let error = e.str("error").unwrap_or_default();
+            error.contains(&record.display().to_string()) && error.contains("restore the file or delete it")
+        });
+        assert!(
+            named,
+            "{}: no warning named the file and the fix:\n{}",
+            h.name,
+            lines.join("\n")
+        );
+        assert!(
+            h.all(|e| e.at >= garbled_at && e.guest_line("probe", "probe start"))
+                .is_empty(),
+            "{}: a guest started on a garbled lease",
+            h.name
+        );
+    }
+
+    // Deleted: the lease is free, in the next term, and the hosts say the
+    // trouble is over.
+    let removed_at = SystemTime::now();
+    std::fs::remove_file(&record).unwrap();
+    let started = a
+        .try_wait_for(SECS(5), &|e| {
+            e.at >= removed_at && e.guest_line("probe", "probe start")
+        })
+        .or_else(|| {
+            b.try_wait_for(SECS(1), &|e| {
+                e.at >= removed_at && e.guest_line("probe", "probe start")
+            })
+        })
+        .expect("nobody leads after the garbled file was deleted");
+    assert!(started.guest_term().unwrap() > term, "terms go on from the floor");
+    assert!(
+        [&a, &b].iter().any(|h| !h
+            .all(|e| e.at >= removed_at && e.message() == "the lease's record can be read again")
+            .is_empty()),
+        "nobody said the record can be read again"
+    );
+}

@@ -36,6 +36,7 @@ use super::clock::{Moment, TermClock};
 use super::status::{LeaseView, Role, Status};
 use super::term::Term;
 use super::timing::Timings;
+use crate::recurring::{Note, Recurring};
 use crate::store::subscription::{Cadence, Sighting, Subscription};
 use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, Versioned};
 
@@ -194,6 +195,9 @@ pub struct Elector {
     /// Earlier terms of this host whose tasks may still run: the lease is
     /// not released until they are gone too.
     retired: Vec<Arc<Term>>,
+    /// A store fault met at every attempt (an unreadable record, a
+    /// refusal): said once, then recalled now and then.
+    trouble: Recurring,
 }
 
 impl Elector {
@@ -226,6 +230,7 @@ impl Elector {
             known: None,
             known_term: 0,
             retired: Vec::new(),
+            trouble: Recurring::default(),
         };
         (elector, rx, intent_tx)
     }
@@ -504,16 +509,34 @@ impl Elector {
                 // A change is dated when we learn of it, never earlier: a
                 // later date only makes this host wait longer.
                 self.observe(record.clone(), Instant::now());
+                self.trouble_over();
                 Some(record)
             }
             Ok(Err(e)) => {
-                tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot read the lease");
+                match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
+                    Note::First => {
+                        tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot read the lease")
+                    }
+                    Note::Reminder { repeats, since } => {
+                        tracing::warn!(lease = %self.cfg.lease, error = %e, repeats, since = ?since, "still cannot read the lease")
+                    }
+                    Note::Quiet => {
+                        tracing::debug!(lease = %self.cfg.lease, error = %e, "cannot read the lease")
+                    }
+                }
                 None
             }
             Err(_) => {
                 tracing::warn!(lease = %self.cfg.lease, timeout = ?limit, "reading the lease timed out");
                 None
             }
+        }
+    }
+
+    /// The store answered: a lasting fault, if there was one, is over.
+    fn trouble_over(&mut self) {
+        if let Some(lasted) = self.trouble.clear(Instant::now().into_std()) {
+            tracing::info!(lease = %self.cfg.lease, lasted = ?lasted, "the lease's store answers again");
         }
     }
 
@@ -557,6 +580,7 @@ impl Elector {
         match timeout(t.request_timeout, request).await {
             Ok(Ok(written)) => {
                 self.observe(Some(written.clone()), started_at);
+                self.trouble_over();
                 let term = Term::begin(
                     &self.cfg.lease,
                     term,
@@ -596,7 +620,19 @@ impl Elector {
                 }
             }
             Ok(Err(e)) => {
-                tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot acquire the lease");
+                // Met at every attempt while it lasts (a record that cannot
+                // be read is never overwritten): said once, then recalled.
+                match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
+                    Note::First => {
+                        tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot acquire the lease")
+                    }
+                    Note::Reminder { repeats, since } => {
+                        tracing::warn!(lease = %self.cfg.lease, error = %e, repeats, since = ?since, "still cannot acquire the lease")
+                    }
+                    Note::Quiet => {
+                        tracing::debug!(lease = %self.cfg.lease, error = %e, "cannot acquire the lease")
+                    }
+                }
                 self.backoff()
             }
             Err(_) => {
@@ -629,6 +665,7 @@ impl Elector {
         let retry_soon = |clock: &TermClock| clock.now() + t.retry_period / 2;
         match result {
             Ok(Ok(written)) => {
+                self.trouble_over();
                 if !l.term.extend(started + t.renew_deadline) {
                     return Err("the renewal was confirmed only after the renew deadline");
                 }
@@ -675,7 +712,15 @@ impl Elector {
                 }
             }
             Ok(Err(e)) => {
-                tracing::warn!(lease = %self.cfg.lease, error = %e, remaining = ?(until - self.clock.now()), "renewal failed; still leading until the renew deadline");
+                let remaining = until - self.clock.now();
+                match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
+                    Note::Quiet => {
+                        tracing::debug!(lease = %self.cfg.lease, error = %e, remaining = ?remaining, "renewal failed; still leading until the renew deadline")
+                    }
+                    _ => {
+                        tracing::warn!(lease = %self.cfg.lease, error = %e, remaining = ?remaining, "renewal failed; still leading until the renew deadline")
+                    }
+                }
                 l.next_renew = retry_soon(&self.clock);
                 Ok(())
             }

@@ -16,10 +16,13 @@
 //! - `.demo.lock`: the file that writers lock (advisory `flock`) for the
 //!   duration of one compare-and-swap. It is never deleted: deleting a lock
 //!   file while someone waits on it would let two writers hold "the" lock.
-//!   It also holds two decimal numbers: the lease's *term floor*, the
+//! - `.demo.floor`: two decimal numbers: the lease's *term floor*, the
 //!   highest term ever written, so that terms survive the record's
 //!   deletion, and how many times the record was created, so that a reader
 //!   that finds no record twice knows whether it was created in between.
+//!   Replaced whole, like the record (`.demo.floor.tmp` while it is being
+//!   written). A lock file of an older baton holds these numbers itself; it
+//!   is read while there is no floor file.
 //! - `.demo.tmp`: the next record while it is being written; it exists only
 //!   while a writer holds the lock, or after a writer died mid-write. Readers
 //!   ignore it, and the next writer overwrites it.
@@ -41,15 +44,15 @@
 //! remembers the last record it read or wrote of each lease, and a holder
 //! whose record vanished writes it again (a new incarnation, same term) at
 //! its next renewal. A tombstone gets a new version (`+N`), dated anew by
-//! the elector, when the lock file's create count shows the record was
+//! the elector, when the floor file's create count shows the record was
 //! created again since the last read: written and deleted again in
 //! between, which a reader may have missed.
 //!
-//! A missing record whose lock file holds a term floor (the lease existed
+//! A missing record whose floor file holds a term floor (the lease existed
 //! and was deleted) reads as a released record at that term, under the
 //! version [`TOMBSTONE`]`term-<floor>`: free to take, and the next holder
 //! writes the floor plus one. So a term number is never reused, even when
-//! every process that knew the old terms is gone, as long as the lock file
+//! every process that knew the old terms is gone, as long as the floor file
 //! is kept.
 //!
 //! # Watching
@@ -124,6 +127,8 @@ struct LeaseFiles {
     record: PathBuf,
     temp: PathBuf,
     lock: PathBuf,
+    floor: PathBuf,
+    floor_temp: PathBuf,
 }
 
 impl EmbeddedStore {
@@ -183,6 +188,8 @@ impl EmbeddedStore {
             record: self.dir.join(format!("{lease}{RECORD_SUFFIX}")),
             temp: self.dir.join(format!(".{lease}.tmp")),
             lock: self.dir.join(format!(".{lease}.lock")),
+            floor: self.dir.join(format!(".{lease}.floor")),
+            floor_temp: self.dir.join(format!(".{lease}.floor.tmp")),
         })
     }
 }
@@ -242,7 +249,6 @@ impl LeaseStore for EmbeddedStore {
             match read_lock_state(files, lock) {
                 Ok(state) if state.floor < record.term => write_lock_state(
                     files,
-                    lock,
                     LockState {
                         floor: record.term,
                         ..state
@@ -360,7 +366,6 @@ impl EmbeddedStore {
             // finds no record again knows it was created in between.
             write_lock_state(
                 files,
-                lock,
                 LockState {
                     floor: highest.max(stored.record.term),
                     // Only ever compared for a change.
@@ -477,35 +482,52 @@ fn observe(files: &LeaseFiles) -> Result<Found, StoreError> {
     Ok(missing(state))
 }
 
-/// What a lease's lock file holds besides the lock: the term floor (the
-/// highest term ever written) and how many times the record was created.
-/// Both only grow. A lock file written before they were kept is empty and
-/// reads as zeros; one written before the create count reads as count 0.
+/// What is kept of a lease besides its record: the term floor (the highest
+/// term ever written) and how many times the record was created. Both only
+/// grow. They live in the floor file, replaced whole (write, fsync, rename)
+/// under the lease's lock, so that a writer killed at any point leaves the
+/// old state or the new one. Before the floor file, they were written in
+/// place into the lock file: such a lock file is read while there is no
+/// floor file, and the next write moves them over. No state at all reads
+/// as zeros; one written before the create count reads as count 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct LockState {
     floor: u64,
     creates: u64,
 }
 
-/// The width of each number in the lock file: fixed, so that larger ones
-/// overwrite smaller ones in place.
-const NUMBER_WIDTH: usize = 20;
-
-/// Reads a lease's [`LockState`] (the caller holds the lock, shared or not).
+/// Reads a lease's [`LockState`] (the caller holds the lock, shared or not):
+/// from the floor file, or from the lock file of an older baton.
 fn read_lock_state(files: &LeaseFiles, lock: &File) -> Result<LockState, StoreError> {
-    use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; 2 * (NUMBER_WIDTH + 1) + 8];
-    let n = lock
-        .read_at(&mut buf, 0)
-        .map_err(|e| io_error(&files.lease, "cannot read", &files.lock, e))?;
-    let text = String::from_utf8_lossy(&buf[..n]);
+    use std::io::Read;
+    // Two numbers of at most 20 digits each; anything longer is wrong.
+    const MOST: u64 = 128;
+    let (path, text) = match File::open(&files.floor) {
+        Ok(file) => {
+            let mut text = String::new();
+            file.take(MOST)
+                .read_to_string(&mut text)
+                .map_err(|e| io_error(&files.lease, "cannot read", &files.floor, e))?;
+            (&files.floor, text)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            use std::os::unix::fs::FileExt;
+            let mut buf = [0u8; MOST as usize];
+            let n = lock
+                .read_at(&mut buf, 0)
+                .map_err(|e| io_error(&files.lease, "cannot read", &files.lock, e))?;
+            (&files.lock, String::from_utf8_lossy(&buf[..n]).into_owned())
+        }
+        Err(e) => return Err(io_error(&files.lease, "cannot read", &files.floor, e)),
+    };
     let bad = || StoreError::Refused {
         lease: files.lease.clone(),
         detail: format!(
             "{}: expected the term floor (the highest term the lease has had) and a create \
-             count, two numbers, found {:?}; write the floor there (at least the `transitions` \
-             of the lease's record)",
-            files.lock.display(),
+             count, two numbers, found {:?}; baton does not guess a floor: write the two \
+             numbers there (the floor at least the `transitions` of the lease's record, \
+             the count 0)",
+            path.display(),
             text.trim()
         ),
     };
@@ -522,15 +544,11 @@ fn read_lock_state(files: &LeaseFiles, lock: &File) -> Result<LockState, StoreEr
     Ok(state)
 }
 
-/// Writes a lease's [`LockState`] durably (the caller holds the lock).
-fn write_lock_state(files: &LeaseFiles, lock: &File, state: LockState) -> Result<(), StoreError> {
-    use std::os::unix::fs::FileExt;
-    let text = format!("{:>w$} {:>w$}\n", state.floor, state.creates, w = NUMBER_WIDTH);
-    // (Cut anything longer left behind, say by hand.)
-    lock.write_all_at(text.as_bytes(), 0)
-        .and_then(|()| lock.set_len(text.len() as u64))
-        .and_then(|()| lock.sync_data())
-        .map_err(|e| io_error(&files.lease, "cannot write", &files.lock, e))
+/// Replaces a lease's [`LockState`] atomically and durably (the caller holds
+/// the lock): the floor file is written whole and renamed into place.
+fn write_lock_state(files: &LeaseFiles, state: LockState) -> Result<(), StoreError> {
+    let text = format!("{} {}\n", state.floor, state.creates);
+    replace_file(files, &files.floor_temp, &files.floor, text.as_bytes())
 }
 
 /// The longest a reader waits for a writer to release a lease's lock (a
@@ -583,7 +601,12 @@ fn read_record(files: &LeaseFiles) -> Result<Option<StoredRecord>, StoreError> {
     };
     let malformed = |detail: String| StoreError::Malformed {
         lease: files.lease.clone(),
-        detail: format!("{}: {detail}", files.record.display()),
+        detail: format!(
+            "{}: {detail}; baton never overwrites a record it cannot read: restore the file \
+             or delete it (the lease is then free, and its terms go on from the floor in {})",
+            files.record.display(),
+            files.floor.display()
+        ),
     };
     let stored: StoredRecord = serde_json::from_slice(&bytes).map_err(|e| malformed(e.to_string()))?;
     if stored.incarnation.is_empty() || !stored.incarnation.bytes().all(|b| b.is_ascii_alphanumeric()) {
@@ -603,22 +626,30 @@ fn write_record(files: &LeaseFiles, stored: &StoredRecord) -> Result<(), StoreEr
         detail: format!("cannot encode record: {e}"),
     })?;
     json.push(b'\n');
+    replace_file(files, &files.temp, &files.record, &json)
+}
+
+/// Replaces `path` with `contents` atomically and durably: writes `temp`,
+/// fsyncs it, renames it over `path` and fsyncs the directory. A process
+/// killed at any point leaves the old file or the new one, never a torn
+/// one. The caller holds the lease's lock (so `temp` is its own).
+fn replace_file(files: &LeaseFiles, temp: &Path, path: &Path, contents: &[u8]) -> Result<(), StoreError> {
     let written = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
-        .open(&files.temp)
-        .and_then(|mut temp| {
-            temp.write_all(&json)?;
-            temp.sync_all()
+        .open(temp)
+        .and_then(|mut file| {
+            file.write_all(contents)?;
+            file.sync_all()
         });
     if let Err(e) = written {
-        let _ = fs::remove_file(&files.temp);
-        return Err(io_error(&files.lease, "cannot write", &files.temp, e));
+        let _ = fs::remove_file(temp);
+        return Err(io_error(&files.lease, "cannot write", temp, e));
     }
-    if let Err(e) = fs::rename(&files.temp, &files.record) {
-        let _ = fs::remove_file(&files.temp);
-        return Err(io_error(&files.lease, "cannot replace", &files.record, e));
+    if let Err(e) = fs::rename(temp, path) {
+        let _ = fs::remove_file(temp);
+        return Err(io_error(&files.lease, "cannot replace", path, e));
     }
     sync_dir(files)
 }
@@ -815,7 +846,7 @@ mod tests {
         }
     }
 
-    /// The term floor in a lock file, as text.
+    /// The term floor in a floor file, as text.
     fn floor_in(lock: &Path) -> String {
         let text = fs::read_to_string(lock).unwrap();
         text.split_whitespace().next().unwrap_or_default().to_owned()
@@ -1168,9 +1199,10 @@ mod tests {
             .await
             .unwrap();
 
-        // A lock file whose floor is not a number: renewals go on (they do
-        // not touch the floor), a new term is refused naming the file.
-        fs::write(dir.path().join(".demo.lock"), "not a number\n").unwrap();
+        // A floor that is not a number (garbled by hand): renewals go on
+        // (they do not touch the floor), a new term is refused naming the
+        // file and the fix, and the floor is left as it is.
+        fs::write(dir.path().join(".demo.floor"), "not a number\n").unwrap();
         let renewed = b
             .update("demo", &taken.version, &record(Some("b"), 7))
             .await
@@ -1182,9 +1214,33 @@ mod tests {
         let text = err.to_string();
         assert!(
             matches!(err, StoreError::Refused { .. })
-                && text.contains(".demo.lock")
-                && text.contains("expected the term floor"),
+                && text.contains(".demo.floor")
+                && text.contains("expected the term floor")
+                && text.contains("write the two numbers there"),
             "{text}"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.path().join(".demo.floor")).unwrap(),
+            "not a number\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_floor_in_an_older_lock_file_is_read_and_moved_to_the_floor_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        // An older baton kept the numbers in the lock file, padded.
+        fs::write(dir.path().join(".demo.lock"), format!("{:>20} {:>20}\n", 12, 3)).unwrap();
+        assert_eq!(store.get("demo").await.unwrap(), Some(floor_record(12)));
+        let err = store.create("demo", &record(Some("a"), 1)).await.unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        store
+            .update("demo", &floor_record(12).version, &record(Some("a"), 13))
+            .await
+            .unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.path().join(".demo.floor")).unwrap(),
+            "13 4\n"
         );
     }
 
@@ -1219,14 +1275,80 @@ mod tests {
         assert_eq!(poller.get("demo").await.unwrap(), Some(second));
     }
 
+    /// The child's half of the test below: raises the floor of lease
+    /// `demo` in `dir` without end, under the lock, as every writer does.
+    fn raise_the_floor_forever(dir: &Path) -> ! {
+        let store = EmbeddedStore::open(dir).unwrap();
+        let files = store.files("demo").unwrap();
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&files.lock)
+            .unwrap();
+        loop {
+            take_lock(&files, &lock, false, || None).unwrap();
+            let state = read_lock_state(&files, &lock).unwrap();
+            write_lock_state(
+                &files,
+                LockState {
+                    floor: state.floor + 1,
+                    creates: state.creates + 1,
+                },
+            )
+            .unwrap();
+            lock.unlock().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_writer_killed_at_any_point_leaves_a_readable_floor() {
+        const CHILD: &str = "BATON_TEST_FLOOR_WRITER";
+        const NAME: &str = "store::embedded::tests::a_writer_killed_at_any_point_leaves_a_readable_floor";
+        if let Some(dir) = std::env::var_os(CHILD) {
+            raise_the_floor_forever(Path::new(&dir));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let files = store.files("demo").unwrap();
+        let mut last = 0;
+        for round in 0..40 {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+                .env(CHILD, dir.path())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            // Killed at a random moment: in a write, a rename, an fsync or
+            // between them.
+            std::thread::sleep(Duration::from_micros(rand::random_range(20_000..60_000)));
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let lock = File::open(&files.lock).unwrap();
+            let state = read_lock_state(&files, &lock)
+                .unwrap_or_else(|e| panic!("after the writer was killed in round {round}: {e}"));
+            assert!(
+                state.floor >= last,
+                "the floor went back from {last} to {}",
+                state.floor
+            );
+            assert_eq!(state.floor, state.creates, "the two numbers were written apart");
+            last = state.floor;
+        }
+        // (The child did write: the test is not vacuous.)
+        assert!(last > 40, "the writers raised the floor only to {last}");
+        println!("a writer killed 40 times: the floor reads {last}, never torn");
+    }
+
     #[tokio::test]
     async fn a_lost_floor_is_restored_and_never_blocks_the_holder() {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path()).unwrap();
-        let lock = dir.path().join(".demo.lock");
+        let lock = dir.path().join(".demo.floor");
         let record_file = dir.path().join("demo.lease.json");
         let held = store.create("demo", &record(Some("a"), 9)).await.unwrap();
-        // The floor emptied by hand (or a lock file from an older baton):
+        // The floor emptied by hand:
         // a renewal writes it again.
         fs::write(&lock, "").unwrap();
         let renewed = store

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use super::{LeaseStore, StoreError, Versioned};
+use crate::recurring::{Note, Recurring};
 
 /// A record as a store reported it, and when the answer arrived.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,6 +122,7 @@ struct Feed {
 impl Feed {
     async fn run(self) {
         let mut polling = false;
+        let mut unreadable = Recurring::default();
         loop {
             let started = Instant::now();
             match timeout(self.cadence.request_timeout, self.store.watch(&self.lease)).await {
@@ -135,6 +137,26 @@ impl Feed {
                             Some(Ok(record)) => {
                                 events += 1;
                                 self.publish(record);
+                                if let Some(lasted) = unreadable.clear(std::time::Instant::now()) {
+                                    tracing::info!(lease = %self.lease, lasted = ?lasted, "the lease's record can be read again");
+                                }
+                            }
+                            // The record is there but cannot be read (a file
+                            // garbled by hand): the watch itself is sound and
+                            // shows when it is fixed. Nothing is published;
+                            // the elector never overwrites what it cannot
+                            // read, and says so itself when it tries.
+                            Some(Err(e @ StoreError::Malformed { .. })) => {
+                                events += 1;
+                                match unreadable.note(&e.to_string(), std::time::Instant::now()) {
+                                    Note::First => {
+                                        tracing::warn!(lease = %self.lease, error = %e, "the lease's record cannot be read; it is left as it is until someone fixes or deletes it")
+                                    }
+                                    Note::Reminder { repeats, since } => {
+                                        tracing::warn!(lease = %self.lease, error = %e, repeats, since = ?since, "the lease's record still cannot be read")
+                                    }
+                                    Note::Quiet => {}
+                                }
                             }
                             Some(Err(e)) => break Some(e),
                             None => break None,
