@@ -208,8 +208,14 @@ pub async fn serve_with(
         };
         let (name, ended_tx) = (lease.name.clone(), ended_tx.clone());
         election.handle().spawn(async move {
-            let result = AssertUnwindSafe(elector.run()).catch_unwind().await;
-            let _ = ended_tx.send((name, result.map_err(panic_message)));
+            // Ok: it returned as told; Err: why it failed (its own error or
+            // a panic).
+            let result = match AssertUnwindSafe(elector.run()).catch_unwind().await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(panic) => Err(format!("it panicked: {}", panic_message(panic))),
+            };
+            let _ = ended_tx.send((name, result));
         });
         let mut supervisors = JoinSet::new();
         for (_, plugin) in loaded.iter().filter(|(l, _)| l == &lease.name) {
@@ -241,7 +247,7 @@ pub async fn serve_with(
         Some((lease, result)) = ended.recv() => {
             let reason = match result {
                 Ok(()) => "it stopped on its own".to_owned(),
-                Err(panic) => format!("it panicked: {panic}"),
+                Err(reason) => reason,
             };
             if let Some(run) = runs.get_mut(&lease) {
                 run.failed(&lease, &reason, &clock);
@@ -270,8 +276,7 @@ pub async fn serve_with(
             Ok(Some((lease, result))) => {
                 if let Some(run) = runs.get_mut(&lease) {
                     run.ended = true;
-                    if let Err(panic) = result {
-                        let reason = format!("it panicked: {panic}");
+                    if let Err(reason) = result {
                         run.failed(&lease, &reason, &clock);
                         failures.push((lease, reason));
                     }

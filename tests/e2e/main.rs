@@ -905,3 +905,46 @@ fn a_garbled_lease_file_is_never_overwritten_and_said_once_with_the_fix() {
         "nobody said the record can be read again"
     );
 }
+
+#[test]
+fn two_hosts_under_one_identity_never_both_lead_and_the_second_says_why() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    let a = Host::start("same", &cfg);
+    let first = a.wait_for(SECS(30), "a's guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let mut b = Host::start("same", &cfg);
+    let status = b.wait_exit(SECS(15));
+    assert_eq!(status.code(), Some(1), "b: {status}; its log:\n{}", b.output());
+    b.try_wait_for(SECS(2), &|e| e.message() == "baton stopped");
+    let output = b.output();
+    assert!(
+        output.contains("under this host's identity \\\"same\\\"")
+            && output.contains("identities must be unique per process"),
+        "b did not say why; its log:\n{output}"
+    );
+    assert!(
+        b.all(|e| e.guest_line("probe", "probe start")).is_empty(),
+        "b ran a guest"
+    );
+    // a led on in its first term: no storm of terms, no restarted guest.
+    std::thread::sleep(LEASE_DURATION);
+    let starts = a.all(|e| e.guest_line("probe", "probe start"));
+    assert_eq!(starts.len(), 1, "a's guest restarted: {starts:?}");
+    assert_eq!(starts[0].guest_term(), first.guest_term());
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(s.store().join("demo.lease.json")).unwrap()).unwrap();
+    assert_eq!(
+        record["record"]["transitions"],
+        first.guest_term().unwrap(),
+        "{record}"
+    );
+    println!(
+        "two hosts under one identity: the second stopped with status 1, the first kept term {}",
+        first.guest_term().unwrap()
+    );
+}

@@ -391,6 +391,49 @@ fn a_leader_paused_past_its_lease_never_appends_after_its_terms_force_stop() {
 }
 
 #[test]
+fn two_hosts_under_one_identity_never_both_lead_and_the_second_says_why() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "same-identity"));
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &kube_config(
+            &ns.name,
+            Some(&env.admin_kubeconfig),
+            "demo",
+            &[probe("probe", "pollable", "cooperative")],
+        ),
+    );
+    let a = Host::start("same", &cfg);
+    let first = a.wait_for(SECS(60), "a's guest start", is_start);
+    let lease = lease_of(&rt, &ns, "demo").expect("the Lease");
+    let instance = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("baton.dev/holder-instance"))
+        .cloned();
+    assert!(instance.is_some(), "no holder instance on the Lease: {lease:?}");
+    let mut b = Host::start("same", &cfg);
+    let status = b.wait_exit(SECS(30));
+    assert_eq!(status.code(), Some(1), "b: {status}; its log:\n{}", b.output());
+    let output = b.output();
+    assert!(
+        output.contains("identities must be unique per process"),
+        "b did not say why; its log:\n{output}"
+    );
+    assert!(b.all(is_start).is_empty(), "b ran a guest");
+    std::thread::sleep(LD);
+    let starts = a.all(is_start);
+    assert_eq!(starts.len(), 1, "a's guest restarted: {starts:?}");
+    let spec = spec_of(&lease_of(&rt, &ns, "demo").unwrap());
+    assert_eq!(spec.holder_identity.as_deref(), Some("same"));
+    assert_eq!(spec.lease_transitions.map(|t| t as u64), first.guest_term());
+}
+
+#[test]
 fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
     let env = KubeEnv::load();
     let rt = runtime();
@@ -792,6 +835,7 @@ fn store(client: kube::Client, ns: &str, labels: &[(&str, &str)]) -> KubeStore {
 
 fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
     LeaseRecord {
+        instance: None,
         holder: holder.map(str::to_owned),
         lease_duration: Duration::from_secs(4),
         acquire_time: Some(SystemTime::now()),
@@ -886,6 +930,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
 
         // A release: empty holder, 1 s.
         let released = LeaseRecord {
+            instance: None,
             holder: None,
             lease_duration: Duration::from_secs(1),
             acquire_time: None,
@@ -1038,6 +1083,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         assert_eq!(watcher.get("demo").await.unwrap(), Some(tombstone.clone()));
         // Deleted again without a holder: gone.
         let released = LeaseRecord {
+            instance: None,
             holder: None,
             ..record(None, 2)
         };

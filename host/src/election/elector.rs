@@ -51,6 +51,51 @@ pub struct ElectorConfig {
     pub timings: Timings,
 }
 
+/// Who an elector is in the records it writes: the configured identity and
+/// a random instance id of its own, so that two processes started under
+/// one identity never take each other's records for their own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Me {
+    /// The host's identity (`holder` in records).
+    pub identity: String,
+    /// Chosen at random when the elector is made (`instance` in records).
+    pub instance: String,
+}
+
+impl Me {
+    /// `identity` with a new random instance id.
+    pub fn new(identity: &str) -> Me {
+        Me {
+            identity: identity.to_owned(),
+            instance: format!("{:016x}", rand::random::<u64>()),
+        }
+    }
+}
+
+/// Why an elector stopped before it was told to.
+#[derive(Debug, thiserror::Error)]
+pub enum ElectorError {
+    /// Another process holds the lease under this host's identity and kept
+    /// renewing it while this one waited.
+    #[error(
+        "another process holds lease {lease:?} under this host's identity {identity:?} and renews it; \
+         identities must be unique per process (give each its own `--identity`); this one stops \
+         so the two never both lead"
+    )]
+    DuplicateIdentity {
+        /// The lease.
+        lease: String,
+        /// The identity both processes use.
+        identity: String,
+    },
+    /// The subscription that keeps the lease's record current ended.
+    #[error("the subscription to lease {lease:?} ended unexpectedly")]
+    SubscriptionEnded {
+        /// The lease.
+        lease: String,
+    },
+}
+
 /// What the host wants of an elector; changed through the sender returned
 /// by [`Elector::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,18 +131,19 @@ pub enum Decision {
 
 /// Decides whether a host that does not lead may try to take the lease.
 ///
-/// The lease is free when it does not exist, has no holder, is held under
-/// this host's own identity, or has expired: expiry is judged from the local
+/// The lease is free when it does not exist, has no holder, is held by this
+/// very process (its identity and instance), or has expired: expiry is judged from the local
 /// time at which the record was *seen to change* plus the duration written
 /// in the record, never from timestamps inside it (immune to clock offsets
 /// between hosts, and to candidates configured with other durations).
-pub fn follower_decision(known: &Sighting, identity: &str, now: Instant) -> Decision {
+pub fn follower_decision(known: &Sighting, me: &Me, now: Instant) -> Decision {
     let Some(current) = &known.record else {
         return Decision::Acquire;
     };
     match current.record.holder() {
         None => Decision::Acquire,
-        Some(holder) if holder == identity => Decision::Acquire,
+        Some(_) if current.record.held_by(&me.identity, &me.instance) => Decision::Acquire,
+        // Another holder, or another process under this identity.
         Some(_) => {
             let expiry = known.at + current.record.lease_duration;
             if now >= expiry {
@@ -110,11 +156,14 @@ pub fn follower_decision(known: &Sighting, identity: &str, now: Instant) -> Deci
 }
 
 /// The status a host that does not lead reports.
-pub fn follower_status(known: Option<&Sighting>, lease: &str, identity: &str, known_term: u64) -> Status {
+pub fn follower_status(known: Option<&Sighting>, lease: &str, me: &Me, known_term: u64) -> Status {
     let record = known.and_then(|k| k.record.as_ref()).map(|v| &v.record);
     let term = record.map_or(0, |r| r.term).max(known_term);
-    match record.and_then(|r| r.holder()) {
-        Some(holder) if holder != identity => Status {
+    match record
+        .filter(|r| !r.held_by(&me.identity, &me.instance))
+        .and_then(|r| r.holder())
+    {
+        Some(holder) => Status {
             role: Role::Following,
             holder: Some(holder.to_owned()),
             lease: lease.to_owned(),
@@ -144,10 +193,12 @@ pub enum Verdict {
 
 /// Judges what a store reports while this host holds the lease in `term`,
 /// its last write being `current`.
-pub fn judge_sighting(record: Option<&Versioned>, current: &Versioned, identity: &str, term: u64) -> Verdict {
+pub fn judge_sighting(record: Option<&Versioned>, current: &Versioned, me: &Me, term: u64) -> Verdict {
     match record {
         Some(r) if r.version == current.version => Verdict::Same,
-        Some(r) if r.record.holder() == Some(identity) && r.record.term == term => Verdict::Ours(r.clone()),
+        Some(r) if r.record.held_by(&me.identity, &me.instance) && r.record.term == term => {
+            Verdict::Ours(r.clone())
+        }
         _ => Verdict::Lost,
     }
 }
@@ -198,6 +249,10 @@ pub struct Elector {
     /// A store fault met at every attempt (an unreadable record, a
     /// refusal): said once, then recalled now and then.
     trouble: Recurring,
+    /// Who this elector is in records.
+    me: Me,
+    /// Why the elector stops on its own, once it must.
+    failure: Option<ElectorError>,
 }
 
 impl Elector {
@@ -220,6 +275,7 @@ impl Elector {
             request_timeout: cfg.timings.request_timeout,
         };
         let feed = Subscription::start(store.clone(), &cfg.lease, cadence);
+        let cfg_identity = cfg.identity.clone();
         let elector = Elector {
             cfg,
             store,
@@ -231,13 +287,15 @@ impl Elector {
             known_term: 0,
             retired: Vec::new(),
             trouble: Recurring::default(),
+            me: Me::new(&cfg_identity),
+            failure: None,
         };
         (elector, rx, intent_tx)
     }
 
     /// Runs the election until the intent is [`Intent::Stop`] and the lead,
     /// if held, has been handed over (or the intent's sender is dropped).
-    pub async fn run(mut self) {
+    pub async fn run(mut self) -> Result<(), ElectorError> {
         let mut state = State::Following(Following {
             not_before: Instant::now(),
         });
@@ -246,7 +304,7 @@ impl Elector {
                 State::Following(f) => self.follow(f).await,
                 State::Leading(l) => self.lead(l).await,
                 State::Resigning(l) => self.resign(l).await,
-                State::Stopped => return,
+                State::Stopped => return self.failure.map_or(Ok(()), Err),
             };
         }
     }
@@ -272,6 +330,9 @@ impl Elector {
     /// Following: wait for the lease to be free, then try to take it.
     async fn follow(&mut self, f: Following) -> State {
         self.take_sighting();
+        if self.failure.is_some() {
+            return State::Stopped;
+        }
         let now = Instant::now();
         let not_before = match self.intent() {
             Intent::Stop => return State::Stopped,
@@ -281,7 +342,7 @@ impl Elector {
         let wake = match &self.known {
             // Nothing is known yet: the subscription reads or watches.
             None => None,
-            Some(known) => match follower_decision(known, &self.cfg.identity, now) {
+            Some(known) => match follower_decision(known, &self.me, now) {
                 Decision::Acquire if now >= not_before => return self.try_acquire().await,
                 Decision::Acquire => Some(not_before),
                 Decision::WaitUntil(t) => Some(t.max(not_before)),
@@ -314,6 +375,9 @@ impl Elector {
     /// term if there is one, and exits without releasing.
     fn feed_gone(&mut self) -> State {
         tracing::error!(lease = %self.cfg.lease, "the lease's subscription ended unexpectedly; the elector stops");
+        self.failure.get_or_insert(ElectorError::SubscriptionEnded {
+            lease: self.cfg.lease.clone(),
+        });
         State::Stopped
     }
 
@@ -441,7 +505,7 @@ impl Elector {
         let Some(s) = self.feed.take_new() else {
             return Ok(());
         };
-        match judge_sighting(s.record.as_ref(), &l.current, &self.cfg.identity, l.term.number()) {
+        match judge_sighting(s.record.as_ref(), &l.current, &self.me, l.term.number()) {
             Verdict::Same => Ok(()),
             Verdict::Ours(adopted) => {
                 l.current = adopted.clone();
@@ -466,6 +530,26 @@ impl Elector {
             Some(k) => k.version() != record.as_ref().map(|v| v.version.as_str()),
         };
         if changed {
+            let namesake = |k: Option<&Versioned>| {
+                k.is_some_and(|v| v.record.held_by_namesake(&self.me.identity, &self.me.instance))
+            };
+            let before = namesake(self.known.as_ref().and_then(|k| k.record.as_ref()));
+            if namesake(record.as_ref()) {
+                if before {
+                    // Written again by the other process: it is alive.
+                    self.failure.get_or_insert(ElectorError::DuplicateIdentity {
+                        lease: self.cfg.lease.clone(),
+                        identity: self.me.identity.clone(),
+                    });
+                } else {
+                    tracing::warn!(
+                        lease = %self.cfg.lease,
+                        identity = %self.me.identity,
+                        "the lease is held by another process under this host's identity; waiting \
+                         for its lease to run out (this one stops if the other renews it)"
+                    );
+                }
+            }
             self.known = Some(Sighting { record, at });
         }
     }
@@ -492,12 +576,7 @@ impl Elector {
     }
 
     fn publish_follower(&self) {
-        let status = follower_status(
-            self.known.as_ref(),
-            &self.cfg.lease,
-            &self.cfg.identity,
-            self.known_term,
-        );
+        let status = follower_status(self.known.as_ref(), &self.cfg.lease, &self.me, self.known_term);
         self.publish(status, None);
     }
 
@@ -563,6 +642,7 @@ impl Elector {
             + 1;
         let wall = SystemTime::now();
         let record = LeaseRecord {
+            instance: Some(self.me.instance.clone()),
             holder: Some(self.cfg.identity.clone()),
             lease_duration: t.lease_duration,
             acquire_time: Some(wall),
@@ -681,29 +761,26 @@ impl Elector {
                 // term too.
                 let left = l.term.lead_until() - self.clock.now();
                 match self.read(t.request_timeout.min(left)).await {
-                    Some(current) => match judge_sighting(
-                        current.as_ref(),
-                        &l.current,
-                        &self.cfg.identity,
-                        l.term.number(),
-                    ) {
-                        Verdict::Ours(current) => {
-                            // Renew it at once, unless it is the very
-                            // version that conflicted (then not in a loop).
-                            l.next_renew = if current.version == version {
-                                retry_soon(&self.clock)
-                            } else {
-                                self.clock.now()
-                            };
-                            l.current = current;
-                            Ok(())
+                    Some(current) => {
+                        match judge_sighting(current.as_ref(), &l.current, &self.me, l.term.number()) {
+                            Verdict::Ours(current) => {
+                                // Renew it at once, unless it is the very
+                                // version that conflicted (then not in a loop).
+                                l.next_renew = if current.version == version {
+                                    retry_soon(&self.clock)
+                                } else {
+                                    self.clock.now()
+                                };
+                                l.current = current;
+                                Ok(())
+                            }
+                            Verdict::Same => {
+                                l.next_renew = retry_soon(&self.clock);
+                                Ok(())
+                            }
+                            Verdict::Lost => Err("the lease was written by another host"),
                         }
-                        Verdict::Same => {
-                            l.next_renew = retry_soon(&self.clock);
-                            Ok(())
-                        }
-                        Verdict::Lost => Err("the lease was written by another host"),
-                    },
+                    }
                     None => {
                         l.next_renew = retry_soon(&self.clock);
                         tracing::warn!(lease = %self.cfg.lease, "renewal conflicted and the lease cannot be read; retrying");
@@ -762,6 +839,7 @@ impl Elector {
                 return;
             }
             let record = LeaseRecord {
+                instance: None,
                 holder: None,
                 lease_duration: RELEASED_LEASE_DURATION,
                 acquire_time: None,
@@ -783,8 +861,7 @@ impl Elector {
                 Ok(Err(e)) if e.is_conflict() => {
                     let left = l.term.lead_until() - self.clock.now();
                     match self.read(t.request_timeout.min(left)).await {
-                        Some(read) => match judge_sighting(read.as_ref(), &current, &self.cfg.identity, term)
-                        {
+                        Some(read) => match judge_sighting(read.as_ref(), &current, &self.me, term) {
                             Verdict::Ours(v) => current = v,
                             Verdict::Same => self.pause(t.retry_period / 4).await,
                             Verdict::Lost => {

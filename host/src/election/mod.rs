@@ -24,8 +24,8 @@ mod timing;
 pub use crate::store::RELEASED_LEASE_DURATION;
 pub use clock::{Moment, TermClock};
 pub use elector::{
-    DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, Intent, Verdict, follower_decision, follower_status,
-    judge_sighting,
+    DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, ElectorError, Intent, Me, Verdict, follower_decision,
+    follower_status, judge_sighting,
 };
 pub use status::{LeaseView, Role, Status};
 pub use term::{Term, TermTask};

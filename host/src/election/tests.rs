@@ -60,7 +60,7 @@ impl Cluster {
 struct Candidate {
     rx: watch::Receiver<LeaseView>,
     intent: watch::Sender<Intent>,
-    task: JoinHandle<()>,
+    task: JoinHandle<Result<(), ElectorError>>,
 }
 
 impl Candidate {
@@ -98,6 +98,7 @@ impl Candidate {
 
 fn record(holder: Option<&str>, term: u64, lease_secs: u64) -> LeaseRecord {
     LeaseRecord {
+        instance: None,
         holder: holder.map(str::to_owned),
         lease_duration: secs(lease_secs),
         acquire_time: None,
@@ -295,7 +296,7 @@ async fn resigning_keeps_the_lease_until_the_terms_tasks_are_gone_then_releases_
 
     let released_at = Instant::now();
     drop(task);
-    a.task.await.unwrap();
+    a.task.await.unwrap().unwrap();
     assert_ne!(c.store.peek(LEASE).unwrap().record.holder(), Some("a"));
     let s = b.until_leading().await;
     assert_eq!(s.term, 2);
@@ -310,7 +311,7 @@ async fn a_task_that_is_never_confirmed_gone_keeps_the_lease_unreleased() {
     let term = a.term();
     let _stuck = term.enter().unwrap();
     a.intent.send_replace(Intent::Stop);
-    a.task.await.unwrap();
+    a.task.await.unwrap().unwrap();
     // It gave up at the force-stop time plus the drain allowance, without
     // releasing: the lease expires by itself.
     assert!(c.clock.now() >= term.stop_at() + DRAIN_ALLOWANCE);
@@ -366,7 +367,7 @@ async fn release_is_retried_on_conflict() {
     a.until_leading().await;
     c.store.inject_conflict_next(2);
     a.intent.send_replace(Intent::Stop);
-    a.task.await.unwrap();
+    a.task.await.unwrap().unwrap();
     let rec = c.store.peek(LEASE).unwrap().record;
     assert_eq!(rec.holder(), None);
     assert_eq!(rec.lease_duration, RELEASED_LEASE_DURATION);
@@ -409,7 +410,7 @@ async fn terms_are_never_reused_after_a_deletion() {
     a.task.abort();
     assert_eq!(b.until_leading().await.term, 2);
     b.intent.send_replace(Intent::Stop);
-    b.task.await.unwrap();
+    b.task.await.unwrap().unwrap();
     // Every host gone and the record deleted: a newcomer, which never saw
     // the record, still leads in a term never used before.
     assert!(c.store.delete(LEASE));
@@ -431,8 +432,15 @@ async fn transient_failures_within_the_renew_deadline_keep_the_lead() {
 #[test]
 fn expiry_is_judged_from_local_observation_and_the_records_duration() {
     let now = Instant::now();
+    let me = Me {
+        identity: "me".into(),
+        instance: "i1".into(),
+    };
     let versioned = |holder: Option<&str>, secs| Versioned {
         record: LeaseRecord {
+            // "me" with this process's instance; "namesake": another
+            // process under the same identity.
+            instance: (holder == Some("me")).then(|| "i1".to_owned()),
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(secs),
             acquire_time: None,
@@ -448,31 +456,46 @@ fn expiry_is_judged_from_local_observation_and_the_records_duration() {
         at: seen,
     };
     assert_eq!(
-        follower_decision(&known(versioned(Some("x"), 30)), "me", now),
+        follower_decision(&known(versioned(Some("x"), 30)), &me, now),
         Decision::WaitUntil(seen + Duration::from_secs(30))
     );
     assert_eq!(
-        follower_decision(&known(versioned(Some("x"), 4)), "me", now),
+        follower_decision(&known(versioned(Some("x"), 4)), &me, now),
         Decision::Acquire
     );
     assert_eq!(
-        follower_decision(&known(versioned(None, 30)), "me", now),
+        follower_decision(&known(versioned(None, 30)), &me, now),
         Decision::Acquire
     );
     assert_eq!(
-        follower_decision(&known(versioned(Some(""), 30)), "me", now),
+        follower_decision(&known(versioned(Some(""), 30)), &me, now),
         Decision::Acquire
     );
     assert_eq!(
-        follower_decision(&known(versioned(Some("me"), 30)), "me", now),
+        follower_decision(&known(versioned(Some("me"), 30)), &me, now),
         Decision::Acquire
     );
+    let mut namesake = versioned(Some("me"), 30);
+    namesake.record.instance = Some("i2".into());
+    assert_eq!(
+        follower_decision(&known(namesake.clone()), &me, now),
+        Decision::WaitUntil(seen + Duration::from_secs(30)),
+        "another process under this identity is another holder"
+    );
+    namesake.record.instance = None;
+    assert_eq!(
+        follower_decision(&known(namesake.clone()), &me, now),
+        Decision::WaitUntil(seen + Duration::from_secs(30)),
+        "a record without an instance (another writer, an older baton) is nobody's own"
+    );
+    let s = follower_status(Some(&known(namesake)), "demo", &me, 1);
+    assert_eq!((s.role, s.holder.as_deref()), (Role::Following, Some("me")));
     let none = Sighting {
         record: None,
         at: now,
     };
-    assert_eq!(follower_decision(&none, "me", now), Decision::Acquire);
-    let s = follower_status(Some(&known(versioned(Some("x"), 30))), "demo", "me", 1);
+    assert_eq!(follower_decision(&none, &me, now), Decision::Acquire);
+    let s = follower_status(Some(&known(versioned(Some("x"), 30))), "demo", &me, 1);
     assert_eq!(
         (s.role, s.holder.as_deref(), s.term),
         (Role::Following, Some("x"), 3)
@@ -481,27 +504,42 @@ fn expiry_is_judged_from_local_observation_and_the_records_duration() {
 
 #[test]
 fn a_leader_judges_what_it_sees_by_holder_and_term() {
-    let v = |version: &str, holder: &str, term| Versioned {
-        version: version.into(),
-        record: record(Some(holder), term, 10),
+    let me = Me {
+        identity: "me".into(),
+        instance: "i1".into(),
+    };
+    let v = |version: &str, holder: &str, term| {
+        let mut record = record(Some(holder), term, 10);
+        record.instance = (holder == "me").then(|| "i1".to_owned());
+        Versioned {
+            version: version.into(),
+            record,
+        }
     };
     let current = v("5", "me", 2);
-    assert_eq!(judge_sighting(Some(&current), &current, "me", 2), Verdict::Same);
+    assert_eq!(judge_sighting(Some(&current), &current, &me, 2), Verdict::Same);
     let missed = v("6", "me", 2);
     assert_eq!(
-        judge_sighting(Some(&missed), &current, "me", 2),
+        judge_sighting(Some(&missed), &current, &me, 2),
         Verdict::Ours(missed.clone())
     );
     assert_eq!(
-        judge_sighting(Some(&v("7", "other", 3)), &current, "me", 2),
+        judge_sighting(Some(&v("7", "other", 3)), &current, &me, 2),
         Verdict::Lost
     );
     assert_eq!(
-        judge_sighting(Some(&v("7", "me", 3)), &current, "me", 2),
+        judge_sighting(Some(&v("7", "me", 3)), &current, &me, 2),
         Verdict::Lost,
         "a later term of mine is not this term"
     );
-    assert_eq!(judge_sighting(None, &current, "me", 2), Verdict::Lost);
+    let mut namesake = v("8", "me", 2);
+    namesake.record.instance = Some("i2".into());
+    assert_eq!(
+        judge_sighting(Some(&namesake), &current, &me, 2),
+        Verdict::Lost,
+        "another process under this identity, even in this term"
+    );
+    assert_eq!(judge_sighting(None, &current, &me, 2), Verdict::Lost);
 }
 
 #[tokio::test(start_paused = true)]
@@ -629,7 +667,7 @@ async fn a_release_waits_for_the_tasks_of_an_earlier_term_too() {
         "not released while term 1's task runs"
     );
     drop(task);
-    a.task.await.unwrap();
+    a.task.await.unwrap().unwrap();
     assert_eq!(
         c.store.peek(LEASE).unwrap().record.holder(),
         None,
@@ -643,7 +681,7 @@ async fn an_elector_whose_host_is_gone_hands_the_lease_over_and_stops() {
     let mut a = c.start("a");
     a.until_leading().await;
     drop(a.intent);
-    a.task.await.unwrap();
+    a.task.await.unwrap().unwrap();
     assert_eq!(c.store.peek(LEASE).unwrap().record.holder(), None);
 }
 
@@ -654,10 +692,62 @@ async fn an_elector_whose_subscription_died_stops_without_releasing() {
     a.until_leading().await;
     c.store.panic_next_watch();
     c.store.break_watches();
-    a.task.await.unwrap();
+    let err = a.task.await.unwrap().unwrap_err();
+    assert!(matches!(err, ElectorError::SubscriptionEnded { .. }), "{err}");
     assert_eq!(
         c.store.peek(LEASE).unwrap().record.holder(),
         Some("a"),
         "left to expire"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_processes_under_one_identity_never_both_lead_and_do_not_storm() {
+    let c = Cluster::new();
+    let mut a = c.start("same");
+    let first = a.until_leading().await;
+    let writes = c.store.op_counts().update + c.store.op_counts().create;
+    // A second process under the same identity: it does not take a's
+    // record for its own, waits, sees a renew, and stops, naming it.
+    let mut b = c.start("same");
+    let err = tokio::time::timeout(secs(30), &mut b.task)
+        .await
+        .expect("b stops")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ElectorError::DuplicateIdentity { identity, .. } if identity == "same"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("identities must be unique per process"),
+        "{err}"
+    );
+    assert!(!b.rx.borrow().status.is_leading(), "b never led");
+    // a led on in its term throughout: no storm of terms.
+    let now = a.rx.borrow().status.clone();
+    assert!(now.is_leading() && now.term == first.term, "a: {now:?}");
+    assert_eq!(c.store.peek(LEASE).unwrap().record.term, first.term);
+    let counts = c.store.op_counts();
+    // a's renewals only (one per retry period), b wrote nothing.
+    assert!(counts.update + counts.create - writes <= 6, "{counts:?}");
+    sleep(secs(30)).await;
+    assert_eq!(c.store.peek(LEASE).unwrap().record.term, first.term);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_process_restarted_under_its_identity_waits_out_the_lease_of_the_one_before() {
+    let c = Cluster::new();
+    let mut a = c.start("same");
+    let first = a.until_leading().await;
+    a.task.abort(); // killed: its record stays, held
+    let killed = Instant::now();
+    let mut again = c.start("same");
+    let second = again.until_leading().await;
+    let waited = Instant::now() - killed;
+    assert!(
+        waited >= secs(10) - secs(1),
+        "the new process took its namesake's record at once ({waited:?}); it must wait out the lease"
+    );
+    assert_eq!(second.term, first.term + 1);
 }

@@ -201,6 +201,7 @@ pub fn floor_record(floor: u64) -> Versioned {
     Versioned {
         version: format!("{TOMBSTONE}{FLOOR_VERSION}{floor}"),
         record: LeaseRecord {
+            instance: None,
             holder: None,
             lease_duration: RELEASED_LEASE_DURATION,
             acquire_time: None,
@@ -220,6 +221,7 @@ mod tests {
         Versioned {
             version: version.into(),
             record: LeaseRecord {
+                instance: None,
                 holder: holder.map(str::to_owned),
                 lease_duration: Duration::from_secs(10),
                 acquire_time: None,

@@ -817,6 +817,7 @@ mod tests {
 
     fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
         LeaseRecord {
+            instance: None,
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(15),
             acquire_time: None,

@@ -9,6 +9,7 @@
 //! | `lease_duration` | `spec.leaseDurationSeconds` (whole seconds; missing or not positive: read as the store's *fallback duration*, see below) |
 //! | `acquire_time`, `renew_time` | `spec.acquireTime`, `spec.renewTime` (MicroTime; unreadable or missing: `None`, they are informational) |
 //! | `transitions` (the term) | `spec.leaseTransitions` (an int32; missing or negative: 0; a term above `i32::MAX` is refused) |
+//! | `instance` | the annotation `baton.dev/holder-instance` ([`HOLDER_INSTANCE`]; read only with a holder) |
 //! | version | `metadata.resourceVersion` |
 //!
 //! A Lease whose holder is set but whose duration is missing (or zero, which
@@ -358,9 +359,29 @@ impl Inner {
                 labels.insert(k.clone(), v.clone());
             }
         }
+        match &record.instance {
+            Some(instance) => {
+                obj.metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(HOLDER_INSTANCE.into(), instance.clone());
+            }
+            None => {
+                if let Some(annotations) = &mut obj.metadata.annotations {
+                    annotations.remove(HOLDER_INSTANCE);
+                }
+            }
+        }
         write_spec(lease, &mut obj.data, record)
     }
 }
+
+/// The annotation that carries [`LeaseRecord::instance`]: the holder's
+/// process, so that two processes under one identity tell their records
+/// apart. Written with every write of baton's, removed on release; other
+/// writers leave it alone or drop it, and a record without it is nobody's
+/// own (see [`LeaseRecord::held_by`]).
+pub const HOLDER_INSTANCE: &str = "baton.dev/holder-instance";
 
 /// Reads a Lease object as a record. Lenient with everything a foreign
 /// writer may leave out; strict only where a value has the wrong JSON type
@@ -420,6 +441,15 @@ pub fn to_versioned(
     Ok(Versioned {
         version,
         record: LeaseRecord {
+            // Only with a holder: a foreign writer that took the Lease over
+            // and kept the annotations leaves ours behind.
+            instance: holder.as_ref().and_then(|_| {
+                obj.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(HOLDER_INSTANCE))
+                    .cloned()
+            }),
             holder,
             lease_duration,
             acquire_time: time("acquireTime"),
@@ -975,6 +1005,7 @@ mod tests {
     #[test]
     fn writes_refuse_what_a_lease_cannot_hold_and_keep_other_fields() {
         let record = |d: Duration, t: u64| LeaseRecord {
+            instance: None,
             holder: None,
             lease_duration: d,
             acquire_time: None,

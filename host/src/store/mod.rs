@@ -153,12 +153,35 @@ pub struct LeaseRecord {
     /// the name Kubernetes gives it.
     #[serde(rename = "transitions")]
     pub term: u64,
+    /// A random id the holder's process chose when it started: two
+    /// processes started under one identity (a configuration mistake, or a
+    /// restarted process while the old one still runs) tell their records
+    /// apart by it, so neither takes the other's record for its own. Stored
+    /// as `holderInstance` (the embedded store's files) and the annotation
+    /// `baton.dev/holder-instance` (a Kubernetes Lease); `None` in records
+    /// of other writers and of older baton versions, which no process takes
+    /// for its own.
+    #[serde(default, rename = "holderInstance", skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 impl LeaseRecord {
     /// The holder, treating an empty identity as no holder.
     pub fn holder(&self) -> Option<&str> {
         self.holder.as_deref().filter(|h| !h.is_empty())
+    }
+
+    /// Whether the record is held by the process that runs under
+    /// `identity` with the random `instance`: only that process may take
+    /// it for its own.
+    pub fn held_by(&self, identity: &str, instance: &str) -> bool {
+        self.holder() == Some(identity) && self.instance.as_deref() == Some(instance)
+    }
+
+    /// Whether the record is held under `identity` by another process (one
+    /// started under the same identity).
+    pub fn held_by_namesake(&self, identity: &str, instance: &str) -> bool {
+        self.holder() == Some(identity) && self.instance.as_deref() != Some(instance)
     }
 }
 

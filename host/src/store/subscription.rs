@@ -251,6 +251,7 @@ mod tests {
 
     fn record(holder: &str, term: u64) -> LeaseRecord {
         LeaseRecord {
+            instance: None,
             holder: Some(holder.into()),
             lease_duration: Duration::from_secs(10),
             acquire_time: None,
