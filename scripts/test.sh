@@ -30,5 +30,11 @@ cargo build -p baton
 # The host and the SDK are tested in two runs: together, the SDK's
 # wit-bindgen would change the features of crates that wasmtime's macros
 # share, and wasmtime would be compiled a second time.
+# Build every test binary first, then write the build's output to disk
+# (sync): the tests time fsyncs of lease files in milliseconds, and a
+# build leaves gigabytes of dirty pages, and in the first tests after one
+# the lease files' fsyncs took over 200 ms each for more than a second.
+cargo test --no-run -p baton "$@"
+sync
 cargo test --no-fail-fast -p baton "$@" -- --test-threads=1 --nocapture
 cargo test -p baton-guest "$@" -- --test-threads=1
