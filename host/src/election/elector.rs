@@ -38,7 +38,7 @@ use super::term::Term;
 use super::timing::Timings;
 use crate::recurring::{Note, Recurring};
 use crate::store::subscription::{Cadence, Sighting, Subscription};
-use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, Versioned};
+use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, StoreError, Versioned};
 
 /// What an elector needs to know about itself.
 #[derive(Clone, Debug)]
@@ -592,23 +592,27 @@ impl Elector {
                 Some(record)
             }
             Ok(Err(e)) => {
-                match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
-                    Note::First => {
-                        tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot read the lease")
-                    }
-                    Note::Reminder { repeats, since } => {
-                        tracing::warn!(lease = %self.cfg.lease, error = %e, repeats, since = ?since, "still cannot read the lease")
-                    }
-                    Note::Quiet => {
-                        tracing::debug!(lease = %self.cfg.lease, error = %e, "cannot read the lease")
-                    }
-                }
+                self.store_fault("read", &e);
                 None
             }
             Err(_) => {
                 tracing::warn!(lease = %self.cfg.lease, timeout = ?limit, "reading the lease timed out");
                 None
             }
+        }
+    }
+
+    /// A store fault met while trying to `doing` the lease. Met at every
+    /// attempt while it lasts (a record that cannot be read is never
+    /// overwritten, a refusal stays): said once, then recalled now and then.
+    fn store_fault(&mut self, doing: &str, e: &StoreError) {
+        let lease = &self.cfg.lease;
+        match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
+            Note::First => tracing::warn!(lease = %lease, error = %e, "cannot {doing} the lease"),
+            Note::Reminder { repeats, since } => {
+                tracing::warn!(lease = %lease, error = %e, repeats, since = ?since, "still cannot {doing} the lease")
+            }
+            Note::Quiet => tracing::debug!(lease = %lease, error = %e, "cannot {doing} the lease"),
         }
     }
 
@@ -700,19 +704,7 @@ impl Elector {
                 }
             }
             Ok(Err(e)) => {
-                // Met at every attempt while it lasts (a record that cannot
-                // be read is never overwritten): said once, then recalled.
-                match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
-                    Note::First => {
-                        tracing::warn!(lease = %self.cfg.lease, error = %e, "cannot acquire the lease")
-                    }
-                    Note::Reminder { repeats, since } => {
-                        tracing::warn!(lease = %self.cfg.lease, error = %e, repeats, since = ?since, "still cannot acquire the lease")
-                    }
-                    Note::Quiet => {
-                        tracing::debug!(lease = %self.cfg.lease, error = %e, "cannot acquire the lease")
-                    }
-                }
+                self.store_fault("acquire", &e);
                 self.backoff()
             }
             Err(_) => {
