@@ -7,6 +7,7 @@
 //! grace 1 s, request timeout 500 ms (2 s + 1 s + 250 ms margin < 4 s).
 //! Each test works in a namespace of its own.
 
+mod blackhole;
 mod env;
 #[allow(dead_code)]
 #[path = "../e2e/support.rs"]
@@ -240,10 +241,13 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         count("PUT") >= (idle.as_millis() / RP.as_millis()) as u64 - 2,
         "the leader renews: {idle_requests:?}"
     );
-    assert_eq!(
-        count("POST") + count("WATCH"),
-        0,
-        "no re-watching, no creating: {idle_requests:?}"
+    assert_eq!(count("POST"), 0, "no creating: {idle_requests:?}");
+    // Each of the three watches is resumed once per lease duration (x 1 to
+    // 1.25), the budget that finds a silent connection.
+    let rewatches = 3 * (idle.as_millis() / LD.as_millis() + 1) as u64;
+    assert!(
+        count("WATCH") <= rewatches,
+        "each watch resumed at most once per lease duration ({rewatches} in all): {idle_requests:?}"
     );
 
     // SIGTERM the leader, three times: a standby's guest runs within 500 ms.
@@ -431,6 +435,72 @@ fn two_hosts_under_one_identity_never_both_lead_and_the_second_says_why() {
     let spec = spec_of(&lease_of(&rt, &ns, "demo").unwrap());
     assert_eq!(spec.holder_identity.as_deref(), Some("same"));
     assert_eq!(spec.lease_transitions.map(|t| t as u64), first.guest_term());
+}
+
+#[test]
+fn a_follower_whose_connection_goes_silent_notices_within_a_lease_duration() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "black-hole"));
+    let s = Scratch::new();
+    // b reaches the API server through a proxy the test can cut.
+    let admin_config = std::fs::read_to_string(&env.admin_kubeconfig).unwrap();
+    let server = admin_config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .expect("a server in the admin kubeconfig")
+        .trim_matches('"')
+        .to_owned();
+    let upstream: std::net::SocketAddr = server.trim_start_matches("https://").parse().unwrap();
+    let hole = blackhole::BlackHole::start(upstream);
+    let proxied = s.write(
+        "proxied.kubeconfig",
+        &admin_config.replace(&server, &format!("https://127.0.0.1:{}", hole.port)),
+    );
+    let plugins = [probe("probe", "pollable", "cooperative")];
+    let direct = s.write(
+        "a.toml",
+        &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &plugins),
+    );
+    let through = s.write("b.toml", &kube_config(&ns.name, Some(&proxied), "demo", &plugins));
+    let a = Host::start("host-a", &direct);
+    a.wait_for(SECS(60), "a leads", is_start);
+    let b = Host::start("host-b", &through);
+    b.wait_for(SECS(30), "b follows", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    std::thread::sleep(SECS(1));
+
+    // Cut b's path without closing it: its watch goes silent.
+    hole.cut(true);
+    let cut_at = SystemTime::now();
+    let noticed = b.wait_for(SECS(20), "b notices its silent watch", |e| {
+        e.at >= cut_at && e.message().starts_with("the lease watch broke")
+    });
+    let took = ms_between(cut_at, noticed.at);
+    // The watch asks the server to end it after one lease duration (x 1 to
+    // 1.25); silence past that plus request-timeout and a second ends it.
+    let bound = (LD.as_secs_f64() * 1.25 + 0.5 + 1.0) * 1e3 + 500.0;
+    println!("a follower's watch went silent: it noticed {took:.0} ms later (bound {bound:.0} ms)");
+    assert!(
+        took <= bound,
+        "noticed {took:.0} ms after the cut (bound {bound:.0} ms)"
+    );
+    assert!(b.all(is_start).is_empty(), "b ran a guest while cut off");
+
+    // Restored: b follows again, and takes over promptly when a leaves.
+    hole.cut(false);
+    let restored = SystemTime::now();
+    b.wait_for(SECS(20), "b watches again", |e| {
+        e.at >= restored && e.message() == "watching the lease again"
+    });
+    let termed = a.sigterm();
+    let taken = b.wait_for(SECS(10), "b takes over", is_start);
+    println!(
+        "after the path was restored: b took over {:.0} ms after a's SIGTERM",
+        ms_between(termed, taken.at)
+    );
 }
 
 #[test]

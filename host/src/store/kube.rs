@@ -50,9 +50,13 @@
 //! [`LeaseStore::watch`] lists the one Lease (field selector on
 //! `metadata.name`), yields it (or `None`), and watches from the list's
 //! resourceVersion, so no change between the two is missed. A watch that the
-//! server ends normally (its `timeoutSeconds`, chosen at random between 4 and
-//! 5 minutes) is resumed from the last resourceVersion seen (bookmarks keep
-//! it fresh) without a new list. Any error, including 410 Gone, ends the
+//! server ends normally (its `timeoutSeconds`: the longest configured lease
+//! duration, x 1 to 1.25) is resumed from the last resourceVersion seen
+//! (bookmarks keep it fresh) without a new list. A watch silent past that
+//! plus the request timeout and a second is taken as dead: a half-open
+//! connection (a stalled path that TCP keepalive does not notice) is found
+//! within about a lease duration and a request timeout. That is the budget
+//! of an idle follower: one watch request per lease duration per watch. Any error, including 410 Gone, ends the
 //! stream with that error; the elector then watches again after its jittered
 //! retry, which lists afresh.
 //!
@@ -101,9 +105,10 @@ const KEEP_OBJECTS: usize = 8;
 /// instead of being resumed at once: no request storms.
 const MIN_QUIET_WATCH: Duration = Duration::from_secs(1);
 
-/// How long a watch may stay silent past its own server-side timeout before
-/// it is taken as dead.
-const WATCH_SILENCE_ALLOWANCE: Duration = Duration::from_secs(30);
+/// How long a watch may stay silent past its own server-side timeout (plus
+/// the request timeout) before it is taken as dead: the server ends a watch
+/// on time to the second, so this only covers rounding and a busy server.
+const WATCH_SILENCE_ALLOWANCE: Duration = Duration::from_secs(1);
 
 /// The bound on listing every lease (`LeaseStore::list`, for status
 /// reports), which no elector bounds.
@@ -747,11 +752,15 @@ struct WatchState {
 impl WatchState {
     /// Starts a watch request from the last resourceVersion seen.
     async fn start(&mut self) -> Result<(), StoreError> {
-        // Spread the re-watches of many hosts over a minute.
-        let timeout_secs: u32 = self
-            .inner
-            .watch_timeout_secs
-            .unwrap_or_else(|| rand::rng().random_range(240..300));
+        // One lease duration (the longest configured), x 1 to 1.25 so that
+        // many hosts do not re-watch together: a watch that goes silent
+        // (a half-open connection that TCP does not notice) is found dead
+        // within about that, at the cost of one watch request per lease
+        // duration per watch, the budget idle followers have.
+        let timeout_secs: u32 = self.inner.watch_timeout_secs.unwrap_or_else(|| {
+            let secs = self.inner.fallback_duration.as_secs().clamp(1, 3600) as u32;
+            rand::rng().random_range(secs..=secs + secs / 4)
+        });
         let params = WatchParams::default()
             .fields(&field_selector(&self.lease))
             .timeout(timeout_secs);
@@ -803,7 +812,8 @@ async fn next_observation(
             }
             continue;
         };
-        let silence = (*started + *limit + WATCH_SILENCE_ALLOWANCE).saturating_duration_since(Instant::now());
+        let silence = (*started + *limit + state.inner.request_timeout + WATCH_SILENCE_ALLOWANCE)
+            .saturating_duration_since(Instant::now());
         let event = match tokio::time::timeout(silence, events.next()).await {
             Err(_) => {
                 state.done = true;
