@@ -820,11 +820,12 @@ fn a_garbled_lease_file_is_never_overwritten_and_said_once_with_the_fix() {
     );
     let record = s.store().join("demo.lease.json");
     let a = Host::start("host-a", &cfg);
-    let b = Host::start("host-b", &cfg);
     let first = a.wait_for(SECS(30), "first guest start", |e| {
         e.guest_line("probe", "probe start")
     });
     let term = first.guest_term().unwrap();
+    // Started once a leads, so that a is the holder.
+    let b = Host::start("host-b", &cfg);
     b.wait_for(SECS(30), "b following", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
