@@ -708,8 +708,7 @@ fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
         "baton.toml",
         &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
     );
-    let record = s.store().join("demo.lease.json");
-    let read = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap() };
+    let read = || -> serde_json::Value { read_lease(&s.store(), "demo").expect("the lease's record") };
     let mut a = Host::start("host-a", &cfg);
     let first = a.wait_for(SECS(30), "first guest start", |e| {
         e.guest_line("probe", "probe start")
@@ -725,8 +724,8 @@ fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
     // Deleted while held: the holder writes it again at its next renewal
     // and leads on in the same term; nobody else starts.
     let deleted_at = SystemTime::now();
-    std::fs::remove_file(&record).unwrap();
-    while !record.exists() {
+    delete_lease(&s.store(), "demo");
+    while read_lease(&s.store(), "demo").is_none() {
         assert!(
             ms_between(deleted_at, SystemTime::now()) < 1000.0,
             "the record was not written again"
@@ -757,7 +756,7 @@ fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
     // holder's lease from when they saw the deletion, then one takes over
     // with the next term.
     let killed = a.sigkill();
-    std::fs::remove_file(&record).unwrap();
+    delete_lease(&s.store(), "demo");
     let deleted_at = SystemTime::now();
     let (taken, by) = loop {
         if let Some(h) = others
@@ -803,7 +802,7 @@ fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
     );
     let last_term = last["record"]["transitions"].as_u64().unwrap();
     assert!(last_term >= taken.guest_term().unwrap());
-    std::fs::remove_file(&record).unwrap();
+    delete_lease(&s.store(), "demo");
     let d = Host::start("host-d", &cfg);
     let start = d.wait_for(SECS(30), "d's guest start", |e| {
         e.guest_line("probe", "probe start")
@@ -818,7 +817,6 @@ fn a_garbled_lease_file_is_never_overwritten_and_said_once_with_the_fix() {
         "baton.toml",
         &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
     );
-    let record = s.store().join("demo.lease.json");
     let a = Host::start("host-a", &cfg);
     let first = a.wait_for(SECS(30), "first guest start", |e| {
         e.guest_line("probe", "probe start")
@@ -833,7 +831,7 @@ fn a_garbled_lease_file_is_never_overwritten_and_said_once_with_the_fix() {
     // Garbled while held: a cannot renew, steps down at the renew deadline
     // and stops its guest; nobody writes over the file.
     let garbled_at = SystemTime::now();
-    std::fs::write(&record, "garbage\n").unwrap();
+    let record = garble_lease(&s.store(), "demo", "garbage\n");
     a.wait_for(SECS(5), "a steps down", |e| {
         e.at >= garbled_at && e.message() == "stepping down"
     });
@@ -869,7 +867,8 @@ fn a_garbled_lease_file_is_never_overwritten_and_said_once_with_the_fix() {
         );
         let named = warned.iter().any(|e| {
             let error = e.str("error").unwrap_or_default();
-            error.contains(&record.display().to_string()) && error.contains("restore the file or delete it")
+            error.contains(&record.display().to_string())
+                && error.contains("restore the file, or delete the lease's directory")
         });
         assert!(
             named,
@@ -888,7 +887,7 @@ fn a_garbled_lease_file_is_never_overwritten_and_said_once_with_the_fix() {
     // Deleted: the lease is free, in the next term, and the hosts say the
     // trouble is over.
     let removed_at = SystemTime::now();
-    std::fs::remove_file(&record).unwrap();
+    delete_lease(&s.store(), "demo");
     let started = a
         .try_wait_for(SECS(5), &|e| {
             e.at >= removed_at && e.guest_line("probe", "probe start")
@@ -938,8 +937,7 @@ fn two_hosts_under_one_identity_never_both_lead_and_the_second_says_why() {
     let starts = a.all(|e| e.guest_line("probe", "probe start"));
     assert_eq!(starts.len(), 1, "a's guest restarted: {starts:?}");
     assert_eq!(starts[0].guest_term(), first.guest_term());
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(s.store().join("demo.lease.json")).unwrap()).unwrap();
+    let record = read_lease(&s.store(), "demo").expect("the lease's record");
     assert_eq!(
         record["record"]["transitions"],
         first.guest_term().unwrap(),

@@ -362,3 +362,53 @@ pub fn ms_between(a: SystemTime, b: SystemTime) -> f64 {
         Err(e) => -e.duration().as_secs_f64() * 1e3,
     }
 }
+
+/// The embedded store's directory of `lease` in `store` (one version file
+/// per write; the newest is the record).
+pub fn lease_dir(store: &Path, lease: &str) -> PathBuf {
+    store.join(format!("{lease}.lease"))
+}
+
+/// The newest version file of `lease`, if it has one.
+pub fn lease_file(store: &Path, lease: &str) -> Option<PathBuf> {
+    let dir = lease_dir(store, lease);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+        .collect();
+    names.sort();
+    Some(dir.join(names.pop()?))
+}
+
+/// The record of `lease` as JSON (the store's whole version file), if it
+/// has one that reads.
+pub fn read_lease(store: &Path, lease: &str) -> Option<Value> {
+    // The newest may be removed as old between listing and reading.
+    for _ in 0..10 {
+        if let Ok(bytes) = std::fs::read(lease_file(store, lease)?) {
+            return serde_json::from_slice(&bytes).ok();
+        }
+    }
+    None
+}
+
+/// Deletes `lease` behind the store's back, as an operator would.
+pub fn delete_lease(store: &Path, lease: &str) {
+    std::fs::remove_dir_all(lease_dir(store, lease)).unwrap();
+}
+
+/// Overwrites the newest version of `lease` with `garbage`, again until it
+/// stays the newest (a holder may have read it just before, and write the
+/// next version over it); returns its path.
+pub fn garble_lease(store: &Path, lease: &str, garbage: &str) -> PathBuf {
+    for _ in 0..20 {
+        let file = lease_file(store, lease).expect("a lease to garble");
+        std::fs::write(&file, garbage).unwrap();
+        std::thread::sleep(RETRY_PERIOD * 2);
+        if lease_file(store, lease).as_ref() == Some(&file) {
+            return file;
+        }
+    }
+    panic!("{lease} kept being written over its garbled version");
+}

@@ -3,6 +3,7 @@
 //! the host (a paused process, a stalled store, a stderr nobody reads, a
 //! guest that floods its output) stretches a term or starves the election.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, SystemTime};
 
 use crate::support::*;
@@ -94,9 +95,8 @@ fn a_host_whose_stderr_is_not_read_keeps_its_lease_and_stops_its_guests_on_time(
 
     // Nobody reads a's stderr for six seconds: the pipe fills at once.
     a.hold_stderr(true);
-    let record = s.store().join("demo.lease.json");
     let renew_time = || -> Option<String> {
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).ok()?).ok()?;
+        let json = read_lease(&s.store(), "demo")?;
         json["record"]["renewTime"].as_str().map(str::to_owned)
     };
     // The renewals as the test saw them, and how late the test's own 20 ms
@@ -256,12 +256,15 @@ fn a_stalled_lease_store_stops_the_guests_by_the_deadline_plus_grace() {
     for p in ["busy", "block"] {
         h.wait_for(SECS(60), "guest start", |e| e.guest_line(p, "probe start"));
     }
-    // Stall the store: hold the lease's lock, as a writer stuck in a slow
-    // fsync would. Renewals wait for it and time out.
-    let lock = std::fs::File::open(s.store().join(".demo.lock")).unwrap();
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a file descriptor this test owns.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    // Stall the store: a named pipe as its newest version. Every read
+    // hangs in opening it, as on a file system that stopped answering;
+    // renewals time out.
+    let newest = lease_file(&s.store(), "demo").unwrap();
+    let counter: u64 = newest.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    let pipe = lease_dir(&s.store(), "demo").join(format!("{:020}.json", counter + 1000));
+    let c_pipe = std::ffi::CString::new(pipe.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_pipe.as_ptr(), 0o600) }, 0);
     let stalled = SystemTime::now();
     for p in ["busy", "block"] {
         let e = h.wait_for(SECS(5), "forced stop", |e| e.is(STOPPED, Some(p)));
@@ -278,8 +281,15 @@ fn a_stalled_lease_store_stops_the_guests_by_the_deadline_plus_grace() {
             ms_between(stalled, e.at)
         );
     }
-    // The store comes back: the host leads again, in a new term.
-    drop(lock);
+    // The store comes back: the host leads again, in a new term. (The
+    // readers waiting in the pipe are let go once it is gone.)
+    let writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&pipe)
+        .unwrap();
+    std::fs::remove_file(&pipe).unwrap();
+    drop(writer);
     h.wait_for(SECS(5), "leading again", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("leading") && e.u64("term") == Some(2)
     });

@@ -8,34 +8,74 @@
 //!
 //! For a lease named `demo` the directory holds:
 //!
-//! - `demo.lease.json`: the record, as JSON: the [`LeaseRecord`] plus the
-//!   version it was written at (a random *incarnation* id chosen when the
-//!   record is created and a counter that grows with every write). The
-//!   version string is `<incarnation>-<counter>`, so it never repeats for a
-//!   lease, even when the file is deleted and the lease created again.
-//! - `.demo.lock`: the file that writers lock (advisory `flock`) for the
-//!   duration of one compare-and-swap. It is never deleted: deleting a lock
-//!   file while someone waits on it would let two writers hold "the" lock.
-//! - `.demo.floor`: two decimal numbers: the lease's *term floor*, the
-//!   highest term ever written, so that terms survive the record's
-//!   deletion, and how many times the record was created, so that a reader
-//!   that finds no record twice knows whether it was created in between.
-//!   Replaced whole, like the record (`.demo.floor.tmp` while it is being
-//!   written). A lock file of an older baton holds these numbers itself; it
-//!   is read while there is no floor file.
-//! - `.demo.tmp`: the next record while it is being written; it exists only
-//!   while a writer holds the lock, or after a writer died mid-write. Readers
-//!   ignore it, and the next writer overwrites it.
+//! - `demo.lease/`: the lease. Each write of its record adds a *version
+//!   file* here, `00000000000000000042.json` (20 digits: the write's
+//!   counter), holding the [`LeaseRecord`] as JSON with the version it was
+//!   written at: a random *incarnation* id chosen when the lease is created
+//!   and the counter. The newest version file is the record; older ones are
+//!   removed a few writes later. The version string is
+//!   `<incarnation>-<counter>`, so it never repeats for a lease, even when
+//!   the lease is deleted and created again. Deleting the directory deletes
+//!   the lease.
+//! - `.demo.terms/`: empty files named by term, the highest of which is the
+//!   lease's *term floor* (with the floor file's): the highest term ever
+//!   written, so that terms survive the lease's deletion. Only the highest
+//!   few are kept.
+//! - `.demo.floor`: two decimal numbers: a term floor written when the lease
+//!   is created, and how many times it was created, so that a reader that
+//!   finds no record twice knows whether it was created in between.
+//!   Replaced whole (`.demo.floor.tmp` while it is being written). A lock
+//!   file of an older baton holds these numbers itself; it is read while
+//!   there is no floor file.
+//! - `.demo.lock`: locked (advisory `flock`) while the lease is created or
+//!   deleted, never while it is written. It is never deleted: deleting a
+//!   lock file while someone waits on it would let two writers hold "the"
+//!   lock.
+//!
+//! An older baton kept the record in `demo.lease.json`, replaced whole under
+//! the lock; [`EmbeddedStore::open`] moves such a record into `demo.lease/`
+//! (same version). Every host of one directory must run a baton that agrees
+//! on the layout: upgrade them together.
+//!
+//! # Compare-and-swap without a lock
+//!
+//! A write of version *n + 1* over version *n* creates the name of version
+//! *n + 1* with `link(2)`, which fails if the name exists: of two writers
+//! that read version *n*, one wins, whichever of them is slower. Nothing is
+//! held across the write, so a writer stopped in the middle of it (`SIGSTOP`,
+//! a frozen VM) blocks no one: the others go on writing, and take the lease
+//! over once its holder's lease duration has passed. When the stopped
+//! writer resumes, its write cannot land: either the name it links exists
+//! (the link fails), or it was removed as an old version a while ago and the
+//! link re-creates an old version below the newest, which the writer sees
+//! right after linking and reports as a conflict (readers only ever read the
+//! newest). Each version names the write it replaced (a random id per
+//! write), so a writer can tell its own version replaced by the next one
+//! from a stale link; in the one case it cannot tell (its version already
+//! removed again, a dozen writes in the moment between its link and its
+//! check), it reports the outcome unknown ([`StoreError::Unavailable`]),
+//! as for a timeout. The lease's directory is opened once per write and the
+//! link made in it, so a write cannot land in a lease deleted (and perhaps
+//! created again) since it read the record: links into a removed directory
+//! fail, and one moved away is told apart by its inode.
+//!
+//! A create (the first write of a lease, or the first after its deletion)
+//! builds the new lease directory under another name and moves it into
+//! place with `renameat2(RENAME_NOREPLACE)`, under the lock, which
+//! serialises creates (they also check and raise the floor file). A process
+//! stopped in the middle of a create delays the lease's creation, not its
+//! take-over. Deleting, through [`EmbeddedStore::delete`], moves the
+//! directory aside under the lock, then removes it.
 //!
 //! # Crash safety
 //!
-//! A write takes the lock, reads and compares the current version, writes the
-//! new record to the temporary file, fsyncs it, renames it over the record
-//! (atomic), fsyncs the directory and drops the lock. A process killed at any
-//! point leaves either the old record or the new one, never a torn one, and
-//! the kernel releases its lock.
+//! A version file is written under a temporary name (`.tmp-<random>`, in the
+//! lease's directory), then linked: a process killed at any point leaves
+//! either the old newest version or the new one, never a torn one.
+//! Temporary files older than a minute, left by a writer that died or
+//! stopped, are removed by the next writer.
 //!
-//! A *renewal* (same holder, same term) is not fsynced: the rename alone
+//! A *renewal* (same holder, same term) is not fsynced: the link alone
 //! makes it visible to every process, and what a crash of the machine could
 //! lose of it (a later renew time) matters to no one, since every process
 //! on the machine is gone with it. Fsync latency is the one stall of this
@@ -43,46 +83,51 @@
 //! a build wrote gigabytes) renewals here took over 200 ms each, one after
 //! another for more than a second, longer than a short renew deadline; with
 //! 1.5 GB being written, a write-fsync-rename-fsync took 2 ms at the median
-//! and 115 ms at most. A write that starts a term, changes
-//! the holder or releases the lease is fsynced (file and directory), so
-//! that terms never go back after a crash. Readers do not lock: they read whichever
-//! complete file the name points to (only a reader that finds no record
-//! takes a shared lock, to read the term floor).
+//! and 115 ms at most. A write that starts a term, changes the holder or
+//! releases the lease is fsynced (file and directory), and a new term is
+//! recorded in `.demo.terms/` (fsynced) before the version that starts it,
+//! so that terms never go back after a crash. Readers do not lock: they
+//! read the newest complete version (only a reader that finds no record
+//! takes a shared lock, to read the floor file).
 //!
 //! # Deleted records
 //!
-//! A record file deleted while it had a holder reads as a tombstone, as
+//! A lease deleted while it had a holder reads as a tombstone, as
 //! described in [Deleted records](super#deleted-records): each store
 //! remembers the last record it read or wrote of each lease, and a holder
 //! whose record vanished writes it again (a new incarnation, same term) at
 //! its next renewal. A tombstone gets a new version (`+N`), dated anew by
-//! the elector, when the floor file's create count shows the record was
+//! the elector, when the floor file's create count shows the lease was
 //! created again since the last read: written and deleted again in
 //! between, which a reader may have missed.
 //!
-//! A missing record whose floor file holds a term floor (the lease existed
-//! and was deleted) reads as a released record at that term, under the
-//! version [`TOMBSTONE`]`term-<floor>`: free to take, and the next holder
-//! writes the floor plus one. So a term number is never reused, even when
-//! every process that knew the old terms is gone, as long as the floor file
-//! is kept.
+//! A missing lease with a term floor (it existed and was deleted) reads as a
+//! released record at that term, under the version
+//! [`TOMBSTONE`]`term-<floor>`: free to take, and the next holder writes
+//! the floor plus one. So a term number is never reused, even when every
+//! process that knew the old terms is gone, as long as the floor is kept.
 //!
 //! # Watching
 //!
 //! [`LeaseStore::watch`] uses inotify (through the `notify` crate) on the
-//! directory and re-reads the record whenever its name is created, replaced,
-//! written or removed; there is no polling.
+//! store's directory (for the lease's directory appearing, vanishing or
+//! being replaced) and on the lease's directory (for new versions), and
+//! re-reads the record on every such event; there is no polling.
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::stream;
 use notify::event::{AccessKind, AccessMode, MetadataKind, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher};
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 
 use super::deleted::{DeletedRecords, Found};
@@ -90,8 +135,31 @@ use super::{
     ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned, validate_lease_name,
 };
 
-/// File name suffix of lease records.
-const RECORD_SUFFIX: &str = ".lease.json";
+/// Name suffix of a lease's directory.
+const LEASE_SUFFIX: &str = ".lease";
+
+/// Name suffix of a lease's record in an older baton (see
+/// [`EmbeddedStore::open`]).
+const LEGACY_SUFFIX: &str = ".lease.json";
+
+/// How many versions below the newest are kept. Enough that a writer can
+/// tell, right after its link, whether the next version was written over
+/// its own (see [`confirm`]) unless this many writes came in that moment;
+/// few enough that reading the directory stays cheap.
+const KEPT_VERSIONS: u64 = 16;
+
+/// How many of the highest term marks are kept in `.<lease>.terms/`.
+const KEPT_TERM_MARKS: usize = 4;
+
+/// How old a temporary file must be before a writer removes it as left by
+/// a writer that died or stopped. A write takes milliseconds; a writer
+/// stopped for longer loses its write (its link finds no file), which is
+/// what it would get anyway after its lease ran out.
+const STALE_TEMP_AGE: Duration = Duration::from_secs(60);
+
+/// How many times a read starts over when the newest version it listed was
+/// removed before it could open it (a dozen writes in between).
+const READ_ATTEMPTS: usize = 100;
 
 /// Lease records as JSON files in a local directory; see the [module
 /// documentation](self) for the layout and guarantees.
@@ -106,14 +174,20 @@ pub struct EmbeddedStore {
     seen: Arc<DeletedRecords>,
 }
 
-/// What is stored in a record file.
+/// What is stored in a version file.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StoredRecord {
-    /// Chosen at random when the record is created.
+    /// Chosen at random when the lease is created.
     incarnation: String,
     /// 1 when created, plus one with each update.
     counter: u64,
+    /// Chosen at random for each write (empty in records of an older baton).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    write: String,
+    /// The `write` id of the version this one replaced (empty for the first).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    replaced: String,
     /// The lease record itself.
     record: LeaseRecord,
 }
@@ -131,21 +205,53 @@ impl StoredRecord {
     }
 }
 
+/// A fresh random id, as 16 hex digits.
+fn random_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// The name of the version file of `counter`.
+fn version_name(counter: u64) -> String {
+    format!("{counter:020}.json")
+}
+
+/// The counter of a version file's name, if it is one.
+fn version_counter(name: &[u8]) -> Option<u64> {
+    let digits = name.strip_suffix(b".json")?;
+    if digits.len() != 20 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
 /// The files of one (validated) lease.
 #[derive(Clone, Debug)]
 struct LeaseFiles {
     lease: String,
+    /// The store's directory.
     dir: PathBuf,
-    record: PathBuf,
-    temp: PathBuf,
+    /// The lease's directory, holding its versions.
+    versions: PathBuf,
+    /// The term marks.
+    terms: PathBuf,
     lock: PathBuf,
     floor: PathBuf,
     floor_temp: PathBuf,
+    /// The record of an older baton.
+    legacy: PathBuf,
+}
+
+impl LeaseFiles {
+    /// The path of a version file, for messages.
+    fn version_path(&self, counter: u64) -> PathBuf {
+        self.versions.join(version_name(counter))
+    }
 }
 
 impl EmbeddedStore {
     /// Opens the store in `dir`, creating the directory (and its parents) if
-    /// needed.
+    /// needed. Records of an older baton (`<lease>.lease.json`) are moved
+    /// into the current layout, keeping their versions.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|e| io_error(ANY_LEASE, "cannot create", &dir, e))?;
@@ -157,10 +263,12 @@ impl EmbeddedStore {
                 detail: format!("{} is not a directory", dir.display()),
             });
         }
-        Ok(Self {
+        let store = Self {
             dir: Arc::new(dir),
             seen: Arc::default(),
-        })
+        };
+        store.move_legacy_records()?;
+        Ok(store)
     }
 
     /// The directory holding the records (made absolute).
@@ -175,17 +283,7 @@ impl EmbeddedStore {
     /// deleted record's.
     pub async fn delete(&self, lease: &str) -> Result<bool, StoreError> {
         let files = self.files(lease)?;
-        locked(files, |files, _| match fs::remove_file(&files.record) {
-            Ok(()) => {
-                sync_dir(files)?;
-                // A temporary file left by a writer that died.
-                let _ = fs::remove_file(&files.temp);
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(io_error(&files.lease, "cannot remove", &files.record, e)),
-        })
-        .await
+        locked(files, remove_lease_dir).await
     }
 
     /// The files of `lease`, or [`StoreError::Refused`] if the name is invalid.
@@ -197,12 +295,31 @@ impl EmbeddedStore {
         Ok(LeaseFiles {
             lease: lease.into(),
             dir: self.dir.to_path_buf(),
-            record: self.dir.join(format!("{lease}{RECORD_SUFFIX}")),
-            temp: self.dir.join(format!(".{lease}.tmp")),
+            versions: self.dir.join(format!("{lease}{LEASE_SUFFIX}")),
+            terms: self.dir.join(format!(".{lease}.terms")),
             lock: self.dir.join(format!(".{lease}.lock")),
             floor: self.dir.join(format!(".{lease}.floor")),
             floor_temp: self.dir.join(format!(".{lease}.floor.tmp")),
+            legacy: self.dir.join(format!("{lease}{LEGACY_SUFFIX}")),
         })
+    }
+
+    /// Moves every record of an older baton into its lease's directory.
+    fn move_legacy_records(&self) -> Result<(), StoreError> {
+        let entries =
+            fs::read_dir(self.dir()).map_err(|e| io_error(ANY_LEASE, "cannot list", self.dir(), e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io_error(ANY_LEASE, "cannot list", self.dir(), e))?;
+            let name = entry.file_name();
+            let Some(lease) = name.to_str().and_then(|n| n.strip_suffix(LEGACY_SUFFIX)) else {
+                continue;
+            };
+            let Ok(files) = self.files(lease) else {
+                continue;
+            };
+            with_lock(&files, &|| None, move_legacy_record)?;
+        }
+        Ok(())
     }
 }
 
@@ -239,55 +356,10 @@ impl LeaseStore for EmbeddedStore {
         let files = self.files(lease)?;
         let record = record.clone();
         let version = version.to_owned();
-        let updated = locked(files, move |files, lock| {
-            let Some(current) = read_record(files)? else {
-                return Err(StoreError::Conflict {
-                    lease: files.lease.clone(),
-                    detail: format!("does not exist (expected version {version})"),
-                });
-            };
-            let current_version = current.version();
-            if current_version != version {
-                return Err(StoreError::Conflict {
-                    lease: files.lease.clone(),
-                    detail: format!("version is {current_version}, not {version}"),
-                });
-            }
-            // A new term must raise the floor. A renewal raises a floor
-            // that was lost (emptied by hand, or never written by an older
-            // baton), and goes on if the floor cannot be read: the next
-            // new term reports it.
-            let new_term = record.term > current.record.term;
-            match read_lock_state(files, lock) {
-                Ok(state) if state.floor < record.term => write_lock_state(
-                    files,
-                    LockState {
-                        floor: record.term,
-                        ..state
-                    },
-                )?,
-                Ok(_) => {}
-                Err(e) if new_term => return Err(e),
-                Err(_) => {}
-            }
-            let renewal = !new_term
-                && record.holder == current.record.holder
-                && record.instance == current.record.instance;
-            let stored = StoredRecord {
-                incarnation: current.incarnation,
-                counter: current.counter + 1,
-                record,
-            };
-            write_record(
-                files,
-                &stored,
-                if renewal {
-                    Durability::Visible
-                } else {
-                    Durability::Durable
-                },
-            )?;
-            Ok(stored.into_versioned())
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let _guard = AbandonOnDrop(abandoned.clone());
+        let updated = blocking(&files.lease.clone(), move || {
+            update_record(&files, &version, record, &abandoned)
         })
         .await?;
         self.seen.wrote(lease, &updated);
@@ -303,7 +375,7 @@ impl LeaseStore for EmbeddedStore {
             blocking(&files.lease.clone(), move || start_watcher(&files, signal)).await?
         };
         let state = WatchState {
-            _watcher: watcher,
+            watcher: Arc::new(Mutex::new(watcher)),
             signal,
             files,
             seen: self.seen.clone(),
@@ -322,15 +394,15 @@ impl LeaseStore for EmbeddedStore {
             for entry in entries {
                 let entry = entry.map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
                 let name = entry.file_name();
-                let Some(lease) = name.to_str().and_then(|n| n.strip_suffix(RECORD_SUFFIX)) else {
+                let Some(lease) = name.to_str().and_then(|n| n.strip_suffix(LEASE_SUFFIX)) else {
                     continue;
                 };
-                // Files that no store of ours would have written.
+                // Names that no store of ours would have written.
                 let Ok(files) = store.files(lease) else {
                     continue;
                 };
                 // `None`: deleted since the directory was read.
-                if let Some(stored) = read_record(&files)? {
+                if let Some((_, stored)) = read_current(&files)? {
                     leases.push((files.lease, stored.into_versioned()));
                 }
             }
@@ -352,14 +424,14 @@ impl EmbeddedStore {
     ) -> Result<Versioned, StoreError> {
         let files = self.files(lease)?;
         let record = record.clone();
-        let created = locked(files, move |files, lock| {
-            if let Some(current) = read_record(files)? {
+        let created = locked(files, move |files| {
+            if let Some((_, current)) = read_current(files)? {
                 return Err(StoreError::Conflict {
                     lease: files.lease.clone(),
                     detail: format!("already exists (version {})", current.version()),
                 });
             }
-            let state = read_lock_state(files, lock)?;
+            let state = read_lock_state(files)?;
             let highest = state.floor;
             if highest > floor {
                 return Err(StoreError::Conflict {
@@ -381,8 +453,10 @@ impl EmbeddedStore {
                 });
             }
             let stored = StoredRecord {
-                incarnation: format!("{:016x}", rand::random::<u64>()),
+                incarnation: random_id(),
                 counter: 1,
+                write: random_id(),
+                replaced: String::new(),
                 record,
             };
             // Counted before the record appears, so that a reader that
@@ -395,7 +469,7 @@ impl EmbeddedStore {
                     creates: state.creates.wrapping_add(1),
                 },
             )?;
-            write_record(files, &stored, Durability::Durable)?;
+            install_lease_dir(files, &stored)?;
             Ok(stored.into_versioned())
         })
         .await?;
@@ -428,7 +502,16 @@ impl Drop for AbandonOnDrop {
     }
 }
 
-/// Runs `work` on the blocking pool while holding the lease's lock.
+/// The error of a request whose caller gave up on it.
+fn abandoned_error(files: &LeaseFiles) -> StoreError {
+    StoreError::Unavailable {
+        lease: files.lease.clone(),
+        detail: "request abandoned before it was written".into(),
+    }
+}
+
+/// Runs `work` on the blocking pool while holding the lease's lock (for a
+/// create or a delete).
 ///
 /// If the caller drops the returned future while the lock is being waited
 /// for, `work` does not run: a caller that gave up on a request (a timeout)
@@ -436,112 +519,122 @@ impl Drop for AbandonOnDrop {
 async fn locked<T, F>(files: LeaseFiles, work: F) -> Result<T, StoreError>
 where
     T: Send + 'static,
-    F: FnOnce(&LeaseFiles, &File) -> Result<T, StoreError> + Send + 'static,
+    F: FnOnce(&LeaseFiles) -> Result<T, StoreError> + Send + 'static,
 {
     let abandoned = Arc::new(AtomicBool::new(false));
     let _guard = AbandonOnDrop(abandoned.clone());
     let lease = files.lease.clone();
     blocking(&lease, move || {
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&files.lock)
-            .map_err(|e| io_error(&files.lease, "cannot open lock file", &files.lock, e))?;
-        take_lock(&files, &lock, false, || {
+        let give_up = || {
             abandoned
                 .load(Ordering::SeqCst)
                 .then(|| "request abandoned while waiting for the lock".into())
-        })?;
-        let result = if abandoned.load(Ordering::SeqCst) {
-            Err(StoreError::Unavailable {
-                lease: files.lease.clone(),
-                detail: "request abandoned while waiting for the lock".into(),
-            })
-        } else {
-            work(&files, &lock)
         };
-        // Closing the file would release the lock too; be explicit.
-        let _ = lock.unlock();
-        result
+        with_lock(&files, &give_up, |files| {
+            if abandoned.load(Ordering::SeqCst) {
+                return Err(abandoned_error(files));
+            }
+            work(files)
+        })
     })
     .await
 }
 
+/// Runs `work` while holding the lease's lock, waiting for it until
+/// `give_up` says why not.
+fn with_lock<T>(
+    files: &LeaseFiles,
+    give_up: &dyn Fn() -> Option<String>,
+    work: impl FnOnce(&LeaseFiles) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&files.lock)
+        .map_err(|e| io_error(&files.lease, "cannot open lock file", &files.lock, e))?;
+    take_lock(files, &lock, false, give_up)?;
+    let result = work(files);
+    // Closing the file would release the lock too; be explicit.
+    let _ = lock.unlock();
+    result
+}
+
 /// Reads a lease's record and, if there is none, its [`LockState`] (zeros
-/// if it has none), under a shared lock so that a writer's state is never
-/// read half-written.
+/// if it has none), the latter under a shared lock so that a create's state
+/// is never read half-written.
 fn observe(files: &LeaseFiles) -> Result<Found, StoreError> {
     let missing = |state: LockState| Found::Missing {
         last: None,
         floor: Some(state.floor),
         creates: Some(state.creates),
     };
-    if let Some(stored) = read_record(files)? {
+    if let Some((_, stored)) = read_current(files)? {
         return Ok(Found::Record(stored.into_versioned()));
     }
     let lock = match File::open(&files.lock) {
         Ok(lock) => lock,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(missing(LockState::default())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(missing(read_lock_state(files)?)),
         Err(e) => return Err(io_error(&files.lease, "cannot open lock file", &files.lock, e)),
     };
     // Give up after a while, as a timeout would.
-    let deadline = std::time::Instant::now() + SHARED_LOCK_WAIT;
-    take_lock(files, &lock, true, || {
-        (std::time::Instant::now() >= deadline).then(|| {
+    let deadline = Instant::now() + SHARED_LOCK_WAIT;
+    take_lock(files, &lock, true, &|| {
+        (Instant::now() >= deadline).then(|| {
             format!(
-                "{} stayed locked by a writer for {SHARED_LOCK_WAIT:?}",
+                "{} stayed locked by a create or delete for {SHARED_LOCK_WAIT:?}",
                 files.lock.display()
             )
         })
     })?;
-    // Created while we waited for the lock.
-    if let Some(stored) = read_record(files)? {
-        return Ok(Found::Record(stored.into_versioned()));
-    }
-    let state = read_lock_state(files, &lock)?;
+    let result = match read_current(files) {
+        // Created while we waited for the lock.
+        Ok(Some((_, stored))) => Ok(Found::Record(stored.into_versioned())),
+        Ok(None) => read_lock_state(files).map(missing),
+        Err(e) => Err(e),
+    };
     let _ = lock.unlock();
-    Ok(missing(state))
+    result
 }
 
 /// What is kept of a lease besides its record: the term floor (the highest
 /// term ever written) and how many times the record was created. Both only
-/// grow. They live in the floor file, replaced whole (write, fsync, rename)
-/// under the lease's lock, so that a writer killed at any point leaves the
-/// old state or the new one. Before the floor file, they were written in
-/// place into the lock file: such a lock file is read while there is no
-/// floor file, and the next write moves them over. No state at all reads
-/// as zeros; one written before the create count reads as count 0.
+/// grow. The floor is the higher of the term marks (`.<lease>.terms/`) and
+/// the floor file's; the count is the floor file's, replaced whole (write,
+/// fsync, rename) under the lease's lock, so that a writer killed at any
+/// point leaves the old state or the new one. Before the floor file, both
+/// were written in place into the lock file: such a lock file is read
+/// while there is no floor file, and the next create moves them over. No
+/// state at all reads as zeros; one written before the create count reads
+/// as count 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct LockState {
     floor: u64,
     creates: u64,
 }
 
-/// Reads a lease's [`LockState`] (the caller holds the lock, shared or not):
-/// from the floor file, or from the lock file of an older baton.
-fn read_lock_state(files: &LeaseFiles, lock: &File) -> Result<LockState, StoreError> {
-    use std::io::Read;
+/// Reads a lease's [`LockState`]: the floor file (or the lock file of an
+/// older baton) and the term marks.
+fn read_lock_state(files: &LeaseFiles) -> Result<LockState, StoreError> {
     // Two numbers of at most 20 digits each; anything longer is wrong.
     const MOST: u64 = 128;
-    let (path, text) = match File::open(&files.floor) {
-        Ok(file) => {
-            let mut text = String::new();
-            file.take(MOST)
-                .read_to_string(&mut text)
-                .map_err(|e| io_error(&files.lease, "cannot read", &files.floor, e))?;
-            (&files.floor, text)
+    let read = |path: &Path| -> Result<Option<String>, StoreError> {
+        match File::open(path) {
+            Ok(file) => {
+                let mut bytes = Vec::new();
+                file.take(MOST)
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| io_error(&files.lease, "cannot read", path, e))?;
+                Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_error(&files.lease, "cannot read", path, e)),
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            use std::os::unix::fs::FileExt;
-            let mut buf = [0u8; MOST as usize];
-            let n = lock
-                .read_at(&mut buf, 0)
-                .map_err(|e| io_error(&files.lease, "cannot read", &files.lock, e))?;
-            (&files.lock, String::from_utf8_lossy(&buf[..n]).into_owned())
-        }
-        Err(e) => return Err(io_error(&files.lease, "cannot read", &files.floor, e)),
+    };
+    let (path, text) = match read(&files.floor)? {
+        Some(text) => (&files.floor, text),
+        None => (&files.lock, read(&files.lock)?.unwrap_or_default()),
     };
     let bad = || StoreError::Refused {
         lease: files.lease.clone(),
@@ -564,38 +657,80 @@ fn read_lock_state(files: &LeaseFiles, lock: &File) -> Result<LockState, StoreEr
     if numbers.next().is_some() {
         return Err(bad());
     }
-    Ok(state)
+    let marks = term_marks(files)?;
+    Ok(LockState {
+        floor: state.floor.max(marks.last().copied().unwrap_or(0)),
+        ..state
+    })
 }
 
-/// Replaces a lease's [`LockState`] atomically and durably (the caller holds
-/// the lock): the floor file is written whole and renamed into place.
+/// Replaces a lease's floor file atomically and durably (the caller holds
+/// the lock): written whole and renamed into place.
 fn write_lock_state(files: &LeaseFiles, state: LockState) -> Result<(), StoreError> {
     let text = format!("{} {}\n", state.floor, state.creates);
-    replace_file(
-        files,
-        &files.floor_temp,
-        &files.floor,
-        text.as_bytes(),
-        Durability::Durable,
-    )
+    replace_file(files, &files.floor_temp, &files.floor, text.as_bytes())
 }
 
-/// The longest a reader waits for a writer to release a lease's lock (a
-/// compare-and-swap takes milliseconds; the elector's own request timeout
-/// usually gives up sooner).
-const SHARED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// The term marks of a lease, lowest first. Names that are not numbers
+/// are not marks (an editor's backup file, say) and are left alone.
+fn term_marks(files: &LeaseFiles) -> Result<Vec<u64>, StoreError> {
+    let entries = match fs::read_dir(&files.terms) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_error(&files.lease, "cannot list", &files.terms, e)),
+    };
+    let mut marks = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error(&files.lease, "cannot list", &files.terms, e))?;
+        if let Some(term) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+            marks.push(term);
+        }
+    }
+    marks.sort_unstable();
+    Ok(marks)
+}
+
+/// Raises the lease's term floor to `term`, durably, without a lock: marks
+/// only ever add a name, so of two writers raising it at once neither can
+/// lower what the other wrote. Keeps the highest few marks.
+fn raise_floor(files: &LeaseFiles, term: u64) -> Result<(), StoreError> {
+    let cannot = |what: &str, path: &Path, e: io::Error| io_error(&files.lease, what, path, e);
+    let fresh = match fs::create_dir(&files.terms) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(cannot("cannot create", &files.terms, e)),
+    };
+    let mark = files.terms.join(term.to_string());
+    File::create(&mark).map_err(|e| cannot("cannot create", &mark, e))?;
+    File::open(&files.terms)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| cannot("cannot sync", &files.terms, e))?;
+    if fresh {
+        sync_dir(files)?;
+    }
+    let marks = term_marks(files)?;
+    for old in marks.iter().rev().skip(KEPT_TERM_MARKS) {
+        let _ = fs::remove_file(files.terms.join(old.to_string()));
+    }
+    Ok(())
+}
+
+/// The longest a reader waits for a create or delete to release a lease's
+/// lock (they take milliseconds; the elector's own request timeout usually
+/// gives up sooner).
+const SHARED_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// Takes `lock`, shared or exclusive, without pinning this thread for good
-/// behind a holder that keeps it far longer than one compare-and-swap (a
-/// stopped process, a stuck fsync): polls it, and fails with the reason
-/// `give_up` returns once it returns one.
+/// behind a holder that keeps it far longer than one create (a stopped
+/// process, a stuck fsync): polls it, and fails with the reason `give_up`
+/// returns once it returns one.
 fn take_lock(
     files: &LeaseFiles,
     lock: &File,
     shared: bool,
-    give_up: impl Fn() -> Option<String>,
+    give_up: &dyn Fn() -> Option<String>,
 ) -> Result<(), StoreError> {
-    let mut pause = std::time::Duration::from_millis(1);
+    let mut pause = Duration::from_millis(1);
     loop {
         if let Some(detail) = give_up() {
             return Err(StoreError::Unavailable {
@@ -612,7 +747,7 @@ fn take_lock(
             Ok(()) => return Ok(()),
             Err(std::fs::TryLockError::WouldBlock) => {
                 std::thread::sleep(pause);
-                pause = (pause * 2).min(std::time::Duration::from_millis(10));
+                pause = (pause * 2).min(Duration::from_millis(10));
             }
             Err(std::fs::TryLockError::Error(e)) => {
                 return Err(io_error(&files.lease, "cannot lock", &files.lock, e));
@@ -621,63 +756,474 @@ fn take_lock(
     }
 }
 
-/// Reads a lease's record; `None` if there is none.
-fn read_record(files: &LeaseFiles) -> Result<Option<StoredRecord>, StoreError> {
-    let bytes = match fs::read(&files.record) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_error(&files.lease, "cannot read", &files.record, e)),
+/// Opens the lease's directory; `None` if there is none.
+fn open_lease_dir(files: &LeaseFiles) -> Result<Option<OwnedFd>, StoreError> {
+    match rustix::fs::open(
+        &files.versions,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(dir) => Ok(Some(dir)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(Errno::NOTDIR) => Err(StoreError::Malformed {
+            lease: files.lease.clone(),
+            detail: format!(
+                "{} is not a directory; baton never overwrites what it cannot read: move it away \
+                 (the lease is then free, and its terms go on from the floor)",
+                files.versions.display()
+            ),
+        }),
+        Err(e) => Err(errno_error(&files.lease, "cannot open", &files.versions, e)),
+    }
+}
+
+/// What a lease's directory holds.
+#[derive(Debug, Default)]
+struct Listing {
+    /// The counters of its version files, lowest first.
+    counters: Vec<u64>,
+    /// The names of its temporary files.
+    temps: Vec<OsString>,
+}
+
+/// Lists the lease directory `dir`.
+fn list_versions(files: &LeaseFiles, dir: &OwnedFd) -> Result<Listing, StoreError> {
+    use std::os::unix::ffi::OsStringExt;
+    let cannot = |e| errno_error(&files.lease, "cannot list", &files.versions, e);
+    let mut listing = Listing::default();
+    for entry in rustix::fs::Dir::read_from(dir).map_err(cannot)? {
+        let entry = entry.map_err(cannot)?;
+        let name = entry.file_name().to_bytes();
+        if let Some(counter) = version_counter(name) {
+            listing.counters.push(counter);
+        } else if name.starts_with(b".tmp-") {
+            listing.temps.push(OsString::from_vec(name.to_vec()));
+        }
+    }
+    listing.counters.sort_unstable();
+    Ok(listing)
+}
+
+/// Reads the version `counter` in the lease directory `dir`; `None` if it
+/// is not there (any more).
+fn read_version(files: &LeaseFiles, dir: &OwnedFd, counter: u64) -> Result<Option<StoredRecord>, StoreError> {
+    let path = files.version_path(counter);
+    let file = match rustix::fs::openat(
+        dir,
+        version_name(counter),
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    ) {
+        Ok(file) => file,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(errno_error(&files.lease, "cannot open", &path, e)),
     };
+    let mut bytes = Vec::new();
+    File::from(file)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error(&files.lease, "cannot read", &path, e))?;
+    parse_record(files, &path, &bytes, Some(counter)).map(Some)
+}
+
+/// Parses a version file (or an older baton's record) read from `path`;
+/// `counter` is the one its name says, if it has one.
+fn parse_record(
+    files: &LeaseFiles,
+    path: &Path,
+    bytes: &[u8],
+    counter: Option<u64>,
+) -> Result<StoredRecord, StoreError> {
     let malformed = |detail: String| StoreError::Malformed {
         lease: files.lease.clone(),
         detail: format!(
-            "{}: {detail}; baton never overwrites a record it cannot read: restore the file \
-             or delete it (the lease is then free, and its terms go on from the floor in {})",
-            files.record.display(),
-            files.floor.display()
+            "{}: {detail}; baton never overwrites a record it cannot read: restore the file, \
+             or delete the lease's directory {} (the lease is then free, and its terms go on \
+             from the floor)",
+            path.display(),
+            files.versions.display()
         ),
     };
-    let stored: StoredRecord = serde_json::from_slice(&bytes).map_err(|e| malformed(e.to_string()))?;
+    let stored: StoredRecord = serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
     if stored.incarnation.is_empty() || !stored.incarnation.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return Err(malformed(format!(
             "incarnation {:?} is not alphanumeric",
             stored.incarnation
         )));
     }
-    Ok(Some(stored))
+    if let Some(counter) = counter
+        && stored.counter != counter
+    {
+        return Err(malformed(format!(
+            "holds counter {} under the name of counter {counter}",
+            stored.counter
+        )));
+    }
+    Ok(stored)
 }
 
-/// How far a write must have gone when it returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Durability {
-    /// Visible to every process (renamed into place): a renewal.
-    Visible,
-    /// On disk too (fsynced, and the directory): everything else.
-    Durable,
+/// Reads a lease's record: its newest version, with the lease directory it
+/// was read from. `None` if the lease has no directory or no version in it.
+fn read_current(files: &LeaseFiles) -> Result<Option<(OwnedFd, StoredRecord)>, StoreError> {
+    for _ in 0..READ_ATTEMPTS {
+        let Some(dir) = open_lease_dir(files)? else {
+            return Ok(None);
+        };
+        let Some(&newest) = list_versions(files, &dir)?.counters.last() else {
+            return Ok(None);
+        };
+        // `None`: removed as old since it was listed; list again.
+        if let Some(stored) = read_version(files, &dir, newest)? {
+            return Ok(Some((dir, stored)));
+        }
+    }
+    Err(StoreError::Unavailable {
+        lease: files.lease.clone(),
+        detail: format!(
+            "the newest version in {} was replaced {READ_ATTEMPTS} times before it could be read",
+            files.versions.display()
+        ),
+    })
 }
 
-/// Replaces a lease's record atomically. The caller holds the lease's lock.
-fn write_record(files: &LeaseFiles, stored: &StoredRecord, durability: Durability) -> Result<(), StoreError> {
+/// An update: writes `record` over the current record if its version is
+/// still `version`.
+fn update_record(
+    files: &LeaseFiles,
+    version: &str,
+    record: LeaseRecord,
+    abandoned: &AtomicBool,
+) -> Result<Versioned, StoreError> {
+    let Some((dir, current)) = read_current(files)? else {
+        return Err(StoreError::Conflict {
+            lease: files.lease.clone(),
+            detail: format!("does not exist (expected version {version})"),
+        });
+    };
+    let current_version = current.version();
+    if current_version != version {
+        return Err(StoreError::Conflict {
+            lease: files.lease.clone(),
+            detail: format!("version is {current_version}, not {version}"),
+        });
+    }
+    // A new term must raise the floor first. A renewal raises a floor that
+    // was lost (emptied by hand, or never written by an older baton), and
+    // goes on if the floor cannot be read: the next new term reports it.
+    let new_term = record.term > current.record.term;
+    match read_lock_state(files) {
+        Ok(state) if state.floor < record.term => raise_floor(files, record.term)?,
+        Ok(_) => {}
+        Err(e) if new_term => return Err(e),
+        Err(_) => {}
+    }
+    let renewal =
+        !new_term && record.holder == current.record.holder && record.instance == current.record.instance;
+    let stored = StoredRecord {
+        incarnation: current.incarnation,
+        counter: current.counter + 1,
+        write: random_id(),
+        replaced: current.write,
+        record,
+    };
+    if abandoned.load(Ordering::SeqCst) {
+        return Err(abandoned_error(files));
+    }
+    commit(
+        files,
+        &dir,
+        &stored,
+        if renewal {
+            Durability::Visible
+        } else {
+            Durability::Durable
+        },
+    )?;
+    Ok(stored.into_versioned())
+}
+
+/// Encodes a version file.
+fn encode(files: &LeaseFiles, stored: &StoredRecord) -> Result<Vec<u8>, StoreError> {
     let mut json = serde_json::to_vec_pretty(stored).map_err(|e| StoreError::Refused {
         lease: files.lease.clone(),
         detail: format!("cannot encode record: {e}"),
     })?;
     json.push(b'\n');
-    replace_file(files, &files.temp, &files.record, &json, durability)
+    Ok(json)
 }
 
-/// Replaces `path` with `contents` atomically: writes `temp`, renames it
-/// over `path`, and if `durability` asks, fsyncs the file before the rename
-/// and the directory after. A process killed at any point leaves the old
-/// file or the new one, never a torn one. The caller holds the lease's lock
-/// (so `temp` is its own).
-fn replace_file(
+/// Writes the version `stored` into the lease directory `dir`, over the
+/// version before it: see [Compare-and-swap without a
+/// lock](self#compare-and-swap-without-a-lock).
+fn commit(
     files: &LeaseFiles,
-    temp: &Path,
-    path: &Path,
-    contents: &[u8],
+    dir: &OwnedFd,
+    stored: &StoredRecord,
     durability: Durability,
 ) -> Result<(), StoreError> {
+    let json = encode(files, stored)?;
+    let temp = format!(".tmp-{}", random_id());
+    let temp_path = files.versions.join(&temp);
+    let file = match rustix::fs::openat(
+        dir,
+        &temp,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    ) {
+        Ok(file) => File::from(file),
+        Err(Errno::NOENT) => return Err(deleted_meanwhile(files)),
+        Err(e) => return Err(errno_error(&files.lease, "cannot create", &temp_path, e)),
+    };
+    let written = (&file).write_all(&json).and_then(|()| match durability {
+        Durability::Durable => file.sync_all(),
+        Durability::Visible => Ok(()),
+    });
+    if let Err(e) = written {
+        let _ = rustix::fs::unlinkat(dir, &temp, AtFlags::empty());
+        return Err(io_error(&files.lease, "cannot write", &temp_path, e));
+    }
+    #[cfg(test)]
+    tests::before_link();
+    let name = version_name(stored.counter);
+    let linked = rustix::fs::linkat(dir, &temp, dir, &name, AtFlags::empty());
+    let _ = rustix::fs::unlinkat(dir, &temp, AtFlags::empty());
+    match linked {
+        Ok(()) => {}
+        Err(Errno::EXIST) => {
+            return Err(StoreError::Conflict {
+                lease: files.lease.clone(),
+                detail: format!(
+                    "version {}-{} was replaced by another writer first",
+                    stored.incarnation,
+                    stored.counter - 1
+                ),
+            });
+        }
+        // The directory was removed, or the temporary file was (taken for
+        // one left by a dead writer: this one was stopped for a minute).
+        Err(Errno::NOENT) => return Err(deleted_meanwhile(files)),
+        Err(e) => {
+            return Err(errno_error(
+                &files.lease,
+                "cannot link",
+                &files.version_path(stored.counter),
+                e,
+            ));
+        }
+    }
+    let listing = confirm(files, dir, &file, stored)?;
+    if durability == Durability::Durable {
+        rustix::fs::fsync(dir).map_err(|e| errno_error(&files.lease, "cannot sync", &files.versions, e))?;
+    }
+    prune(dir, &listing, stored.counter);
+    Ok(())
+}
+
+/// The conflict of a write into a lease deleted since it was read.
+fn deleted_meanwhile(files: &LeaseFiles) -> StoreError {
+    StoreError::Conflict {
+        lease: files.lease.clone(),
+        detail: "deleted while being written".into(),
+    }
+}
+
+/// Right after linking `stored` (whose file is still open as `file`):
+/// whether it is the lease's record, or was, or was a stale write that
+/// re-created an old version's name. Returns the listing it read.
+fn confirm(
+    files: &LeaseFiles,
+    dir: &OwnedFd,
+    file: &File,
+    stored: &StoredRecord,
+) -> Result<Listing, StoreError> {
+    // The directory is still the lease's, not one moved away.
+    let live =
+        rustix::fs::fstat(dir).map_err(|e| errno_error(&files.lease, "cannot stat", &files.versions, e))?;
+    match rustix::fs::stat(&files.versions) {
+        Ok(named) if named.st_ino == live.st_ino && named.st_dev == live.st_dev => {}
+        _ => return Err(deleted_meanwhile(files)),
+    }
+    let listing = list_versions(files, dir)?;
+    if listing.counters.last() == Some(&stored.counter) {
+        return Ok(listing);
+    }
+    let stale = || StoreError::Conflict {
+        lease: files.lease.clone(),
+        detail: format!(
+            "version {}-{} was replaced long ago: this write was stale and is not the record",
+            stored.incarnation,
+            stored.counter - 1
+        ),
+    };
+    let unknown = |why: String| StoreError::Unavailable {
+        lease: files.lease.clone(),
+        detail: format!(
+            "wrote version {}, then {why}: it may have been the record for a moment",
+            stored.version()
+        ),
+    };
+    // Newer versions exist. Ours was the record if the next one replaced
+    // it; a stale write re-created the name of a version removed as old.
+    match read_version(files, dir, stored.counter + 1) {
+        Ok(Some(next)) if next.replaced == stored.write => Ok(listing),
+        Ok(Some(_)) => Err(stale()),
+        // Versions are removed lowest first: had the next one replaced
+        // ours and been removed, ours would have been removed before it.
+        Ok(None) => match rustix::fs::fstat(file) {
+            Ok(ours) if ours.st_nlink > 0 => Err(stale()),
+            Ok(_) => Err(unknown("more than a dozen newer ones".into())),
+            Err(e) => Err(unknown(format!("could not check it: {e}"))),
+        },
+        Err(e) => Err(unknown(format!("could not read the next one: {e}"))),
+    }
+}
+
+/// Removes, lowest first, the versions older than the kept ones below
+/// `newest`, and temporary files left by writers that died or stopped.
+fn prune(dir: &OwnedFd, listing: &Listing, newest: u64) {
+    for &counter in &listing.counters {
+        if counter + KEPT_VERSIONS < newest {
+            let _ = rustix::fs::unlinkat(dir, version_name(counter), AtFlags::empty());
+        }
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    for temp in &listing.temps {
+        if let Ok(stat) = rustix::fs::statat(dir, temp.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
+            && now.saturating_sub(Duration::from_secs(stat.st_mtime.max(0) as u64)) > STALE_TEMP_AGE
+        {
+            let _ = rustix::fs::unlinkat(dir, temp.as_os_str(), AtFlags::empty());
+        }
+    }
+}
+
+/// Moves a new lease directory holding `stored` into place (the caller
+/// holds the lock and found no record). A directory without versions (its
+/// files removed by hand) is no record and is replaced.
+fn install_lease_dir(files: &LeaseFiles, stored: &StoredRecord) -> Result<(), StoreError> {
+    remove_leftovers(files);
+    let staging = files.dir.join(format!(".{}.new-{}", files.lease, random_id()));
+    let installed = (|| {
+        fs::create_dir(&staging).map_err(|e| io_error(&files.lease, "cannot create", &staging, e))?;
+        let path = staging.join(version_name(stored.counter));
+        let mut file = File::create(&path).map_err(|e| io_error(&files.lease, "cannot create", &path, e))?;
+        file.write_all(&encode(files, stored)?)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io_error(&files.lease, "cannot write", &path, e))?;
+        File::open(&staging)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| io_error(&files.lease, "cannot sync", &staging, e))?;
+        let rename = || {
+            rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                &staging,
+                rustix::fs::CWD,
+                &files.versions,
+                RenameFlags::NOREPLACE,
+            )
+        };
+        match rename() {
+            Ok(()) => {}
+            Err(Errno::EXIST | Errno::NOTEMPTY) => {
+                match rustix::fs::unlinkat(rustix::fs::CWD, &files.versions, AtFlags::REMOVEDIR) {
+                    Ok(()) => {
+                        rename().map_err(|e| errno_error(&files.lease, "cannot rename", &staging, e))?
+                    }
+                    Err(Errno::NOTEMPTY | Errno::EXIST) => {
+                        return Err(StoreError::Conflict {
+                            lease: files.lease.clone(),
+                            detail: "written while it was being created".into(),
+                        });
+                    }
+                    Err(e) => return Err(errno_error(&files.lease, "cannot replace", &files.versions, e)),
+                }
+            }
+            Err(Errno::INVAL) => {
+                return Err(StoreError::Refused {
+                    lease: files.lease.clone(),
+                    detail: format!(
+                        "the file system of {} cannot rename without replacing \
+                         (renameat2 RENAME_NOREPLACE); the embedded store needs one that can \
+                         (a local file system such as ext4, xfs, btrfs or tmpfs)",
+                        files.dir.display()
+                    ),
+                });
+            }
+            Err(e) => return Err(errno_error(&files.lease, "cannot rename", &staging, e)),
+        }
+        sync_dir(files)
+    })();
+    if installed.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    installed
+}
+
+/// Removes what a create or delete killed half-way left in the store's
+/// directory (the caller holds the lock).
+fn remove_leftovers(files: &LeaseFiles) {
+    let Ok(entries) = fs::read_dir(&files.dir) else {
+        return;
+    };
+    let new = format!(".{}.new-", files.lease);
+    let deleted = format!(".{}.deleted-", files.lease);
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with(&new) || name.starts_with(&deleted) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Deletes a lease's directory (the caller holds the lock): moves it aside,
+/// so that no write lands in it from then on, then removes it.
+fn remove_lease_dir(files: &LeaseFiles) -> Result<bool, StoreError> {
+    let trash = files
+        .dir
+        .join(format!(".{}.deleted-{}", files.lease, random_id()));
+    match fs::rename(&files.versions, &trash) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_error(&files.lease, "cannot move", &files.versions, e)),
+    }
+    sync_dir(files)?;
+    let _ = fs::remove_dir_all(&trash);
+    Ok(true)
+}
+
+/// Moves the record of an older baton, `<lease>.lease.json`, into a lease
+/// directory under the same version (the caller holds the lock).
+fn move_legacy_record(files: &LeaseFiles) -> Result<(), StoreError> {
+    let bytes = match fs::read(&files.legacy) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error(&files.lease, "cannot read", &files.legacy, e)),
+    };
+    // Moved already, by a process that died before removing the old file.
+    if open_lease_dir(files)?.is_none() {
+        let stored = parse_record(files, &files.legacy, &bytes, None)?;
+        install_lease_dir(files, &stored)?;
+    }
+    fs::remove_file(&files.legacy).map_err(|e| io_error(&files.lease, "cannot remove", &files.legacy, e))?;
+    let _ = fs::remove_file(files.dir.join(format!(".{}.tmp", files.lease)));
+    sync_dir(files)
+}
+
+/// How far a write must have gone when it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durability {
+    /// Visible to every process (linked into place): a renewal.
+    Visible,
+    /// On disk too (fsynced, and the directory): everything else.
+    Durable,
+}
+
+/// Replaces `path` with `contents` atomically and durably: writes `temp`,
+/// fsyncs it, renames it over `path` and fsyncs the directory. A process
+/// killed at any point leaves the old file or the new one, never a torn
+/// one. The caller holds the lease's lock (so `temp` is its own).
+fn replace_file(files: &LeaseFiles, temp: &Path, path: &Path, contents: &[u8]) -> Result<(), StoreError> {
     let written = OpenOptions::new()
         .write(true)
         .create(true)
@@ -685,10 +1231,7 @@ fn replace_file(
         .open(temp)
         .and_then(|mut file| {
             file.write_all(contents)?;
-            if durability == Durability::Durable {
-                file.sync_all()?;
-            }
-            Ok(())
+            file.sync_all()
         });
     if let Err(e) = written {
         let _ = fs::remove_file(temp);
@@ -698,17 +1241,19 @@ fn replace_file(
         let _ = fs::remove_file(temp);
         return Err(io_error(&files.lease, "cannot replace", path, e));
     }
-    match durability {
-        Durability::Durable => sync_dir(files),
-        Durability::Visible => Ok(()),
-    }
+    sync_dir(files)
 }
 
-/// Makes a rename or removal in the directory durable.
+/// Makes a rename or removal in the store's directory durable.
 fn sync_dir(files: &LeaseFiles) -> Result<(), StoreError> {
     File::open(&files.dir)
         .and_then(|dir| dir.sync_all())
         .map_err(|e| io_error(&files.lease, "cannot sync", &files.dir, e))
+}
+
+/// [`io_error`] for a system call's error number.
+fn errno_error(lease: &str, what: &str, path: &Path, err: Errno) -> StoreError {
+    io_error(lease, what, path, io::Error::from(err))
 }
 
 /// Maps an I/O error: permission problems are refusals, the rest are taken
@@ -733,6 +1278,9 @@ struct Signal {
     /// Woken on every relevant event; wake-ups coalesce into one pending
     /// permit, which is all the stream needs since it re-reads the record.
     wake: tokio::sync::Notify,
+    /// The lease's directory appeared, vanished or was replaced: the stream
+    /// watches the one now at its name before it reads.
+    rewatch: AtomicBool,
     /// Set when the watch broke, with the reason.
     broken: Mutex<Option<String>>,
 }
@@ -750,15 +1298,12 @@ impl Signal {
     }
 }
 
-/// Starts an inotify watch on the directory that wakes `signal` whenever the
-/// lease's record may have changed.
+/// Starts an inotify watch on the store's directory that wakes `signal`
+/// whenever the lease's record may have changed. The lease's own directory
+/// is added by [`watch_lease_dir`].
 fn start_watcher(files: &LeaseFiles, signal: Arc<Signal>) -> Result<notify::RecommendedWatcher, StoreError> {
-    let record_name: OsString = files
-        .record
-        .file_name()
-        .expect("record path has a file name")
-        .to_owned();
     let dir = files.dir.clone();
+    let versions = files.versions.clone();
     let handler = move |event: notify::Result<notify::Event>| {
         let event = match event {
             Ok(event) => event,
@@ -769,11 +1314,11 @@ fn start_watcher(files: &LeaseFiles, signal: Arc<Signal>) -> Result<notify::Reco
         };
         if event.need_rescan() {
             // Events were lost; ours may have been among them.
+            signal.rewatch.store(true, Ordering::SeqCst);
             signal.wake.notify_one();
             return;
         }
-        let about_dir = event.paths.contains(&dir);
-        if about_dir
+        if event.paths.contains(&dir)
             && matches!(
                 event.kind,
                 EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
@@ -782,11 +1327,23 @@ fn start_watcher(files: &LeaseFiles, signal: Arc<Signal>) -> Result<notify::Reco
             signal.break_with(format!("{} was removed or moved", dir.display()));
             return;
         }
-        let about_record = event
-            .paths
-            .iter()
-            .any(|p| p.file_name() == Some(record_name.as_os_str()));
-        if about_record && may_change_content(&event.kind) {
+        if !may_change_content(&event.kind) {
+            return;
+        }
+        // The lease's directory itself: created, removed, moved.
+        if event.paths.contains(&versions) {
+            signal.rewatch.store(true, Ordering::SeqCst);
+            signal.wake.notify_one();
+            return;
+        }
+        // A version in it (not a temporary file).
+        let about_version = event.paths.iter().any(|p| {
+            p.parent() == Some(versions.as_path())
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| !n.starts_with('.'))
+        });
+        if about_version {
             signal.wake.notify_one();
         }
     };
@@ -803,9 +1360,34 @@ fn start_watcher(files: &LeaseFiles, signal: Arc<Signal>) -> Result<notify::Reco
     Ok(watcher)
 }
 
-/// Whether an event on the record file may mean its content changed.
-/// Reads (opening, closing after reading, access times) do not: reacting to
-/// them would make every read of the watch trigger the next.
+/// Watches the lease's directory now at its name, if there is one, in
+/// place of the one watched before.
+fn watch_lease_dir(
+    files: &LeaseFiles,
+    watcher: &Mutex<notify::RecommendedWatcher>,
+) -> Result<(), StoreError> {
+    let mut watcher = watcher.lock().unwrap_or_else(|e| e.into_inner());
+    // (Fails if the one watched before is gone: nothing to undo then.)
+    let _ = watcher.unwatch(&files.versions);
+    match watcher.watch(&files.versions, RecursiveMode::NonRecursive) {
+        Ok(()) => Ok(()),
+        // No lease directory (yet): its creation wakes the store's watch.
+        Err(e)
+            if matches!(&e.kind, notify::ErrorKind::PathNotFound)
+                || matches!(&e.kind, notify::ErrorKind::Io(io) if io.kind() == io::ErrorKind::NotFound) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(StoreError::Unavailable {
+            lease: files.lease.clone(),
+            detail: format!("cannot watch {}: {e}", files.versions.display()),
+        }),
+    }
+}
+
+/// Whether an event may mean a record changed. Reads (opening, closing
+/// after reading, access times) do not: reacting to them would make every
+/// read of the watch trigger the next.
 fn may_change_content(kind: &EventKind) -> bool {
     match kind {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
@@ -817,7 +1399,7 @@ fn may_change_content(kind: &EventKind) -> bool {
 
 /// The state of a watch stream. Dropping it drops the inotify watcher.
 struct WatchState {
-    _watcher: notify::RecommendedWatcher,
+    watcher: Arc<Mutex<notify::RecommendedWatcher>>,
     signal: Arc<Signal>,
     files: Arc<LeaseFiles>,
     seen: Arc<DeletedRecords>,
@@ -836,6 +1418,7 @@ async fn next_observation(
     }
     if state.first {
         state.first = false;
+        state.signal.rewatch.store(true, Ordering::SeqCst);
     } else {
         state.signal.wake.notified().await;
     }
@@ -848,10 +1431,19 @@ async fn next_observation(
         return Some((Err(error), state));
     }
     let files = state.files.clone();
+    let watcher = state.watcher.clone();
+    let rewatch = state.signal.rewatch.swap(false, Ordering::SeqCst);
     let ticket = state.seen.ticket(&files.lease);
-    let observed = blocking(&files.lease.clone(), move || observe(&files))
-        .await
-        .map(|found| state.seen.found_since(&state.files.lease, ticket, found));
+    let observed = blocking(&files.lease.clone(), move || {
+        // Watched before it is read, so no version written in between is
+        // missed.
+        if rewatch {
+            watch_lease_dir(&files, &watcher)?;
+        }
+        observe(&files)
+    })
+    .await
+    .map(|found| state.seen.found_since(&state.files.lease, ticket, found));
     Some((observed, state))
 }
 
@@ -895,6 +1487,28 @@ mod tests {
                 return next;
             }
         }
+    }
+
+    /// Deletes a lease behind the store's back, as an operator would.
+    fn remove_lease(dir: &Path, lease: &str) {
+        fs::remove_dir_all(dir.join(format!("{lease}.lease"))).unwrap();
+    }
+
+    /// The file of a lease's newest version.
+    fn newest_version(dir: &Path, lease: &str) -> PathBuf {
+        let versions = dir.join(format!("{lease}.lease"));
+        let mut names: Vec<_> = fs::read_dir(&versions)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        versions.join(names.last().expect("a version"))
+    }
+
+    /// The term floor of a lease, as the store reads it.
+    fn floor_of(store: &EmbeddedStore, lease: &str) -> u64 {
+        read_lock_state(&store.files(lease).unwrap()).unwrap().floor
     }
 
     /// The term floor in a floor file, as text.
@@ -1031,7 +1645,8 @@ mod tests {
         let b = store.create("b.jobs", &record(Some("x"), 1)).await.unwrap();
         let a = store.create("a", &record(None, 0)).await.unwrap();
         fs::write(store.dir().join("README"), "hello").unwrap();
-        fs::write(store.dir().join("Bad_Name.lease.json"), "{}").unwrap();
+        fs::create_dir(store.dir().join("Bad_Name.lease")).unwrap();
+        fs::write(store.dir().join("Bad_Name.lease/00000000000000000001.json"), "{}").unwrap();
         fs::write(store.dir().join(".c.tmp"), "{").unwrap();
         fs::create_dir(store.dir().join("sub")).unwrap();
         let listed = store.list().await.unwrap();
@@ -1121,7 +1736,7 @@ mod tests {
         let held = holder.create("demo", &record(Some("a"), 7)).await.unwrap();
         let mut watch = follower.watch("demo").await.unwrap();
         assert_eq!(next_within(&mut watch, 5).await, Some(held.clone()));
-        fs::remove_file(dir.path().join("demo.lease.json")).unwrap();
+        remove_lease(dir.path(), "demo");
 
         // Every reader that saw the record reads the same tombstone, again
         // and again.
@@ -1178,7 +1793,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(follower.get("demo").await.unwrap(), Some(released));
-        fs::remove_file(dir.path().join("demo.lease.json")).unwrap();
+        remove_lease(dir.path(), "demo");
         assert_eq!(follower.get("demo").await.unwrap(), Some(floor_record(7)));
         assert_eq!(holder.get("demo").await.unwrap(), Some(floor_record(7)));
 
@@ -1195,7 +1810,7 @@ mod tests {
                 .unwrap_err()
                 .is_conflict()
         );
-        fs::remove_file(dir.path().join("demo.lease.json")).unwrap();
+        remove_lease(dir.path(), "demo");
         assert_eq!(
             EmbeddedStore::open(dir.path())
                 .unwrap()
@@ -1213,9 +1828,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = EmbeddedStore::open(dir.path()).unwrap();
         let b = EmbeddedStore::open(dir.path()).unwrap();
-        let record_file = dir.path().join("demo.lease.json");
         a.create("demo", &record(None, 5)).await.unwrap();
-        fs::remove_file(&record_file).unwrap();
+        remove_lease(dir.path(), "demo");
         // b sees the lease released at term 5; a plain create is refused.
         let seen_by_b = b.get("demo").await.unwrap().unwrap();
         assert_eq!(seen_by_b, floor_record(5));
@@ -1231,7 +1845,7 @@ mod tests {
         a.update("demo", &seen_by_a.version, &record(Some("a"), 6))
             .await
             .unwrap();
-        fs::remove_file(&record_file).unwrap();
+        remove_lease(dir.path(), "demo");
         let err = b
             .update("demo", &seen_by_b.version, &record(Some("b"), 6))
             .await
@@ -1300,10 +1914,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let holder = EmbeddedStore::open(dir.path()).unwrap();
         let poller = EmbeddedStore::open(dir.path()).unwrap();
-        let record_file = dir.path().join("demo.lease.json");
         let held = holder.create("demo", &record(Some("h"), 4)).await.unwrap();
         assert_eq!(poller.get("demo").await.unwrap(), Some(held));
-        fs::remove_file(&record_file).unwrap();
+        remove_lease(dir.path(), "demo");
         let first = poller.get("demo").await.unwrap().unwrap();
         assert!(first.version.starts_with(TOMBSTONE));
         assert_eq!(
@@ -1319,7 +1932,7 @@ mod tests {
             .update("demo", &tomb.version, &record(Some("h"), 4))
             .await
             .unwrap();
-        fs::remove_file(&record_file).unwrap();
+        remove_lease(dir.path(), "demo");
         let second = poller.get("demo").await.unwrap().unwrap();
         assert_ne!(second.version, first.version);
         assert_eq!(second.record, first.record);
@@ -1339,8 +1952,8 @@ mod tests {
             .open(&files.lock)
             .unwrap();
         loop {
-            take_lock(&files, &lock, false, || None).unwrap();
-            let state = read_lock_state(&files, &lock).unwrap();
+            take_lock(&files, &lock, false, &|| None).unwrap();
+            let state = read_lock_state(&files).unwrap();
             write_lock_state(
                 &files,
                 LockState {
@@ -1376,8 +1989,7 @@ mod tests {
             std::thread::sleep(Duration::from_micros(rand::random_range(20_000..60_000)));
             child.kill().unwrap();
             child.wait().unwrap();
-            let lock = File::open(&files.lock).unwrap();
-            let state = read_lock_state(&files, &lock)
+            let state = read_lock_state(&files)
                 .unwrap_or_else(|e| panic!("after the writer was killed in round {round}: {e}"));
             assert!(
                 state.floor >= last,
@@ -1392,25 +2004,269 @@ mod tests {
         println!("a writer killed 40 times: the floor reads {last}, never torn");
     }
 
+    /// Set in a child process of the tests below: it stops itself
+    /// (`SIGSTOP`) in the middle of each write, its version written and not
+    /// yet linked.
+    const STOP_BEFORE_LINK: &str = "BATON_TEST_STOP_BEFORE_LINK";
+
+    /// Called by [`commit`] between writing a version and linking it.
+    pub(super) fn before_link() {
+        if std::env::var_os(STOP_BEFORE_LINK).is_some() {
+            // SAFETY: raise has no memory-safety preconditions.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+    }
+
+    /// The child's half of the tests below: `attempts` increments of lease
+    /// `demo` in `dir` (or as many as fit in `for_ms` milliseconds), one
+    /// line per outcome on stdout, then a summary line.
+    fn increment_as_a_child(dir: &Path) -> ! {
+        use std::io::Write as _;
+        let attempts: usize = std::env::var("BATON_TEST_ATTEMPTS").map_or(usize::MAX, |a| a.parse().unwrap());
+        let until = std::env::var("BATON_TEST_FOR_MS")
+            .map(|ms| Instant::now() + Duration::from_millis(ms.parse().unwrap()))
+            .ok();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = EmbeddedStore::open(dir).unwrap();
+        let (mut ok, mut conflict, mut unknown) = (0, 0, 0);
+        let mut out = std::io::stdout().lock();
+        // The test harness has written "test <name> ... " without a newline.
+        writeln!(out).unwrap();
+        for _ in 0..attempts {
+            if until.is_some_and(|until| Instant::now() >= until) {
+                break;
+            }
+            let current = rt.block_on(store.get("demo")).unwrap().unwrap();
+            let mut next = current.record.clone();
+            next.term += 1;
+            let outcome = match rt.block_on(store.update("demo", &current.version, &next)) {
+                Ok(_) => {
+                    ok += 1;
+                    "ok".to_string()
+                }
+                Err(e) if e.is_conflict() => {
+                    conflict += 1;
+                    format!("conflict {e}")
+                }
+                Err(StoreError::Unavailable { detail, .. }) => {
+                    unknown += 1;
+                    format!("unknown {detail}")
+                }
+                Err(e) => panic!("{e}"),
+            };
+            if until.is_none() {
+                writeln!(out, "attempt {outcome}").unwrap();
+                out.flush().unwrap();
+            }
+        }
+        writeln!(out, "done {ok} {conflict} {unknown}").unwrap();
+        out.flush().unwrap();
+        std::process::exit(0)
+    }
+
+    /// Starts this test binary as a child running [`increment_as_a_child`].
+    fn spawn_child(test: &str, dir: &Path, env: &[(&str, String)]) -> std::process::Child {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env("BATON_TEST_INCREMENTER", dir)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Waits until process `pid` is stopped.
+    fn wait_stopped(pid: u32) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            // "pid (comm) S ...": the state follows the last parenthesis.
+            let state = stat.rsplit(')').next().unwrap().trim_start().chars().next();
+            if state == Some('T') {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the child never stopped: {stat}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn signal(child: &std::process::Child, signal: i32) {
+        // SAFETY: kill has no memory-safety preconditions.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    }
+
+    /// `n` increments by this process, each retried on conflict, each
+    /// bounded by `within` (the lock of an older baton would hold them
+    /// until the stopped writer resumed).
+    fn increments(
+        rt: &tokio::runtime::Runtime,
+        store: &EmbeddedStore,
+        n: usize,
+        within: Duration,
+    ) -> Duration {
+        let started = Instant::now();
+        for _ in 0..n {
+            rt.block_on(async {
+                tokio::time::timeout(within, increment(store, "demo"))
+                    .await
+                    .expect("an increment finished while the other writer was stopped")
+            });
+        }
+        started.elapsed()
+    }
+
+    #[test]
+    fn a_writer_stopped_in_the_middle_of_its_write_blocks_no_one_and_its_write_fails() {
+        const NAME: &str = "store::embedded::tests::a_writer_stopped_in_the_middle_of_its_write_blocks_no_one_and_its_write_fails";
+        if let Some(dir) = std::env::var_os("BATON_TEST_INCREMENTER") {
+            increment_as_a_child(Path::new(&dir));
+        }
+        use std::io::BufRead as _;
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        rt.block_on(store.create("demo", &record(None, 0))).unwrap();
+        // How many writes this process makes while the child is stopped in
+        // each of its writes: none (its write lands), one (its link finds
+        // the name taken), and more than the versions kept (its link
+        // re-creates the name of a version removed long ago).
+        let rounds = [
+            0,
+            1,
+            0,
+            3,
+            KEPT_VERSIONS as usize,
+            0,
+            2 * KEPT_VERSIONS as usize + 5,
+            1,
+        ];
+        let mut child = spawn_child(
+            NAME,
+            dir.path(),
+            &[
+                (STOP_BEFORE_LINK, "1".into()),
+                ("BATON_TEST_ATTEMPTS", rounds.len().to_string()),
+            ],
+        );
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .map(|l| l.unwrap())
+            .filter(|l| l.starts_with("attempt ") || l.starts_with("done "));
+        let mut mine = 0;
+        let mut slowest = Duration::ZERO;
+        for (round, &writes) in rounds.iter().enumerate() {
+            wait_stopped(child.id());
+            slowest = slowest.max(increments(&rt, &store, writes, Duration::from_secs(5)));
+            mine += writes;
+            signal(&child, libc::SIGCONT);
+            let outcome = lines.next().expect("the child reports each attempt");
+            if writes == 0 {
+                assert_eq!(outcome, "attempt ok", "round {round}: nobody wrote meanwhile");
+            } else {
+                assert!(
+                    outcome.starts_with("attempt conflict"),
+                    "round {round}: {writes} writes came while the child was stopped, yet: {outcome}"
+                );
+            }
+            println!("round {round}: {writes} writes while stopped -> child's write: {outcome}");
+        }
+        let done = lines.next().unwrap();
+        assert!(child.wait().unwrap().success());
+        let landed = rounds.iter().filter(|&&w| w == 0).count();
+        assert_eq!(done, format!("done {landed} {} 0", rounds.len() - landed));
+        let last = rt.block_on(store.get("demo")).unwrap().unwrap();
+        assert_eq!(
+            last.record.term as usize,
+            mine + landed,
+            "no write lost, none stale landed"
+        );
+        println!("slowest batch of writes while the other writer was stopped: {slowest:?}");
+    }
+
+    #[test]
+    fn writers_stopped_at_random_moments_block_no_one_and_lose_no_update() {
+        const NAME: &str =
+            "store::embedded::tests::writers_stopped_at_random_moments_block_no_one_and_lose_no_update";
+        if let Some(dir) = std::env::var_os("BATON_TEST_INCREMENTER") {
+            increment_as_a_child(Path::new(&dir));
+        }
+        use std::io::BufRead as _;
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        rt.block_on(store.create("demo", &record(None, 0))).unwrap();
+        let mut child = spawn_child(NAME, dir.path(), &[("BATON_TEST_FOR_MS", "1500".into())]);
+        let mut mine = 0;
+        let mut times = Vec::new();
+        let started = Instant::now();
+        // Stopped at random moments while it writes as fast as it can; each
+        // time, this process writes twice before letting it go on.
+        while started.elapsed() < Duration::from_millis(1200) {
+            std::thread::sleep(Duration::from_micros(rand::random_range(0..20_000)));
+            signal(&child, libc::SIGSTOP);
+            wait_stopped(child.id());
+            times.push(increments(&rt, &store, 2, Duration::from_secs(5)));
+            mine += 2;
+            signal(&child, libc::SIGCONT);
+        }
+        let all: Vec<String> = std::io::BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .map(|l| l.unwrap())
+            .collect();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the child failed ({status}): {all:?}");
+        let out = all
+            .iter()
+            .find(|l| l.starts_with("done "))
+            .cloned()
+            .unwrap_or_default();
+        let counts: Vec<usize> = out
+            .split_whitespace()
+            .skip(1)
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let [ok, conflict, unknown] = counts[..] else {
+            panic!("no summary from the child: {all:?}")
+        };
+        assert!(ok > 100, "the child wrote only {ok} times");
+        let last = rt.block_on(store.get("demo")).unwrap().unwrap().record.term as usize;
+        assert!(
+            (mine + ok..=mine + ok + unknown).contains(&last),
+            "the counter is {last}: {mine} by this process, {ok} by the child and {unknown} that may have landed"
+        );
+        times.sort();
+        println!(
+            "{} stops; two writes while stopped took {:?} at the median, {:?} at most; \
+             the child: {ok} written, {conflict} conflicts, {unknown} unknown",
+            times.len(),
+            times[times.len() / 2],
+            times[times.len() - 1]
+        );
+    }
+
     #[tokio::test]
     async fn a_lost_floor_is_restored_and_never_blocks_the_holder() {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path()).unwrap();
         let lock = dir.path().join(".demo.floor");
-        let record_file = dir.path().join("demo.lease.json");
         let held = store.create("demo", &record(Some("a"), 9)).await.unwrap();
         // The floor emptied by hand:
         // a renewal writes it again.
         fs::write(&lock, "").unwrap();
+        assert_eq!(floor_of(&store, "demo"), 0);
         let renewed = store
             .update("demo", &held.version, &record(Some("a"), 9))
             .await
             .unwrap();
-        assert_eq!(floor_in(&lock), "9");
+        assert_eq!(floor_of(&store, "demo"), 9);
         // Emptied again, then the record deleted while held: the holder
         // still writes it again in its term, and the floor is back.
         fs::write(&lock, "").unwrap();
-        fs::remove_file(&record_file).unwrap();
+        fs::remove_dir_all(dir.path().join(".demo.terms")).unwrap();
+        remove_lease(dir.path(), "demo");
         let tombstone = store.get("demo").await.unwrap().unwrap();
         assert_eq!(tombstone.version, format!("{TOMBSTONE}{}", renewed.version));
         store
@@ -1418,6 +2274,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(floor_in(&lock), "9");
+        assert_eq!(floor_of(&store, "demo"), 9);
     }
 
     #[tokio::test]
@@ -1441,7 +2298,7 @@ mod tests {
             if round % 2 == 0 {
                 assert!(store.delete("demo").await.unwrap());
             } else {
-                fs::remove_file(store.dir().join("demo.lease.json")).unwrap();
+                remove_lease(store.dir(), "demo");
             }
         }
         let current = recreate(&store, "demo", &record(None, 9)).await;
@@ -1456,7 +2313,7 @@ mod tests {
     async fn malformed_record_is_reported_with_lease_and_path() {
         let (_dir, store) = store();
         let v = store.create("demo", &record(Some("a"), 1)).await.unwrap();
-        let path = store.dir().join("demo.lease.json");
+        let path = newest_version(store.dir(), "demo");
         let full = fs::read(&path).unwrap();
         let cases: Vec<(&str, Vec<u8>)> = vec![
             ("empty", Vec::new()),
@@ -1505,12 +2362,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn leftover_temp_file_is_ignored_and_replaced() {
+    async fn leftover_temp_files_are_ignored_and_removed_once_old() {
         let (_dir, store) = store();
         let v1 = store.create("demo", &record(Some("a"), 1)).await.unwrap();
-        // As if a writer died after writing half of its temporary file.
-        let temp = store.dir().join(".demo.tmp");
-        fs::write(&temp, "{\"incarnation\": \"dead").unwrap();
+        // As if writers died after writing half of their temporary files:
+        // one a while ago, one just now (perhaps only stopped).
+        let versions = store.dir().join("demo.lease");
+        let old = versions.join(".tmp-dead");
+        let young = versions.join(".tmp-young");
+        for temp in [&old, &young] {
+            fs::write(temp, "{\"incarnation\": \"dead").unwrap();
+        }
+        File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - 2 * STALE_TEMP_AGE)
+            .unwrap();
         assert_eq!(store.get("demo").await.unwrap(), Some(v1.clone()));
         assert_eq!(
             store.list().await.unwrap(),
@@ -1521,36 +2389,98 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.get("demo").await.unwrap(), Some(v2));
-        assert!(!temp.exists(), "the next write cleaned it up");
-
-        // A temporary file of a lease that has no record yet.
-        fs::write(store.dir().join(".fresh.tmp"), "junk").unwrap();
-        assert_eq!(store.get("fresh").await.unwrap(), None);
-        store.create("fresh", &record(None, 0)).await.unwrap();
-        assert!(!store.dir().join(".fresh.tmp").exists());
+        assert!(!old.exists(), "the next write removed the old one");
+        assert!(young.exists(), "a young one may be a stopped writer's: kept");
     }
 
     #[tokio::test]
-    async fn abandoned_update_does_not_write() {
+    async fn old_versions_are_removed_lowest_first_and_never_read() {
+        let (_dir, store) = store();
+        let mut v = store.create("demo", &record(Some("a"), 1)).await.unwrap();
+        for _ in 0..40 {
+            v = store
+                .update("demo", &v.version, &record(Some("a"), 1))
+                .await
+                .unwrap();
+        }
+        let files = store.files("demo").unwrap();
+        let dir = open_lease_dir(&files).unwrap().unwrap();
+        let counters = list_versions(&files, &dir).unwrap().counters;
+        assert_eq!(
+            counters,
+            (25..=41).collect::<Vec<_>>(),
+            "the newest and 16 before it"
+        );
+        assert_eq!(store.get("demo").await.unwrap(), Some(v));
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_create_does_not_write() {
+        let (_dir, store) = store();
+        // Hold the lease's lock as another process creating it would.
+        let lock = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(store.dir().join(".demo.lock"))
+            .unwrap();
+        lock.lock().unwrap();
+        let attempt = tokio::time::timeout(
+            Duration::from_millis(100),
+            store.create("demo", &record(Some("b"), 2)),
+        )
+        .await;
+        assert!(attempt.is_err(), "the create waits for the lock");
+        lock.unlock().unwrap();
+        // Give the blocked thread time to get the lock and give up.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(store.get("demo").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn updates_do_not_wait_for_the_lock() {
         let (_dir, store) = store();
         let v1 = store.create("demo", &record(Some("a"), 1)).await.unwrap();
-        // Hold the lease's lock as another process would.
         let lock = File::options()
             .read(true)
             .write(true)
             .open(store.dir().join(".demo.lock"))
             .unwrap();
         lock.lock().unwrap();
-        let attempt = tokio::time::timeout(
-            Duration::from_millis(100),
+        let v2 = tokio::time::timeout(
+            Duration::from_secs(1),
             store.update("demo", &v1.version, &record(Some("b"), 2)),
         )
-        .await;
-        assert!(attempt.is_err(), "the update waits for the lock");
+        .await
+        .expect("an update takes no lock")
+        .unwrap();
+        assert_eq!(store.get("demo").await.unwrap(), Some(v2));
         lock.unlock().unwrap();
-        // Give the blocked thread time to get the lock and give up.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(store.get("demo").await.unwrap(), Some(v1));
+    }
+
+    #[tokio::test]
+    async fn a_record_of_an_older_baton_is_moved_keeping_its_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = record(Some("a"), 3);
+        let legacy = serde_json::json!({
+            "incarnation": "00aa11bb22cc33dd",
+            "counter": 41,
+            "record": r,
+        });
+        fs::write(dir.path().join("demo.lease.json"), legacy.to_string()).unwrap();
+        fs::write(dir.path().join(".demo.lock"), format!("{:>20} {:>20}\n", 3, 1)).unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        assert!(!dir.path().join("demo.lease.json").exists());
+        let current = store.get("demo").await.unwrap().unwrap();
+        assert_eq!(current.version, "00aa11bb22cc33dd-41");
+        assert_eq!(current.record, r);
+        let next = store
+            .update("demo", &current.version, &record(Some("b"), 4))
+            .await
+            .unwrap();
+        assert_eq!(next.version, "00aa11bb22cc33dd-42");
+        assert_eq!(floor_of(&store, "demo"), 4);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1624,7 +2554,7 @@ mod tests {
 
         let again = recreate(&writer, "demo", &record(None, 21)).await;
         while next_within(&mut watch, 1).await != Some(again.clone()) {}
-        fs::remove_file(writer.dir().join("demo.lease.json")).unwrap();
+        remove_lease(writer.dir(), "demo");
         while next_within(&mut watch, 1).await != Some(floor_record(21)) {}
     }
 
