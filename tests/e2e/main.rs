@@ -4,6 +4,7 @@
 //! Timings used throughout: lease 2 s, renew deadline 1 s, retry period
 //! 200 ms, grace 500 ms.
 
+mod chaos;
 mod misbehaving;
 mod support;
 mod terms;

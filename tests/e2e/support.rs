@@ -320,6 +320,11 @@ impl Host {
         at
     }
 
+    /// The exit status, if the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().expect("running").try_wait().unwrap()
+    }
+
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;
         let child = self.child.as_mut().expect("running");
@@ -393,9 +398,13 @@ pub fn read_lease(store: &Path, lease: &str) -> Option<Value> {
     None
 }
 
-/// Deletes `lease` behind the store's back, as an operator would.
+/// Deletes `lease` behind the store's back, as an operator would: moved
+/// away at once (a plain `rm -r` can race with a write and fail with
+/// "directory not empty"), then removed.
 pub fn delete_lease(store: &Path, lease: &str) {
-    std::fs::remove_dir_all(lease_dir(store, lease)).unwrap();
+    let trash = store.join(format!(".{lease}.deleted-by-test"));
+    std::fs::rename(lease_dir(store, lease), &trash).unwrap();
+    std::fs::remove_dir_all(&trash).unwrap();
 }
 
 /// Overwrites the newest version of `lease` with `garbage`, again until it

@@ -343,7 +343,12 @@ impl Elector {
             // Nothing is known yet: the subscription reads or watches.
             None => None,
             Some(known) => match follower_decision(known, &self.me, now) {
-                Decision::Acquire if now >= not_before => return self.try_acquire().await,
+                Decision::Acquire if now >= not_before => {
+                    if let Some(earlier) = self.undrained() {
+                        return self.await_drained(earlier, f).await;
+                    }
+                    return self.try_acquire().await;
+                }
                 Decision::Acquire => Some(not_before),
                 Decision::WaitUntil(t) => Some(t.max(not_before)),
             },
@@ -366,6 +371,32 @@ impl Elector {
                 }
             }
             _ = timer => {}
+        }
+        State::Following(f)
+    }
+
+    /// An earlier term of this host whose tasks may still run.
+    fn undrained(&mut self) -> Option<Arc<Term>> {
+        self.retired.retain(|t| !(t.is_over() && t.tasks() == 0));
+        self.retired.first().cloned()
+    }
+
+    /// Waits until the tasks of an earlier term are gone before contending:
+    /// a term of this host starts no task while one of an earlier term runs,
+    /// just as no other host may lead before that term's force-stop time.
+    /// So no task of an older term ever runs beside one of a newer term,
+    /// and records tagged with terms never go back. The wait ends at the
+    /// earlier term's force-stop time at the latest, when the supervisor
+    /// drops its tasks.
+    async fn await_drained(&mut self, earlier: Arc<Term>, f: Following) -> State {
+        tracing::debug!(lease = %self.cfg.lease, term = earlier.number(), "waiting for the tasks of an earlier term to stop before taking the lease again");
+        tokio::select! {
+            _ = earlier.drained() => {}
+            changed = self.intent.changed() => {
+                if changed.is_err() {
+                    return State::Stopped;
+                }
+            }
         }
         State::Following(f)
     }

@@ -638,11 +638,11 @@ async fn the_store_sees_what_the_elector_wrote_through_another_client() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_release_waits_for_the_tasks_of_an_earlier_term_too() {
+async fn a_new_term_waits_for_the_tasks_of_an_earlier_term_and_so_does_a_release() {
     // Term 1 ends at its deadline (the store hung) while its task is still
-    // within its grace; the store recovers and this host leads again in
-    // term 2, which has no task. Shutting down must not release the lease
-    // while term 1's task may still run.
+    // within its grace; the store recovers. This host takes the lease again
+    // only once term 1's task is gone, as another host could only after
+    // term 1's force-stop time: no task of term 1 runs beside one of term 2.
     let c = Cluster::new();
     let mut a = c.start("a");
     a.until_leading().await;
@@ -651,6 +651,12 @@ async fn a_release_waits_for_the_tasks_of_an_earlier_term_too() {
     c.store.hang(true);
     a.until_not_leading().await;
     c.store.hang(false);
+    sleep(secs(5)).await;
+    assert!(
+        !a.rx.borrow().status.is_leading(),
+        "term 2 began beside term 1's task"
+    );
+    drop(task);
     let s =
         a.rx.wait_for(|v| v.status.is_leading())
             .await
@@ -658,15 +664,17 @@ async fn a_release_waits_for_the_tasks_of_an_earlier_term_too() {
             .status
             .clone();
     assert_eq!(s.term, 2);
+    // And a release waits for every task of the lease's terms.
+    let second = a.term().enter().unwrap();
     a.intent.send_replace(Intent::Stop);
     sleep(Duration::from_millis(500)).await;
     assert!(!a.task.is_finished());
     assert_eq!(
         c.store.peek(LEASE).unwrap().record.holder(),
         Some("a"),
-        "not released while term 1's task runs"
+        "not released while term 2's task runs"
     );
-    drop(task);
+    drop(second);
     a.task.await.unwrap().unwrap();
     assert_eq!(
         c.store.peek(LEASE).unwrap().record.holder(),

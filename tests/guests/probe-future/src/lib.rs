@@ -12,7 +12,7 @@
 //!   (it never yields to the host).
 //! - `block`: awaits `wasi:clocks/monotonic-clock@0.3.0.wait-for` of an
 //!   hour, ignoring the change.
-//! - `append`: as in the pollable probe: appends `term=N host=H guest=G seq=K at=T`
+//! - `append`: as in the pollable probe (`PROBE_TICK_MS` too): appends `term=N host=H guest=G seq=K at=T`
 //!   records to `/data/records` back to back until the status changes (or,
 //!   with `PROBE_IGNORE` set, until stopped by force).
 //! - `fail`: returns `Err("probe failure on purpose")`.
@@ -78,8 +78,22 @@ impl LeaderTask for Probe {
                     .create(true)
                     .open("/data/records")
                     .map_err(|e| format!("cannot open /data/records: {e}"))?;
+                let tick = std::env::var("PROBE_TICK_MS")
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .map(Duration::from_millis);
+                let mut change = future::watch(&status);
                 let mut seq = 0u64;
                 loop {
+                    if let Some(tick) = tick
+                        && seq > 0
+                    {
+                        if ignore {
+                            future::sleep(tick).await;
+                        } else if future::timeout(tick, &mut change).await.is_some() {
+                            break;
+                        }
+                    }
                     seq += 1;
                     let at = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)

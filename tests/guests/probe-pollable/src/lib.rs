@@ -10,9 +10,10 @@
 //!   (`R` is the new role) and returns `Ok`.
 //! - `append`: appends records `term=N host=H guest=G seq=K at=T` (`H` is `PROBE_HOST`,
 //!   `G` is `PROBE_TAG`, `T` the wall-clock time in microseconds)
-//!   to `/data/records` (opened for appending) back to back, until the
-//!   status changes; with `PROBE_IGNORE` set it ignores the change and
-//!   appends until it is stopped by force.
+//!   to `/data/records` (opened for appending) back to back (or one every
+//!   `PROBE_TICK_MS` milliseconds, if set), until the status changes; with
+//!   `PROBE_IGNORE` set it ignores the change and appends until it is
+//!   stopped by force.
 //! - `flood`: prints lines of 1 MiB in a loop, ignoring the change.
 //! - `oom`: allocates 1 MiB blocks until an allocation fails (which
 //!   aborts).
@@ -93,9 +94,22 @@ impl LeaderTask for Probe {
                     .create(true)
                     .open("/data/records")
                     .map_err(|e| format!("cannot open /data/records: {e}"))?;
+                let tick = std::env::var("PROBE_TICK_MS")
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .map(Duration::from_millis);
                 let change = pollable::watch(&status);
                 let mut seq = 0u64;
                 while ignore || !change.is_ready() {
+                    if let Some(tick) = tick
+                        && seq > 0
+                    {
+                        if ignore {
+                            pollable::sleep(tick);
+                        } else if change.wait_timeout(tick) {
+                            break;
+                        }
+                    }
                     seq += 1;
                     let at = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)

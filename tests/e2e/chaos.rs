@@ -1,0 +1,498 @@
+//! Chaos: three hosts on one lease, guests of both worlds (one honouring
+//! the change signal, one ignoring it, each) appending term-tagged records
+//! to one file at a steady rate, and faults injected at random moments:
+//! the leader killed, terminated, stopped past its lease or for less than
+//! its renew deadline, a follower stopped, the lease deleted or garbled
+//! (and repaired). A checker then reads the records and every host's log.
+//!
+//! One run is a number of *segments* (fresh hosts and store each); the
+//! bounded run in the test suite is one segment. Variables:
+//!
+//! - `BATON_CHAOS_SEED`: the seed of the first segment (printed by every
+//!   run; the segment after it uses the seed plus one, and so on), to
+//!   replay a run.
+//! - `BATON_CHAOS_FAULTS`: how many faults in all (default 16).
+//! - `BATON_CHAOS_SOAK`: a file where each finished segment appends one line
+//!   of figures; a run counts the faults already there and only adds what
+//!   is missing, so a soak stopped half-way resumes where it stopped.
+//!   `scripts/soak.sh` wraps it and sums the file up (`docs/reliability.md`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::support::*;
+use crate::witness::*;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// Faults per segment.
+const SEGMENT_FAULTS: usize = 16;
+
+/// How long after a fault cleared a leader's records may be missing:
+/// LD + RP, plus an allowance for starting the guests of the new term
+/// (instantiating four components: tens of milliseconds) and for a watch
+/// event and a retry tick that start just after the deadline.
+const ALLOWANCE: Duration = Duration::from_millis(400);
+
+/// The guests' tick: a record every 5 ms each.
+const TICK_MS: &str = "5";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    KillLeader,
+    TermLeader,
+    StopLeaderLong,
+    StopLeaderShort,
+    StopFollower,
+    DeleteLease,
+    GarbleLease,
+}
+
+impl Fault {
+    const ALL: [Fault; 7] = [
+        Fault::KillLeader,
+        Fault::TermLeader,
+        Fault::StopLeaderLong,
+        Fault::StopLeaderShort,
+        Fault::StopFollower,
+        Fault::DeleteLease,
+        Fault::GarbleLease,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::KillLeader => "SIGKILL leader",
+            Fault::TermLeader => "SIGTERM leader",
+            Fault::StopLeaderLong => "SIGSTOP leader > LD",
+            Fault::StopLeaderShort => "SIGSTOP leader < RD",
+            Fault::StopFollower => "SIGSTOP follower",
+            Fault::DeleteLease => "lease deleted",
+            Fault::GarbleLease => "lease garbled",
+        }
+    }
+}
+
+/// One fault, as injected.
+struct Injected {
+    fault: Fault,
+    /// When the fault was over as far as the bound is concerned: the
+    /// injection for kills and stops, the repair for store faults.
+    cleared: SystemTime,
+}
+
+/// A host process (a host name may have several, one after another).
+struct Process {
+    host: Host,
+    /// When the test killed it (SIGKILL), if it did.
+    killed: Option<SystemTime>,
+}
+
+/// What the checker found in one segment.
+#[derive(Debug, Default)]
+struct Figures {
+    records: usize,
+    terms: usize,
+    /// Two terms whose records overlap in time (or come out of order).
+    overlaps: usize,
+    /// A record of an older term after one of a newer term in the file.
+    stale: usize,
+    /// A record stamped after its term's force-stop time (or after its
+    /// process was killed).
+    late: usize,
+    /// Host processes that exited without being told to, or badly.
+    crashes: usize,
+    /// The longest time without records after a fault cleared, per fault.
+    gaps: BTreeMap<Fault, (usize, Duration)>,
+}
+
+/// `[[plugin]]` tables: both worlds, each honouring and ignoring the change.
+fn plugins(dir: &Path) -> String {
+    let mut text = String::new();
+    for world in ["pollable", "future"] {
+        for ignore in [false, true] {
+            let name = format!("{world}-{}", if ignore { "stubborn" } else { "coop" });
+            text.push_str(&format!(
+                "\n[[plugin]]\nname = {name:?}\npath = {:?}\nlease = \"demo\"\ninherit-env = [\"PROBE_HOST\"]\n\
+                 env = {{ PROBE_MODE = \"append\", PROBE_TICK_MS = {TICK_MS:?}, PROBE_TAG = {name:?}{} }}\n\
+                 dirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
+                guest(&format!("probe_{world}.wasm")).display().to_string(),
+                if ignore { ", PROBE_IGNORE = \"1\"" } else { "" },
+                dir.display().to_string(),
+            ));
+        }
+    }
+    text
+}
+
+fn start(name: &str, config: &Path) -> Host {
+    let host = Host::start_opts(
+        name,
+        config,
+        Opts {
+            env: &[("PROBE_HOST", name)],
+            ..Opts::default()
+        },
+    );
+    host.wait_for(SECS(60), "plugins loaded", |e| {
+        e.message() == "compiled-code cache"
+    });
+    host
+}
+
+/// One segment: `faults` faults drawn from `seed`.
+fn segment(seed: u64, faults: usize) -> (Figures, BTreeMap<Fault, usize>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let s = Scratch::new();
+    let data = records_dir(&s);
+    let mut text = config(&s.store(), &[]);
+    text.push_str(&plugins(&data));
+    let cfg = s.write("chaos.toml", &text);
+    let names = ["h1", "h2", "h3"];
+    // Live processes by host slot; every process ever started, for the check.
+    let mut live: Vec<usize> = Vec::new();
+    let mut all: Vec<Process> = Vec::new();
+    for n in names {
+        live.push(all.len());
+        all.push(Process {
+            host: start(n, &cfg),
+            killed: None,
+        });
+    }
+    let mut injected: Vec<Injected> = Vec::new();
+    let mut counts: BTreeMap<Fault, usize> = BTreeMap::new();
+    let mut crashes = 0;
+    let view = |all: &Vec<Process>, live: &Vec<usize>| -> Option<usize> {
+        let procs: Vec<&Process> = live.iter().map(|&i| &all[i]).collect();
+        procs
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, p)| leading_term(&p.host).map(|t| (slot, t)))
+            .max_by_key(|(_, t)| *t)
+            .map(|(slot, _)| slot)
+    };
+    for n in 0..faults {
+        // A leader to hit, most of the time.
+        let until = Instant::now() + SECS(15);
+        let lead = loop {
+            if let Some(slot) = view(&all, &live) {
+                break slot;
+            }
+            assert!(
+                Instant::now() < until,
+                "seed {seed}, fault {n}: no leader for 15 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(rng.random_range(200..1200)));
+        let fault = Fault::ALL[rng.random_range(0..Fault::ALL.len())];
+        *counts.entry(fault).or_default() += 1;
+        let follower = (lead + rng.random_range(1..names.len())) % names.len();
+        let proc_of = |slot: usize| live[slot];
+        match fault {
+            Fault::KillLeader => {
+                let i = proc_of(lead);
+                let at = all[i].host.sigkill();
+                all[i].killed = Some(at);
+                injected.push(Injected { fault, cleared: at });
+                std::thread::sleep(Duration::from_millis(rng.random_range(0..1000)));
+                live[lead] = all.len();
+                all.push(Process {
+                    host: start(names[lead], &cfg),
+                    killed: None,
+                });
+            }
+            Fault::TermLeader => {
+                let i = proc_of(lead);
+                let at = all[i].host.sigterm();
+                injected.push(Injected { fault, cleared: at });
+                if !all[i].host.wait_exit(SECS(10)).success() {
+                    crashes += 1;
+                }
+                live[lead] = all.len();
+                all.push(Process {
+                    host: start(names[lead], &cfg),
+                    killed: None,
+                });
+            }
+            Fault::StopLeaderLong | Fault::StopLeaderShort => {
+                let pause = if fault == Fault::StopLeaderLong {
+                    LEASE_DURATION + Duration::from_millis(rng.random_range(100..1500))
+                } else {
+                    Duration::from_millis(rng.random_range(50..800))
+                };
+                let h = &all[proc_of(lead)].host;
+                let at = h.signal(libc::SIGSTOP);
+                injected.push(Injected { fault, cleared: at });
+                std::thread::sleep(pause);
+                h.signal(libc::SIGCONT);
+            }
+            Fault::StopFollower => {
+                let h = &all[proc_of(follower)].host;
+                let at = h.signal(libc::SIGSTOP);
+                injected.push(Injected { fault, cleared: at });
+                std::thread::sleep(Duration::from_millis(rng.random_range(200..3000)));
+                h.signal(libc::SIGCONT);
+            }
+            Fault::DeleteLease => {
+                let at = SystemTime::now();
+                if lease_dir(&s.store(), "demo").exists() {
+                    delete_lease(&s.store(), "demo");
+                }
+                injected.push(Injected { fault, cleared: at });
+            }
+            Fault::GarbleLease => {
+                let Some(file) = lease_file(&s.store(), "demo") else {
+                    continue;
+                };
+                std::fs::write(&file, "garbage\n").unwrap();
+                std::thread::sleep(Duration::from_millis(rng.random_range(1000..4000)));
+                // Repaired the only way an operator can: the lease deleted
+                // (its terms go on from the floor).
+                let at = SystemTime::now();
+                delete_lease(&s.store(), "demo");
+                injected.push(Injected { fault, cleared: at });
+            }
+        }
+        // A process that exited by itself crashed.
+        for &i in &live {
+            if let Some(status) = all[i].host.exited() {
+                panic!(
+                    "seed {seed}, after {}: {} exited by itself ({status}); its log:\n{}",
+                    fault.name(),
+                    all[i].host.name,
+                    tail(&all[i].host.output(), 40)
+                );
+            }
+        }
+    }
+    std::thread::sleep(SECS(2));
+    for &i in &live {
+        all[i].host.sigterm();
+    }
+    for &i in &live {
+        let status = all[i].host.wait_exit(SECS(10));
+        if !status.success() {
+            crashes += 1;
+            eprintln!(
+                "{} exited with {status}:\n{}",
+                all[i].host.name,
+                tail(&all[i].host.output(), 40)
+            );
+        }
+    }
+    let mut figures = check(&data.join("records"), &all, &injected);
+    figures.crashes += crashes;
+    (figures, counts)
+}
+
+/// Reads the records and the logs: see [`Figures`].
+fn check(file: &Path, all: &[Process], injected: &[Injected]) -> Figures {
+    let mut figures = Figures::default();
+    // Each (host name, term): its force-stop time, or its process's death.
+    let mut ends: HashMap<(String, u64), SystemTime> = HashMap::new();
+    for p in all {
+        let mut terms = Vec::new();
+        for e in p
+            .host
+            .all(|e| e.message() == "lease status changed" && e.str("role") == Some("leading"))
+        {
+            terms.push(e.u64("term").unwrap());
+        }
+        for t in terms {
+            if let Some(killed) = p.killed {
+                ends.insert((p.host.name.clone(), t), killed);
+            }
+        }
+        for e in p.host.all(|e| e.is("leader task stopped", None)) {
+            let key = (p.host.name.clone(), e.u64("term").unwrap());
+            let at = force_stop_at(&e);
+            let end = ends.entry(key).or_insert(at);
+            *end = (*end).max(at);
+        }
+    }
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut newest = 0u64;
+    // Per term: the host, its first and last record's time.
+    let mut spans: BTreeMap<u64, (String, SystemTime, SystemTime)> = BTreeMap::new();
+    let mut stamps: Vec<SystemTime> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
+                .unwrap_or_else(|| panic!("line {}: no {k}: {line:?}", n + 1))
+        };
+        let term: u64 = field("term").parse().unwrap();
+        let host = field("host");
+        let at = SystemTime::UNIX_EPOCH + Duration::from_micros(field("at").parse().unwrap());
+        figures.records += 1;
+        stamps.push(at);
+        if term < newest {
+            figures.stale += 1;
+            eprintln!("line {}: term {term} after term {newest}: {line}", n + 1);
+        }
+        newest = newest.max(term);
+        match ends.get(&(host.clone(), term)) {
+            Some(end) if ms_between(*end, at) <= 5.0 => {}
+            Some(end) => {
+                figures.late += 1;
+                eprintln!(
+                    "line {}: stamped {:.1} ms after its term's end: {line}",
+                    n + 1,
+                    ms_between(*end, at)
+                );
+            }
+            None => {
+                figures.late += 1;
+                eprintln!("line {}: {host} logged no end of term {term}: {line}", n + 1);
+            }
+        }
+        let span = spans.entry(term).or_insert((host.clone(), at, at));
+        if span.0 != host {
+            figures.overlaps += 1;
+            eprintln!("line {}: term {term} written by {} and {host}", n + 1, span.0);
+        }
+        span.1 = span.1.min(at);
+        span.2 = span.2.max(at);
+    }
+    figures.terms = spans.len();
+    let spans: Vec<_> = spans.into_iter().collect();
+    for pair in spans.windows(2) {
+        let ((t1, (h1, _, last1)), (t2, (h2, first2, _))) = (&pair[0], &pair[1]);
+        if last1 >= first2 {
+            figures.overlaps += 1;
+            eprintln!(
+                "term {t1} ({h1}) wrote until {:.1} ms after term {t2} ({h2}) began",
+                ms_between(*first2, *last1)
+            );
+        }
+    }
+    stamps.sort();
+    for i in injected {
+        let next = stamps.iter().find(|&&at| at >= i.cleared);
+        let gap = match next {
+            Some(&at) => at.duration_since(i.cleared).unwrap_or_default(),
+            // Nothing after the last fault: the run ended first.
+            None => continue,
+        };
+        if gap > LEASE_DURATION + RETRY_PERIOD + ALLOWANCE {
+            eprintln!(
+                "{} at {:?}: no record for {} ms; what the hosts said meanwhile:",
+                i.fault.name(),
+                i.cleared,
+                gap.as_millis()
+            );
+            for p in all {
+                for e in p.host.all(|e| {
+                    e.str("target") != Some("guest")
+                        && e.at >= i.cleared - LEASE_DURATION
+                        && e.at <= i.cleared + gap + SECS(1)
+                }) {
+                    eprintln!(
+                        "  {:+6.0} ms {}: {} {}",
+                        ms_between(i.cleared, e.at),
+                        p.host.name,
+                        e.message(),
+                        e.json
+                    );
+                }
+            }
+        }
+        let entry = figures.gaps.entry(i.fault).or_default();
+        entry.0 += 1;
+        entry.1 = entry.1.max(gap);
+    }
+    figures
+}
+
+/// The seed of this run: `BATON_CHAOS_SEED`, or the time.
+fn first_seed() -> u64 {
+    std::env::var("BATON_CHAOS_SEED").map_or_else(
+        |_| {
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_micros() as u64
+        },
+        |s| s.parse().expect("BATON_CHAOS_SEED is a number"),
+    )
+}
+
+#[test]
+fn chaos_on_the_embedded_store_never_overlaps_terms_or_lands_a_stale_write() {
+    let total: usize = std::env::var("BATON_CHAOS_FAULTS").map_or(SEGMENT_FAULTS, |n| n.parse().unwrap());
+    let soak = std::env::var_os("BATON_CHAOS_SOAK").map(std::path::PathBuf::from);
+    let done_before: usize = soak
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .map_or(0, |text| {
+            text.lines()
+                .filter(|l| l.contains("store=embedded"))
+                .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("faults=")))
+                .map(|n| n.parse::<usize>().unwrap())
+                .sum()
+        });
+    let mut seed = first_seed();
+    let mut done = done_before;
+    let bound = LEASE_DURATION + RETRY_PERIOD + ALLOWANCE;
+    while done < total {
+        let faults = SEGMENT_FAULTS.min(total - done);
+        println!(
+            "chaos segment: seed={seed} faults={faults} (replay: BATON_CHAOS_SEED={seed} BATON_CHAOS_FAULTS={faults})"
+        );
+        let (f, counts) = segment(seed, faults);
+        let gaps: Vec<String> = f
+            .gaps
+            .iter()
+            .map(|(k, (n, g))| format!("{}: {n}, longest gap {} ms", k.name(), g.as_millis()))
+            .collect();
+        let longest = f.gaps.values().map(|(_, g)| *g).max().unwrap_or_default();
+        let line = format!(
+            "store=embedded seed={seed} faults={faults} records={} terms={} overlaps={} stale={} late={} crashes={} longest_gap_ms={} kinds={}",
+            f.records,
+            f.terms,
+            f.overlaps,
+            f.stale,
+            f.late,
+            f.crashes,
+            longest.as_millis(),
+            counts
+                .iter()
+                .map(|(k, n)| format!("{k:?}:{n}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        println!("{line}\n  {}", gaps.join("\n  "));
+        assert!(
+            f.overlaps == 0 && f.stale == 0 && f.late == 0 && f.crashes == 0,
+            "seed {seed}: {line}"
+        );
+        assert!(
+            f.terms > faults / 4,
+            "seed {seed}: only {} terms wrote: {line}",
+            f.terms
+        );
+        assert!(
+            longest <= bound,
+            "seed {seed}: {} ms without records after a fault cleared (bound LD + RP + {} ms = {} ms): {}",
+            longest.as_millis(),
+            ALLOWANCE.as_millis(),
+            bound.as_millis(),
+            gaps.join("; ")
+        );
+        if let Some(file) = &soak {
+            let mut out = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(file)
+                .unwrap();
+            writeln!(out, "{line}").unwrap();
+        }
+        done += faults;
+        seed += 1;
+    }
+}
