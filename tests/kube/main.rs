@@ -437,14 +437,9 @@ fn two_hosts_under_one_identity_never_both_lead_and_the_second_says_why() {
     assert_eq!(spec.lease_transitions.map(|t| t as u64), first.guest_term());
 }
 
-#[test]
-fn a_follower_whose_connection_goes_silent_notices_within_a_lease_duration() {
-    let env = KubeEnv::load();
-    let rt = runtime();
-    let admin = rt.block_on(env.admin());
-    let ns = rt.block_on(TestNamespace::create(admin.clone(), "black-hole"));
-    let s = Scratch::new();
-    // b reaches the API server through a proxy the test can cut.
+/// A proxy to the API server that the test can cut, and a kubeconfig
+/// (written into `s`) that reaches the server through it.
+fn proxied_kubeconfig(env: &KubeEnv, s: &Scratch) -> (blackhole::BlackHole, std::path::PathBuf) {
     let admin_config = std::fs::read_to_string(&env.admin_kubeconfig).unwrap();
     let server = admin_config
         .lines()
@@ -458,6 +453,98 @@ fn a_follower_whose_connection_goes_silent_notices_within_a_lease_duration() {
         "proxied.kubeconfig",
         &admin_config.replace(&server, &format!("https://127.0.0.1:{}", hole.port)),
     );
+    (hole, proxied)
+}
+
+#[test]
+fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes_over_in_time() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "leader-hole"));
+    let s = Scratch::new();
+    // a, the leader, reaches the API server through a proxy the test cuts.
+    let (hole, proxied) = proxied_kubeconfig(&env, &s);
+    let plugins = [
+        probe("coop", "pollable", "cooperative"),
+        probe("stubborn", "future", "block"),
+    ];
+    let through = s.write("a.toml", &kube_config(&ns.name, Some(&proxied), "demo", &plugins));
+    let direct = s.write(
+        "b.toml",
+        &kube_config(&ns.name, Some(&env.admin_kubeconfig), "demo", &plugins),
+    );
+    let a = Host::start("host-a", &through);
+    a.wait_for(SECS(60), "a leads", is_start);
+    let b = Host::start("host-b", &direct);
+    b.wait_for(SECS(30), "b follows", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    std::thread::sleep(SECS(2));
+
+    // Cut a's path without closing it: its renewals hang.
+    hole.cut(true);
+    let cut_at = SystemTime::now();
+    let down = a.wait_for(SECS(10), "a steps down", |e| {
+        e.at >= cut_at && e.message() == "stepping down"
+    });
+    let down_ms = ms_between(cut_at, down.at);
+    // Each hung renewal was given up after the request timeout (500 ms).
+    let timeouts = a.all(|e| e.at >= cut_at && e.at <= down.at && e.message().starts_with("renewal timed out"));
+    let mut gaps: Vec<f64> = Vec::new();
+    let mut last = cut_at;
+    for e in &timeouts {
+        gaps.push(ms_between(last, e.at));
+        last = e.at;
+    }
+    println!(
+        "a leader cut off: {} renewals timed out, {:?} ms apart; stepped down {down_ms:.0} ms after the cut",
+        timeouts.len(),
+        gaps.iter().map(|g| g.round() as i64).collect::<Vec<_>>()
+    );
+    assert!(timeouts.len() >= 2, "renewals did not time out: {timeouts:?}");
+    let limit = (RP + Duration::from_millis(500)).as_secs_f64() * 1e3 + 300.0;
+    assert!(
+        gaps.iter().all(|&g| g <= limit),
+        "a hung renewal outlasted the request timeout: gaps {gaps:?} ms (limit {limit:.0})"
+    );
+    assert!(
+        down_ms <= RD.as_secs_f64() * 1e3 + 300.0,
+        "stepped down {down_ms:.0} ms after the cut (renew deadline {RD:?})"
+    );
+    let mut force_stop = cut_at;
+    for p in ["coop", "stubborn"] {
+        let e = a.wait_for(SECS(10), "a's guest stopped", |e| e.at >= cut_at && e.is(STOPPED, Some(p)));
+        force_stop = force_stop.max(witness::force_stop_at(&e));
+        assert!(
+            ms_between(e.at, witness::force_stop_at(&e)) >= -20.0,
+            "{p} stopped {:.0} ms after its force-stop time",
+            ms_between(witness::force_stop_at(&e), e.at)
+        );
+    }
+    // b takes over within LD + RP of the cut (plus its watch's news and
+    // its guests' start), never before a's force-stop time.
+    let taken = b.wait_for(SECS(15), "b takes over", is_start);
+    let took = ms_between(cut_at, taken.at);
+    let bound = (LD + RP).as_secs_f64() * 1e3 + 1000.0;
+    println!(
+        "b took over {took:.0} ms after the cut (bound {bound:.0} ms), {:.0} ms after a's last force-stop time",
+        ms_between(force_stop, taken.at)
+    );
+    assert!(took <= bound, "b took over {took:.0} ms after the cut (bound {bound:.0} ms)");
+    assert!(taken.at >= force_stop, "b started before a's force-stop time");
+    hole.cut(false);
+}
+
+#[test]
+fn a_follower_whose_connection_goes_silent_notices_within_a_lease_duration() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "black-hole"));
+    let s = Scratch::new();
+    // b reaches the API server through a proxy the test can cut.
+    let (hole, proxied) = proxied_kubeconfig(&env, &s);
     let plugins = [probe("probe", "pollable", "cooperative")];
     let direct = s.write(
         "a.toml",
