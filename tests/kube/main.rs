@@ -466,7 +466,7 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
     // a, the leader, reaches the API server through a proxy the test cuts.
     let (hole, proxied) = proxied_kubeconfig(&env, &s);
     let plugins = [
-        probe("coop", "pollable", "cooperative"),
+        probe("probe", "pollable", "cooperative"),
         probe("stubborn", "future", "block"),
     ];
     let through = s.write("a.toml", &kube_config(&ns.name, Some(&proxied), "demo", &plugins));
@@ -490,7 +490,8 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
     });
     let down_ms = ms_between(cut_at, down.at);
     // Each hung renewal was given up after the request timeout (500 ms).
-    let timeouts = a.all(|e| e.at >= cut_at && e.at <= down.at && e.message().starts_with("renewal timed out"));
+    let timeouts =
+        a.all(|e| e.at >= cut_at && e.at <= down.at && e.message().starts_with("renewal timed out"));
     let mut gaps: Vec<f64> = Vec::new();
     let mut last = cut_at;
     for e in &timeouts {
@@ -513,8 +514,10 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
         "stepped down {down_ms:.0} ms after the cut (renew deadline {RD:?})"
     );
     let mut force_stop = cut_at;
-    for p in ["coop", "stubborn"] {
-        let e = a.wait_for(SECS(10), "a's guest stopped", |e| e.at >= cut_at && e.is(STOPPED, Some(p)));
+    for p in ["probe", "stubborn"] {
+        let e = a.wait_for(SECS(10), "a's guest stopped", |e| {
+            e.at >= cut_at && e.is(STOPPED, Some(p))
+        });
         force_stop = force_stop.max(witness::force_stop_at(&e));
         assert!(
             ms_between(e.at, witness::force_stop_at(&e)) >= -20.0,
@@ -531,7 +534,10 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
         "b took over {took:.0} ms after the cut (bound {bound:.0} ms), {:.0} ms after a's last force-stop time",
         ms_between(force_stop, taken.at)
     );
-    assert!(took <= bound, "b took over {took:.0} ms after the cut (bound {bound:.0} ms)");
+    assert!(
+        took <= bound,
+        "b took over {took:.0} ms after the cut (bound {bound:.0} ms)"
+    );
     assert!(taken.at >= force_stop, "b started before a's force-stop time");
     hole.cut(false);
 }
