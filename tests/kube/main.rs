@@ -489,7 +489,8 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
         e.at >= cut_at && e.message() == "stepping down"
     });
     let down_ms = ms_between(cut_at, down.at);
-    // Each hung renewal was given up after the request timeout (500 ms).
+    // Each hung renewal was given up after the request timeout (500 ms),
+    // or at the renew deadline if that came first.
     let timeouts =
         a.all(|e| e.at >= cut_at && e.at <= down.at && e.message().starts_with("renewal timed out"));
     let mut gaps: Vec<f64> = Vec::new();
@@ -503,7 +504,9 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
         timeouts.len(),
         gaps.iter().map(|g| g.round() as i64).collect::<Vec<_>>()
     );
-    assert!(timeouts.len() >= 2, "renewals did not time out: {timeouts:?}");
+    // (The last attempt may instead end at the renew deadline, when the
+    // time left in the term is shorter than the request timeout.)
+    assert!(!timeouts.is_empty(), "no renewal timed out: {timeouts:?}");
     let limit = (RP + Duration::from_millis(500)).as_secs_f64() * 1e3 + 300.0;
     assert!(
         gaps.iter().all(|&g| g <= limit),
