@@ -321,14 +321,7 @@ fn check(file: &Path, all: &[Process], injected: &[Injected]) -> Figures {
     let mut spans: BTreeMap<u64, (String, SystemTime, SystemTime)> = BTreeMap::new();
     let mut stamps: Vec<SystemTime> = Vec::new();
     for (n, line) in text.lines().enumerate() {
-        let field = |k: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
-                .unwrap_or_else(|| panic!("line {}: no {k}: {line:?}", n + 1))
-        };
-        let term: u64 = field("term").parse().unwrap();
-        let host = field("host");
-        let at = SystemTime::UNIX_EPOCH + Duration::from_micros(field("at").parse().unwrap());
+        let Record { term, host, at, .. } = Record::parse(n, line);
         figures.records += 1;
         stamps.push(at);
         if term < newest {

@@ -136,6 +136,33 @@ pub struct Witnessed {
     pub terms: BTreeSet<u64>,
 }
 
+/// One line of the records file: `term=N host=H guest=G seq=K at=T`.
+pub struct Record {
+    pub term: u64,
+    pub host: String,
+    pub guest: String,
+    /// The guest's wall-clock reading when it wrote the record.
+    pub at: SystemTime,
+}
+
+impl Record {
+    /// Parses line `n` (from 0) of the file; panics naming it if it is not
+    /// a record.
+    pub fn parse(n: usize, line: &str) -> Record {
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
+                .unwrap_or_else(|| panic!("line {}: no {k}: {line:?}", n + 1))
+        };
+        Record {
+            term: field("term").parse().unwrap(),
+            host: field("host"),
+            guest: field("guest"),
+            at: SystemTime::UNIX_EPOCH + Duration::from_micros(field("at").parse().unwrap()),
+        }
+    }
+}
+
 /// Checks the records file against the hosts' logs (they have exited):
 /// every record was stamped (the guest read the wall clock, a host call)
 /// before its term's force-stop time, as its host logged it, so no host
@@ -159,14 +186,12 @@ pub fn check_records(file: &Path, hosts: &[Host]) -> Witnessed {
     let mut terms = BTreeSet::new();
     let mut records = 0;
     for (n, line) in text.lines().enumerate() {
-        let field = |k: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
-                .unwrap_or_else(|| panic!("line {}: no {k}: {line:?}", n + 1))
-        };
-        let term: u64 = field("term").parse().unwrap();
-        let host = field("host");
-        let at = SystemTime::UNIX_EPOCH + Duration::from_micros(field("at").parse().unwrap());
+        let Record {
+            term,
+            host,
+            guest,
+            at,
+        } = Record::parse(n, line);
         let Some(stop) = force_stop.get(&(host.clone(), term)) else {
             panic!(
                 "line {}: host {host} logged no force-stop time for term {term}",
@@ -184,7 +209,7 @@ pub fn check_records(file: &Path, hosts: &[Host]) -> Witnessed {
             term >= newest,
             "line {}: a record of term {term} (host {host}, {}) after one of term {newest}:\n{}",
             n + 1,
-            field("guest"),
+            guest,
             context(n)
         );
         newest = term;

@@ -306,20 +306,29 @@ impl EmbeddedStore {
 
     /// Moves every record of an older baton into its lease's directory.
     fn move_legacy_records(&self) -> Result<(), StoreError> {
-        let entries =
-            fs::read_dir(self.dir()).map_err(|e| io_error(ANY_LEASE, "cannot list", self.dir(), e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| io_error(ANY_LEASE, "cannot list", self.dir(), e))?;
-            let name = entry.file_name();
-            let Some(lease) = name.to_str().and_then(|n| n.strip_suffix(LEGACY_SUFFIX)) else {
-                continue;
-            };
-            let Ok(files) = self.files(lease) else {
-                continue;
-            };
+        for files in self.leases_named(LEGACY_SUFFIX)? {
             with_lock(&files, &|| None, move_legacy_record)?;
         }
         Ok(())
+    }
+
+    /// The files of every lease with an entry named `<lease><suffix>` in
+    /// the directory; names that no store of ours would have written are
+    /// left out.
+    fn leases_named(&self, suffix: &str) -> Result<Vec<LeaseFiles>, StoreError> {
+        let cannot = |e| io_error(ANY_LEASE, "cannot list", self.dir(), e);
+        let mut leases = Vec::new();
+        for entry in fs::read_dir(self.dir()).map_err(cannot)? {
+            let name = entry.map_err(cannot)?.file_name();
+            if let Some(files) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(suffix))
+                .and_then(|lease| self.files(lease).ok())
+            {
+                leases.push(files);
+            }
+        }
+        Ok(leases)
     }
 }
 
@@ -388,19 +397,8 @@ impl LeaseStore for EmbeddedStore {
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
         let store = self.clone();
         blocking(ANY_LEASE, move || {
-            let entries =
-                fs::read_dir(store.dir()).map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
             let mut leases = Vec::new();
-            for entry in entries {
-                let entry = entry.map_err(|e| io_error(ANY_LEASE, "cannot list", store.dir(), e))?;
-                let name = entry.file_name();
-                let Some(lease) = name.to_str().and_then(|n| n.strip_suffix(LEASE_SUFFIX)) else {
-                    continue;
-                };
-                // Names that no store of ours would have written.
-                let Ok(files) = store.files(lease) else {
-                    continue;
-                };
+            for files in store.leases_named(LEASE_SUFFIX)? {
                 // `None`: deleted since the directory was read.
                 if let Some((_, stored)) = read_current(&files)? {
                     leases.push((files.lease, stored.into_versioned()));
