@@ -135,6 +135,8 @@ impl LeaderTask for Probe {
                 }
             }
             "recurse" => {
+                // Recurses without end on purpose (a stack overflow).
+                #[allow(unconditional_recursion)]
                 fn down(n: u64) -> u64 {
                     black_box(down(black_box(n) + 1)) + 1
                 }
