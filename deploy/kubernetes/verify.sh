@@ -127,8 +127,9 @@ leases=leases.coordination.k8s.io
 for who in sa baton-a; do
     for verb in get list watch create update; do expect "$who" yes "$verb" "$leases" "$ns"; done
     for verb in delete patch deletecollection; do expect "$who" no "$verb" "$leases" "$ns"; done
+    for verb in get create update; do expect "$who" yes "$verb" configmaps "$ns"; done
+    for verb in list watch delete patch; do expect "$who" no "$verb" configmaps "$ns"; done
     expect "$who" no get secrets "$ns"
-    expect "$who" no list configmaps "$ns"
     expect "$who" no create "$leases" default
 done
 for verb in get create update; do expect nobody no "$verb" "$leases" "$ns"; done

@@ -19,6 +19,8 @@ pub struct KubeEnv {
     pub kubeconfig_dir: PathBuf,
     pub apiserver_pid: i32,
     pub file: PathBuf,
+    /// kubectl, if the test environment has one.
+    pub kubectl: Option<PathBuf>,
 }
 
 impl KubeEnv {
@@ -58,6 +60,10 @@ impl KubeEnv {
             kubeconfig_dir: var("KUBE_TEST_KUBECONFIG_DIR").into(),
             apiserver_pid: var("KUBE_TEST_APISERVER_PID").parse().expect("a pid"),
             file: file.clone(),
+            kubectl: vars
+                .get("KUBE_TEST_KUBECTL")
+                .filter(|k| !k.is_empty())
+                .map(PathBuf::from),
         };
         // SAFETY: signal 0 only checks that the process exists.
         let alive = unsafe { libc::kill(env.apiserver_pid, 0) } == 0;
@@ -93,6 +99,35 @@ impl KubeEnv {
 
     pub async fn admin(&self) -> Client {
         self.client(&self.admin_kubeconfig).await
+    }
+
+    /// `kubectl delete leases --all -n NS` as the admin, or, without
+    /// kubectl, the same through the API (a delete of the collection).
+    /// Returns how it was done.
+    pub async fn delete_all_leases(&self, ns: &TestNamespace) -> &'static str {
+        match &self.kubectl {
+            Some(kubectl) => {
+                let out = std::process::Command::new(kubectl)
+                    .arg("--kubeconfig")
+                    .arg(&self.admin_kubeconfig)
+                    .args(["delete", "leases", "--all", "-n", &ns.name])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "kubectl delete leases --all: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                "kubectl delete leases --all"
+            }
+            None => {
+                ns.leases()
+                    .delete_collection(&DeleteParams::default(), &Default::default())
+                    .await
+                    .unwrap();
+                "a delete of every Lease through the API (no kubectl here)"
+            }
+        }
     }
 }
 

@@ -25,6 +25,7 @@ use baton::store::kube::{KubeOptions, KubeStore};
 use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 
@@ -1247,11 +1248,12 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         assert_eq!(next_within(&mut third, 2).await, Some(tombstone.clone()));
         drop(third);
         assert_eq!(watcher.get("demo").await.unwrap(), Some(tombstone.clone()));
-        // Deleted again without a holder: gone.
+        // Deleted again without a holder: released at its term floor (the
+        // highest term it had, 11), so the next term is above it.
         let released = LeaseRecord {
             instance: None,
             holder: None,
-            ..record(None, 2)
+            ..record(None, 11)
         };
         let back = watcher
             .update("demo", &tombstone.version, &released)
@@ -1262,14 +1264,19 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
             .delete("demo", &DeleteParams::default())
             .await
             .unwrap();
-        assert_eq!(next_within(&mut watch, 2).await, None);
-        assert_eq!(watcher.get("demo").await.unwrap(), None);
+        let floor = next_within(&mut watch, 2).await.expect("the floor record");
+        assert_eq!(floor.version, format!("{TOMBSTONE}term-11"));
+        assert_eq!((floor.record.holder(), floor.record.term), (None, 11));
+        assert_eq!(watcher.get("demo").await.unwrap(), Some(floor.clone()));
 
         // The watcher's own writes are news before their events arrive:
         // the stream never goes back to an older version.
-        let created = watcher.create("demo", &record(Some("w"), 3)).await.unwrap();
+        let created = watcher
+            .update("demo", &floor.version, &record(Some("w"), 12))
+            .await
+            .unwrap();
         let updated = watcher
-            .update("demo", &created.version, &record(Some("w"), 4))
+            .update("demo", &created.version, &record(Some("w"), 13))
             .await
             .unwrap();
         assert_eq!(next_within(&mut watch, 2).await, Some(updated.clone()));
@@ -1278,7 +1285,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         // Same for a watch started before writes it has not yielded yet.
         let mut late = watcher.watch("demo").await.unwrap();
         let newer = watcher
-            .update("demo", &updated.version, &record(Some("w"), 5))
+            .update("demo", &updated.version, &record(Some("w"), 14))
             .await
             .unwrap();
         assert_eq!(next_within(&mut late, 2).await, Some(newer));
@@ -1413,13 +1420,15 @@ fn store_requests_without_permission_are_refused_naming_user_verb_and_resource()
         let admin = env.admin().await;
         let ns = TestNamespace::create(admin.clone(), "denied").await;
         let nobody = store(env.client(&env.kubeconfig("nobody")).await, &ns.name, &[]);
-        for (verb, err) in [
-            ("get", nobody.get("demo").await.unwrap_err()),
+        // A create raises the lease's term floor (a ConfigMap) first.
+        for (verb, resource, err) in [
+            ("get", "leases", nobody.get("demo").await.unwrap_err()),
             (
-                "create",
+                "get",
+                "configmaps",
                 nobody.create("demo", &record(Some("x"), 1)).await.unwrap_err(),
             ),
-            ("list", nobody.watch("demo").await.err().expect("refused")),
+            ("list", "leases", nobody.watch("demo").await.err().expect("refused")),
         ] {
             println!("{verb}: {err}");
             match &err {
@@ -1427,13 +1436,187 @@ fn store_requests_without_permission_are_refused_naming_user_verb_and_resource()
                     assert_eq!(lease, "demo");
                     assert!(detail.starts_with("forbidden: "), "{detail}");
                     assert!(
-                        detail.contains(&format!("User \"nobody\" cannot {verb} resource \"leases\"")),
+                        detail.contains(&format!("User \"nobody\" cannot {verb} resource \"{resource}\"")),
                         "{detail}"
                     );
                     assert!(detail.contains(&format!("namespace \"{}\"", ns.name)), "{detail}");
+                    if resource == "configmaps" {
+                        assert!(detail.contains("baton-terms.demo") && detail.contains("role.yaml"), "{detail}");
+                    }
                 }
                 other => panic!("{verb}: expected Refused, got {other:?}"),
             }
         }
     });
+}
+
+/// The data of `lease`'s term floor ConfigMap, if it has one.
+async fn floor_of(admin: &kube::Client, ns: &str, lease: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    let floors: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), ns);
+    floors
+        .get_opt(&baton::store::kube::floor_name(lease))
+        .await
+        .unwrap()
+        .map(|cm| cm.data.unwrap_or_default())
+}
+
+#[test]
+fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "floor").await;
+        let fresh = || store(admin.clone(), &ns.name, &[]);
+        let held = |holder: &str, term| LeaseRecord {
+            instance: Some(format!("{holder}-instance")),
+            ..record(Some(holder), term)
+        };
+        let a = fresh();
+        let v1 = a.create("demo", &held("a", 1)).await.unwrap();
+        let v2 = a.update("demo", &v1.version, &held("a", 2)).await.unwrap();
+        a.update("demo", &v2.version, &record(None, 2)).await.unwrap();
+        let floor = floor_of(&admin, &ns.name, "demo").await.expect("a floor ConfigMap");
+        println!("floor after terms 1 and 2: {floor:?}");
+        assert_eq!(floor.get("floor").map(String::as_str), Some("2"));
+        assert_eq!(floor.get("creates").map(String::as_str), Some("1"));
+
+        // Every Lease deleted while no host runs.
+        let how = env.delete_all_leases(&ns).await;
+        println!("deleted with {how}");
+        assert!(ns.leases().get_opt("demo").await.unwrap().is_none());
+
+        // A store that never saw the Lease (a host started now) reads it as
+        // released at its floor; the ConfigMap is no Lease, so status lists
+        // nothing.
+        let seen = fresh().get("demo").await.unwrap().expect("the floor record");
+        assert_eq!((seen.record.holder(), seen.record.term), (None, 2));
+        assert!(seen.version.starts_with(TOMBSTONE), "{}", seen.version);
+        assert!(fresh().list().await.unwrap().is_empty());
+
+        // Two such hosts race for term 3: one creates the Lease, the other
+        // is refused, though the Lease did not exist when it looked.
+        let (b, c) = (fresh(), fresh());
+        let vb = b.get("demo").await.unwrap().unwrap();
+        let vc = c.get("demo").await.unwrap().unwrap();
+        let won = b.update("demo", &vb.version, &held("b", 3)).await.unwrap();
+        assert_eq!(won.record.term, 3);
+        let lost = c.update("demo", &vc.version, &held("c", 3)).await.unwrap_err();
+        println!("the loser of the race for term 3: {lost}");
+        assert!(lost.is_conflict(), "{lost:?}");
+        let floor = floor_of(&admin, &ns.name, "demo").await.unwrap();
+        assert_eq!(floor.get("floor").map(String::as_str), Some("3"));
+        assert_eq!(floor.get("creates").map(String::as_str), Some("2"));
+
+        // Deleted again while held, seen by a watch: the holder's record,
+        // as a tombstone.
+        let watcher = fresh();
+        let mut w = watcher.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut w, 5).await.unwrap().record.holder(), Some("b"));
+        env.delete_all_leases(&ns).await;
+        let gone = next_within(&mut w, 5).await.expect("the tombstone");
+        assert!(gone.version.starts_with(TOMBSTONE), "{}", gone.version);
+        assert_eq!((gone.record.holder(), gone.record.term), (Some("b"), 3));
+
+        // Re-created by another writer with leaseTransitions 0: a new term
+        // is refused once, the Lease then reads at its floor, and the next
+        // term is above it.
+        let spec = LeaseSpec {
+            holder_identity: Some("foreign".into()),
+            lease_duration_seconds: Some(1),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        };
+        ns.leases()
+            .create(&PostParams::default(), &foreign_lease("demo", spec))
+            .await
+            .unwrap();
+        let d = fresh();
+        let foreign = d.get("demo").await.unwrap().unwrap();
+        assert_eq!(foreign.record.term, 0);
+        let refused = d.update("demo", &foreign.version, &held("d", 1)).await.unwrap_err();
+        println!("a term below the floor: {refused}");
+        assert!(refused.is_conflict(), "{refused:?}");
+        assert!(refused.to_string().contains("highest term (3"), "{refused}");
+        let reread = d.get("demo").await.unwrap().unwrap();
+        assert_eq!((reread.version.as_str(), reread.record.term), (foreign.version.as_str(), 3));
+        let v4 = d.update("demo", &reread.version, &held("d", 4)).await.unwrap();
+        assert_eq!(v4.record.term, 4);
+        let lease = ns.leases().get("demo").await.unwrap();
+        assert_eq!(spec_of(&lease).lease_transitions, Some(4));
+
+        // A floor garbled by hand is refused, naming the ConfigMap and the
+        // fix, and never reset.
+        let floors: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), &ns.name);
+        let mut cm = floors.get("baton-terms.demo").await.unwrap();
+        cm.data.as_mut().unwrap().insert("floor".into(), "four".into());
+        floors.replace("baton-terms.demo", &PostParams::default(), &cm).await.unwrap();
+        env.delete_all_leases(&ns).await;
+        let err = fresh().get("demo").await.unwrap_err();
+        println!("a garbled floor: {err}");
+        let text = err.to_string();
+        assert!(matches!(err, StoreError::Malformed { .. }), "{err:?}");
+        assert!(
+            text.contains(&format!("ConfigMap {}/baton-terms.demo", ns.name)),
+            "{text}"
+        );
+        assert!(text.contains("\"four\"") && text.contains("kubectl edit configmap"), "{text}");
+        let err = fresh().create("demo", &held("e", 1)).await.unwrap_err();
+        assert!(matches!(err, StoreError::Malformed { .. }), "{err:?}");
+        assert_eq!(
+            floor_of(&admin, &ns.name, "demo").await.unwrap().get("floor").map(String::as_str),
+            Some("four")
+        );
+    });
+}
+
+#[test]
+fn terms_never_repeat_when_every_lease_is_deleted_while_no_host_runs() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "terms"));
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &kube_config(
+            &ns.name,
+            Some(&env.admin_kubeconfig),
+            "demo",
+            &[probe("probe", "pollable", "cooperative")],
+        ),
+    );
+    let host = |name: &str| Host::start_with(name, &cfg, &shared_cache_dir());
+    let term_of = |h: &Host| {
+        h.wait_for(SECS(60), "the guest's start", is_start)
+            .guest_term()
+            .expect("a term")
+    };
+
+    // Stopped cleanly (the Lease released), then every Lease deleted.
+    let mut a = host("terms-a");
+    let first = term_of(&a);
+    a.sigterm();
+    assert!(a.wait_exit(SECS(30)).success());
+    let how = rt.block_on(env.delete_all_leases(&ns));
+    assert!(lease_of(&rt, &ns, "demo").is_none());
+    let mut b = host("terms-b");
+    let second = term_of(&b);
+    println!("released at term {first}, every Lease deleted ({how}): the next host leads in term {second}");
+    assert_eq!(second, first + 1);
+
+    // Killed while holding it (never released), then every Lease deleted:
+    // nobody is left to remember the term but the floor.
+    b.sigkill();
+    rt.block_on(env.delete_all_leases(&ns));
+    let started = Instant::now();
+    let c = host("terms-c");
+    let third = term_of(&c);
+    println!(
+        "held at term {second} by a killed host, every Lease deleted: the next host leads in term {third} after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(third, second + 1);
+    assert_eq!(spec_of(&lease_of(&rt, &ns, "demo").unwrap()).lease_transitions, Some(third as i32));
+
 }

@@ -19,7 +19,9 @@
 //! 4. If the backend keeps the lease's highest term (its *floor*), a
 //!    missing record without a tombstone reads as released at that term,
 //!    under [`TOMBSTONE`]`term-<floor>`, so terms are never reused; and a
-//!    tombstone whose term is below the floor is history and is dropped.
+//!    tombstone whose term is below the floor takes the floor as its term:
+//!    a newer term was started since, by a write this store did not see,
+//!    and its holder, unknown, is waited out as the tombstone's would be.
 //! 5. Updating a tombstone (or the floor record) creates the record, if the
 //!    store still reports that very version; the caller of the create
 //!    passes the floor it was given ([`DeletedRecords::create_floor`]) so a
@@ -184,10 +186,13 @@ impl Memory {
             }
         }
         let floor = floor.unwrap_or(0);
-        if self.tombstone.as_ref().is_some_and(|t| floor > t.record.term) {
-            // A higher term was written (and deleted) since: the holder's
-            // record is history.
-            self.tombstone = None;
+        if let Some(t) = self.tombstone.as_mut().filter(|t| floor > t.record.term) {
+            // A higher term was started since, by a write this store did
+            // not see (and may have been deleted again). Its holder may
+            // still lead: the tombstone stands for it, at that term, and is
+            // waited out like any holder (its own holder, under the old
+            // term, takes it as someone else's and stops).
+            t.record.term = floor;
         }
         self.tombstone
             .clone()
@@ -279,9 +284,16 @@ mod tests {
         assert_eq!(again.version, format!("{}+1", first.version));
         assert_eq!(again.record, first.record);
         assert_eq!(d.create_floor("l", &again.version).unwrap(), 2);
-        // A higher term since: the tombstone is history.
+        // A higher term started since, by a write not seen here: its
+        // holder is unknown and may lead, so the tombstone stands for it at
+        // that term, dated anew (the create count moved too).
         let later = d.found("l", missing(Some(5), Some(3))).unwrap();
-        assert_eq!(later.version, "deleted@term-5");
+        assert_eq!(later.version, "deleted@x-1+2");
+        assert_eq!((later.record.holder(), later.record.term), (Some("a"), 5));
+        assert_eq!(d.create_floor("l", &later.version).unwrap(), 5);
+        // The floor alone moving keeps the version: nothing was created.
+        let still = d.found("l", missing(Some(6), Some(3))).unwrap();
+        assert_eq!((still.version.as_str(), still.record.term), ("deleted@x-1+2", 6));
     }
 
     #[test]
@@ -371,9 +383,12 @@ mod tests {
             seen.found_since("l", since, none(3, 5)).unwrap().version,
             "deleted@y-1+2"
         );
-        // A higher term written (and deleted) since: the tombstone is
-        // history, and the lease reads as released at that term.
-        assert_eq!(seen.found_since("l", since, none(4, 6)), Some(floor_record(4)));
+        // A higher term started (and deleted) since: the tombstone stands
+        // for its unknown holder at that term, so even this store, whose
+        // record it was, waits it out.
+        let lifted = seen.found_since("l", since, none(4, 6)).unwrap();
+        assert_eq!((lifted.version.as_str(), lifted.record.term), ("deleted@y-1+3", 4));
+        assert_eq!(seen.create_floor("l", "deleted@y-1+3").unwrap(), 4);
         assert!(seen.create_floor("l", "deleted@y-1+2").is_err());
     }
 }

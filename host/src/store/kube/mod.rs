@@ -30,11 +30,14 @@
 //! objects this store has seen, it reads the object first and reports a
 //! conflict without writing if the version differs.
 //!
-//! The term is `leaseTransitions` only: no annotation. An annotation would
-//! be deleted with the object, so it would not survive the case it is meant
-//! for (a deleted and re-created Lease); running hosts already remember the
-//! highest term they saw, and a single number keeps `kubectl` and client-go
-//! tools in agreement with what guests see.
+//! The term is `leaseTransitions`, so that `kubectl` and client-go tools
+//! agree with what guests see. Since that number is deleted with the Lease,
+//! each lease's highest term is also kept in a ConfigMap that outlives it,
+//! its *term floor* (`baton-terms.<lease>`, see [`floor`]): a write that
+//! starts a term raises the floor first, and a create checks it. A Lease
+//! found with a `leaseTransitions` below its floor (re-created by another
+//! writer) is read with the floor as its term, so the next term is above
+//! it.
 //!
 //! # Deleted Leases
 //!
@@ -43,7 +46,9 @@
 //! [`TOMBSTONE`]. Its holder re-creates it at its next renewal and keeps
 //! leading in the same term; the others wait out its lease duration from
 //! when they saw the deletion, as they would for any holder, so no two
-//! hosts lead at once. A deleted Lease without a holder is simply gone.
+//! hosts lead at once. A deleted Lease without a holder, or one that no
+//! running host saw, reads as released at its term floor, so terms never
+//! repeat even when the Lease was deleted while no host ran.
 //!
 //! # Watching
 //!
@@ -93,6 +98,11 @@ use rand::Rng;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
+pub mod floor;
+
+pub use floor::{FLOOR_LEASE_ANNOTATION, FLOOR_PREFIX, floor_name};
+
+use self::floor::{Floors, Raised};
 use super::deleted::{DeletedRecords, Found};
 use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned};
 
@@ -148,6 +158,8 @@ pub struct KubeStore {
 
 struct Inner {
     api: Api<DynamicObject>,
+    /// The term floors of the namespace's leases.
+    floors: Floors,
     resource: ApiResource,
     namespace: String,
     server: String,
@@ -172,6 +184,9 @@ struct Recent {
     /// The highest resourceVersion learned from any answer (reads, writes,
     /// the watch, deletions).
     newest: u64,
+    /// The term floor, once a write found it above the Lease's
+    /// `leaseTransitions`: the term the Lease is read with from then on.
+    floor: u64,
 }
 
 /// A resourceVersion as a number. The API server's resourceVersions are
@@ -236,6 +251,7 @@ impl KubeStore {
         let resource = ApiResource::erase::<Lease>(&());
         KubeStore {
             inner: Arc::new(Inner {
+                floors: Floors::new(client.clone(), namespace),
                 api: Api::namespaced_with(client, namespace, &resource),
                 resource,
                 namespace: namespace.to_owned(),
@@ -253,6 +269,23 @@ impl KubeStore {
     /// The namespace of the Lease objects.
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
+    }
+
+    /// Creates the Lease if there is none and the lease's term floor is
+    /// still `shown` (0: the lease never had a term).
+    async fn create_at(&self, lease: &str, record: &LeaseRecord, shown: u64) -> Result<Versioned, StoreError> {
+        let inner = &self.inner;
+        let mut obj = inner.new_object(lease);
+        inner.apply(lease, &mut obj, record)?;
+        // Raised (and the create counted) before the Lease appears, so that
+        // a reader that finds no Lease again knows it was created between.
+        inner.raise_floor(lease, None, shown, record).await?;
+        let created = inner
+            .api
+            .create(&post_params(), &obj)
+            .await
+            .map_err(|e| map_error(lease, "create", e))?;
+        inner.accept_written(lease, &created)
     }
 }
 
@@ -283,25 +316,80 @@ impl Inner {
     }
 
     /// The lease does not exist (any more), as of `rv` if known; `last` is
-    /// its final state if the deletion event told it. Returns what to hand
-    /// the caller: the tombstone if the last known state had a holder, else
-    /// `None` (a Kubernetes Lease keeps no term floor).
-    fn deleted(&self, lease: &str, last: Option<&DynamicObject>, rv: Option<&str>) -> Option<Versioned> {
+    /// its final state if the deletion event told it. Reads its term floor
+    /// and returns what to hand the caller: the tombstone if the last known
+    /// state had a holder, else the floor record, or `None` for a lease
+    /// that never had a term.
+    async fn deleted(
+        &self,
+        lease: &str,
+        last: Option<&DynamicObject>,
+        rv: Option<&str>,
+    ) -> Result<Option<Versioned>, StoreError> {
         {
             let mut recent = self.recent();
             let recent = recent.entry(lease.to_owned()).or_default();
             recent.objects.clear();
             recent.newest = recent.newest.max(rv.and_then(rv_number).unwrap_or(0));
         }
-        let last = last.and_then(|obj| to_versioned(lease, obj, self.fallback_duration).ok());
-        self.seen.found(
+        let last = last.and_then(|obj| self.versioned(lease, obj).ok());
+        let floor = self.floors.read(lease).await?;
+        Ok(self.seen.found(
             lease,
             Found::Missing {
                 last,
-                floor: None,
-                creates: None,
+                floor: Some(floor.term),
+                creates: Some(floor.creates),
             },
-        )
+        ))
+    }
+
+    /// Reads an object as a record, with the term floor learned for its
+    /// lease if that is higher than its `leaseTransitions`.
+    fn versioned(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
+        let mut v = to_versioned(lease, obj, self.fallback_duration)?;
+        if let Some(floor) = self.recent().get(lease).map(|r| r.floor) {
+            v.record.term = v.record.term.max(floor);
+        }
+        Ok(v)
+    }
+
+    /// Before `record` is written over `current` (a Lease object) or, with
+    /// `current` `None`, created over a floor of `shown`: raises the term
+    /// floor if the record starts a new term.
+    async fn raise_floor(
+        &self,
+        lease: &str,
+        current: Option<&DynamicObject>,
+        shown: u64,
+        record: &LeaseRecord,
+    ) -> Result<(), StoreError> {
+        let instance = record.instance.as_deref();
+        let Some(current) = current else {
+            return self.floors.raise_for_create(lease, shown, record.term, instance).await;
+        };
+        let written = to_versioned(lease, current, self.fallback_duration)?.record.term;
+        if record.term <= written {
+            return Ok(());
+        }
+        let uid = current.metadata.uid.as_deref();
+        match self.floors.raise_for_term(lease, record.term, uid, instance).await? {
+            Raised::Done => Ok(()),
+            Raised::Behind(floor) => {
+                let mut recent = self.recent();
+                let recent = recent.entry(lease.to_owned()).or_default();
+                recent.floor = recent.floor.max(floor);
+                Err(StoreError::Conflict {
+                    lease: lease.to_owned(),
+                    detail: format!(
+                        "the Lease's leaseTransitions ({written}) is below the lease's highest \
+                         term ({floor}, in {}): it was re-created by another writer; terms \
+                         continue above {floor}",
+                        self.floors.describe(lease)
+                    ),
+                })
+            }
+        }
     }
 
     /// Whether something newer than `rv` was already learned of `lease`
@@ -325,7 +413,7 @@ impl Inner {
     /// Converts an object the API server sent in answer to a read (or a
     /// watch), and remembers it.
     fn accept(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
-        let v = to_versioned(lease, obj, self.fallback_duration)?;
+        let v = self.versioned(lease, obj)?;
         self.remember(lease, obj);
         self.seen.found(lease, Found::Record(v.clone()));
         Ok(v)
@@ -334,7 +422,7 @@ impl Inner {
     /// Converts the object the API server answered a write with, and
     /// remembers it.
     fn accept_written(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
-        let v = to_versioned(lease, obj, self.fallback_duration)?;
+        let v = self.versioned(lease, obj)?;
         self.remember(lease, obj);
         self.seen.wrote(lease, &v);
         Ok(v)
@@ -602,20 +690,13 @@ impl LeaseStore for KubeStore {
             .map_err(|e| map_error(lease, "get", e))?
         {
             Some(obj) => inner.accept(lease, &obj).map(Some),
-            None => Ok(inner.deleted(lease, None, None)),
+            None => inner.deleted(lease, None, None).await,
         }
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
-        let inner = &self.inner;
-        let mut obj = inner.new_object(lease);
-        inner.apply(lease, &mut obj, record)?;
-        let created = inner
-            .api
-            .create(&post_params(), &obj)
-            .await
-            .map_err(|e| map_error(lease, "create", e))?;
-        inner.accept_written(lease, &created)
+        // A lease read as never written: its floor must still be 0.
+        self.create_at(lease, record, 0).await
     }
 
     async fn update(
@@ -626,10 +707,11 @@ impl LeaseStore for KubeStore {
     ) -> Result<Versioned, StoreError> {
         let inner = &self.inner;
         if version.starts_with(TOMBSTONE) {
-            // The Lease was deleted: re-create it, unless something newer
-            // was seen since (409 if another host re-created it first).
-            inner.seen.create_floor(lease, version)?;
-            return self.create(lease, record).await;
+            // The Lease was deleted: re-create it, unless its floor moved
+            // since the caller was shown it (409 if another host re-created
+            // it first).
+            let shown = inner.seen.create_floor(lease, version)?;
+            return self.create_at(lease, record, shown).await;
         }
         let mut obj = match inner.seen_at(lease, version) {
             Some(obj) => obj,
@@ -656,6 +738,7 @@ impl LeaseStore for KubeStore {
                 current
             }
         };
+        inner.raise_floor(lease, Some(&obj), 0, record).await?;
         // The precondition: the API server refuses the update with 409 if
         // the object's resourceVersion is no longer this one.
         obj.metadata.resource_version = Some(version.to_owned());
@@ -686,7 +769,7 @@ impl LeaseStore for KubeStore {
                 obj.metadata.resource_version.clone().unwrap_or_default(),
             ),
             None => (
-                Ok(inner.deleted(lease, None, Some(&resource_version))),
+                inner.deleted(lease, None, Some(&resource_version)).await,
                 resource_version.clone(),
             ),
         };
@@ -873,8 +956,19 @@ async fn next_observation(
                         if state.inner.is_stale(&lease, &rv) {
                             continue;
                         }
-                        let last = state.inner.deleted(&lease, Some(&obj), Some(&rv));
-                        return Some((Ok(last), state));
+                        let bound = state.inner.request_timeout;
+                        let last = tokio::time::timeout(bound, state.inner.deleted(&lease, Some(&obj), Some(&rv)))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(StoreError::Unavailable {
+                                    lease: lease.clone(),
+                                    detail: format!("reading the term floor timed out after {bound:?}"),
+                                })
+                            });
+                        if last.is_err() {
+                            state.done = true;
+                        }
+                        return Some((last, state));
                     }
                     WatchEvent::Bookmark(b) => {
                         state.resource_version = b.metadata.resource_version;

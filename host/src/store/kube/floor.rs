@@ -1,0 +1,355 @@
+//! Term floors: the highest term each lease ever had, kept in a ConfigMap
+//! that outlives the Lease.
+//!
+//! A Lease's term is its `leaseTransitions`, which is deleted with the
+//! Lease. So that a Lease deleted while no host runs (`kubectl delete leases
+//! --all`) does not restart its terms at 1 and repeat a fencing token, the
+//! store keeps each lease's highest term in a ConfigMap of its own, named
+//! [`floor_name`] (`baton-terms.<lease>`), in the Lease's namespace:
+//!
+//! - every write that starts a new term raises the floor to that term
+//!   *before* the Lease is written;
+//! - every create of the Lease (the first one, or after a deletion) first
+//!   checks that the floor is still the one its caller was shown, raises it
+//!   and counts the create, so that of two hosts that saw the same deleted
+//!   Lease only one creates it at the next term, and readers can tell that
+//!   the Lease was created and deleted again between two reads;
+//! - a read that finds no Lease reads the floor, and the lease reads as
+//!   released at that term (see [`super::super::deleted`]), so the next term
+//!   is above it.
+//!
+//! A ConfigMap rather than a Lease, so that a selector for Leases (`kubectl
+//! delete leases --all`, `baton status`, a watch of Leases) never matches it.
+//! The data, all strings as a ConfigMap holds them:
+//!
+//! | key | value |
+//! |---|---|
+//! | `floor` | the highest term given out |
+//! | `creates` | how many times the Lease was created (compared only for a change) |
+//! | `raised-by` | the process (holder instance) that last raised `floor`, for people |
+//! | `raised-on` | the `metadata.uid` of the Lease whose new term last raised `floor` (empty for a create) |
+//!
+//! A floor garbled by hand is refused (never reset): the error names the
+//! ConfigMap and the fix. Deleting the ConfigMap as well as the Lease does
+//! restart the terms, as deleting the lease directory does for the embedded
+//! store.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta};
+
+use super::{map_error, post_params};
+use crate::store::StoreError;
+
+/// The prefix of every floor ConfigMap's name.
+pub const FLOOR_PREFIX: &str = "baton-terms.";
+
+/// The annotation on a floor ConfigMap naming its lease (the name alone may
+/// be shortened, see [`floor_name`]).
+pub const FLOOR_LEASE_ANNOTATION: &str = "baton.dev/lease";
+
+/// The longest object name the API server accepts (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// How often a floor write that lost a race is tried again before the store
+/// reports the lease unavailable; each loser reads the floor again, and
+/// only a host starting a term writes it, so a few are plenty.
+const WRITE_ATTEMPTS: usize = 5;
+
+/// The name of `lease`'s floor ConfigMap: `baton-terms.<lease>`, or, for a
+/// lease name too long for that, its first characters and a hash of the
+/// whole name.
+///
+/// ```
+/// use baton::store::kube::floor_name;
+///
+/// assert_eq!(floor_name("jobs.billing"), "baton-terms.jobs.billing");
+/// let long = "a".repeat(250);
+/// assert!(floor_name(&long).len() <= 253);
+/// assert_ne!(floor_name(&long), floor_name(&format!("{}b", &long[1..])));
+/// ```
+pub fn floor_name(lease: &str) -> String {
+    let name = format!("{FLOOR_PREFIX}{lease}");
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    // FNV-1a, 64 bits: stable across versions and platforms, which a
+    // std hasher does not promise.
+    let hash = lease
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let keep = MAX_NAME - FLOOR_PREFIX.len() - 17;
+    // A lease name is ASCII; the cut must end a label with a letter or digit.
+    let head = lease[..keep].trim_end_matches(['.', '-']);
+    format!("{FLOOR_PREFIX}{head}-{hash:016x}")
+}
+
+/// A lease's floor as read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Floor {
+    /// The highest term given out; 0 without a ConfigMap.
+    pub term: u64,
+    /// How many times the Lease was created.
+    pub creates: u64,
+    /// The process that last raised the floor.
+    pub raised_by: Option<String>,
+    /// The uid of the Lease whose new term last raised the floor.
+    pub raised_on: Option<String>,
+}
+
+/// What raising a floor for a new term found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Raised {
+    /// The floor is at the new term, raised by this process.
+    Done,
+    /// The floor is above the new term, or at it for another Lease object
+    /// than the one to be written: the Lease was re-created (by another
+    /// writer) with a lower `leaseTransitions`. The floor is given.
+    Behind(u64),
+}
+
+/// The floor ConfigMaps of one namespace.
+#[derive(Clone)]
+pub struct Floors {
+    api: Api<ConfigMap>,
+    namespace: String,
+}
+
+impl Floors {
+    /// The floors in `namespace`.
+    pub fn new(client: kube::Client, namespace: &str) -> Floors {
+        Floors {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    /// Where `lease`'s floor is kept, for messages.
+    pub fn describe(&self, lease: &str) -> String {
+        format!("ConfigMap {}/{}", self.namespace, floor_name(lease))
+    }
+
+    /// Reads `lease`'s floor (0 if it has none).
+    pub async fn read(&self, lease: &str) -> Result<Floor, StoreError> {
+        Ok(self.fetch(lease).await?.1)
+    }
+
+    async fn fetch(&self, lease: &str) -> Result<(Option<ConfigMap>, Floor), StoreError> {
+        let object = self
+            .api
+            .get_opt(&floor_name(lease))
+            .await
+            .map_err(|e| self.error(lease, "get", e))?;
+        let floor = match &object {
+            Some(object) => self.parse(lease, object)?,
+            None => Floor::default(),
+        };
+        Ok((object, floor))
+    }
+
+    fn parse(&self, lease: &str, object: &ConfigMap) -> Result<Floor, StoreError> {
+        let data = object.data.clone().unwrap_or_default();
+        let number = |key: &str| -> Result<u64, StoreError> {
+            let value = data.get(key);
+            value.and_then(|v| v.trim().parse().ok()).ok_or_else(|| StoreError::Malformed {
+                lease: lease.to_owned(),
+                detail: format!(
+                    "the term floor in {}, data.{key}, is {}, not a number: baton keeps the \
+                     lease's highest term there and never resets it; set data.floor to the \
+                     highest term the lease had (at least the Lease's spec.leaseTransitions) \
+                     and data.creates to a number (kubectl edit configmap -n {} {}), or \
+                     delete the ConfigMap to start the terms again at 1",
+                    self.describe(lease),
+                    value.map_or("missing".to_owned(), |v| format!("{v:?}")),
+                    self.namespace,
+                    floor_name(lease),
+                ),
+            })
+        };
+        Ok(Floor {
+            term: number("floor")?,
+            creates: number("creates")?,
+            raised_by: data.get("raised-by").cloned(),
+            raised_on: data.get("raised-on").cloned(),
+        })
+    }
+
+    /// Before a create of `lease`'s Lease at `term`: checks that the floor
+    /// is still `shown` (or lower: lost, or written by an older baton) and
+    /// raises it to `term`, counting the create. A conflict if it was
+    /// raised past `shown` meanwhile.
+    pub async fn raise_for_create(
+        &self,
+        lease: &str,
+        shown: u64,
+        term: u64,
+        instance: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.raise(lease, |floor| {
+            if floor.term > shown {
+                return Err(StoreError::Conflict {
+                    lease: lease.to_owned(),
+                    detail: format!(
+                        "the lease's highest term is {}, not {shown}: it was written since",
+                        floor.term
+                    ),
+                });
+            }
+            if term < floor.term {
+                return Err(StoreError::Refused {
+                    lease: lease.to_owned(),
+                    detail: format!(
+                        "term {term} is below the lease's highest term {}: terms never go back",
+                        floor.term
+                    ),
+                });
+            }
+            Ok(Some(Floor {
+                term,
+                // Only ever compared for a change.
+                creates: floor.creates.wrapping_add(1),
+                raised_by: instance.map(str::to_owned),
+                raised_on: None,
+            }))
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Before a write of the Lease object `uid` of `lease` that starts
+    /// `term`: raises the floor to it.
+    ///
+    /// A floor already at `term`, raised for this same Lease object, is
+    /// [`Raised::Done`]: whoever raised it (this process, before an answer
+    /// it missed, or a host that lost the race for the object) wrote term
+    /// `term` to this object at most once, and not yet, since the object
+    /// is still below it; the object's resourceVersion decides who does.
+    /// Any other floor at or above `term` is [`Raised::Behind`].
+    pub async fn raise_for_term(
+        &self,
+        lease: &str,
+        term: u64,
+        uid: Option<&str>,
+        instance: Option<&str>,
+    ) -> Result<Raised, StoreError> {
+        let mut behind = None;
+        self.raise(lease, |floor| {
+            behind = None;
+            if floor.term < term {
+                return Ok(Some(Floor {
+                    term,
+                    creates: floor.creates,
+                    raised_by: instance.map(str::to_owned),
+                    raised_on: uid.map(str::to_owned),
+                }));
+            }
+            if floor.term > term || uid.is_none() || floor.raised_on.as_deref() != uid {
+                behind = Some(floor.term);
+            }
+            Ok(None)
+        })
+        .await?;
+        Ok(behind.map_or(Raised::Done, Raised::Behind))
+    }
+
+    /// Reads the floor, asks `change` for the new one (`None`: leave it),
+    /// and writes that with the read's resourceVersion; again on a lost
+    /// race.
+    async fn raise(
+        &self,
+        lease: &str,
+        mut change: impl FnMut(&Floor) -> Result<Option<Floor>, StoreError>,
+    ) -> Result<(), StoreError> {
+        let name = floor_name(lease);
+        let mut last = None;
+        for _ in 0..WRITE_ATTEMPTS {
+            let (object, floor) = self.fetch(lease).await?;
+            let Some(new) = change(&floor)? else { return Ok(()) };
+            let mut data = BTreeMap::from([
+                ("floor".to_owned(), new.term.to_string()),
+                ("creates".to_owned(), new.creates.to_string()),
+            ]);
+            if let Some(by) = new.raised_by {
+                data.insert("raised-by".to_owned(), by);
+            }
+            data.insert("raised-on".to_owned(), new.raised_on.unwrap_or_default());
+            let written = match object {
+                Some(mut object) => {
+                    // Keeps everything else, and the resourceVersion read:
+                    // the API server refuses the write (409) if anyone wrote
+                    // in between.
+                    object.data = Some(data);
+                    self.api
+                        .replace(&name, &post_params(), &object)
+                        .await
+                        .map_err(|e| self.error(lease, "update", e))
+                }
+                None => {
+                    let object = ConfigMap {
+                        metadata: ObjectMeta {
+                            name: Some(name.clone()),
+                            namespace: Some(self.namespace.clone()),
+                            labels: Some(BTreeMap::from([
+                                ("app.kubernetes.io/managed-by".to_owned(), "baton".to_owned()),
+                                ("baton.dev/role".to_owned(), "term-floor".to_owned()),
+                            ])),
+                            annotations: Some(BTreeMap::from([(
+                                FLOOR_LEASE_ANNOTATION.to_owned(),
+                                lease.to_owned(),
+                            )])),
+                            ..ObjectMeta::default()
+                        },
+                        data: Some(data),
+                        ..ConfigMap::default()
+                    };
+                    self.api
+                        .create(&post_params(), &object)
+                        .await
+                        .map_err(|e| self.error(lease, "create", e))
+                }
+            };
+            match written {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_conflict() => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Unavailable {
+            lease: lease.to_owned(),
+            detail: format!(
+                "{WRITE_ATTEMPTS} writes of the term floor in {} lost a race: {}",
+                self.describe(lease),
+                last.map_or_else(String::new, |e| e.to_string())
+            ),
+        })
+    }
+
+    /// A request error about the floor, saying which object it was and, if
+    /// refused, what the host's role lacks.
+    fn error(&self, lease: &str, verb: &str, err: kube::Error) -> StoreError {
+        let about = format!("the term floor ({})", self.describe(lease));
+        match map_error(lease, verb, err) {
+            StoreError::Refused { lease, detail } => StoreError::Refused {
+                lease,
+                detail: format!(
+                    "{detail} ({about}: baton keeps each lease's highest term in a ConfigMap \
+                     and needs get, create and update on configmaps in this namespace, as \
+                     deploy/kubernetes/role.yaml grants)"
+                ),
+            },
+            StoreError::Conflict { lease, detail } => StoreError::Conflict {
+                lease,
+                detail: format!("{about}: {detail}"),
+            },
+            StoreError::Unavailable { lease, detail } => StoreError::Unavailable {
+                lease,
+                detail: format!("{about}: {detail}"),
+            },
+            StoreError::Malformed { lease, detail } => StoreError::Malformed {
+                lease,
+                detail: format!("{about}: {detail}"),
+            },
+        }
+    }
+}
