@@ -11,6 +11,10 @@
 #                                     delete their data, keys and tokens; safe to
 #                                     call twice
 #   scripts/kube-testenv.sh status    says whether they run (exit 0 if so, 1 if not)
+#   scripts/kube-testenv.sh revive    starts again whichever of etcd and kube-apiserver
+#                                     is no longer running (killed by a test), on the
+#                                     same ports, data and keys, waits until the API
+#                                     server is ready, and updates the env file's pids
 #
 # Everything downloaded or built lives in $BATON_CACHE/kube (scripts/env.sh),
 # never in the clone:
@@ -343,6 +347,72 @@ stop_pid() { # pid name
     kill -KILL "$1" 2>/dev/null || true
 }
 
+# launch_etcd DIR: starts etcd on the ports in DIR/ports, with its data in
+# DIR/etcd (kept from an earlier run); sets $launched to its pid.
+launch_etcd() {
+    local dir="$1" etcd_port peer_port api_port
+    read -r etcd_port peer_port api_port <"$dir/ports"
+    setsid etcd --name baton-test --data-dir "$dir/etcd" \
+        --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+        --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+        --initial-cluster "baton-test=http://127.0.0.1:$peer_port" \
+        </dev/null >>"$dir/etcd.log" 2>&1 &
+    launched=$!
+    echo "$launched" >"$dir/etcd.pid"
+}
+
+# wait_etcd DIR PID: until etcd answers its health check.
+wait_etcd() {
+    local dir="$1" pid="$2" etcd_port peer_port api_port i
+    read -r etcd_port peer_port api_port <"$dir/ports"
+    for i in $(seq 1 300); do
+        curl -fsS "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"' && return 0
+        alive "$pid" || { tail -n 20 "$dir/etcd.log" >&2; die "etcd exited (log: $dir/etcd.log)"; }
+        sleep 0.1
+    done
+    die "etcd is not healthy after 30s (log: $dir/etcd.log)"
+}
+
+# launch_apiserver DIR: starts kube-apiserver on the ports in DIR/ports, with
+# the certificates, tokens and keys in DIR; sets $launched to its pid.
+launch_apiserver() {
+    local dir="$1" etcd_port peer_port api_port
+    read -r etcd_port peer_port api_port <"$dir/ports"
+    setsid "$apiserver_bin" --etcd-servers="http://127.0.0.1:$etcd_port" \
+        --bind-address=127.0.0.1 --secure-port="$api_port" --insecure-port=0 \
+        --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
+        --service-account-issuer=https://kubernetes.default.svc \
+        --service-account-key-file="$dir/sa.key" --service-account-signing-key-file="$dir/sa.key" \
+        --service-cluster-ip-range=10.0.0.0/24 --advertise-address=127.0.0.1 \
+        </dev/null >>"$dir/apiserver.log" 2>&1 &
+    launched=$!
+    echo "$launched" >"$dir/apiserver.pid"
+}
+
+# wait_ready PID: until the API server of the env file answers /readyz
+# (90 s covers a loaded 2-core machine); 1 if it exited or never did.
+wait_ready() {
+    local pid="$1" t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt 90 ]; do
+        alive "$pid" || return 1
+        if [ -f "$KUBE_TEST_CA" ] && [ "$(curl -sS --cacert "$KUBE_TEST_CA" -H "Authorization: Bearer $KUBE_TEST_ADMIN_TOKEN" \
+            "$KUBE_TEST_SERVER/readyz" 2>/dev/null)" = ok ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+write_env() {
+    local vars=(KUBE_TEST_SERVER KUBE_TEST_CA KUBE_TEST_ADMIN_TOKEN KUBE_TEST_KUBECONFIG
+        KUBE_TEST_KUBECONFIG_DIR KUBE_TEST_APISERVER_PID KUBE_TEST_ETCD_PID
+        KUBE_TEST_APISERVER_LOG KUBE_TEST_KUBECTL) v
+    mkdir -p "$(dirname "$env_file")"
+    { for v in "${vars[@]}"; do printf 'export %s=%q\n' "$v" "${!v}"; done; } >"$env_file.tmp"
+    chmod 600 "$env_file.tmp" && mv "$env_file.tmp" "$env_file"
+}
+
 cmd_start() {
     cmd_install
     local kubectl
@@ -363,14 +433,10 @@ cmd_start() {
     local etcd_port peer_port api_port
     free_port etcd_port; free_port peer_port; free_port api_port
 
+    echo "$etcd_port $peer_port $api_port" >"$dir/ports"
     log "starting etcd on 127.0.0.1:$etcd_port (data in $dir/etcd)"
-    setsid etcd --name baton-test --data-dir "$dir/etcd" \
-        --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-        --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
-        --initial-cluster "baton-test=http://127.0.0.1:$peer_port" \
-        </dev/null >"$dir/etcd.log" 2>&1 &
-    local etcd_pid=$!
-    echo "$etcd_pid" >"$dir/etcd.pid"
+    launch_etcd "$dir"
+    local etcd_pid=$launched
 
     local admin_token u
     admin_token="$(openssl rand -hex 24)"
@@ -381,23 +447,11 @@ cmd_start() {
     chmod 600 "$dir/tokens.csv"
     openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
 
-    local i
-    for i in $(seq 1 100); do
-        curl -fsS "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"' && break
-        alive "$etcd_pid" || { tail -n 20 "$dir/etcd.log" >&2; die "etcd exited (log: $dir/etcd.log)"; }
-        sleep 0.1
-    done
+    wait_etcd "$dir" "$etcd_pid"
 
     log "starting kube-apiserver on https://127.0.0.1:$api_port"
-    setsid "$apiserver_bin" --etcd-servers="http://127.0.0.1:$etcd_port" \
-        --bind-address=127.0.0.1 --secure-port="$api_port" --insecure-port=0 \
-        --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
-        --service-account-issuer=https://kubernetes.default.svc \
-        --service-account-key-file="$dir/sa.key" --service-account-signing-key-file="$dir/sa.key" \
-        --service-cluster-ip-range=10.0.0.0/24 --advertise-address=127.0.0.1 \
-        </dev/null >"$dir/apiserver.log" 2>&1 &
-    local api_pid=$!
-    echo "$api_pid" >"$dir/apiserver.pid"
+    launch_apiserver "$dir"
+    local api_pid=$launched
 
     KUBE_TEST_SERVER="https://127.0.0.1:$api_port"
     KUBE_TEST_CA="$dir/certs/apiserver.crt"
@@ -408,28 +462,14 @@ cmd_start() {
     KUBE_TEST_ETCD_PID="$etcd_pid"
     KUBE_TEST_APISERVER_LOG="$dir/apiserver.log"
     KUBE_TEST_KUBECTL="$kubectl"
-    local vars=(KUBE_TEST_SERVER KUBE_TEST_CA KUBE_TEST_ADMIN_TOKEN KUBE_TEST_KUBECONFIG
-        KUBE_TEST_KUBECONFIG_DIR KUBE_TEST_APISERVER_PID KUBE_TEST_ETCD_PID
-        KUBE_TEST_APISERVER_LOG KUBE_TEST_KUBECTL)
     # Written before waiting, so that `stop` finds the processes even if the
     # wait below fails or is interrupted.
-    mkdir -p "$(dirname "$env_file")"
-    local v
-    { for v in "${vars[@]}"; do printf 'export %s=%q\n' "$v" "${!v}"; done; } >"$env_file.tmp"
-    chmod 600 "$env_file.tmp" && mv "$env_file.tmp" "$env_file"
+    write_env
     echo "$env_file" >"$dir/env-file"
 
-    # Ready within seconds; 90 s covers a loaded 2-core machine.
+    # Ready within seconds.
     local ready= t0=$SECONDS
-    while [ $((SECONDS - t0)) -lt 90 ]; do
-        if ! alive "$api_pid"; then break; fi
-        if [ -f "$KUBE_TEST_CA" ] && [ "$(curl -sS --cacert "$KUBE_TEST_CA" -H "Authorization: Bearer $admin_token" \
-            "$KUBE_TEST_SERVER/readyz" 2>/dev/null)" = ok ]; then
-            ready=1
-            break
-        fi
-        sleep 0.25
-    done
+    wait_ready "$api_pid" && ready=1
     if [ -z "$ready" ]; then
         echo "----- last lines of $dir/apiserver.log" >&2
         tail -n 30 "$dir/apiserver.log" >&2
@@ -486,13 +526,37 @@ cmd_status() {
     [ "$ready" = yes ]
 }
 
+cmd_revive() {
+    read_env || die "not running (no $env_file): start it first"
+    local dir t0=$SECONDS
+    dir="$(dirname "$KUBE_TEST_APISERVER_LOG")"
+    [ -f "$dir/ports" ] || die "$dir was started by an older kube-testenv.sh: stop and start it"
+    if ! is_ours "$KUBE_TEST_ETCD_PID" etcd; then
+        log "starting etcd again (data in $dir/etcd)"
+        launch_etcd "$dir"
+        KUBE_TEST_ETCD_PID=$launched
+        write_env
+        wait_etcd "$dir" "$KUBE_TEST_ETCD_PID"
+    fi
+    if ! is_ours "$KUBE_TEST_APISERVER_PID" kube-apiserver; then
+        log "starting kube-apiserver again on $KUBE_TEST_SERVER"
+        launch_apiserver "$dir"
+        KUBE_TEST_APISERVER_PID=$launched
+        write_env
+    fi
+    wait_ready "$KUBE_TEST_APISERVER_PID" ||
+        die "the test API server is not ready after it was started again (log: $KUBE_TEST_APISERVER_LOG)"
+    log "ready again in $((SECONDS - t0))s (apiserver pid $KUBE_TEST_APISERVER_PID, etcd pid $KUBE_TEST_ETCD_PID)"
+}
+
 case "${1:-}" in
 install) cmd_install ;;
 start) cmd_start ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
+revive) cmd_revive ;;
 *)
-    echo "usage: $0 install|start|stop|status" >&2
+    echo "usage: $0 install|start|stop|status|revive" >&2
     exit 2
     ;;
 esac

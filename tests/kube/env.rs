@@ -18,6 +18,7 @@ pub struct KubeEnv {
     pub admin_kubeconfig: PathBuf,
     pub kubeconfig_dir: PathBuf,
     pub apiserver_pid: i32,
+    pub etcd_pid: i32,
     pub file: PathBuf,
     /// kubectl, if the test environment has one.
     pub kubectl: Option<PathBuf>,
@@ -30,12 +31,12 @@ impl KubeEnv {
     pub fn load() -> KubeEnv {
         let file = std::env::var_os("BATON_KUBE_ENV")
             .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                let cache = std::env::var_os("BATON_CACHE")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/baton"));
-                cache.join("kube/run/env.sh")
-            });
+            .unwrap_or_else(|| cache_dir().join("kube/run/env.sh"));
+        KubeEnv::load_from(file)
+    }
+
+    /// Reads the env file `file`; see [`KubeEnv::load`].
+    pub fn load_from(file: PathBuf) -> KubeEnv {
         let help = "start the test API server first: scripts/kube-testenv.sh start \
                     (scripts/test.sh does it before running the tests)";
         let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
@@ -59,6 +60,7 @@ impl KubeEnv {
             admin_kubeconfig: var("KUBE_TEST_KUBECONFIG").into(),
             kubeconfig_dir: var("KUBE_TEST_KUBECONFIG_DIR").into(),
             apiserver_pid: var("KUBE_TEST_APISERVER_PID").parse().expect("a pid"),
+            etcd_pid: var("KUBE_TEST_ETCD_PID").parse().expect("a pid"),
             file: file.clone(),
             kubectl: vars
                 .get("KUBE_TEST_KUBECTL")
@@ -129,6 +131,13 @@ impl KubeEnv {
             }
         }
     }
+}
+
+/// `BATON_CACHE`, as scripts/env.sh sets it.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("BATON_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/baton"))
 }
 
 /// A fresh namespace for one test, deleted when dropped (best effort).

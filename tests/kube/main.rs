@@ -8,6 +8,7 @@
 //! Each test works in a namespace of its own.
 
 mod blackhole;
+mod chaos;
 mod env;
 #[allow(dead_code)]
 #[path = "../e2e/support.rs"]

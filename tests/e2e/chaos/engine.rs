@@ -1,21 +1,26 @@
-//! Chaos: three hosts on one lease, guests of both worlds (one honouring
-//! the change signal, one ignoring it, each) appending term-tagged records
-//! to one file at a steady rate, and faults injected at random moments:
-//! the leader killed, terminated, stopped past its lease or for less than
-//! its renew deadline, a follower stopped, the lease deleted or garbled
-//! (and repaired). A checker then reads the records and every host's log.
+//! The chaos engine, for any lease store: three hosts on one lease,
+//! guests of both worlds (one honouring the change signal, one ignoring
+//! it, each) appending term-tagged records to one file at a steady rate,
+//! and faults injected at random moments: the leader killed, terminated,
+//! stopped past its lease or for less than its renew deadline, a follower
+//! stopped, and the faults of the store under test (a [`Bed`]). A checker
+//! then reads the records and every host's log.
 //!
 //! One run is a number of *segments* (fresh hosts and store each); the
-//! bounded run in the test suite is one segment. Variables:
+//! bounded run in the test suite is one segment per store. Variables:
 //!
 //! - `BATON_CHAOS_SEED`: the seed of the first segment (printed by every
 //!   run; the segment after it uses the seed plus one, and so on), to
 //!   replay a run.
-//! - `BATON_CHAOS_FAULTS`: how many faults in all (default 16).
+//! - `BATON_CHAOS_FAULTS`: how many faults in all, per store (default 16).
 //! - `BATON_CHAOS_SOAK`: a file where each finished segment appends one line
-//!   of figures; a run counts the faults already there and only adds what
-//!   is missing, so a soak stopped half-way resumes where it stopped.
-//!   `scripts/soak.sh` wraps it and sums the file up (`docs/reliability.md`).
+//!   of figures; a run counts the faults of its store already there and
+//!   only adds what is missing, so a soak stopped half-way resumes where it
+//!   stopped. `scripts/soak.sh` wraps it and sums the file up
+//!   (`docs/reliability.md`).
+//!
+//! Used by tests/e2e (the embedded store) and tests/kube (the Kubernetes
+//! store), each with a bed of its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
@@ -31,18 +36,19 @@ use crate::witness::*;
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
 /// Faults per segment.
-const SEGMENT_FAULTS: usize = 16;
+pub const SEGMENT_FAULTS: usize = 16;
 
 /// How long after a fault cleared a leader's records may be missing:
 /// LD + RP, plus an allowance for starting the guests of the new term
 /// (instantiating four components: tens of milliseconds) and for a watch
 /// event and a retry tick that start just after the deadline.
-const ALLOWANCE: Duration = Duration::from_millis(400);
+pub const ALLOWANCE: Duration = Duration::from_millis(400);
 
 /// The guests' tick: a record every 5 ms each.
 const TICK_MS: &str = "5";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[allow(dead_code)] // each store injects only its own
 pub enum Fault {
     KillLeader,
     TermLeader,
@@ -51,20 +57,24 @@ pub enum Fault {
     StopFollower,
     DeleteLease,
     GarbleLease,
+    ApiServerStop,
+    ApiServerRestart,
+    EtcdRestart,
+    ForeignWriter,
+    BlackHole,
 }
 
-impl Fault {
-    const ALL: [Fault; 7] = [
-        Fault::KillLeader,
-        Fault::TermLeader,
-        Fault::StopLeaderLong,
-        Fault::StopLeaderShort,
-        Fault::StopFollower,
-        Fault::DeleteLease,
-        Fault::GarbleLease,
-    ];
+/// The faults of hosts, on any store.
+pub const HOST_FAULTS: [Fault; 5] = [
+    Fault::KillLeader,
+    Fault::TermLeader,
+    Fault::StopLeaderLong,
+    Fault::StopLeaderShort,
+    Fault::StopFollower,
+];
 
-    fn name(self) -> &'static str {
+impl Fault {
+    pub fn name(self) -> &'static str {
         match self {
             Fault::KillLeader => "SIGKILL leader",
             Fault::TermLeader => "SIGTERM leader",
@@ -73,13 +83,42 @@ impl Fault {
             Fault::StopFollower => "SIGSTOP follower",
             Fault::DeleteLease => "lease deleted",
             Fault::GarbleLease => "lease garbled",
+            Fault::ApiServerStop => "API server SIGSTOP > RD",
+            Fault::ApiServerRestart => "API server killed, restarted",
+            Fault::EtcdRestart => "etcd killed, restarted",
+            Fault::ForeignWriter => "foreign writer",
+            Fault::BlackHole => "one host black-holed",
         }
     }
 }
 
+/// A lease store under chaos: how hosts reach it, and its own faults.
+pub trait Bed {
+    /// The store's name in the figures (`store=...`).
+    fn store(&self) -> &'static str;
+    /// The faults to draw from: [`HOST_FAULTS`] and the store's own.
+    fn faults(&self) -> Vec<Fault>;
+    /// The lease duration and retry period of the hosts.
+    fn timings(&self) -> (Duration, Duration);
+    /// A fresh store for one segment, and the `[store]` and timing tables
+    /// of a configuration with the lease "demo" on it (the plugins are
+    /// added after).
+    fn config(&mut self, s: &Scratch) -> String;
+    /// Environment variables of the host process named `name`.
+    fn env(&mut self, s: &Scratch, name: &str) -> Vec<(String, String)>;
+    /// Injects a store fault; `hosts` are the live hosts' names, `leader`
+    /// the index of the one leading. Returns when the fault was cleared
+    /// (see [`Injected`]), or `None` if it could not be injected now.
+    fn inject(&mut self, fault: Fault, rng: &mut StdRng, hosts: &[&str], leader: usize) -> Option<SystemTime>;
+    /// Called when the segment is over, to put the store back in order.
+    fn end(&mut self) {}
+}
+
 /// One fault, as injected.
-struct Injected {
+pub struct Injected {
     fault: Fault,
+    /// When the injection began.
+    started: SystemTime,
     /// When the fault was over as far as the bound is concerned: the
     /// injection for kills and stops, the repair for store faults.
     cleared: SystemTime,
@@ -129,12 +168,15 @@ fn plugins(dir: &Path) -> String {
     text
 }
 
-fn start(name: &str, config: &Path) -> Host {
+fn start(bed: &mut dyn Bed, s: &Scratch, name: &str, config: &Path) -> Host {
+    let mut vars = bed.env(s, name);
+    vars.push(("PROBE_HOST".into(), name.into()));
+    let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let host = Host::start_opts(
         name,
         config,
         Opts {
-            env: &[("PROBE_HOST", name)],
+            env: &env,
             ..Opts::default()
         },
     );
@@ -145,11 +187,13 @@ fn start(name: &str, config: &Path) -> Host {
 }
 
 /// One segment: `faults` faults drawn from `seed`.
-fn segment(seed: u64, faults: usize) -> (Figures, BTreeMap<Fault, usize>) {
+fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fault, usize>) {
     let mut rng = StdRng::seed_from_u64(seed);
+    let (lease_duration, retry_period) = bed.timings();
+    let kinds = bed.faults();
     let s = Scratch::new();
     let data = records_dir(&s);
-    let mut text = config(&s.store(), &[]);
+    let mut text = bed.config(&s);
     text.push_str(&plugins(&data));
     let cfg = s.write("chaos.toml", &text);
     let names = ["h1", "h2", "h3"];
@@ -159,7 +203,7 @@ fn segment(seed: u64, faults: usize) -> (Figures, BTreeMap<Fault, usize>) {
     for n in names {
         live.push(all.len());
         all.push(Process {
-            host: start(n, &cfg),
+            host: start(bed, &s, n, &cfg),
             killed: None,
         });
     }
@@ -189,7 +233,8 @@ fn segment(seed: u64, faults: usize) -> (Figures, BTreeMap<Fault, usize>) {
             std::thread::sleep(Duration::from_millis(20));
         };
         std::thread::sleep(Duration::from_millis(rng.random_range(200..1200)));
-        let fault = Fault::ALL[rng.random_range(0..Fault::ALL.len())];
+        let fault = kinds[rng.random_range(0..kinds.len())];
+        let started = SystemTime::now();
         *counts.entry(fault).or_default() += 1;
         let follower = (lead + rng.random_range(1..names.len())) % names.len();
         let proc_of = |slot: usize| live[slot];
@@ -198,65 +243,53 @@ fn segment(seed: u64, faults: usize) -> (Figures, BTreeMap<Fault, usize>) {
                 let i = proc_of(lead);
                 let at = all[i].host.sigkill();
                 all[i].killed = Some(at);
-                injected.push(Injected { fault, cleared: at });
+                injected.push(Injected { fault, started, cleared: at });
                 std::thread::sleep(Duration::from_millis(rng.random_range(0..1000)));
                 live[lead] = all.len();
                 all.push(Process {
-                    host: start(names[lead], &cfg),
+                    host: start(bed, &s, names[lead], &cfg),
                     killed: None,
                 });
             }
             Fault::TermLeader => {
                 let i = proc_of(lead);
                 let at = all[i].host.sigterm();
-                injected.push(Injected { fault, cleared: at });
+                injected.push(Injected { fault, started, cleared: at });
                 if !all[i].host.wait_exit(SECS(10)).success() {
                     crashes += 1;
                 }
                 live[lead] = all.len();
                 all.push(Process {
-                    host: start(names[lead], &cfg),
+                    host: start(bed, &s, names[lead], &cfg),
                     killed: None,
                 });
             }
             Fault::StopLeaderLong | Fault::StopLeaderShort => {
                 let pause = if fault == Fault::StopLeaderLong {
-                    LEASE_DURATION + Duration::from_millis(rng.random_range(100..1500))
+                    lease_duration + Duration::from_millis(rng.random_range(100..1500))
                 } else {
                     Duration::from_millis(rng.random_range(50..800))
                 };
                 let h = &all[proc_of(lead)].host;
                 let at = h.signal(libc::SIGSTOP);
-                injected.push(Injected { fault, cleared: at });
+                injected.push(Injected { fault, started, cleared: at });
                 std::thread::sleep(pause);
                 h.signal(libc::SIGCONT);
             }
             Fault::StopFollower => {
                 let h = &all[proc_of(follower)].host;
                 let at = h.signal(libc::SIGSTOP);
-                injected.push(Injected { fault, cleared: at });
+                injected.push(Injected { fault, started, cleared: at });
                 std::thread::sleep(Duration::from_millis(rng.random_range(200..3000)));
                 h.signal(libc::SIGCONT);
             }
-            Fault::DeleteLease => {
-                let at = SystemTime::now();
-                if lease_dir(&s.store(), "demo").exists() {
-                    delete_lease(&s.store(), "demo");
-                }
-                injected.push(Injected { fault, cleared: at });
-            }
-            Fault::GarbleLease => {
-                let Some(file) = lease_file(&s.store(), "demo") else {
+            _ => match bed.inject(fault, &mut rng, &names, lead) {
+                Some(cleared) => injected.push(Injected { fault, started, cleared }),
+                None => {
+                    *counts.get_mut(&fault).unwrap() -= 1;
                     continue;
-                };
-                std::fs::write(&file, "garbage\n").unwrap();
-                std::thread::sleep(Duration::from_millis(rng.random_range(1000..4000)));
-                // Repaired the only way an operator can: the lease deleted
-                // (its terms go on from the floor).
-                let at = SystemTime::now();
-                delete_lease(&s.store(), "demo");
-                injected.push(Injected { fault, cleared: at });
-            }
+                }
+            },
         }
         // A process that exited by itself crashed.
         for &i in &live {
@@ -285,13 +318,15 @@ fn segment(seed: u64, faults: usize) -> (Figures, BTreeMap<Fault, usize>) {
             );
         }
     }
-    let mut figures = check(&data.join("records"), &all, &injected);
+    bed.end();
+    let bound = lease_duration + retry_period + ALLOWANCE;
+    let mut figures = check(&data.join("records"), &all, &injected, bound, lease_duration);
     figures.crashes += crashes;
     (figures, counts)
 }
 
 /// Reads the records and the logs: see [`Figures`].
-fn check(file: &Path, all: &[Process], injected: &[Injected]) -> Figures {
+fn check(file: &Path, all: &[Process], injected: &[Injected], bound: Duration, lease_duration: Duration) -> Figures {
     let mut figures = Figures::default();
     // Each (host name, term): its force-stop time, or its process's death.
     let mut ends: HashMap<(String, u64), SystemTime> = HashMap::new();
@@ -365,25 +400,45 @@ fn check(file: &Path, all: &[Process], injected: &[Injected]) -> Figures {
         }
     }
     stamps.sort();
-    for i in injected {
-        let next = stamps.iter().find(|&&at| at >= i.cleared);
-        let gap = match next {
-            Some(&at) => at.duration_since(i.cleared).unwrap_or_default(),
+    for (k, i) in injected.iter().enumerate() {
+        // The longest time without records from the moment the fault
+        // cleared until the next fault began (the interval that spans that
+        // moment included): the old leader may write on for a while (a
+        // black-holed leader until its renew deadline), and the gap that
+        // matters comes after.
+        let window_end = injected.get(k + 1).map(|n| n.started);
+        let (mut from, mut gap, mut gap_from, mut closed) = (i.cleared, Duration::ZERO, i.cleared, false);
+        for &at in stamps.iter().skip_while(|&&at| at < i.cleared) {
+            // An interval that runs into the next fault counts up to its
+            // beginning only (the rest is that fault's).
+            let until = window_end.map_or(at, |end| at.min(end.max(from)));
+            let quiet = until.duration_since(from).unwrap_or_default();
+            if quiet > gap {
+                (gap, gap_from) = (quiet, from);
+            }
+            from = at;
+            closed = true;
+            if window_end.is_some_and(|end| at >= end) {
+                break;
+            }
+        }
+        if !closed {
             // Nothing after the last fault: the run ended first.
-            None => continue,
-        };
-        if gap > LEASE_DURATION + RETRY_PERIOD + ALLOWANCE {
+            continue;
+        }
+        if gap > bound {
             eprintln!(
-                "{} at {:?}: no record for {} ms; what the hosts said meanwhile:",
+                "{} cleared at {:?}: no record for {} ms from {:+.0} ms; what the hosts said meanwhile:",
                 i.fault.name(),
                 i.cleared,
-                gap.as_millis()
+                gap.as_millis(),
+                ms_between(i.cleared, gap_from)
             );
             for p in all {
                 for e in p.host.all(|e| {
                     e.str("target") != Some("guest")
-                        && e.at >= i.cleared - LEASE_DURATION
-                        && e.at <= i.cleared + gap + SECS(1)
+                        && e.at >= gap_from - lease_duration
+                        && e.at <= gap_from + gap + SECS(1)
                 }) {
                     eprintln!(
                         "  {:+6.0} ms {}: {} {}",
@@ -415,8 +470,12 @@ fn first_seed() -> u64 {
     )
 }
 
-#[test]
-fn chaos_on_the_embedded_store_never_overlaps_terms_or_lands_a_stale_write() {
+/// Runs chaos on `bed`'s store: `BATON_CHAOS_FAULTS` faults (default one
+/// segment), in segments; panics with the figures and the seed to replay
+/// if the checker finds anything.
+pub fn run(bed: &mut dyn Bed) {
+    let store = bed.store();
+    let (lease_duration, retry_period) = bed.timings();
     let total: usize = std::env::var("BATON_CHAOS_FAULTS").map_or(SEGMENT_FAULTS, |n| n.parse().unwrap());
     let soak = std::env::var_os("BATON_CHAOS_SOAK").map(std::path::PathBuf::from);
     let done_before: usize = soak
@@ -424,20 +483,20 @@ fn chaos_on_the_embedded_store_never_overlaps_terms_or_lands_a_stale_write() {
         .and_then(|f| std::fs::read_to_string(f).ok())
         .map_or(0, |text| {
             text.lines()
-                .filter(|l| l.contains("store=embedded"))
+                .filter(|l| l.contains(&format!("store={store} ")))
                 .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("faults=")))
                 .map(|n| n.parse::<usize>().unwrap())
                 .sum()
         });
     let mut seed = first_seed();
     let mut done = done_before;
-    let bound = LEASE_DURATION + RETRY_PERIOD + ALLOWANCE;
+    let bound = lease_duration + retry_period + ALLOWANCE;
     while done < total {
         let faults = SEGMENT_FAULTS.min(total - done);
         println!(
-            "chaos segment: seed={seed} faults={faults} (replay: BATON_CHAOS_SEED={seed} BATON_CHAOS_FAULTS={faults})"
+            "chaos segment on the {store} store: seed={seed} faults={faults} (replay: BATON_CHAOS_SEED={seed} BATON_CHAOS_FAULTS={faults})"
         );
-        let (f, counts) = segment(seed, faults);
+        let (f, counts) = segment(bed, seed, faults);
         let gaps: Vec<String> = f
             .gaps
             .iter()
@@ -445,7 +504,7 @@ fn chaos_on_the_embedded_store_never_overlaps_terms_or_lands_a_stale_write() {
             .collect();
         let longest = f.gaps.values().map(|(_, g)| *g).max().unwrap_or_default();
         let line = format!(
-            "store=embedded seed={seed} faults={faults} records={} terms={} overlaps={} stale={} late={} crashes={} longest_gap_ms={} kinds={}",
+            "store={store} seed={seed} faults={faults} records={} terms={} overlaps={} stale={} late={} crashes={} longest_gap_ms={} kinds={}",
             f.records,
             f.terms,
             f.overlaps,
