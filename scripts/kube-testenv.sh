@@ -32,9 +32,12 @@
 #   KUBE_TEST_KUBECONFIG_DIR  folder of <user>.kubeconfig for baton-a, baton-b,
 #                             baton-c and nobody (token users without groups or roles)
 #   KUBE_TEST_APISERVER_PID, KUBE_TEST_ETCD_PID, KUBE_TEST_APISERVER_LOG
+#   KUBE_TEST_ETCD_URL        http://127.0.0.1:PORT, etcd's client URL
 #   KUBE_TEST_KUBECTL         kubectl 1.20 (Debian's kubernetes-client), or empty
 # One env file describes one server: `start` refuses to replace a running one;
-# give each concurrent server its own BATON_KUBE_ENV.
+# give each concurrent server its own BATON_KUBE_ENV. KUBE_TEST_APISERVER_ARGS,
+# if set for `start`, adds arguments to kube-apiserver (kept for `revive`), for
+# example --watch-cache=false.
 #
 # Needs root (or password-less sudo) the first time, for apt-get.
 set -euo pipefail
@@ -305,7 +308,7 @@ is_ours() {
 }
 
 read_env() {
-    KUBE_TEST_APISERVER_PID= KUBE_TEST_ETCD_PID= KUBE_TEST_SERVER= KUBE_TEST_APISERVER_LOG=
+    KUBE_TEST_APISERVER_PID= KUBE_TEST_ETCD_PID= KUBE_TEST_SERVER= KUBE_TEST_APISERVER_LOG= KUBE_TEST_ETCD_URL=
     [ -f "$env_file" ] || return 1
     # shellcheck disable=SC1090
     . "$env_file"
@@ -378,12 +381,14 @@ wait_etcd() {
 launch_apiserver() {
     local dir="$1" etcd_port peer_port api_port
     read -r etcd_port peer_port api_port <"$dir/ports"
+    local extra=()
+    [ ! -s "$dir/apiserver-args" ] || read -r -a extra <"$dir/apiserver-args"
     setsid "$apiserver_bin" --etcd-servers="http://127.0.0.1:$etcd_port" \
         --bind-address=127.0.0.1 --secure-port="$api_port" --insecure-port=0 \
         --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
         --service-account-issuer=https://kubernetes.default.svc \
         --service-account-key-file="$dir/sa.key" --service-account-signing-key-file="$dir/sa.key" \
-        --service-cluster-ip-range=10.0.0.0/24 --advertise-address=127.0.0.1 \
+        --service-cluster-ip-range=10.0.0.0/24 --advertise-address=127.0.0.1 "${extra[@]}" \
         </dev/null >>"$dir/apiserver.log" 2>&1 &
     launched=$!
     echo "$launched" >"$dir/apiserver.pid"
@@ -407,7 +412,7 @@ wait_ready() {
 write_env() {
     local vars=(KUBE_TEST_SERVER KUBE_TEST_CA KUBE_TEST_ADMIN_TOKEN KUBE_TEST_KUBECONFIG
         KUBE_TEST_KUBECONFIG_DIR KUBE_TEST_APISERVER_PID KUBE_TEST_ETCD_PID
-        KUBE_TEST_APISERVER_LOG KUBE_TEST_KUBECTL) v
+        KUBE_TEST_APISERVER_LOG KUBE_TEST_KUBECTL KUBE_TEST_ETCD_URL) v
     mkdir -p "$(dirname "$env_file")"
     { for v in "${vars[@]}"; do printf 'export %s=%q\n' "$v" "${!v}"; done; } >"$env_file.tmp"
     chmod 600 "$env_file.tmp" && mv "$env_file.tmp" "$env_file"
@@ -434,6 +439,7 @@ cmd_start() {
     free_port etcd_port; free_port peer_port; free_port api_port
 
     echo "$etcd_port $peer_port $api_port" >"$dir/ports"
+    echo "${KUBE_TEST_APISERVER_ARGS:-}" >"$dir/apiserver-args"
     log "starting etcd on 127.0.0.1:$etcd_port (data in $dir/etcd)"
     launch_etcd "$dir"
     local etcd_pid=$launched
@@ -449,7 +455,7 @@ cmd_start() {
 
     wait_etcd "$dir" "$etcd_pid"
 
-    log "starting kube-apiserver on https://127.0.0.1:$api_port"
+    log "starting kube-apiserver on https://127.0.0.1:$api_port${KUBE_TEST_APISERVER_ARGS:+ with $KUBE_TEST_APISERVER_ARGS}"
     launch_apiserver "$dir"
     local api_pid=$launched
 
@@ -462,6 +468,7 @@ cmd_start() {
     KUBE_TEST_ETCD_PID="$etcd_pid"
     KUBE_TEST_APISERVER_LOG="$dir/apiserver.log"
     KUBE_TEST_KUBECTL="$kubectl"
+    KUBE_TEST_ETCD_URL="http://127.0.0.1:$etcd_port"
     # Written before waiting, so that `stop` finds the processes even if the
     # wait below fails or is interrupted.
     write_env

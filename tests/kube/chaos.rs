@@ -12,8 +12,7 @@
 mod engine;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -23,7 +22,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 
 use crate::blackhole::BlackHole;
-use crate::env::{KubeEnv, TestNamespace, cache_dir};
+use crate::env::{KubeEnv, OwnServer, TestNamespace};
 use crate::support::Scratch;
 use engine::{Bed, Fault, HOST_FAULTS};
 
@@ -31,49 +30,6 @@ use engine::{Bed, Fault, HOST_FAULTS};
 const LD: Duration = Duration::from_secs(4);
 const RD: Duration = Duration::from_secs(2);
 const RP: Duration = Duration::from_millis(500);
-
-/// An API server and etcd of this run's own; stopped when dropped.
-struct OwnServer {
-    file: PathBuf,
-}
-
-impl OwnServer {
-    fn script(&self, command: &str) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube-testenv.sh");
-        let out = Command::new(script)
-            .arg(command)
-            .env("BATON_KUBE_ENV", &self.file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "scripts/kube-testenv.sh {command} (BATON_KUBE_ENV={}): {}",
-            self.file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn start() -> OwnServer {
-        let file = cache_dir().join(format!("kube/run/chaos-{}.env", std::process::id()));
-        let server = OwnServer { file };
-        server.script("start");
-        server
-    }
-
-    fn env(&self) -> KubeEnv {
-        KubeEnv::load_from(self.file.clone())
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube-testenv.sh");
-        let _ = Command::new(script)
-            .arg("stop")
-            .env("BATON_KUBE_ENV", &self.file)
-            .output();
-    }
-}
 
 /// The Kubernetes store, in a fresh namespace of the own server for each
 /// segment; each host reaches it through a black hole of its own.
@@ -209,7 +165,7 @@ impl Bed for KubeBed {
                 };
                 Self::signal(pid, libc::SIGKILL);
                 std::thread::sleep(Duration::from_millis(rng.random_range(0..3000)));
-                self.server.script("revive");
+                self.server.script("revive", "");
                 Some(SystemTime::now())
             }
             Fault::DeleteLease => {
@@ -242,7 +198,7 @@ impl Bed for KubeBed {
 #[test]
 fn chaos_on_the_kubernetes_store_never_overlaps_terms_or_lands_a_stale_write() {
     let rt = crate::runtime();
-    let server = OwnServer::start();
+    let server = OwnServer::start("");
     let mut bed = KubeBed {
         rt,
         server,

@@ -19,6 +19,8 @@ pub struct KubeEnv {
     pub kubeconfig_dir: PathBuf,
     pub apiserver_pid: i32,
     pub etcd_pid: i32,
+    /// etcd's client URL.
+    pub etcd_url: String,
     pub file: PathBuf,
     /// kubectl, if the test environment has one.
     pub kubectl: Option<PathBuf>,
@@ -61,6 +63,7 @@ impl KubeEnv {
             kubeconfig_dir: var("KUBE_TEST_KUBECONFIG_DIR").into(),
             apiserver_pid: var("KUBE_TEST_APISERVER_PID").parse().expect("a pid"),
             etcd_pid: var("KUBE_TEST_ETCD_PID").parse().expect("a pid"),
+            etcd_url: vars.get("KUBE_TEST_ETCD_URL").cloned().unwrap_or_default(),
             file: file.clone(),
             kubectl: vars
                 .get("KUBE_TEST_KUBECTL")
@@ -130,6 +133,55 @@ impl KubeEnv {
                 "a delete of every Lease through the API (no kubectl here)"
             }
         }
+    }
+}
+
+/// An API server and etcd of a test's own (`scripts/kube-testenv.sh` under
+/// an env file of its own), to kill, restart or configure without
+/// disturbing other tests; stopped when dropped.
+pub struct OwnServer {
+    file: PathBuf,
+}
+
+impl OwnServer {
+    /// Starts one; `apiserver_args` are added to kube-apiserver's.
+    pub fn start(apiserver_args: &str) -> OwnServer {
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let file = cache_dir().join(format!("kube/run/own-{}-{n}.env", std::process::id()));
+        let server = OwnServer { file };
+        server.script("start", apiserver_args);
+        server
+    }
+
+    /// Runs `scripts/kube-testenv.sh COMMAND` on this server.
+    pub fn script(&self, command: &str, apiserver_args: &str) {
+        let out = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube-testenv.sh"))
+            .arg(command)
+            .env("BATON_KUBE_ENV", &self.file)
+            .env("KUBE_TEST_APISERVER_ARGS", apiserver_args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/kube-testenv.sh {command} (BATON_KUBE_ENV={}): {}",
+            self.file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Its env file, read afresh (a revive changes the pids).
+    pub fn env(&self) -> KubeEnv {
+        KubeEnv::load_from(self.file.clone())
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube-testenv.sh"))
+            .arg("stop")
+            .env("BATON_KUBE_ENV", &self.file)
+            .output();
     }
 }
 
@@ -260,4 +312,20 @@ pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> B
         })
         .filter(|(_, n)| *n > 0)
         .collect()
+}
+
+/// Compacts etcd's history up to `revision` (a resourceVersion), as the
+/// API server does every few minutes: watches from before it get 410 Gone.
+pub fn compact_etcd(env: &KubeEnv, revision: &str) {
+    assert!(!env.etcd_url.is_empty(), "{} names no etcd URL", env.file.display());
+    let out = std::process::Command::new("curl")
+        .args(["-fsS", "-X", "POST", &format!("{}/v3/kv/compaction", env.etcd_url), "-d"])
+        .arg(format!("{{\"revision\": \"{revision}\", \"physical\": true}}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "compacting etcd at {revision}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

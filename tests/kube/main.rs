@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 
-use env::{KubeEnv, TestNamespace, delta, lease_requests};
+use env::{KubeEnv, OwnServer, TestNamespace, compact_etcd, delta, lease_requests};
 use support::*;
 
 const STOPPED: &str = "leader task stopped";
@@ -1620,4 +1620,121 @@ fn terms_never_repeat_when_every_lease_is_deleted_while_no_host_runs() {
     assert_eq!(third, second + 1);
     assert_eq!(spec_of(&lease_of(&rt, &ns, "demo").unwrap()).lease_transitions, Some(third as i32));
 
+}
+
+#[test]
+fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
+    // No watch cache: watches are served by etcd itself, so a compaction
+    // makes every older version too old, and no bookmark moves an idle
+    // watch's version on.
+    let server = OwnServer::start("--watch-cache=false");
+    let env = server.env();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+
+    // The store: a watch of a Lease nobody writes, while other Leases
+    // change and etcd is compacted past it. The server ends the watch after
+    // 2 s; resumed from its version, it gets 410 and the stream ends with
+    // it; a new watch lists afresh and follows changes again.
+    rt.block_on(async {
+        let ns = TestNamespace::create(admin.clone(), "gone").await;
+        let options = KubeOptions {
+            fallback_duration: Duration::from_secs(15),
+            request_timeout: Duration::from_secs(2),
+            watch_timeout_secs: Some(2),
+            ..KubeOptions::default()
+        };
+        let watcher = KubeStore::with_client(admin.clone(), &ns.name, "test".into(), &options);
+        let writer = store(admin.clone(), &ns.name, &[]);
+        let current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
+        let mut watch = watcher.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
+        let mut other = writer.create("other", &record(Some("b"), 1)).await.unwrap();
+        for _ in 0..3 {
+            other = writer.update("other", &other.version, &record(Some("b"), 1)).await.unwrap();
+        }
+        compact_etcd(&env, &other.version);
+        let ended = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("the resumed watch answers")
+            .expect("an error, not the end");
+        println!("a watch resumed from before a compaction: {ended:?}");
+        match &ended {
+            Err(StoreError::Unavailable { lease, detail }) => {
+                assert_eq!(lease, "demo");
+                assert!(detail.contains("410 Gone"), "{detail}");
+            }
+            other => panic!("expected 410 Gone as unavailable, got {other:?}"),
+        }
+        assert!(watch.next().await.is_none(), "the stream ends with the error");
+        let mut again = watcher.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut again, 2).await, Some(current.clone()));
+        let newer = writer
+            .update("demo", &current.version, &record(Some("a"), 1))
+            .await
+            .unwrap();
+        assert_eq!(next_within(&mut again, 2).await, Some(newer));
+    });
+
+    // A host following a Lease held by someone else (so nobody writes it):
+    // its watch (resumed every lease duration) gets 410 after a compaction,
+    // it polls and watches again, and takes the Lease as soon as it is
+    // released.
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "gone-host"));
+    let spec = LeaseSpec {
+        holder_identity: Some("someone-else".into()),
+        lease_duration_seconds: Some(60),
+        lease_transitions: Some(5),
+        ..LeaseSpec::default()
+    };
+    rt.block_on(ns.leases().create(&PostParams::default(), &foreign_lease("demo", spec)))
+        .unwrap();
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &kube_config(
+            &ns.name,
+            Some(&env.admin_kubeconfig),
+            "demo",
+            &[probe("probe", "pollable", "cooperative")],
+        ),
+    );
+    let host = Host::start_with("gone-b", &cfg, &shared_cache_dir());
+    host.wait_for(SECS(60), "following", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    let writer = rt.block_on(async { store(admin.clone(), &ns.name, &[]) });
+    let mut other = rt.block_on(writer.create("other", &record(Some("b"), 1))).unwrap();
+    for _ in 0..3 {
+        other = rt
+            .block_on(writer.update("other", &other.version, &record(Some("b"), 1)))
+            .unwrap();
+    }
+    compact_etcd(&env, &other.version);
+    let compacted = SystemTime::now();
+    let broke = host.wait_for(SECS(10), "the watch's 410 Gone", |e| {
+        e.message().starts_with("the lease watch broke") && e.str("error").is_some_and(|m| m.contains("410"))
+    });
+    println!(
+        "a follower's watch got 410 Gone {:.0} ms after the compaction: {}",
+        ms_between(compacted, broke.at),
+        broke.str("error").unwrap()
+    );
+    let rewatched = host.wait_for(SECS(10), "watching again", |e| {
+        e.message() == "watching the lease again" && e.at >= broke.at
+    });
+    println!(
+        "it watched again {:.0} ms later",
+        ms_between(broke.at, rewatched.at)
+    );
+    let mut lease = lease_of(&rt, &ns, "demo").unwrap();
+    lease.spec.as_mut().unwrap().holder_identity = Some(String::new());
+    let released = SystemTime::now();
+    rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease))
+        .unwrap();
+    let started = host.wait_for(SECS(10), "the guest's start", is_start);
+    let took = ms_between(released, started.at);
+    println!("the Lease released: the host's guest started {took:.0} ms later, in term {:?}", started.guest_term());
+    assert!(took < (RP * 2).as_millis() as f64, "{took:.0} ms");
+    assert_eq!(started.guest_term(), Some(6));
 }
