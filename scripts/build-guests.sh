@@ -25,6 +25,7 @@ guests=(
     "probe-pollable:probe_pollable.wasm"
     "not-a-plugin:not-a-plugin.wasm"
     "missing-import:missing_import.wasm"
+    "http-probe:http_probe.wasm"
 )
 
 # `rustup target add` is idempotent but slow-ish; skip it when the target's

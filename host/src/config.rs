@@ -31,6 +31,9 @@
 //! dirs = [{ host = "data", guest = "/data", read-only = true }]
 //! connect = ["10.0.0.0/8:5432"]  # where it may connect over TCP
 //! name-lookup = true             # whether it may resolve names
+//! http = ["https://api.example.com", "http://127.0.0.1:8080"]  # where it may send HTTP requests
+//! # or with options: { url = "https://ca.internal", ca = "internal-ca.pem", term-headers = false }
+//! http-limits = { concurrent = 16, request-body = "10 MiB", response-body = "64 MiB", timeout = "30s" }
 //! output-rate = "64 KiB"         # guest output per second; the rest is dropped
 //! output-line = "4 KiB"          # the longest line; the rest is cut
 //! ```
@@ -44,7 +47,10 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::election::Timings;
-use crate::runtime::{ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, NetworkGrant, OutputLimits, PluginSpec};
+use crate::runtime::{
+    ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, HttpGrant, HttpLimits, HttpPolicy, NetworkGrant,
+    OutputLimits, PluginSpec,
+};
 use crate::store::validate_lease_name;
 
 /// A configuration that cannot be used; the message names the file, line
@@ -155,8 +161,37 @@ struct RawPlugin {
     connect: Vec<Spanned<String>>,
     #[serde(default)]
     name_lookup: bool,
+    #[serde(default)]
+    http: Vec<Spanned<RawHttpGrant>>,
+    http_limits: Option<RawHttpLimits>,
     output_rate: Option<ByteSize>,
     output_line: Option<ByteSize>,
+}
+
+/// An `http` grant: an origin, or a table with options.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawHttpGrant {
+    Origin(String),
+    Table(RawHttpGrantTable),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawHttpGrantTable {
+    url: String,
+    ca: Option<PathBuf>,
+    term_headers: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawHttpLimits {
+    concurrent: Option<usize>,
+    request_body: Option<ByteSize>,
+    response_body: Option<ByteSize>,
+    #[serde(default, with = "humantime_serde")]
+    timeout: Option<Duration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -376,6 +411,42 @@ impl Config {
                 connect,
                 name_lookup: p.name_lookup,
             };
+            let mut http_grants = Vec::new();
+            for grant in &p.http {
+                let field_err =
+                    |e: String| err_at(grant.span().start, format!("plugin {name:?}: field `http`: {e}"));
+                let parsed = match grant.get_ref() {
+                    RawHttpGrant::Origin(url) => url.parse::<HttpGrant>().map_err(field_err)?,
+                    RawHttpGrant::Table(t) => {
+                        let mut g = t.url.parse::<HttpGrant>().map_err(field_err)?;
+                        g.ca = t.ca.as_deref().map(resolve);
+                        g.term_headers = t.term_headers.unwrap_or(true);
+                        g
+                    }
+                };
+                http_grants.push(parsed);
+            }
+            let defaults = HttpLimits::default();
+            let http_limits = match &p.http_limits {
+                None => defaults,
+                Some(l) => HttpLimits {
+                    concurrent: l.concurrent.unwrap_or(defaults.concurrent),
+                    request_body: l.request_body.map_or(defaults.request_body, |b| b.as_u64()),
+                    response_body: l.response_body.map_or(defaults.response_body, |b| b.as_u64()),
+                    timeout: l.timeout.unwrap_or(defaults.timeout),
+                },
+            };
+            if http_limits.concurrent == 0 || http_limits.timeout.is_zero() {
+                return Err(err_at(
+                    at,
+                    format!(
+                        "plugin {name:?}: field `http-limits`: `concurrent` and `timeout` must be above zero \
+                         (to refuse every request, grant no `http`)"
+                    ),
+                ));
+            }
+            let http = HttpPolicy::new(&http_grants, http_limits)
+                .map_err(|e| err_at(at, format!("plugin {name:?}: field `http`: {e}")))?;
             let memory_limit = p.memory_limit.map_or(DEFAULT_MEMORY_LIMIT, |m| m.as_u64());
             if memory_limit < ByteSize::mib(1).as_u64() {
                 return Err(err_at(
@@ -416,6 +487,7 @@ impl Config {
                     env,
                     dirs,
                     network,
+                    http,
                     output,
                 },
                 lease: lease.clone(),

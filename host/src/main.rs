@@ -190,7 +190,12 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
         let p = path.clone();
         let result = tokio::task::block_in_place(|| runtime.check(&name, &p));
         match result {
-            Ok(plugin) => println!("{}: ok: targets {}", path.display(), plugin.world().wit_name()),
+            Ok(plugin) => {
+                println!("{}: ok: targets {}", path.display(), plugin.world().wit_name());
+                for c in plugin.capabilities() {
+                    println!("  also imports {}", c.describe());
+                }
+            }
             Err(e) => {
                 ok = false;
                 println!("{}: cannot run: {}", path.display(), e.reason);

@@ -5,6 +5,7 @@
 //! 200 ms, grace 500 ms.
 
 mod chaos;
+mod http;
 mod misbehaving;
 mod support;
 mod terms;

@@ -79,9 +79,7 @@ impl KubeBed {
         let leases = self.leases();
         self.rt.block_on(async {
             for _ in 0..10 {
-                let Some(mut lease) = leases.get_opt("demo").await.ok()? else {
-                    return None;
-                };
+                let mut lease = leases.get_opt("demo").await.ok()??;
                 let spec = lease.spec.get_or_insert_with(Default::default);
                 let now = MicroTime(chrono_now());
                 spec.holder_identity = Some("foreign-writer".into());
@@ -148,7 +146,13 @@ impl Bed for KubeBed {
         vec![("KUBECONFIG".into(), path.display().to_string())]
     }
 
-    fn inject(&mut self, fault: Fault, rng: &mut StdRng, hosts: &[&str], _leader: usize) -> Option<SystemTime> {
+    fn inject(
+        &mut self,
+        fault: Fault,
+        rng: &mut StdRng,
+        hosts: &[&str],
+        _leader: usize,
+    ) -> Option<SystemTime> {
         let env = self.server.env();
         match fault {
             Fault::ApiServerStop => {

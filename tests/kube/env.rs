@@ -156,12 +156,13 @@ impl OwnServer {
 
     /// Runs `scripts/kube-testenv.sh COMMAND` on this server.
     pub fn script(&self, command: &str, apiserver_args: &str) {
-        let out = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube-testenv.sh"))
-            .arg(command)
-            .env("BATON_KUBE_ENV", &self.file)
-            .env("KUBE_TEST_APISERVER_ARGS", apiserver_args)
-            .output()
-            .unwrap();
+        let out =
+            std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube-testenv.sh"))
+                .arg(command)
+                .env("BATON_KUBE_ENV", &self.file)
+                .env("KUBE_TEST_APISERVER_ARGS", apiserver_args)
+                .output()
+                .unwrap();
         assert!(
             out.status.success(),
             "scripts/kube-testenv.sh {command} (BATON_KUBE_ENV={}): {}",
@@ -178,10 +179,11 @@ impl OwnServer {
 
 impl Drop for OwnServer {
     fn drop(&mut self) {
-        let _ = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube-testenv.sh"))
-            .arg("stop")
-            .env("BATON_KUBE_ENV", &self.file)
-            .output();
+        let _ =
+            std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube-testenv.sh"))
+                .arg("stop")
+                .env("BATON_KUBE_ENV", &self.file)
+                .output();
     }
 }
 
@@ -317,9 +319,19 @@ pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> B
 /// Compacts etcd's history up to `revision` (a resourceVersion), as the
 /// API server does every few minutes: watches from before it get 410 Gone.
 pub fn compact_etcd(env: &KubeEnv, revision: &str) {
-    assert!(!env.etcd_url.is_empty(), "{} names no etcd URL", env.file.display());
+    assert!(
+        !env.etcd_url.is_empty(),
+        "{} names no etcd URL",
+        env.file.display()
+    );
     let out = std::process::Command::new("curl")
-        .args(["-fsS", "-X", "POST", &format!("{}/v3/kv/compaction", env.etcd_url), "-d"])
+        .args([
+            "-fsS",
+            "-X",
+            "POST",
+            &format!("{}/v3/kv/compaction", env.etcd_url),
+            "-d",
+        ])
         .arg(format!("{{\"revision\": \"{revision}\", \"physical\": true}}"))
         .output()
         .unwrap();

@@ -1429,7 +1429,11 @@ fn store_requests_without_permission_are_refused_naming_user_verb_and_resource()
                 "configmaps",
                 nobody.create("demo", &record(Some("x"), 1)).await.unwrap_err(),
             ),
-            ("list", "leases", nobody.watch("demo").await.err().expect("refused")),
+            (
+                "list",
+                "leases",
+                nobody.watch("demo").await.err().expect("refused"),
+            ),
         ] {
             println!("{verb}: {err}");
             match &err {
@@ -1442,7 +1446,10 @@ fn store_requests_without_permission_are_refused_naming_user_verb_and_resource()
                     );
                     assert!(detail.contains(&format!("namespace \"{}\"", ns.name)), "{detail}");
                     if resource == "configmaps" {
-                        assert!(detail.contains("baton-terms.demo") && detail.contains("role.yaml"), "{detail}");
+                        assert!(
+                            detail.contains("baton-terms.demo") && detail.contains("role.yaml"),
+                            "{detail}"
+                        );
                     }
                 }
                 other => panic!("{verb}: expected Refused, got {other:?}"),
@@ -1452,7 +1459,11 @@ fn store_requests_without_permission_are_refused_naming_user_verb_and_resource()
 }
 
 /// The data of `lease`'s term floor ConfigMap, if it has one.
-async fn floor_of(admin: &kube::Client, ns: &str, lease: &str) -> Option<std::collections::BTreeMap<String, String>> {
+async fn floor_of(
+    admin: &kube::Client,
+    ns: &str,
+    lease: &str,
+) -> Option<std::collections::BTreeMap<String, String>> {
     let floors: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), ns);
     floors
         .get_opt(&baton::store::kube::floor_name(lease))
@@ -1477,7 +1488,9 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         let v1 = a.create("demo", &held("a", 1)).await.unwrap();
         let v2 = a.update("demo", &v1.version, &held("a", 2)).await.unwrap();
         a.update("demo", &v2.version, &record(None, 2)).await.unwrap();
-        let floor = floor_of(&admin, &ns.name, "demo").await.expect("a floor ConfigMap");
+        let floor = floor_of(&admin, &ns.name, "demo")
+            .await
+            .expect("a floor ConfigMap");
         println!("floor after terms 1 and 2: {floor:?}");
         assert_eq!(floor.get("floor").map(String::as_str), Some("2"));
         assert_eq!(floor.get("creates").map(String::as_str), Some("1"));
@@ -1535,12 +1548,18 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         let d = fresh();
         let foreign = d.get("demo").await.unwrap().unwrap();
         assert_eq!(foreign.record.term, 0);
-        let refused = d.update("demo", &foreign.version, &held("d", 1)).await.unwrap_err();
+        let refused = d
+            .update("demo", &foreign.version, &held("d", 1))
+            .await
+            .unwrap_err();
         println!("a term below the floor: {refused}");
         assert!(refused.is_conflict(), "{refused:?}");
         assert!(refused.to_string().contains("highest term (3"), "{refused}");
         let reread = d.get("demo").await.unwrap().unwrap();
-        assert_eq!((reread.version.as_str(), reread.record.term), (foreign.version.as_str(), 3));
+        assert_eq!(
+            (reread.version.as_str(), reread.record.term),
+            (foreign.version.as_str(), 3)
+        );
         let v4 = d.update("demo", &reread.version, &held("d", 4)).await.unwrap();
         assert_eq!(v4.record.term, 4);
         let lease = ns.leases().get("demo").await.unwrap();
@@ -1551,7 +1570,10 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         let floors: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), &ns.name);
         let mut cm = floors.get("baton-terms.demo").await.unwrap();
         cm.data.as_mut().unwrap().insert("floor".into(), "four".into());
-        floors.replace("baton-terms.demo", &PostParams::default(), &cm).await.unwrap();
+        floors
+            .replace("baton-terms.demo", &PostParams::default(), &cm)
+            .await
+            .unwrap();
         env.delete_all_leases(&ns).await;
         let err = fresh().get("demo").await.unwrap_err();
         println!("a garbled floor: {err}");
@@ -1561,11 +1583,18 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
             text.contains(&format!("ConfigMap {}/baton-terms.demo", ns.name)),
             "{text}"
         );
-        assert!(text.contains("\"four\"") && text.contains("kubectl edit configmap"), "{text}");
+        assert!(
+            text.contains("\"four\"") && text.contains("kubectl edit configmap"),
+            "{text}"
+        );
         let err = fresh().create("demo", &held("e", 1)).await.unwrap_err();
         assert!(matches!(err, StoreError::Malformed { .. }), "{err:?}");
         assert_eq!(
-            floor_of(&admin, &ns.name, "demo").await.unwrap().get("floor").map(String::as_str),
+            floor_of(&admin, &ns.name, "demo")
+                .await
+                .unwrap()
+                .get("floor")
+                .map(String::as_str),
             Some("four")
         );
     });
@@ -1618,8 +1647,10 @@ fn terms_never_repeat_when_every_lease_is_deleted_while_no_host_runs() {
         started.elapsed().as_secs_f64()
     );
     assert_eq!(third, second + 1);
-    assert_eq!(spec_of(&lease_of(&rt, &ns, "demo").unwrap()).lease_transitions, Some(third as i32));
-
+    assert_eq!(
+        spec_of(&lease_of(&rt, &ns, "demo").unwrap()).lease_transitions,
+        Some(third as i32)
+    );
 }
 
 #[test]
@@ -1651,7 +1682,10 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
         assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
         let mut other = writer.create("other", &record(Some("b"), 1)).await.unwrap();
         for _ in 0..3 {
-            other = writer.update("other", &other.version, &record(Some("b"), 1)).await.unwrap();
+            other = writer
+                .update("other", &other.version, &record(Some("b"), 1))
+                .await
+                .unwrap();
         }
         compact_etcd(&env, &other.version);
         let ended = tokio::time::timeout(Duration::from_secs(10), watch.next())
@@ -1687,8 +1721,11 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
         lease_transitions: Some(5),
         ..LeaseSpec::default()
     };
-    rt.block_on(ns.leases().create(&PostParams::default(), &foreign_lease("demo", spec)))
-        .unwrap();
+    rt.block_on(
+        ns.leases()
+            .create(&PostParams::default(), &foreign_lease("demo", spec)),
+    )
+    .unwrap();
     let s = Scratch::new();
     let cfg = s.write(
         "baton.toml",
@@ -1704,7 +1741,9 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
     let writer = rt.block_on(async { store(admin.clone(), &ns.name, &[]) });
-    let mut other = rt.block_on(writer.create("other", &record(Some("b"), 1))).unwrap();
+    let mut other = rt
+        .block_on(writer.create("other", &record(Some("b"), 1)))
+        .unwrap();
     for _ in 0..3 {
         other = rt
             .block_on(writer.update("other", &other.version, &record(Some("b"), 1)))
@@ -1734,7 +1773,10 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
         .unwrap();
     let started = host.wait_for(SECS(10), "the guest's start", is_start);
     let took = ms_between(released, started.at);
-    println!("the Lease released: the host's guest started {took:.0} ms later, in term {:?}", started.guest_term());
+    println!(
+        "the Lease released: the host's guest started {took:.0} ms later, in term {:?}",
+        started.guest_term()
+    );
     assert!(took < (RP * 2).as_millis() as f64, "{took:.0} ms");
     assert_eq!(started.guest_term(), Some(6));
 }

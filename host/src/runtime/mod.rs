@@ -10,6 +10,7 @@
 //!   streams: nothing of a term acts after its force-stop time.
 //! - [`plugin`]: checking, loading and running a plugin.
 //! - [`network`]: the outbound connections a plugin may make.
+//! - [`http`]: outgoing HTTP requests under grants, carrying the term.
 //! - [`output`]: guest stdout/stderr as log lines, within limits.
 //! - [`trap`]: why an instance trapped, in one line.
 //!
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 pub mod bindings;
 pub mod engine;
 pub mod fence;
+pub mod http;
 pub mod network;
 pub mod output;
 pub mod plugin;
@@ -29,9 +31,12 @@ pub mod state;
 pub mod trap;
 
 pub use engine::{EPOCH_TICK, PluginEngine, default_cache_dir};
+pub use http::{HttpGrant, HttpLimits, HttpPolicy};
 pub use network::{ConnectGrant, NetworkGrant};
 pub use output::OutputLimits;
-pub use plugin::{DEFAULT_MEMORY_LIMIT, DirGrant, Plugin, PluginRuntime, PluginSpec, TaskOutcome, World};
+pub use plugin::{
+    Capability, DEFAULT_MEMORY_LIMIT, DirGrant, Plugin, PluginRuntime, PluginSpec, TaskOutcome, World,
+};
 pub use trap::{StoppedByHost, Trap};
 
 /// The engine could not be set up.

@@ -9,10 +9,12 @@ use tokio::sync::watch;
 use wasmtime::Store;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
 
 use super::bindings::{WitStatus, future_plugin, pollable_plugin};
 use super::engine::PluginEngine;
 use super::fence;
+use super::http::{GuestHttp, HttpPolicy};
 use super::network::NetworkGrant;
 use super::output::{GuestOutput, GuestStream, OutputBudget, OutputLimits, StderrTail};
 use super::state::{CurrentStatus, GuestState, shown_status};
@@ -74,6 +76,9 @@ pub struct PluginSpec {
     pub dirs: Vec<DirGrant>,
     /// Where the guest may connect (nowhere by default).
     pub network: NetworkGrant,
+    /// Where the guest may send HTTP requests, and its limits (nowhere by
+    /// default).
+    pub http: HttpPolicy,
     /// How much the guest may print.
     pub output: OutputLimits,
 }
@@ -83,7 +88,7 @@ impl PluginSpec {
     /// variable names (not values), directories, network.
     ///
     /// ```
-    /// use baton::runtime::{DirGrant, NetworkGrant, PluginSpec};
+    /// use baton::runtime::{DirGrant, HttpPolicy, NetworkGrant, PluginSpec};
     ///
     /// let spec = PluginSpec {
     ///     name: "sync".into(),
@@ -92,11 +97,12 @@ impl PluginSpec {
     ///     env: vec![("TOKEN".into(), "secret".into())],
     ///     dirs: vec![DirGrant { host: "/srv/data".into(), guest: "/data".into(), read_only: true }],
     ///     network: NetworkGrant { connect: vec!["10.0.0.0/8:5432".parse().unwrap()], name_lookup: false },
+    ///     http: HttpPolicy::new(&["https://api.example.com".parse().unwrap()], Default::default()).unwrap(),
     ///     output: Default::default(),
     /// };
     /// assert_eq!(
     ///     spec.grants(),
-    ///     "env TOKEN; dir /srv/data as /data (read-only); connect 10.0.0.0/8:5432"
+    ///     "env TOKEN; dir /srv/data as /data (read-only); connect 10.0.0.0/8:5432; http https://api.example.com"
     /// );
     /// ```
     pub fn grants(&self) -> String {
@@ -116,6 +122,10 @@ impl PluginSpec {
         if self.network.name_lookup {
             parts.push("name-lookup".into());
         }
+        let http: Vec<String> = self.http.grants().map(|g| g.to_string()).collect();
+        if !http.is_empty() {
+            parts.push(format!("http {}", http.join(",")));
+        }
         if parts.is_empty() {
             "none".into()
         } else {
@@ -125,8 +135,9 @@ impl PluginSpec {
 }
 
 /// Links both worlds' imports: WASI 0.2 (with file streams that write
-/// inline; see [`fence`]), the WASI 0.3 clocks and random interfaces, and
-/// `current-status`.
+/// inline; see [`fence`]), `wasi:http` 0.2 (outgoing requests under the
+/// plugin's grants; see [`super::http`]), the WASI 0.3 clocks and random
+/// interfaces, and `current-status`.
 ///
 /// Other WASI 0.3 interfaces (filesystem, sockets, cli) are not offered:
 /// their host tasks act after the import has returned, outside the
@@ -144,6 +155,7 @@ impl PluginRuntime {
         let mut future = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut future).map_err(link)?;
         fence::add_fenced_file_writes(&mut future).map_err(link)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut future).map_err(link)?;
         wasmtime_wasi::p3::clocks::add_to_linker(&mut future).map_err(link)?;
         wasmtime_wasi::p3::random::add_to_linker(&mut future).map_err(link)?;
         future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut future, |s| s)
@@ -151,6 +163,7 @@ impl PluginRuntime {
         let mut pollable = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut pollable).map_err(link)?;
         fence::add_fenced_file_writes(&mut pollable).map_err(link)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut pollable).map_err(link)?;
         pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
             &mut pollable,
             |s| s,
@@ -247,8 +260,15 @@ impl PluginRuntime {
                     .map_err(|e| fail(error_chain(&e).to_string()))?,
             ),
         };
+        let mut capabilities: Vec<Capability> = ty
+            .imports(self.engine.engine())
+            .filter_map(|(n, _)| Capability::of_import(n))
+            .collect();
+        capabilities.sort();
+        capabilities.dedup();
         let name: Arc<str> = Arc::from(name);
         Ok(Plugin {
+            capabilities,
             output: OutputBudget::new(name.clone(), OutputLimits::default()),
             name,
             path: path.to_owned(),
@@ -346,6 +366,44 @@ pub struct Plugin {
     engine: PluginEngine,
     /// Shared by all its instances.
     output: Arc<OutputBudget>,
+    /// What it imports that only a grant makes useful.
+    capabilities: Vec<Capability>,
+}
+
+/// Something a component imports that does nothing without a grant of its
+/// plugin's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Capability {
+    /// `wasi:http/outgoing-handler`: the `http` grants.
+    Http,
+    /// `wasi:sockets`: the `connect` and `name-lookup` grants.
+    Sockets,
+    /// `wasi:filesystem`: the `dirs` grants.
+    Files,
+}
+
+impl Capability {
+    /// The interfaces and the grant, for `baton check`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Capability::Http => "wasi:http/outgoing-handler (needs `http` grants)",
+            Capability::Sockets => "wasi:sockets (needs `connect` or `name-lookup` grants)",
+            Capability::Files => "wasi:filesystem (needs `dirs` grants; Rust's std imports it anyway)",
+        }
+    }
+
+    fn of_import(name: &str) -> Option<Capability> {
+        let name = unversioned(name);
+        if name == "wasi:http/outgoing-handler" {
+            Some(Capability::Http)
+        } else if name.starts_with("wasi:sockets/") {
+            Some(Capability::Sockets)
+        } else if name.starts_with("wasi:filesystem/") {
+            Some(Capability::Files)
+        } else {
+            None
+        }
+    }
 }
 
 /// How one run of a leader task ended.
@@ -397,6 +455,11 @@ impl Plugin {
         self.world
     }
 
+    /// What it imports beyond its world that only a grant makes useful.
+    pub fn capabilities(&self) -> &[Capability] {
+        &self.capabilities
+    }
+
     /// Its output budget (shared by all its instances).
     pub fn output(&self) -> &Arc<OutputBudget> {
         &self.output
@@ -419,7 +482,9 @@ impl Plugin {
         // own runtime's workers; the election runs elsewhere.)
         wasi.allow_blocking_current_thread(true);
         let mut memory_limit = DEFAULT_MEMORY_LIMIT;
+        let mut http = HttpPolicy::default();
         if let Some(spec) = &self.spec {
+            http = spec.http.clone();
             memory_limit = spec.memory_limit;
             for (k, v) in &spec.env {
                 wasi.env(k, v);
@@ -442,6 +507,8 @@ impl Plugin {
             term: term.clone(),
             view,
             stderr_tail: tail,
+            http: WasiHttpCtx::new(),
+            http_hooks: GuestHttp::new(self.name.clone(), http, term.clone()),
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);

@@ -7,8 +7,10 @@ use tokio::sync::watch;
 use wasmtime::component::{Access, FutureReader, HasData, Resource, ResourceTable};
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{WitStatus, future_plugin, pollable_plugin};
+use super::http::GuestHttp;
 use super::output::StderrTail;
 use super::trap::GuestLimits;
 use crate::election::{LeaseView, Role, Status, Term};
@@ -26,6 +28,9 @@ pub struct GuestState {
     /// The last lines the instance wrote to stderr (a panic message), for
     /// the trap report.
     pub(crate) stderr_tail: StderrTail,
+    /// `wasi:http`: its context, and the plugin's grants and limits.
+    pub(crate) http: WasiHttpCtx,
+    pub(crate) http_hooks: GuestHttp,
 }
 
 impl WasiView for GuestState {
@@ -33,6 +38,16 @@ impl WasiView for GuestState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for GuestState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
         }
     }
 }

@@ -387,7 +387,10 @@ mod tests {
         // for its unknown holder at that term, so even this store, whose
         // record it was, waits it out.
         let lifted = seen.found_since("l", since, none(4, 6)).unwrap();
-        assert_eq!((lifted.version.as_str(), lifted.record.term), ("deleted@y-1+3", 4));
+        assert_eq!(
+            (lifted.version.as_str(), lifted.record.term),
+            ("deleted@y-1+3", 4)
+        );
         assert_eq!(seen.create_floor("l", "deleted@y-1+3").unwrap(), 4);
         assert!(seen.create_floor("l", "deleted@y-1+2").is_err());
     }

@@ -109,7 +109,8 @@ pub trait Bed {
     /// Injects a store fault; `hosts` are the live hosts' names, `leader`
     /// the index of the one leading. Returns when the fault was cleared
     /// (see [`Injected`]), or `None` if it could not be injected now.
-    fn inject(&mut self, fault: Fault, rng: &mut StdRng, hosts: &[&str], leader: usize) -> Option<SystemTime>;
+    fn inject(&mut self, fault: Fault, rng: &mut StdRng, hosts: &[&str], leader: usize)
+    -> Option<SystemTime>;
     /// Called when the segment is over, to put the store back in order.
     fn end(&mut self) {}
 }
@@ -243,7 +244,11 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
                 let i = proc_of(lead);
                 let at = all[i].host.sigkill();
                 all[i].killed = Some(at);
-                injected.push(Injected { fault, started, cleared: at });
+                injected.push(Injected {
+                    fault,
+                    started,
+                    cleared: at,
+                });
                 std::thread::sleep(Duration::from_millis(rng.random_range(0..1000)));
                 live[lead] = all.len();
                 all.push(Process {
@@ -254,7 +259,11 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
             Fault::TermLeader => {
                 let i = proc_of(lead);
                 let at = all[i].host.sigterm();
-                injected.push(Injected { fault, started, cleared: at });
+                injected.push(Injected {
+                    fault,
+                    started,
+                    cleared: at,
+                });
                 if !all[i].host.wait_exit(SECS(10)).success() {
                     crashes += 1;
                 }
@@ -272,19 +281,31 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
                 };
                 let h = &all[proc_of(lead)].host;
                 let at = h.signal(libc::SIGSTOP);
-                injected.push(Injected { fault, started, cleared: at });
+                injected.push(Injected {
+                    fault,
+                    started,
+                    cleared: at,
+                });
                 std::thread::sleep(pause);
                 h.signal(libc::SIGCONT);
             }
             Fault::StopFollower => {
                 let h = &all[proc_of(follower)].host;
                 let at = h.signal(libc::SIGSTOP);
-                injected.push(Injected { fault, started, cleared: at });
+                injected.push(Injected {
+                    fault,
+                    started,
+                    cleared: at,
+                });
                 std::thread::sleep(Duration::from_millis(rng.random_range(200..3000)));
                 h.signal(libc::SIGCONT);
             }
             _ => match bed.inject(fault, &mut rng, &names, lead) {
-                Some(cleared) => injected.push(Injected { fault, started, cleared }),
+                Some(cleared) => injected.push(Injected {
+                    fault,
+                    started,
+                    cleared,
+                }),
                 None => {
                     *counts.get_mut(&fault).unwrap() -= 1;
                     continue;
@@ -326,7 +347,13 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
 }
 
 /// Reads the records and the logs: see [`Figures`].
-fn check(file: &Path, all: &[Process], injected: &[Injected], bound: Duration, lease_duration: Duration) -> Figures {
+fn check(
+    file: &Path,
+    all: &[Process],
+    injected: &[Injected],
+    bound: Duration,
+    lease_duration: Duration,
+) -> Figures {
     let mut figures = Figures::default();
     // Each (host name, term): its force-stop time, or its process's death.
     let mut ends: HashMap<(String, u64), SystemTime> = HashMap::new();

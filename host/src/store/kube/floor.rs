@@ -76,9 +76,9 @@ pub fn floor_name(lease: &str) -> String {
     }
     // FNV-1a, 64 bits: stable across versions and platforms, which a
     // std hasher does not promise.
-    let hash = lease
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = lease.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     let keep = MAX_NAME - FLOOR_PREFIX.len() - 17;
     // A lease name is ASCII; the cut must end a label with a letter or digit.
     let head = lease[..keep].trim_end_matches(['.', '-']);
@@ -152,20 +152,22 @@ impl Floors {
         let data = object.data.clone().unwrap_or_default();
         let number = |key: &str| -> Result<u64, StoreError> {
             let value = data.get(key);
-            value.and_then(|v| v.trim().parse().ok()).ok_or_else(|| StoreError::Malformed {
-                lease: lease.to_owned(),
-                detail: format!(
-                    "the term floor in {}, data.{key}, is {}, not a number: baton keeps the \
+            value
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| StoreError::Malformed {
+                    lease: lease.to_owned(),
+                    detail: format!(
+                        "the term floor in {}, data.{key}, is {}, not a number: baton keeps the \
                      lease's highest term there and never resets it; set data.floor to the \
                      highest term the lease had (at least the Lease's spec.leaseTransitions) \
                      and data.creates to a number (kubectl edit configmap -n {} {}), or \
                      delete the ConfigMap to start the terms again at 1",
-                    self.describe(lease),
-                    value.map_or("missing".to_owned(), |v| format!("{v:?}")),
-                    self.namespace,
-                    floor_name(lease),
-                ),
-            })
+                        self.describe(lease),
+                        value.map_or("missing".to_owned(), |v| format!("{v:?}")),
+                        self.namespace,
+                        floor_name(lease),
+                    ),
+                })
         };
         Ok(Floor {
             term: number("floor")?,

@@ -273,7 +273,12 @@ impl KubeStore {
 
     /// Creates the Lease if there is none and the lease's term floor is
     /// still `shown` (0: the lease never had a term).
-    async fn create_at(&self, lease: &str, record: &LeaseRecord, shown: u64) -> Result<Versioned, StoreError> {
+    async fn create_at(
+        &self,
+        lease: &str,
+        record: &LeaseRecord,
+        shown: u64,
+    ) -> Result<Versioned, StoreError> {
         let inner = &self.inner;
         let mut obj = inner.new_object(lease);
         inner.apply(lease, &mut obj, record)?;
@@ -366,14 +371,21 @@ impl Inner {
     ) -> Result<(), StoreError> {
         let instance = record.instance.as_deref();
         let Some(current) = current else {
-            return self.floors.raise_for_create(lease, shown, record.term, instance).await;
+            return self
+                .floors
+                .raise_for_create(lease, shown, record.term, instance)
+                .await;
         };
         let written = to_versioned(lease, current, self.fallback_duration)?.record.term;
         if record.term <= written {
             return Ok(());
         }
         let uid = current.metadata.uid.as_deref();
-        match self.floors.raise_for_term(lease, record.term, uid, instance).await? {
+        match self
+            .floors
+            .raise_for_term(lease, record.term, uid, instance)
+            .await?
+        {
             Raised::Done => Ok(()),
             Raised::Behind(floor) => {
                 let mut recent = self.recent();
@@ -957,14 +969,15 @@ async fn next_observation(
                             continue;
                         }
                         let bound = state.inner.request_timeout;
-                        let last = tokio::time::timeout(bound, state.inner.deleted(&lease, Some(&obj), Some(&rv)))
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(StoreError::Unavailable {
-                                    lease: lease.clone(),
-                                    detail: format!("reading the term floor timed out after {bound:?}"),
-                                })
-                            });
+                        let last =
+                            tokio::time::timeout(bound, state.inner.deleted(&lease, Some(&obj), Some(&rv)))
+                                .await
+                                .unwrap_or_else(|_| {
+                                    Err(StoreError::Unavailable {
+                                        lease: lease.clone(),
+                                        detail: format!("reading the term floor timed out after {bound:?}"),
+                                    })
+                                });
                         if last.is_err() {
                             state.done = true;
                         }

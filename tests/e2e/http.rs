@@ -1,0 +1,563 @@
+//! Outgoing HTTP (`wasi:http`): real `baton` processes, the `http-probe`
+//! guest built from source, and small HTTP servers run by the test that
+//! record every request and every connection's end.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use crate::support::*;
+use crate::witness::force_stop_at;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// One request a test server received.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: BTreeMap<String, String>,
+    pub body: usize,
+    /// When the client closed the connection (for `/hang`, which never
+    /// answers).
+    pub closed: Option<SystemTime>,
+}
+
+/// An HTTP/1.1 server on loopback: `/hello` answers `hello`, `/big`
+/// answers 2 MiB, `/hang` never answers and records when the client gives
+/// up the connection. Every request is recorded.
+pub struct Server {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let log = log.clone();
+                std::thread::spawn(move || serve(conn, &log));
+            }
+        });
+        Server { addr, seen }
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn serve(conn: TcpStream, log: &Mutex<Vec<Seen>>) {
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_owned();
+    let path = parts.next().unwrap_or_default().to_owned();
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+            return;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+        }
+    }
+    // The body: by length or chunked; a body cut off counts what came.
+    let mut body = 0usize;
+    if let Some(n) = headers
+        .get("content-length")
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        let mut buf = vec![0u8; n];
+        body = read_up_to(&mut reader, &mut buf);
+    } else if headers
+        .get("transfer-encoding")
+        .is_some_and(|t| t.contains("chunked"))
+    {
+        loop {
+            let mut size = String::new();
+            if reader.read_line(&mut size).unwrap_or(0) == 0 {
+                break;
+            }
+            let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+                break;
+            };
+            let mut buf = vec![0u8; n + 2];
+            let got = read_up_to(&mut reader, &mut buf);
+            body += got.min(n);
+            if n == 0 || got < n + 2 {
+                break;
+            }
+        }
+    }
+    let index = {
+        let mut log = log.lock().unwrap();
+        log.push(Seen {
+            method,
+            path: path.clone(),
+            headers,
+            body,
+            closed: None,
+        });
+        log.len() - 1
+    };
+    let mut conn = conn;
+    match path.as_str() {
+        "/hang" => {
+            // Never answer; wait for the client to give up.
+            let mut sink = [0u8; 1024];
+            while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
+            log.lock().unwrap()[index].closed = Some(SystemTime::now());
+        }
+        "/big" => {
+            let big = vec![b'b'; 2 << 20];
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                big.len()
+            );
+            let _ = conn.write_all(&big);
+        }
+        _ => {
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello");
+        }
+    }
+}
+
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    got
+}
+
+/// A `[[plugin]]` table of the http-probe guest.
+fn plugin(name: &str, env: &str, grants: &str) -> String {
+    format!(
+        "\n[[plugin]]\nname = {name:?}\npath = {:?}\nlease = \"demo\"\nenv = {{ {env} }}\n{grants}\n",
+        guest("http_probe.wasm").display().to_string()
+    )
+}
+
+fn line_of(h: &Host, plugin: &str, prefix: &str) -> Event {
+    h.wait_for(SECS(30), prefix, |e| e.guest_line(plugin, prefix))
+}
+
+#[test]
+fn baton_check_names_the_http_import_of_a_plugin_that_has_one() {
+    let check = |file: &str| {
+        let out = baton().arg("check").arg(guest(file)).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let http = check("http_probe.wasm");
+    println!("{http}");
+    assert!(
+        http.contains("ok: targets baton:leader/pollable-plugin@0.1.0"),
+        "{http}"
+    );
+    assert!(
+        http.contains("also imports wasi:http/outgoing-handler (needs `http` grants)"),
+        "{http}"
+    );
+    let plain = check("probe_pollable.wasm");
+    assert!(!plain.contains("wasi:http"), "{plain}");
+
+    // A grant that is not an origin, and a CA file that is missing, are
+    // refused at start, naming the file, plugin and field.
+    let s = Scratch::new();
+    for (grant, says) in [
+        ("http = [\"https://api.example.com/v1\"]", "names no path"),
+        ("http = [\"ftp://files.example.com\"]", "is not http or https"),
+        (
+            "http = [{ url = \"https://api.internal\", ca = \"missing-ca.pem\" }]",
+            "cannot read the CA file",
+        ),
+    ] {
+        let bad = s.write(
+            "bad.toml",
+            &[config(&s.store(), &[]), plugin("bad", "", grant)].concat(),
+        );
+        let out = baton().args(["run", "--config"]).arg(&bad).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!("{}", stderr.trim());
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("{}:", bad.display()))
+                && stderr.contains("plugin \"bad\": field `http`")
+                && stderr.contains(says),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn http_requests_reach_only_granted_origins_and_carry_the_term() {
+    let server = Server::start();
+    let other = Server::start();
+    let (p, q) = (server.addr.port(), other.addr.port());
+    let s = Scratch::new();
+    let text = [
+        config(&s.store(), &[]),
+        plugin(
+            "fetch",
+            &format!("HTTP_URL = \"http://127.0.0.1:{p}/hello\", HTTP_TICK_MS = \"100\""),
+            &format!("http = [\"http://127.0.0.1:{p}\"]"),
+        ),
+        plugin(
+            "elsewhere",
+            &format!("HTTP_URL = \"http://127.0.0.1:{q}/hello\", HTTP_MODE = \"once\""),
+            &format!("http = [\"http://127.0.0.1:{p}\"]"),
+        ),
+        plugin(
+            "by-name",
+            &format!("HTTP_URL = \"http://localhost:{p}/hello\", HTTP_MODE = \"once\""),
+            &format!("http = [\"http://localhost:{p}\"]"),
+        ),
+        plugin(
+            "big-request",
+            &format!("HTTP_URL = \"http://127.0.0.1:{p}/upload\", HTTP_MODE = \"once\", HTTP_BODY_BYTES = \"2097152\""),
+            &format!("http = [\"http://127.0.0.1:{p}\"]\nhttp-limits = {{ request-body = \"1 MiB\" }}"),
+        ),
+        plugin(
+            "big-response",
+            &format!("HTTP_URL = \"http://127.0.0.1:{p}/big\", HTTP_MODE = \"once\""),
+            &format!("http = [\"http://127.0.0.1:{p}\"]\nhttp-limits = {{ response-body = \"1 MiB\" }}"),
+        ),
+    ]
+    .concat();
+    let cfg = s.write("baton.toml", &text);
+    let mut a = Host::start("http-a", &cfg);
+    let loaded = a.wait_for(SECS(30), "fetch loaded", |e| {
+        e.message() == "plugin loaded" && e.str("plugin") == Some("fetch")
+    });
+    assert_eq!(
+        loaded.str("grants").map(str::to_owned),
+        Some(format!("env HTTP_TICK_MS,HTTP_URL; http http://127.0.0.1:{p}"))
+    );
+
+    // Granted: answered, with the lease and the term set by the host (the
+    // guest's forged `baton-term: 999` replaced) and the guest's own header.
+    let ok = line_of(&a, "fetch", "http ok");
+    assert!(
+        ok.message()
+            .starts_with("http ok status=200 bytes=5 body=hello term=1"),
+        "{}",
+        ok.message()
+    );
+    let first = server
+        .seen()
+        .into_iter()
+        .find(|r| r.path == "/hello")
+        .expect("a request");
+    println!("a granted request's headers: {:?}", first.headers);
+    assert_eq!(first.headers.get("baton-lease").map(String::as_str), Some("demo"));
+    assert_eq!(first.headers.get("baton-term").map(String::as_str), Some("1"));
+    assert_eq!(first.headers.get("x-probe").map(String::as_str), Some("yes"));
+
+    // Not granted: refused inside the guest, logged with the plugin and
+    // the destination, and nothing reaches the other server.
+    let refused = line_of(&a, "elsewhere", "http error");
+    assert_eq!(
+        refused.message(),
+        "http error ErrorCode::HttpRequestDenied term=1"
+    );
+    let logged = a.wait_for(SECS(5), "the refusal in the log", |e| {
+        e.message().starts_with("HTTP request refused") && e.str("plugin") == Some("elsewhere")
+    });
+    assert_eq!(
+        logged.str("destination").map(str::to_owned),
+        Some(format!("http://127.0.0.1:{q}"))
+    );
+    // A grant by name never reaches the host's own addresses.
+    let by_name = line_of(&a, "by-name", "http error");
+    assert_eq!(
+        by_name.message(),
+        "http error ErrorCode::DestinationIpProhibited term=1"
+    );
+    println!("refused: {}; {}", refused.message(), by_name.message());
+    // Limits: a request body over the limit, a response body over it.
+    let big_request = line_of(&a, "big-request", "http error");
+    assert!(
+        big_request.message().contains("HttpRequestBodySize"),
+        "{}",
+        big_request.message()
+    );
+    let big_response = line_of(&a, "big-response", "http error");
+    assert!(
+        big_response.message().contains("body size exceeds limit"),
+        "{}",
+        big_response.message()
+    );
+    println!("limits: {}; {}", big_request.message(), big_response.message());
+    assert!(
+        server
+            .seen()
+            .iter()
+            .filter(|r| r.path == "/upload")
+            .all(|r| r.method == "POST" && r.body <= 1 << 20),
+        "no more than the limit went out"
+    );
+
+    // A second host takes over after a SIGTERM: from its first request on,
+    // every request carries the new term, none the old one.
+    let b = Host::start("http-b", &cfg);
+    b.wait_for(SECS(30), "b follows", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    std::thread::sleep(SECS(1));
+    a.sigterm();
+    assert!(a.wait_exit(SECS(10)).success());
+    let ok = line_of(&b, "fetch", "http ok");
+    assert!(ok.message().ends_with("term=2"), "{}", ok.message());
+    std::thread::sleep(SECS(1));
+    let hellos: Vec<Seen> = server.seen().into_iter().filter(|r| r.path == "/hello").collect();
+    let terms: Vec<&str> = hellos.iter().map(|r| r.headers["baton-term"].as_str()).collect();
+    let first_new = terms
+        .iter()
+        .position(|t| *t == "2")
+        .expect("term 2 reached the server");
+    assert!(terms[..first_new].iter().all(|t| *t == "1"), "{terms:?}");
+    assert!(
+        terms[first_new..].iter().all(|t| *t == "2"),
+        "a term 1 request after term 2 began: {terms:?}"
+    );
+    println!(
+        "{} requests in term 1, then {} in term 2",
+        first_new,
+        terms.len() - first_new
+    );
+    assert!(
+        other.seen().is_empty(),
+        "the ungranted server saw {:?}",
+        other.seen()
+    );
+}
+
+#[test]
+fn an_http_request_in_flight_is_dropped_at_the_force_stop() {
+    let server = Server::start();
+    let p = server.addr.port();
+    let s = Scratch::new();
+    let text = [
+        config(&s.store(), &[]),
+        plugin(
+            "hang",
+            &format!("HTTP_URL = \"http://127.0.0.1:{p}/hang\", HTTP_MODE = \"hang\""),
+            &format!("http = [\"http://127.0.0.1:{p}\"]"),
+        ),
+    ]
+    .concat();
+    let cfg = s.write("baton.toml", &text);
+    let mut h = Host::start("http-hang", &cfg);
+    let until = std::time::Instant::now() + SECS(30);
+    while server.seen().is_empty() {
+        assert!(std::time::Instant::now() < until, "no request arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The guest waits for an answer that never comes, ignoring the change:
+    // a SIGTERM ends its term, and the grace (500 ms) ends the request.
+    let termed = h.sigterm();
+    let stopped = h.wait_for(SECS(10), "the forced stop", |e| {
+        e.is("leader task stopped", Some("hang"))
+    });
+    assert!(h.wait_exit(SECS(10)).success());
+    let force_stop = force_stop_at(&stopped);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1, "one request, none after: {seen:?}");
+    let closed = seen[0].closed.expect("the connection was closed");
+    println!(
+        "a request in flight: SIGTERM, then the force-stop {:.0} ms later; the server saw the connection closed {:+.1} ms from the force-stop time",
+        ms_between(termed, force_stop),
+        ms_between(force_stop, closed)
+    );
+    // Closed by the force-stop time (the host drops the request then),
+    // give or take the server thread's wake-up.
+    assert!(
+        ms_between(force_stop, closed) < 50.0,
+        "closed {:.1} ms after the force-stop",
+        ms_between(force_stop, closed)
+    );
+    assert!(ms_between(termed, closed) >= 450.0, "the grace was honoured");
+}
+
+/// A TLS server (`openssl s_server -www`) on loopback with a certificate
+/// for 127.0.0.1 signed by a CA of its own; killed when dropped.
+struct TlsServer {
+    child: std::process::Child,
+    port: u16,
+    ca: std::path::PathBuf,
+}
+
+impl TlsServer {
+    fn start(dir: &std::path::Path) -> TlsServer {
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("openssl (the test suite installs it with the Kubernetes test server)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=baton test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "server.ext",
+        ]);
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("openssl")
+            .args([
+                "s_server",
+                "-accept",
+                &format!("127.0.0.1:{port}"),
+                "-cert",
+                "server.pem",
+                "-key",
+                "server.key",
+                "-www",
+                "-quiet",
+            ])
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + SECS(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < until,
+                "openssl s_server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        TlsServer {
+            child,
+            port,
+            ca: dir.join("ca.pem"),
+        }
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn https_verifies_the_server_against_the_web_roots_and_the_granted_ca() {
+    let s = Scratch::new();
+    let tls = TlsServer::start(s.dir.path());
+    let p = tls.port;
+    let url = format!("HTTP_URL = \"https://127.0.0.1:{p}/\", HTTP_MODE = \"once\"");
+    let text = [
+        config(&s.store(), &[]),
+        plugin(
+            "trusted",
+            &url,
+            &format!(
+                "http = [{{ url = \"https://127.0.0.1:{p}\", ca = {:?} }}]",
+                tls.ca.display().to_string()
+            ),
+        ),
+        plugin("unknown-ca", &url, &format!("http = [\"https://127.0.0.1:{p}\"]")),
+    ]
+    .concat();
+    let cfg = s.write("baton.toml", &text);
+    let h = Host::start("https", &cfg);
+    let trusted = h.wait_for(SECS(30), "trusted", |e| e.guest_line("trusted", "http "));
+    println!("with the CA granted: {}", trusted.message());
+    assert!(
+        trusted.message().starts_with("http ok status=200"),
+        "{}",
+        trusted.message()
+    );
+    let unknown = h.wait_for(SECS(30), "unknown-ca", |e| e.guest_line("unknown-ca", "http "));
+    println!("without it: {}", unknown.message());
+    assert_eq!(
+        unknown.message(),
+        "http error ErrorCode::TlsCertificateError term=1"
+    );
+    h.wait_for(SECS(5), "the reason in the log", |e| {
+        e.message()
+            .starts_with("HTTP request failed: the server's certificate")
+            && e.str("plugin") == Some("unknown-ca")
+    });
+}
