@@ -22,6 +22,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use baton::store::TOMBSTONE;
+use baton::store::kube::floor::RESERVED_TERMS;
 use baton::store::kube::{KubeOptions, KubeStore};
 use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
 use futures::StreamExt;
@@ -890,7 +891,9 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
         waited >= LD.as_millis() as f64 - 50.0,
         "the dead holder's lease was honoured: {waited:.0} ms"
     );
-    assert_eq!(taken.guest_term(), Some(42));
+    // Above every term the killed holder may have started: term 41
+    // reserved up to 41 + 15 (see the Kubernetes store's term floors).
+    assert_eq!(taken.guest_term(), Some(41 + RESERVED_TERMS));
     std::thread::sleep(Duration::from_secs(1));
     assert_one_at_a_time(&hosts, &killed);
 }
@@ -1236,25 +1239,34 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         drop(second);
 
         // Deletion of a held Lease: its last record, still held, under a
-        // version of its own.
+        // version of its own; at the highest term reserved for it (term 2
+        // reserved up to 17, and another host's term may have started
+        // unseen: its holder is waited out the same way).
         ns.leases()
             .delete("demo", &DeleteParams::default())
             .await
             .unwrap();
         let tombstone = next_within(&mut watch, 2).await.expect("the last record");
         assert!(tombstone.version.starts_with(TOMBSTONE), "{tombstone:?}");
-        assert_eq!(tombstone.record, current.record);
+        let reserved = 2 + RESERVED_TERMS - 1;
+        assert_eq!(
+            tombstone.record,
+            LeaseRecord {
+                term: reserved,
+                ..current.record.clone()
+            }
+        );
         // A watch started now, and a read, say the same.
         let mut third = watcher.watch("demo").await.unwrap();
         assert_eq!(next_within(&mut third, 2).await, Some(tombstone.clone()));
         drop(third);
         assert_eq!(watcher.get("demo").await.unwrap(), Some(tombstone.clone()));
-        // Deleted again without a holder: released at its term floor (the
-        // highest term it had, 11), so the next term is above it.
+        // Created again above it, released, deleted again: released at its
+        // term floor, so the next term is above it.
         let released = LeaseRecord {
             instance: None,
             holder: None,
-            ..record(None, 11)
+            ..record(None, reserved + 1)
         };
         let back = watcher
             .update("demo", &tombstone.version, &released)
@@ -1266,18 +1278,18 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
             .await
             .unwrap();
         let floor = next_within(&mut watch, 2).await.expect("the floor record");
-        assert_eq!(floor.version, format!("{TOMBSTONE}term-11"));
-        assert_eq!((floor.record.holder(), floor.record.term), (None, 11));
+        assert_eq!(floor.version, format!("{TOMBSTONE}term-{}", reserved + 1));
+        assert_eq!((floor.record.holder(), floor.record.term), (None, reserved + 1));
         assert_eq!(watcher.get("demo").await.unwrap(), Some(floor.clone()));
 
         // The watcher's own writes are news before their events arrive:
         // the stream never goes back to an older version.
         let created = watcher
-            .update("demo", &floor.version, &record(Some("w"), 12))
+            .update("demo", &floor.version, &record(Some("w"), reserved + 2))
             .await
             .unwrap();
         let updated = watcher
-            .update("demo", &created.version, &record(Some("w"), 13))
+            .update("demo", &created.version, &record(Some("w"), reserved + 3))
             .await
             .unwrap();
         assert_eq!(next_within(&mut watch, 2).await, Some(updated.clone()));
@@ -1286,7 +1298,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         // Same for a watch started before writes it has not yielded yet.
         let mut late = watcher.watch("demo").await.unwrap();
         let newer = watcher
-            .update("demo", &updated.version, &record(Some("w"), 14))
+            .update("demo", &updated.version, &record(Some("w"), reserved + 4))
             .await
             .unwrap();
         assert_eq!(next_within(&mut late, 2).await, Some(newer));
@@ -1492,7 +1504,9 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
             .await
             .expect("a floor ConfigMap");
         println!("floor after terms 1 and 2: {floor:?}");
-        assert_eq!(floor.get("floor").map(String::as_str), Some("2"));
+        // Term 2 reserved the terms up to 2 + 15.
+        let reserved = 2 + RESERVED_TERMS - 1;
+        assert_eq!(floor.get("floor"), Some(&reserved.to_string()));
         assert_eq!(floor.get("creates").map(String::as_str), Some("1"));
 
         // Every Lease deleted while no host runs.
@@ -1504,22 +1518,23 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         // released at its floor; the ConfigMap is no Lease, so status lists
         // nothing.
         let seen = fresh().get("demo").await.unwrap().expect("the floor record");
-        assert_eq!((seen.record.holder(), seen.record.term), (None, 2));
+        assert_eq!((seen.record.holder(), seen.record.term), (None, reserved));
         assert!(seen.version.starts_with(TOMBSTONE), "{}", seen.version);
         assert!(fresh().list().await.unwrap().is_empty());
 
-        // Two such hosts race for term 3: one creates the Lease, the other
-        // is refused, though the Lease did not exist when it looked.
+        // Two such hosts race for the next term: one creates the Lease, the
+        // other is refused, though the Lease did not exist when it looked.
+        let next = reserved + 1;
         let (b, c) = (fresh(), fresh());
         let vb = b.get("demo").await.unwrap().unwrap();
         let vc = c.get("demo").await.unwrap().unwrap();
-        let won = b.update("demo", &vb.version, &held("b", 3)).await.unwrap();
-        assert_eq!(won.record.term, 3);
-        let lost = c.update("demo", &vc.version, &held("c", 3)).await.unwrap_err();
-        println!("the loser of the race for term 3: {lost}");
+        let won = b.update("demo", &vb.version, &held("b", next)).await.unwrap();
+        assert_eq!(won.record.term, next);
+        let lost = c.update("demo", &vc.version, &held("c", next)).await.unwrap_err();
+        println!("the loser of the race for term {next}: {lost}");
         assert!(lost.is_conflict(), "{lost:?}");
         let floor = floor_of(&admin, &ns.name, "demo").await.unwrap();
-        assert_eq!(floor.get("floor").map(String::as_str), Some("3"));
+        assert_eq!(floor.get("floor"), Some(&next.to_string()));
         assert_eq!(floor.get("creates").map(String::as_str), Some("2"));
 
         // Deleted again while held, seen by a watch: the holder's record,
@@ -1530,7 +1545,7 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         env.delete_all_leases(&ns).await;
         let gone = next_within(&mut w, 5).await.expect("the tombstone");
         assert!(gone.version.starts_with(TOMBSTONE), "{}", gone.version);
-        assert_eq!((gone.record.holder(), gone.record.term), (Some("b"), 3));
+        assert_eq!((gone.record.holder(), gone.record.term), (Some("b"), next));
 
         // Re-created by another writer with leaseTransitions 0: a new term
         // is refused once, the Lease then reads at its floor, and the next
@@ -1554,16 +1569,22 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
             .unwrap_err();
         println!("a term below the floor: {refused}");
         assert!(refused.is_conflict(), "{refused:?}");
-        assert!(refused.to_string().contains("highest term (3"), "{refused}");
+        assert!(
+            refused.to_string().contains(&format!("highest term ({next}")),
+            "{refused}"
+        );
         let reread = d.get("demo").await.unwrap().unwrap();
         assert_eq!(
             (reread.version.as_str(), reread.record.term),
-            (foreign.version.as_str(), 3)
+            (foreign.version.as_str(), next)
         );
-        let v4 = d.update("demo", &reread.version, &held("d", 4)).await.unwrap();
-        assert_eq!(v4.record.term, 4);
+        let above = d
+            .update("demo", &reread.version, &held("d", next + 1))
+            .await
+            .unwrap();
+        assert_eq!(above.record.term, next + 1);
         let lease = ns.leases().get("demo").await.unwrap();
-        assert_eq!(spec_of(&lease).lease_transitions, Some(4));
+        assert_eq!(spec_of(&lease).lease_transitions, Some(next as i32 + 1));
 
         // A floor garbled by hand is refused, naming the ConfigMap and the
         // fix, and never reset.

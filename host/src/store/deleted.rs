@@ -16,11 +16,12 @@
 //!    and deleted again in between, and a reader may have missed it: the
 //!    tombstone gets a new version (`+N`), so readers date the holder's
 //!    lease anew.
-//! 4. If the backend keeps the lease's highest term (its *floor*), a
-//!    missing record without a tombstone reads as released at that term,
-//!    under [`TOMBSTONE`]`term-<floor>`, so terms are never reused; and a
-//!    tombstone whose term is below the floor takes the floor as its term:
-//!    a newer term was started since, by a write this store did not see,
+//! 4. If the backend keeps the lease's highest term (its *floor*: given out
+//!    or reserved), a missing record without a tombstone reads as released
+//!    at that term, under [`TOMBSTONE`]`term-<floor>`, so terms are never
+//!    reused; and a tombstone whose term is below the floor takes the floor
+//!    as its term, unless it is of this store's own last write: a newer
+//!    term may have been started since, by a write this store did not see,
 //!    and its holder, unknown, is waited out as the tombstone's would be.
 //! 5. Updating a tombstone (or the floor record) creates the record, if the
 //!    store still reports that very version; the caller of the create
@@ -73,6 +74,11 @@ struct Memory {
     creates: Option<u64>,
     /// How many writes this store made (see [`DeletedRecords::writes`]).
     writes: u64,
+    /// The record of this store's last write (compared by content: a
+    /// deletion event may carry it under a version of the deletion's own).
+    written: Option<LeaseRecord>,
+    /// The tombstone is of this store's own last write.
+    tombstone_ours: bool,
 }
 
 /// Something a read found before this store's own write finished.
@@ -100,6 +106,7 @@ impl DeletedRecords {
             m.last = Some(written.clone());
             m.tombstone = None;
             m.writes += 1;
+            m.written = Some(written.record.clone());
         });
     }
 
@@ -118,6 +125,15 @@ impl DeletedRecords {
             } else {
                 m.report(found)
             }
+        })
+    }
+
+    /// Whether `version` is the tombstone this store reports for `lease`
+    /// and it is of this store's own last write (its holder writes it again
+    /// in its own term).
+    pub fn is_own_tombstone(&self, lease: &str, version: &str) -> bool {
+        self.with(lease, |m| {
+            m.tombstone_ours && m.tombstone.as_ref().is_some_and(|t| t.version == version)
         })
     }
 
@@ -166,6 +182,7 @@ impl Memory {
             Some(last) if self.tombstone.as_ref().is_none_or(|t| t.record != last.record) => {
                 self.renewals = 0;
                 self.creates = creates;
+                self.tombstone_ours = self.written.as_ref() == Some(&last.record);
                 self.tombstone = last.record.holder().is_some().then(|| Versioned {
                     version: format!("{TOMBSTONE}{}", last.version),
                     record: last.record,
@@ -186,12 +203,15 @@ impl Memory {
             }
         }
         let floor = floor.unwrap_or(0);
-        if let Some(t) = self.tombstone.as_mut().filter(|t| floor > t.record.term) {
-            // A higher term was started since, by a write this store did
-            // not see (and may have been deleted again). Its holder may
-            // still lead: the tombstone stands for it, at that term, and is
-            // waited out like any holder (its own holder, under the old
-            // term, takes it as someone else's and stops).
+        let ours = self.tombstone_ours;
+        if let Some(t) = self.tombstone.as_mut().filter(|t| floor > t.record.term && !ours) {
+            // A higher term may have been started since (or reserved), by a
+            // write this store did not see (and may have been deleted
+            // again). Its holder may still lead: the tombstone stands for
+            // it, at that term, and is waited out like any holder. (The
+            // store whose own record it is keeps it as it is: it writes it
+            // again in its own term, and the store refuses that if the
+            // floor says another host wrote since.)
             t.record.term = floor;
         }
         self.tombstone
@@ -383,15 +403,17 @@ mod tests {
             seen.found_since("l", since, none(3, 5)).unwrap().version,
             "deleted@y-1+2"
         );
-        // A higher term started (and deleted) since: the tombstone stands
-        // for its unknown holder at that term, so even this store, whose
-        // record it was, waits it out.
-        let lifted = seen.found_since("l", since, none(4, 6)).unwrap();
-        assert_eq!(
-            (lifted.version.as_str(), lifted.record.term),
-            ("deleted@y-1+3", 4)
-        );
-        assert_eq!(seen.create_floor("l", "deleted@y-1+3").unwrap(), 4);
+        // A higher term started (and deleted) since: the tombstone of this
+        // store's own write stays as it is (it writes it again in its own
+        // term, which the backend refuses if another host wrote since)...
+        let own = seen.found_since("l", since, none(4, 6)).unwrap();
+        assert_eq!((own.version.as_str(), own.record.term), ("deleted@y-1+3", 3));
+        assert_eq!(seen.create_floor("l", "deleted@y-1+3").unwrap(), 3);
+        // ...while another store's stands for the newer term's unknown holder.
+        let other = DeletedRecords::default();
+        other.found("l", Found::Record(w("y-1", Some("me"))));
+        let lifted = other.found("l", none(4, 6)).unwrap();
+        assert_eq!((lifted.version.as_str(), lifted.record.term), ("deleted@y-1", 4));
         assert!(seen.create_floor("l", "deleted@y-1+2").is_err());
     }
 }

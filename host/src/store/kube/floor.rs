@@ -7,13 +7,16 @@
 //! store keeps each lease's highest term in a ConfigMap of its own, named
 //! [`floor_name`] (`baton-terms.<lease>`), in the Lease's namespace:
 //!
-//! - every write that starts a new term raises the floor to that term
-//!   *before* the Lease is written;
+//! - every write that starts a new term makes sure, *before* the Lease is
+//!   written, that the floor covers the term: if not, it raises the floor
+//!   to the term plus [`RESERVED_TERMS`] − 1, so most new terms need no
+//!   write of the floor, and none when the host has seen the floor cover it;
 //! - every create of the Lease (the first one, or after a deletion) first
-//!   checks that the floor is still the one its caller was shown, raises it
-//!   and counts the create, so that of two hosts that saw the same deleted
-//!   Lease only one creates it at the next term, and readers can tell that
-//!   the Lease was created and deleted again between two reads;
+//!   checks that the floor is unchanged since its caller found the Lease
+//!   missing (by the ConfigMap's resourceVersion), raises it if below and
+//!   counts the create, so that of two hosts that saw the same deleted Lease
+//!   only one creates it, and readers can tell that the Lease was created
+//!   and deleted again between two reads;
 //! - a read that finds no Lease reads the floor, and the lease reads as
 //!   released at that term (see [`super::super::deleted`]), so the next term
 //!   is above it.
@@ -24,7 +27,7 @@
 //!
 //! | key | value |
 //! |---|---|
-//! | `floor` | the highest term given out |
+//! | `floor` | the highest term given out or reserved |
 //! | `creates` | how many times the Lease was created (compared only for a change) |
 //! | `raised-by` | the process (holder instance) that last raised `floor`, for people |
 //! | `raised-on` | the `metadata.uid` of the Lease whose new term last raised `floor` (empty for a create) |
@@ -34,7 +37,8 @@
 //! restart the terms, as deleting the lease directory does for the embedded
 //! store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta};
@@ -85,10 +89,17 @@ pub fn floor_name(lease: &str) -> String {
     format!("{FLOOR_PREFIX}{head}-{hash:016x}")
 }
 
+/// How many terms a floor write reserves: a host starting term *T* raises
+/// the floor to *T* + 15, so that the next fifteen terms of the same Lease
+/// need no write of the floor (a hand-over stays one write of the Lease).
+/// After a deletion, terms go on above the reserved ones: the numbers
+/// skipped cost nothing, since a fencing token needs only to grow.
+pub const RESERVED_TERMS: u64 = 16;
+
 /// A lease's floor as read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Floor {
-    /// The highest term given out; 0 without a ConfigMap.
+    /// The highest term given out or reserved; 0 without a ConfigMap.
     pub term: u64,
     /// How many times the Lease was created.
     pub creates: u64,
@@ -96,24 +107,28 @@ pub struct Floor {
     pub raised_by: Option<String>,
     /// The uid of the Lease whose new term last raised the floor.
     pub raised_on: Option<String>,
+    /// The ConfigMap's resourceVersion; `None` without a ConfigMap.
+    pub version: Option<String>,
 }
 
 /// What raising a floor for a new term found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Raised {
-    /// The floor is at the new term, raised by this process.
+    /// The floor covers the new term, for the Lease object to be written.
     Done,
-    /// The floor is above the new term, or at it for another Lease object
-    /// than the one to be written: the Lease was re-created (by another
-    /// writer) with a lower `leaseTransitions`. The floor is given.
+    /// The floor is at or above the new term for another Lease object than
+    /// the one to be written: the Lease was re-created (by another writer)
+    /// with a lower `leaseTransitions`. The floor is given.
     Behind(u64),
 }
 
-/// The floor ConfigMaps of one namespace.
+/// The floor ConfigMaps of one namespace, and the floor last seen of each
+/// lease (floors only grow, so one seen covering a term still does).
 #[derive(Clone)]
 pub struct Floors {
     api: Api<ConfigMap>,
     namespace: String,
+    seen: Arc<Mutex<HashMap<String, Floor>>>,
 }
 
 impl Floors {
@@ -122,7 +137,14 @@ impl Floors {
         Floors {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
+            seen: Arc::default(),
         }
+    }
+
+    fn remember(&self, lease: &str, floor: &Floor) {
+        // Every change is one assignment: a poisoned lock is used as is.
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.insert(lease.to_owned(), floor.clone());
     }
 
     /// Where `lease`'s floor is kept, for messages.
@@ -145,6 +167,7 @@ impl Floors {
             Some(object) => self.parse(lease, object)?,
             None => Floor::default(),
         };
+        self.remember(lease, &floor);
         Ok((object, floor))
     }
 
@@ -174,60 +197,69 @@ impl Floors {
             creates: number("creates")?,
             raised_by: data.get("raised-by").cloned(),
             raised_on: data.get("raised-on").cloned(),
+            version: object.metadata.resource_version.clone(),
         })
     }
 
     /// Before a create of `lease`'s Lease at `term`: checks that the floor
-    /// is still `shown` (or lower: lost, or written by an older baton) and
-    /// raises it to `term`, counting the create. A conflict if it was
-    /// raised past `shown` meanwhile.
+    /// is still the one read when the Lease was found missing (its
+    /// resourceVersion `base`, `None` for no ConfigMap) and that `term` is
+    /// above it (unless `own`: the holder writing its deleted record again
+    /// in its own term), raises it to `term` if below, and counts the
+    /// create. A conflict if anyone wrote
+    /// the floor since: another host created the Lease, or started a term
+    /// on it, after this one looked.
     pub async fn raise_for_create(
         &self,
         lease: &str,
-        shown: u64,
+        base: Option<&str>,
         term: u64,
+        own: bool,
         instance: Option<&str>,
     ) -> Result<(), StoreError> {
         self.raise(lease, |floor| {
-            if floor.term > shown {
+            if !own && floor.term > 0 && term <= floor.term {
                 return Err(StoreError::Conflict {
                     lease: lease.to_owned(),
                     detail: format!(
-                        "the lease's highest term is {}, not {shown}: it was written since",
-                        floor.term
+                        "term {term} is not above the lease's highest term {} ({}): terms never repeat",
+                        floor.term,
+                        self.describe(lease)
                     ),
                 });
             }
-            if term < floor.term {
-                return Err(StoreError::Refused {
+            if floor.version.as_deref() != base {
+                return Err(StoreError::Conflict {
                     lease: lease.to_owned(),
                     detail: format!(
-                        "term {term} is below the lease's highest term {}: terms never go back",
-                        floor.term
+                        "the lease's term floor ({}) changed since the Lease was found missing: \
+                         another host wrote first",
+                        self.describe(lease)
                     ),
                 });
             }
             Ok(Some(Floor {
-                term,
+                term: floor.term.max(term),
                 // Only ever compared for a change.
                 creates: floor.creates.wrapping_add(1),
                 raised_by: instance.map(str::to_owned),
                 raised_on: None,
+                version: None,
             }))
         })
         .await
-        .map(|_| ())
     }
 
     /// Before a write of the Lease object `uid` of `lease` that starts
-    /// `term`: raises the floor to it.
+    /// `term`: makes sure the floor covers it, reserving
+    /// [`RESERVED_TERMS`] terms when it must be raised.
     ///
-    /// A floor already at `term`, raised for this same Lease object, is
-    /// [`Raised::Done`]: whoever raised it (this process, before an answer
-    /// it missed, or a host that lost the race for the object) wrote term
-    /// `term` to this object at most once, and not yet, since the object
-    /// is still below it; the object's resourceVersion decides who does.
-    /// Any other floor at or above `term` is [`Raised::Behind`].
+    /// A floor at or above `term`, raised for this same Lease object, is
+    /// [`Raised::Done`], with no request if this store saw it so: terms
+    /// only grow within one Lease object, so `term` was not written to it
+    /// yet (the object is still below it), and the object's
+    /// resourceVersion decides who writes it. A floor at or above `term`
+    /// raised for another object is [`Raised::Behind`].
     pub async fn raise_for_term(
         &self,
         lease: &str,
@@ -235,18 +267,29 @@ impl Floors {
         uid: Option<&str>,
         instance: Option<&str>,
     ) -> Result<Raised, StoreError> {
+        let covers = |floor: &Floor| floor.term >= term && uid.is_some() && floor.raised_on.as_deref() == uid;
+        let known = self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(lease)
+            .cloned();
+        if known.as_ref().is_some_and(covers) {
+            return Ok(Raised::Done);
+        }
         let mut behind = None;
         self.raise(lease, |floor| {
             behind = None;
             if floor.term < term {
                 return Ok(Some(Floor {
-                    term,
+                    term: term + RESERVED_TERMS - 1,
                     creates: floor.creates,
                     raised_by: instance.map(str::to_owned),
                     raised_on: uid.map(str::to_owned),
+                    version: None,
                 }));
             }
-            if floor.term > term || uid.is_none() || floor.raised_on.as_deref() != uid {
+            if !covers(floor) {
                 behind = Some(floor.term);
             }
             Ok(None)
@@ -272,10 +315,11 @@ impl Floors {
                 ("floor".to_owned(), new.term.to_string()),
                 ("creates".to_owned(), new.creates.to_string()),
             ]);
-            if let Some(by) = new.raised_by {
-                data.insert("raised-by".to_owned(), by);
+            if let Some(by) = &new.raised_by {
+                data.insert("raised-by".to_owned(), by.clone());
             }
-            data.insert("raised-on".to_owned(), new.raised_on.unwrap_or_default());
+            data.insert("raised-on".to_owned(), new.raised_on.clone().unwrap_or_default());
+            let mut written_floor = new.clone();
             let written = match object {
                 Some(mut object) => {
                     // Keeps everything else, and the resourceVersion read:
@@ -312,7 +356,14 @@ impl Floors {
                 }
             };
             match written {
-                Ok(_) => return Ok(()),
+                Ok(object) => {
+                    written_floor.version = object.metadata.resource_version.clone();
+                    if written_floor.raised_on.is_none() {
+                        written_floor.raised_on = Some(String::new());
+                    }
+                    self.remember(lease, &written_floor);
+                    return Ok(());
+                }
                 Err(e) if e.is_conflict() => last = Some(e),
                 Err(e) => return Err(e),
             }

@@ -187,6 +187,9 @@ struct Recent {
     /// The term floor, once a write found it above the Lease's
     /// `leaseTransitions`: the term the Lease is read with from then on.
     floor: u64,
+    /// The floor's resourceVersion when the Lease was last found missing
+    /// (`Some(None)`: no floor then): what a create checks it against.
+    floor_version: Option<Option<String>>,
 }
 
 /// A resourceVersion as a number. The API server's resourceVersions are
@@ -272,19 +275,16 @@ impl KubeStore {
     }
 
     /// Creates the Lease if there is none and the lease's term floor is
-    /// still `shown` (0: the lease never had a term).
-    async fn create_at(
-        &self,
-        lease: &str,
-        record: &LeaseRecord,
-        shown: u64,
-    ) -> Result<Versioned, StoreError> {
+    /// unchanged since this store found the Lease missing; in a term above
+    /// the floor, unless `own`: the holder writing its own deleted record
+    /// again, in its term.
+    async fn create_at(&self, lease: &str, record: &LeaseRecord, own: bool) -> Result<Versioned, StoreError> {
         let inner = &self.inner;
         let mut obj = inner.new_object(lease);
         inner.apply(lease, &mut obj, record)?;
         // Raised (and the create counted) before the Lease appears, so that
         // a reader that finds no Lease again knows it was created between.
-        inner.raise_floor(lease, None, shown, record).await?;
+        inner.raise_floor(lease, None, record, own).await?;
         let created = inner
             .api
             .create(&post_params(), &obj)
@@ -339,6 +339,7 @@ impl Inner {
         }
         let last = last.and_then(|obj| self.versioned(lease, obj).ok());
         let floor = self.floors.read(lease).await?;
+        self.recent().entry(lease.to_owned()).or_default().floor_version = Some(floor.version.clone());
         Ok(self.seen.found(
             lease,
             Found::Missing {
@@ -360,20 +361,26 @@ impl Inner {
     }
 
     /// Before `record` is written over `current` (a Lease object) or, with
-    /// `current` `None`, created over a floor of `shown`: raises the term
-    /// floor if the record starts a new term.
+    /// `current` `None`, created: raises the term floor if the record starts
+    /// a new term, or checks and counts the create.
     async fn raise_floor(
         &self,
         lease: &str,
         current: Option<&DynamicObject>,
-        shown: u64,
         record: &LeaseRecord,
+        own: bool,
     ) -> Result<(), StoreError> {
         let instance = record.instance.as_deref();
         let Some(current) = current else {
+            let seen = self.recent().get(lease).and_then(|r| r.floor_version.clone());
+            let base = match seen {
+                Some(base) => base,
+                // Never found missing by this store: as the floor is now.
+                None => self.floors.read(lease).await?.version,
+            };
             return self
                 .floors
-                .raise_for_create(lease, shown, record.term, instance)
+                .raise_for_create(lease, base.as_deref(), record.term, own, instance)
                 .await;
         };
         let written = to_versioned(lease, current, self.fallback_duration)?.record.term;
@@ -708,7 +715,7 @@ impl LeaseStore for KubeStore {
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
         // A lease read as never written: its floor must still be 0.
-        self.create_at(lease, record, 0).await
+        self.create_at(lease, record, false).await
     }
 
     async fn update(
@@ -722,8 +729,11 @@ impl LeaseStore for KubeStore {
             // The Lease was deleted: re-create it, unless its floor moved
             // since the caller was shown it (409 if another host re-created
             // it first).
-            let shown = inner.seen.create_floor(lease, version)?;
-            return self.create_at(lease, record, shown).await;
+            // (The floor's own check is by its version, not the term shown:
+            // a floor may be reserved above the record's term.)
+            inner.seen.create_floor(lease, version)?;
+            let own = inner.seen.is_own_tombstone(lease, version);
+            return self.create_at(lease, record, own).await;
         }
         let mut obj = match inner.seen_at(lease, version) {
             Some(obj) => obj,
@@ -750,7 +760,7 @@ impl LeaseStore for KubeStore {
                 current
             }
         };
-        inner.raise_floor(lease, Some(&obj), 0, record).await?;
+        inner.raise_floor(lease, Some(&obj), record, false).await?;
         // The precondition: the API server refuses the update with 409 if
         // the object's resourceVersion is no longer this one.
         obj.metadata.resource_version = Some(version.to_owned());
