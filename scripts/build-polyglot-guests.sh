@@ -201,7 +201,8 @@ js_guest js-pollable-ticker js_pollable_ticker.wasm -d http fetch-event
 js_qjs_guest
 c_guest
 # The same JavaScript guest built without `-d http fetch-event`: it imports
-# wasi:http, which the host does not provide (the tests check the hint).
+# wasi:http, which the host provides under grants (the tests check that it
+# loads and that `baton check` names the import).
 js_guest js-http-import js_http_import.wasm
 
 # Where the tools are, for the tests that build `baton new` templates.
