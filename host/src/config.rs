@@ -34,6 +34,8 @@
 //! http = ["https://api.example.com", "http://127.0.0.1:8080"]  # where it may send HTTP requests
 //! # or with options: { url = "https://ca.internal", ca = "internal-ca.pem", term-headers = false }
 //! http-limits = { concurrent = 16, request-body = "10 MiB", response-body = "64 MiB", timeout = "30s" }
+//! # the Kubernetes API at http://kubernetes.baton, with the host's credentials
+//! kubernetes = { allow = [{ verbs = ["get", "update"], groups = [""], resources = ["configmaps"], namespaces = ["apps"] }] }
 //! output-rate = "64 KiB"         # guest output per second; the rest is dropped
 //! output-line = "4 KiB"          # the longest line; the rest is cut
 //! ```
@@ -48,8 +50,8 @@ use toml::Spanned;
 
 use crate::election::Timings;
 use crate::runtime::{
-    ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, HttpGrant, HttpLimits, HttpPolicy, NetworkGrant,
-    OutputLimits, PluginSpec,
+    ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, HttpGrant, HttpLimits, HttpPolicy, KubeGrant, KubeRule,
+    NetworkGrant, OutputLimits, PluginSpec,
 };
 use crate::store::validate_lease_name;
 
@@ -164,6 +166,7 @@ struct RawPlugin {
     #[serde(default)]
     http: Vec<Spanned<RawHttpGrant>>,
     http_limits: Option<RawHttpLimits>,
+    kubernetes: Option<RawKubeGrant>,
     output_rate: Option<ByteSize>,
     output_line: Option<ByteSize>,
 }
@@ -182,6 +185,23 @@ struct RawHttpGrantTable {
     url: String,
     ca: Option<PathBuf>,
     term_headers: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawKubeGrant {
+    kubeconfig: Option<PathBuf>,
+    term_headers: Option<bool>,
+    allow: Vec<RawKubeRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawKubeRule {
+    verbs: Vec<String>,
+    groups: Vec<String>,
+    resources: Vec<String>,
+    namespaces: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -445,8 +465,50 @@ impl Config {
                     ),
                 ));
             }
-            let http = HttpPolicy::new(&http_grants, http_limits)
+            let mut http = HttpPolicy::new(&http_grants, http_limits)
                 .map_err(|e| err_at(at, format!("plugin {name:?}: field `http`: {e}")))?;
+            if let Some(k) = &p.kubernetes {
+                const VERBS: [&str; 9] = [
+                    "get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "*",
+                ];
+                let mut rules = Vec::new();
+                for (i, r) in k.allow.iter().enumerate() {
+                    let field = |what: &str| format!("plugin {name:?}: field `kubernetes.allow[{i}].{what}`");
+                    if let Some(v) = r.verbs.iter().find(|v| !VERBS.contains(&v.as_str())) {
+                        return Err(err_at(
+                            at,
+                            format!("{}: {v:?} is not a verb: use {}", field("verbs"), VERBS.join(", ")),
+                        ));
+                    }
+                    for (what, list) in [
+                        ("verbs", &r.verbs),
+                        ("groups", &r.groups),
+                        ("resources", &r.resources),
+                        ("namespaces", &r.namespaces),
+                    ] {
+                        if list.is_empty() {
+                            return Err(err_at(
+                                at,
+                                format!(
+                                    "{}: empty, which allows nothing (`\"*\"` allows any; the core group is `\"\"`)",
+                                    field(what)
+                                ),
+                            ));
+                        }
+                    }
+                    rules.push(KubeRule {
+                        verbs: r.verbs.clone(),
+                        groups: r.groups.clone(),
+                        resources: r.resources.clone(),
+                        namespaces: r.namespaces.clone(),
+                    });
+                }
+                http = http.with_kubernetes(KubeGrant {
+                    rules,
+                    kubeconfig: k.kubeconfig.as_deref().map(resolve),
+                    term_headers: k.term_headers.unwrap_or(true),
+                });
+            }
             let memory_limit = p.memory_limit.map_or(DEFAULT_MEMORY_LIMIT, |m| m.as_u64());
             if memory_limit < ByteSize::mib(1).as_u64() {
                 return Err(err_at(

@@ -1801,3 +1801,107 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
     assert!(took < (RP * 2).as_millis() as f64, "{took:.0} ms");
     assert_eq!(started.guest_term(), Some(6));
 }
+
+#[test]
+fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_newer_one() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, WatchEvent, WatchParams};
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "apply"));
+    // The host's client is user baton-a with the deploy Role (Leases, and
+    // ConfigMaps get/create/update): the API server's RBAC applies on top
+    // of the plugin's grant.
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/role.yaml");
+    let role: Role = serde_saphyr::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    rt.block_on(ns.bind(role, "baton-a"));
+    let kc = env.kubeconfig("baton-a");
+    let s = Scratch::new();
+    let mut text = kube_config(&ns.name, Some(&kc), "demo", &[]);
+    text.push_str(&format!(
+        "\n[[plugin]]\nname = \"applier\"\npath = {:?}\nlease = \"demo\"\ninherit-env = [\"PROBE_HOST\"]\n\
+         env = {{ HTTP_MODE = \"apply\", HTTP_TICK_MS = \"100\", K8S_NS = {:?}, K8S_NAME = \"applied\" }}\n\
+         kubernetes = {{ kubeconfig = {:?}, allow = [{{ verbs = [\"get\", \"create\", \"update\"], groups = [\"\"], \
+         resources = [\"configmaps\"], namespaces = [{:?}] }}] }}\n",
+        guest("http_probe.wasm").display().to_string(),
+        ns.name,
+        kc.display().to_string(),
+        ns.name
+    ));
+    let cfg = s.write("baton.toml", &text);
+
+    // Every version of the object, as a watch sees it: its term and writer.
+    let history: std::sync::Arc<std::sync::Mutex<Vec<(u64, String)>>> = Default::default();
+    let seen = history.clone();
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns.name);
+    rt.spawn(async move {
+        let params = WatchParams::default().fields("metadata.name=applied").timeout(290);
+        let mut events = maps.watch(&params, "0").await.unwrap().boxed();
+        while let Some(Ok(event)) = events.next().await {
+            if let WatchEvent::Added(cm) | WatchEvent::Modified(cm) = event {
+                let data = cm.data.unwrap_or_default();
+                let term = data.get("term").and_then(|t| t.parse().ok()).unwrap_or(0);
+                seen.lock().unwrap().push((term, data.get("writer").cloned().unwrap_or_default()));
+            }
+        }
+    });
+
+    let start = |name: &str| {
+        Host::start_opts(
+            name,
+            &cfg,
+            Opts {
+                env: &[("PROBE_HOST", name)],
+                ..Opts::default()
+            },
+        )
+    };
+    let mut a = start("apply-a");
+    let applied = a.wait_for(SECS(60), "a's first write", |e| e.guest_line("applier", "http apply ok"));
+    assert!(applied.message().contains("term=1"), "{}", applied.message());
+    // Outside the grant: refused by the host, before the API server.
+    let secrets = a.wait_for(SECS(10), "the secrets request", |e| e.guest_line("applier", "http secrets"));
+    assert_eq!(secrets.message(), "http secrets error ErrorCode::HttpRequestDenied term=1");
+    let refusal = a.wait_for(SECS(5), "the refusal in the log", |e| {
+        e.message().starts_with("Kubernetes API request refused") && e.str("plugin") == Some("applier")
+    });
+    println!("refused: {}: {}", refusal.message(), refusal.str("request").unwrap_or_default());
+    assert_eq!(
+        refusal.str("request").map(str::to_owned),
+        Some(format!("list secrets (core) in namespace {:?}", ns.name))
+    );
+
+    let b = start("apply-b");
+    b.wait_for(SECS(60), "b follows", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    std::thread::sleep(SECS(1));
+    a.sigterm();
+    assert!(a.wait_exit(SECS(10)).success());
+    let applied = b.wait_for(SECS(30), "b's first write", |e| e.guest_line("applier", "http apply ok"));
+    assert!(applied.message().contains("term=2"), "{}", applied.message());
+    std::thread::sleep(SECS(1));
+
+    // The object's history: every write carries its writer's term, terms
+    // never go back, and nothing of term 1 after term 2's first write.
+    let history = history.lock().unwrap().clone();
+    let terms: Vec<u64> = history.iter().map(|(t, _)| *t).collect();
+    println!("the object's versions, by term: {terms:?}");
+    assert!(terms.windows(2).all(|w| w[0] <= w[1]), "a term went back: {history:?}");
+    for (term, writer) in &history {
+        let expected = if *term == 1 { "apply-a" } else { "apply-b" };
+        assert_eq!(writer, expected, "{history:?}");
+    }
+    let (ones, twos) = (terms.iter().filter(|t| **t == 1).count(), terms.iter().filter(|t| **t == 2).count());
+    assert!(ones >= 3 && twos >= 3, "{terms:?}");
+    // The guest never saw the host's credentials.
+    let kubeconfig = std::fs::read_to_string(&kc).unwrap();
+    let token = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .expect("a token in baton-a's kubeconfig");
+    for h in [&a, &b] {
+        assert!(!h.output().contains(token), "{}: the token reached the log", h.name);
+    }
+}

@@ -52,6 +52,7 @@ use tokio::sync::Semaphore;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
+use super::kubernetes::{self, KUBERNETES_ORIGIN, KubeAccess};
 use crate::election::Term;
 
 /// The header that carries the lease name.
@@ -268,6 +269,8 @@ impl Default for HttpLimits {
 pub struct HttpPolicy {
     grants: Arc<[(HttpGrant, Arc<rustls::ClientConfig>)]>,
     limits: HttpLimits,
+    /// The `kubernetes` grant, if any (see [`super::kubernetes`]).
+    kube: Option<Arc<KubeAccess>>,
 }
 
 impl fmt::Debug for HttpPolicy {
@@ -278,6 +281,7 @@ impl fmt::Debug for HttpPolicy {
                 &self.grants.iter().map(|(g, _)| g.to_string()).collect::<Vec<_>>(),
             )
             .field("limits", &self.limits)
+            .field("kubernetes", &self.kube.as_ref().map(|k| &k.grant))
             .finish()
     }
 }
@@ -288,6 +292,7 @@ impl Default for HttpPolicy {
         HttpPolicy {
             grants: Arc::from(Vec::new()),
             limits: HttpLimits::default(),
+            kube: None,
         }
     }
 }
@@ -304,7 +309,20 @@ impl HttpPolicy {
         Ok(HttpPolicy {
             grants: Arc::from(prepared),
             limits,
+            kube: None,
         })
+    }
+
+    /// Adds a `kubernetes` grant: requests to `http://kubernetes.baton` go
+    /// to the API server through the host (see [`super::kubernetes`]).
+    pub fn with_kubernetes(mut self, grant: kubernetes::KubeGrant) -> HttpPolicy {
+        self.kube = Some(KubeAccess::new(grant));
+        self
+    }
+
+    /// The `kubernetes` grant, if any.
+    pub fn kubernetes(&self) -> Option<&kubernetes::KubeGrant> {
+        self.kube.as_ref().map(|k| &k.grant)
     }
 
     /// The grants, as configured.
@@ -468,6 +486,9 @@ impl Sender {
         let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
         let scheme = if https { "https" } else { "http" };
         let destination = format!("{scheme}://{host}:{port}");
+        if bare == KUBERNETES_ORIGIN {
+            return self.to_kubernetes(request).await;
+        }
         let literal: Option<IpAddr> = bare.parse().ok();
         let grants = &self.policy.grants;
         let granted = grants.iter().find(|(g, _)| match literal {
@@ -627,6 +648,89 @@ impl Sender {
     }
 }
 
+impl Sender {
+    /// A request to the virtual origin of the Kubernetes API: checked
+    /// against the plugin's `kubernetes` grant, then sent by the host's own
+    /// client (its credentials, never the guest's).
+    async fn to_kubernetes(self, request: http::Request<WasiBody>) -> Sent {
+        let Some(access) = self.policy.kube.clone() else {
+            tracing::warn!(plugin = %self.plugin, destination = KUBERNETES_ORIGIN,
+                "Kubernetes API request refused: the plugin has no `kubernetes` grant");
+            return Err(HttpError::HttpRequestDenied);
+        };
+        let (mut parts, body) = request.into_parts();
+        let path = parts.uri.path().to_owned();
+        let query = parts.uri.query().map(str::to_owned);
+        let Some(asked) = kubernetes::classify(&parts.method, &path, query.as_deref()) else {
+            tracing::warn!(plugin = %self.plugin, method = %parts.method, %path,
+                "Kubernetes API request refused: not a resource request (only /api/v1/... and /apis/GROUP/VERSION/... are forwarded)");
+            return Err(HttpError::HttpRequestDenied);
+        };
+        if !access.allows(&asked) {
+            tracing::warn!(plugin = %self.plugin, request = %asked, %path,
+                "Kubernetes API request refused: the plugin's `kubernetes` grant does not allow it");
+            return Err(HttpError::HttpRequestDenied);
+        }
+        let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| HttpError::ConnectionLimitReached)?;
+        let limits = self.policy.limits;
+        // The host's credentials only: nothing of the guest's that could
+        // authenticate, impersonate or forge the term.
+        let headers = &mut parts.headers;
+        let dropped: Vec<HeaderName> = headers
+            .keys()
+            .filter(|k| {
+                let k = k.as_str();
+                k == "authorization" || k == "host" || k.starts_with("impersonate-") || k.starts_with("baton-")
+            })
+            .cloned()
+            .collect();
+        for k in dropped {
+            headers.remove(&k);
+        }
+        if access.grant.term_headers {
+            let lease = HeaderValue::from_str(self.term.lease()).map_err(|_| internal("lease name"))?;
+            headers.insert(HeaderName::from_static(LEASE_HEADER), lease);
+            headers.insert(HeaderName::from_static(TERM_HEADER), HeaderValue::from(self.term.number()));
+        }
+        let exchange = async {
+            let body = Capped::new(body, limits.request_body, |n| HttpError::HttpRequestBodySize(Some(n)))
+                .collect()
+                .await?
+                .to_bytes();
+            let client = access.client().await.map_err(|e| {
+                tracing::warn!(plugin = %self.plugin, error = %e, "Kubernetes API request failed: no client");
+                HttpError::ConfigurationError
+            })?;
+            let target = match &query {
+                Some(q) => format!("{path}?{q}"),
+                None => path.clone(),
+            };
+            parts.uri = target.parse().map_err(|_| HttpError::HttpRequestUriInvalid)?;
+            let request = http::Request::from_parts(parts, kube::client::Body::from(body.to_vec()));
+            client.send(request).await.map_err(|e| {
+                tracing::debug!(plugin = %self.plugin, error = %e, "Kubernetes API request failed");
+                HttpError::InternalError(Some(format!("the API server could not be reached: {e}")))
+            })
+        };
+        let response = tokio::time::timeout(limits.timeout, exchange)
+            .await
+            .map_err(|_| HttpError::ConnectionTimeout)??;
+        tracing::debug!(plugin = %self.plugin, request = %asked, status = response.status().as_u16(), "Kubernetes API response");
+        let response = response.map(|body| {
+            Capped::new(
+                body.map_err(|e| HttpError::InternalError(Some(e.to_string()))),
+                limits.response_body,
+                |n| HttpError::HttpResponseBodySize(Some(n)),
+            )
+            .holding(permit)
+            .boxed_unsync()
+        });
+        // The host's client keeps its own connections.
+        let io: IoFuture = Box::new(async { Ok(()) });
+        Ok((response, io))
+    }
+}
+
 /// A hyper error as the guest should see it: the limit a body broke, if
 /// that is why, else the error itself.
 fn from_hyper(e: hyper::Error) -> HttpError {
@@ -657,6 +761,8 @@ struct Capped<B> {
     left: u64,
     limit: u64,
     error: fn(u64) -> HttpError,
+    /// A place in the plugin's requests in flight, held while the body is.
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<B> Capped<B> {
@@ -666,7 +772,13 @@ impl<B> Capped<B> {
             left: limit,
             limit,
             error,
+            permit: None,
         }
+    }
+
+    fn holding(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Capped<B> {
+        self.permit = Some(permit);
+        self
     }
 }
 

@@ -11,6 +11,8 @@
 //! - [`plugin`]: checking, loading and running a plugin.
 //! - [`network`]: the outbound connections a plugin may make.
 //! - [`http`]: outgoing HTTP requests under grants, carrying the term.
+//! - [`kubernetes`]: the Kubernetes API through the host, under a grant,
+//!   with the host's credentials.
 //! - [`output`]: guest stdout/stderr as log lines, within limits.
 //! - [`trap`]: why an instance trapped, in one line.
 //!
@@ -24,6 +26,7 @@ pub mod bindings;
 pub mod engine;
 pub mod fence;
 pub mod http;
+pub mod kubernetes;
 pub mod network;
 pub mod output;
 pub mod plugin;
@@ -32,6 +35,7 @@ pub mod trap;
 
 pub use engine::{EPOCH_TICK, PluginEngine, default_cache_dir};
 pub use http::{HttpGrant, HttpLimits, HttpPolicy};
+pub use kubernetes::{KubeGrant, KubeRule};
 pub use network::{ConnectGrant, NetworkGrant};
 pub use output::OutputLimits;
 pub use plugin::{

@@ -126,6 +126,14 @@ impl PluginSpec {
         if !http.is_empty() {
             parts.push(format!("http {}", http.join(",")));
         }
+        if let Some(k) = self.http.kubernetes() {
+            let rules: Vec<String> = k
+                .rules
+                .iter()
+                .map(|r| format!("{} {} in {}", r.verbs.join("/"), r.resources.join("/"), r.namespaces.join("/")))
+                .collect();
+            parts.push(format!("kubernetes {}", rules.join(",")));
+        }
         if parts.is_empty() {
             "none".into()
         } else {

@@ -11,6 +11,17 @@
 //!   - `once`: one request, then returns `Ok`;
 //!   - `hang`: one request, waiting for its answer however long it takes,
 //!     ignoring the change (only the force-stop ends it).
+//!   - `apply`: the applier pattern, through the Kubernetes API at
+//!     `http://kubernetes.baton` (the host's `kubernetes` grant): every
+//!     `HTTP_TICK_MS`, reads the ConfigMap `K8S_NAME` in namespace `K8S_NS`
+//!     and writes it back (creates it if missing) with its term in the
+//!     annotation `baton.dev/term` and in `data.term`, `PROBE_HOST` in
+//!     `data.writer`, and the `resourceVersion` it read (so a write based on
+//!     an older read conflicts). It refuses to write over an object whose
+//!     annotation names a newer term. Prints `http apply ok term=N rv=RV`,
+//!     `http apply conflict term=N`, `http apply newer term=N object=M` or
+//!     `http apply error E term=N`. First it tries to list the Secrets of
+//!     `K8S_NS` and prints `http secrets ...` (its grant does not allow it).
 //! - `HTTP_BODY_BYTES`: send a `POST` with a body of that many bytes
 //!   instead of a `GET`.
 //!
@@ -40,31 +51,36 @@ fn env(name: &str) -> Option<String> {
 
 /// Sends one request; the status and the body, or the error.
 fn send(url: &str, body: Option<usize>) -> Result<(u16, Vec<u8>), String> {
-    let (scheme, rest) = url.split_once("://").ok_or("HTTP_URL has no scheme")?;
+    match body {
+        Some(n) => request(Method::Post, url, None, Some(vec![b'x'; n])),
+        None => request(Method::Get, url, None, None),
+    }
+}
+
+/// Sends one request with `method`, a content type and a body.
+fn request(
+    method: Method,
+    url: &str,
+    content_type: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> Result<(u16, Vec<u8>), String> {
+    let (scheme, rest) = url.split_once("://").ok_or("the URL has no scheme")?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let headers = Fields::from_list(&[
+    let mut list = vec![
         ("x-probe".to_owned(), b"yes".to_vec()),
         ("baton-term".to_owned(), b"999".to_vec()),
-    ])
-    .map_err(|e| format!("headers: {e:?}"))?;
+    ];
+    if let Some(ct) = content_type {
+        list.push(("content-type".to_owned(), ct.as_bytes().to_vec()));
+    }
+    let headers = Fields::from_list(&list).map_err(|e| format!("headers: {e:?}"))?;
     let request = OutgoingRequest::new(headers);
-    request
-        .set_method(if body.is_some() {
-            &Method::Post
-        } else {
-            &Method::Get
-        })
-        .map_err(|_| "method")?;
-    request
-        .set_scheme(Some(if scheme == "https" {
-            &Scheme::Https
-        } else {
-            &Scheme::Http
-        }))
-        .map_err(|_| "scheme")?;
+    request.set_method(&method).map_err(|_| "method")?;
+    let scheme = if scheme == "https" { Scheme::Https } else { Scheme::Http };
+    request.set_scheme(Some(&scheme)).map_err(|_| "scheme")?;
     request.set_authority(Some(authority)).map_err(|_| "authority")?;
     request.set_path_with_query(Some(path)).map_err(|_| "path")?;
     let outgoing = request.body().map_err(|_| "body")?;
@@ -72,17 +88,13 @@ fn send(url: &str, body: Option<usize>) -> Result<(u16, Vec<u8>), String> {
     // A write that fails (the host stopped taking the body) is reported
     // only if the response does not say why.
     let mut write_error = None;
-    if let Some(n) = body {
+    if let Some(bytes) = body {
         let stream = outgoing.write().map_err(|_| "body stream")?;
-        let chunk = vec![b'x'; 4096];
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(chunk.len());
-            if let Err(e) = stream.blocking_write_and_flush(&chunk[..k]) {
+        for chunk in bytes.chunks(4096) {
+            if let Err(e) = stream.blocking_write_and_flush(chunk) {
                 write_error = Some(format!("writing the body: {e:?}"));
                 break;
             }
-            left -= k;
         }
         drop(stream);
     }
@@ -129,9 +141,71 @@ fn report(url: &str, body: Option<usize>, term: u64) {
     }
 }
 
+/// The string value of `"key":"..."` in a JSON text (enough for the API
+/// server's answers; this guest carries no JSON library).
+fn json_string(text: &str, key: &str) -> Option<String> {
+    let at = text.find(&format!("\"{key}\":\""))? + key.len() + 4;
+    let end = text[at..].find('"')?;
+    Some(text[at..at + end].to_owned())
+}
+
+/// One round of the applier: read the object, write it back in this term.
+fn apply(ns: &str, name: &str, host: &str, term: u64) {
+    let base = format!("http://kubernetes.baton/api/v1/namespaces/{ns}/configmaps");
+    let (status, body) = match request(Method::Get, &format!("{base}/{name}"), None, None) {
+        Ok(r) => r,
+        Err(e) => return println!("http apply error {e} term={term}"),
+    };
+    let text = String::from_utf8_lossy(&body);
+    let (method, url, rv) = match status {
+        200 => {
+            let seen: Option<u64> = json_string(&text, "baton.dev/term").and_then(|t| t.parse().ok());
+            if let Some(seen) = seen.filter(|&s| s > term) {
+                return println!("http apply newer term={term} object={seen}");
+            }
+            let rv = json_string(&text, "resourceVersion").unwrap_or_default();
+            (Method::Put, format!("{base}/{name}"), Some(rv))
+        }
+        404 => (Method::Post, base.clone(), None),
+        other => return println!("http apply error status={other} term={term}"),
+    };
+    let rv_field = rv
+        .map(|rv| format!(",\"resourceVersion\":\"{rv}\""))
+        .unwrap_or_default();
+    let object = format!(
+        "{{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{{\"name\":\"{name}\",\"namespace\":\"{ns}\"{rv_field},\
+         \"annotations\":{{\"baton.dev/term\":\"{term}\"}}}},\"data\":{{\"term\":\"{term}\",\"writer\":\"{host}\"}}}}"
+    );
+    match request(method, &url, Some("application/json"), Some(object.into_bytes())) {
+        Ok((200 | 201, body)) => {
+            let rv = json_string(&String::from_utf8_lossy(&body), "resourceVersion").unwrap_or_default();
+            println!("http apply ok term={term} rv={rv}");
+        }
+        Ok((409, _)) => println!("http apply conflict term={term}"),
+        Ok((status, body)) => println!(
+            "http apply error status={status} {} term={term}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        ),
+        Err(e) => println!("http apply error {e} term={term}"),
+    }
+}
+
+/// Waits for the next tick or a change of status; `false` once this task
+/// no longer leads in `term`.
+fn next_tick(term: u64, tick_ms: u64) -> bool {
+    let (now, change) = current_status();
+    if now.role != Role::Leading || now.term != term {
+        println!("http stop term={term}");
+        return false;
+    }
+    let timer = wasi::clocks0_2_12::monotonic_clock::subscribe_duration(tick_ms * 1_000_000);
+    wasi::io::poll::poll(&[&change, &timer]);
+    true
+}
+
 impl Guest for Probe {
     fn run(status: Status) -> Result<(), String> {
-        let url = env("HTTP_URL").ok_or("HTTP_URL is not set")?;
+        let url = env("HTTP_URL").unwrap_or_default();
         let body = env("HTTP_BODY_BYTES").map(|n| n.parse::<usize>().expect("HTTP_BODY_BYTES is a number"));
         let tick: u64 = env("HTTP_TICK_MS").map_or(100, |t| t.parse().expect("HTTP_TICK_MS is a number"));
         let term = status.term;
@@ -140,16 +214,35 @@ impl Guest for Probe {
                 report(&url, body, term);
                 Ok(())
             }
-            "ticks" => loop {
-                let (now, change) = current_status();
-                if now.role != Role::Leading || now.term != term {
-                    println!("http stop term={term}");
-                    return Ok(());
+            "ticks" => {
+                loop {
+                    let (now, _) = current_status();
+                    if now.role != Role::Leading || now.term != term {
+                        break;
+                    }
+                    report(&url, body, term);
+                    if !next_tick(term, tick) {
+                        break;
+                    }
                 }
-                report(&url, body, term);
-                let timer = wasi::clocks0_2_12::monotonic_clock::subscribe_duration(tick * 1_000_000);
-                wasi::io::poll::poll(&[&change, &timer]);
-            },
+                Ok(())
+            }
+            "apply" => {
+                let ns = env("K8S_NS").ok_or("K8S_NS is not set")?;
+                let name = env("K8S_NAME").ok_or("K8S_NAME is not set")?;
+                let host = env("PROBE_HOST").unwrap_or_default();
+                let secrets = format!("http://kubernetes.baton/api/v1/namespaces/{ns}/secrets");
+                match request(Method::Get, &secrets, None, None) {
+                    Ok((status, _)) => println!("http secrets status={status} term={term}"),
+                    Err(e) => println!("http secrets error {e} term={term}"),
+                }
+                loop {
+                    apply(&ns, &name, &host, term);
+                    if !next_tick(term, tick) {
+                        return Ok(());
+                    }
+                }
+            }
             other => Err(format!("unknown HTTP_MODE: {other}")),
         }
     }
