@@ -469,7 +469,15 @@ impl Config {
                 .map_err(|e| err_at(at, format!("plugin {name:?}: field `http`: {e}")))?;
             if let Some(k) = &p.kubernetes {
                 const VERBS: [&str; 9] = [
-                    "get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "*",
+                    "get",
+                    "list",
+                    "watch",
+                    "create",
+                    "update",
+                    "patch",
+                    "delete",
+                    "deletecollection",
+                    "*",
                 ];
                 let mut rules = Vec::new();
                 for (i, r) in k.allow.iter().enumerate() {
@@ -477,7 +485,11 @@ impl Config {
                     if let Some(v) = r.verbs.iter().find(|v| !VERBS.contains(&v.as_str())) {
                         return Err(err_at(
                             at,
-                            format!("{}: {v:?} is not a verb: use {}", field("verbs"), VERBS.join(", ")),
+                            format!(
+                                "{}: {v:?} is not a verb: use {}",
+                                field("verbs"),
+                                VERBS.join(", ")
+                            ),
                         ));
                     }
                     for (what, list) in [

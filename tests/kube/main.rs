@@ -1836,13 +1836,24 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
     let seen = history.clone();
     let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns.name);
     rt.spawn(async move {
-        let params = WatchParams::default().fields("metadata.name=applied").timeout(290);
+        let params = WatchParams::default()
+            .fields("metadata.name=applied")
+            .timeout(290);
         let mut events = maps.watch(&params, "0").await.unwrap().boxed();
-        while let Some(Ok(event)) = events.next().await {
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    eprintln!("the test's watch of the object: {e}");
+                    continue;
+                }
+            };
             if let WatchEvent::Added(cm) | WatchEvent::Modified(cm) = event {
                 let data = cm.data.unwrap_or_default();
                 let term = data.get("term").and_then(|t| t.parse().ok()).unwrap_or(0);
-                seen.lock().unwrap().push((term, data.get("writer").cloned().unwrap_or_default()));
+                seen.lock()
+                    .unwrap()
+                    .push((term, data.get("writer").cloned().unwrap_or_default()));
             }
         }
     });
@@ -1858,15 +1869,26 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
         )
     };
     let mut a = start("apply-a");
-    let applied = a.wait_for(SECS(60), "a's first write", |e| e.guest_line("applier", "http apply ok"));
+    let applied = a.wait_for(SECS(60), "a's first write", |e| {
+        e.guest_line("applier", "http apply ok")
+    });
     assert!(applied.message().contains("term=1"), "{}", applied.message());
     // Outside the grant: refused by the host, before the API server.
-    let secrets = a.wait_for(SECS(10), "the secrets request", |e| e.guest_line("applier", "http secrets"));
-    assert_eq!(secrets.message(), "http secrets error ErrorCode::HttpRequestDenied term=1");
+    let secrets = a.wait_for(SECS(10), "the secrets request", |e| {
+        e.guest_line("applier", "http secrets")
+    });
+    assert_eq!(
+        secrets.message(),
+        "http secrets error ErrorCode::HttpRequestDenied term=1"
+    );
     let refusal = a.wait_for(SECS(5), "the refusal in the log", |e| {
         e.message().starts_with("Kubernetes API request refused") && e.str("plugin") == Some("applier")
     });
-    println!("refused: {}: {}", refusal.message(), refusal.str("request").unwrap_or_default());
+    println!(
+        "refused: {}: {}",
+        refusal.message(),
+        refusal.str("request").unwrap_or_default()
+    );
     assert_eq!(
         refusal.str("request").map(str::to_owned),
         Some(format!("list secrets (core) in namespace {:?}", ns.name))
@@ -1879,7 +1901,9 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
     std::thread::sleep(SECS(1));
     a.sigterm();
     assert!(a.wait_exit(SECS(10)).success());
-    let applied = b.wait_for(SECS(30), "b's first write", |e| e.guest_line("applier", "http apply ok"));
+    let applied = b.wait_for(SECS(30), "b's first write", |e| {
+        e.guest_line("applier", "http apply ok")
+    });
     assert!(applied.message().contains("term=2"), "{}", applied.message());
     std::thread::sleep(SECS(1));
 
@@ -1888,12 +1912,18 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
     let history = history.lock().unwrap().clone();
     let terms: Vec<u64> = history.iter().map(|(t, _)| *t).collect();
     println!("the object's versions, by term: {terms:?}");
-    assert!(terms.windows(2).all(|w| w[0] <= w[1]), "a term went back: {history:?}");
+    assert!(
+        terms.windows(2).all(|w| w[0] <= w[1]),
+        "a term went back: {history:?}"
+    );
     for (term, writer) in &history {
         let expected = if *term == 1 { "apply-a" } else { "apply-b" };
         assert_eq!(writer, expected, "{history:?}");
     }
-    let (ones, twos) = (terms.iter().filter(|t| **t == 1).count(), terms.iter().filter(|t| **t == 2).count());
+    let (ones, twos) = (
+        terms.iter().filter(|t| **t == 1).count(),
+        terms.iter().filter(|t| **t == 2).count(),
+    );
     assert!(ones >= 3 && twos >= 3, "{terms:?}");
     // The guest never saw the host's credentials.
     let kubeconfig = std::fs::read_to_string(&kc).unwrap();
@@ -1902,6 +1932,10 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
         .find_map(|l| l.trim().strip_prefix("token: "))
         .expect("a token in baton-a's kubeconfig");
     for h in [&a, &b] {
-        assert!(!h.output().contains(token), "{}: the token reached the log", h.name);
+        assert!(
+            !h.output().contains(token),
+            "{}: the token reached the log",
+            h.name
+        );
     }
 }

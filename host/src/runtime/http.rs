@@ -487,7 +487,7 @@ impl Sender {
         let scheme = if https { "https" } else { "http" };
         let destination = format!("{scheme}://{host}:{port}");
         if bare == KUBERNETES_ORIGIN {
-            return self.to_kubernetes(request).await;
+            return self.send_to_kubernetes(request).await;
         }
         let literal: Option<IpAddr> = bare.parse().ok();
         let grants = &self.policy.grants;
@@ -652,7 +652,7 @@ impl Sender {
     /// A request to the virtual origin of the Kubernetes API: checked
     /// against the plugin's `kubernetes` grant, then sent by the host's own
     /// client (its credentials, never the guest's).
-    async fn to_kubernetes(self, request: http::Request<WasiBody>) -> Sent {
+    async fn send_to_kubernetes(self, request: http::Request<WasiBody>) -> Sent {
         let Some(access) = self.policy.kube.clone() else {
             tracing::warn!(plugin = %self.plugin, destination = KUBERNETES_ORIGIN,
                 "Kubernetes API request refused: the plugin has no `kubernetes` grant");
@@ -671,7 +671,11 @@ impl Sender {
                 "Kubernetes API request refused: the plugin's `kubernetes` grant does not allow it");
             return Err(HttpError::HttpRequestDenied);
         }
-        let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| HttpError::ConnectionLimitReached)?;
+        let permit = self
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| HttpError::ConnectionLimitReached)?;
         let limits = self.policy.limits;
         // The host's credentials only: nothing of the guest's that could
         // authenticate, impersonate or forge the term.
@@ -680,7 +684,10 @@ impl Sender {
             .keys()
             .filter(|k| {
                 let k = k.as_str();
-                k == "authorization" || k == "host" || k.starts_with("impersonate-") || k.starts_with("baton-")
+                k == "authorization"
+                    || k == "host"
+                    || k.starts_with("impersonate-")
+                    || k.starts_with("baton-")
             })
             .cloned()
             .collect();
@@ -690,13 +697,18 @@ impl Sender {
         if access.grant.term_headers {
             let lease = HeaderValue::from_str(self.term.lease()).map_err(|_| internal("lease name"))?;
             headers.insert(HeaderName::from_static(LEASE_HEADER), lease);
-            headers.insert(HeaderName::from_static(TERM_HEADER), HeaderValue::from(self.term.number()));
+            headers.insert(
+                HeaderName::from_static(TERM_HEADER),
+                HeaderValue::from(self.term.number()),
+            );
         }
         let exchange = async {
-            let body = Capped::new(body, limits.request_body, |n| HttpError::HttpRequestBodySize(Some(n)))
-                .collect()
-                .await?
-                .to_bytes();
+            let body = Capped::new(body, limits.request_body, |n| {
+                HttpError::HttpRequestBodySize(Some(n))
+            })
+            .collect()
+            .await?
+            .to_bytes();
             let client = access.client().await.map_err(|e| {
                 tracing::warn!(plugin = %self.plugin, error = %e, "Kubernetes API request failed: no client");
                 HttpError::ConfigurationError

@@ -75,10 +75,18 @@ pub struct KubeGrant {
 
 /// A `kubernetes` grant with its client, made at the first request and
 /// shared by every instance of the plugin.
-#[derive(Debug)]
 pub struct KubeAccess {
     pub(crate) grant: KubeGrant,
     client: OnceCell<kube::Client>,
+}
+
+impl std::fmt::Debug for KubeAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeAccess")
+            .field("grant", &self.grant)
+            .field("connected", &self.client.initialized())
+            .finish()
+    }
 }
 
 impl KubeAccess {
@@ -134,7 +142,11 @@ pub struct ApiRequest {
 
 impl std::fmt::Display for ApiRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let group = if self.group.is_empty() { "core" } else { &self.group };
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        };
         write!(f, "{} {} ({group})", self.verb, self.resource)?;
         if let Some(name) = &self.name {
             write!(f, " {name:?}")?;
@@ -180,7 +192,9 @@ pub fn classify(method: &Method, path: &str, query: Option<&str>) -> Option<ApiR
         _ => return None,
     };
     let (namespace, resource, name, sub) = match rest {
-        ["namespaces", ns, resource, tail @ ..] => (Some(*ns), *resource, tail.first().copied(), tail.get(1).copied()),
+        ["namespaces", ns, resource, tail @ ..] => {
+            (Some(*ns), *resource, tail.first().copied(), tail.get(1).copied())
+        }
         [resource, tail @ ..] if !tail.is_empty() || *resource != "namespaces" => {
             (None, *resource, tail.first().copied(), tail.get(1).copied())
         }

@@ -130,7 +130,14 @@ impl PluginSpec {
             let rules: Vec<String> = k
                 .rules
                 .iter()
-                .map(|r| format!("{} {} in {}", r.verbs.join("/"), r.resources.join("/"), r.namespaces.join("/")))
+                .map(|r| {
+                    format!(
+                        "{} {} in {}",
+                        r.verbs.join("/"),
+                        r.resources.join("/"),
+                        r.namespaces.join("/")
+                    )
+                })
                 .collect();
             parts.push(format!("kubernetes {}", rules.join(",")));
         }

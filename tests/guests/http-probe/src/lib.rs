@@ -16,7 +16,8 @@
 //!     `HTTP_TICK_MS`, reads the ConfigMap `K8S_NAME` in namespace `K8S_NS`
 //!     and writes it back (creates it if missing) with its term in the
 //!     annotation `baton.dev/term` and in `data.term`, `PROBE_HOST` in
-//!     `data.writer`, and the `resourceVersion` it read (so a write based on
+//!     `data.writer`, a round counter in `data.round`, and the
+//!     `resourceVersion` it read (so a write based on
 //!     an older read conflicts). It refuses to write over an object whose
 //!     annotation names a newer term. Prints `http apply ok term=N rv=RV`,
 //!     `http apply conflict term=N`, `http apply newer term=N object=M` or
@@ -79,7 +80,11 @@ fn request(
     let headers = Fields::from_list(&list).map_err(|e| format!("headers: {e:?}"))?;
     let request = OutgoingRequest::new(headers);
     request.set_method(&method).map_err(|_| "method")?;
-    let scheme = if scheme == "https" { Scheme::Https } else { Scheme::Http };
+    let scheme = if scheme == "https" {
+        Scheme::Https
+    } else {
+        Scheme::Http
+    };
     request.set_scheme(Some(&scheme)).map_err(|_| "scheme")?;
     request.set_authority(Some(authority)).map_err(|_| "authority")?;
     request.set_path_with_query(Some(path)).map_err(|_| "path")?;
@@ -149,8 +154,13 @@ fn json_string(text: &str, key: &str) -> Option<String> {
     Some(text[at..at + end].to_owned())
 }
 
+/// How many rounds this instance's applier ran (each writes a new
+/// version: the API server drops an update that changes nothing).
+static ROUNDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// One round of the applier: read the object, write it back in this term.
 fn apply(ns: &str, name: &str, host: &str, term: u64) {
+    let round = ROUNDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let base = format!("http://kubernetes.baton/api/v1/namespaces/{ns}/configmaps");
     let (status, body) = match request(Method::Get, &format!("{base}/{name}"), None, None) {
         Ok(r) => r,
@@ -174,7 +184,7 @@ fn apply(ns: &str, name: &str, host: &str, term: u64) {
         .unwrap_or_default();
     let object = format!(
         "{{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{{\"name\":\"{name}\",\"namespace\":\"{ns}\"{rv_field},\
-         \"annotations\":{{\"baton.dev/term\":\"{term}\"}}}},\"data\":{{\"term\":\"{term}\",\"writer\":\"{host}\"}}}}"
+         \"annotations\":{{\"baton.dev/term\":\"{term}\"}}}},\"data\":{{\"term\":\"{term}\",\"writer\":\"{host}\",\"round\":\"{round}\"}}}}"
     );
     match request(method, &url, Some("application/json"), Some(object.into_bytes())) {
         Ok((200 | 201, body)) => {
