@@ -52,24 +52,16 @@ impl KubeBed {
 
     /// The admin kubeconfig with its server replaced by `port` on loopback.
     fn kubeconfig_via(env: &KubeEnv, port: u16, path: &Path) {
-        let admin = std::fs::read_to_string(&env.admin_kubeconfig).unwrap();
-        let server = admin
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("server: "))
-            .expect("a server in the admin kubeconfig")
-            .trim_matches('"')
-            .to_owned();
+        let (admin, server) = env.admin_server();
         std::fs::write(path, admin.replace(&server, &format!("https://127.0.0.1:{port}"))).unwrap();
     }
 
     fn upstream(env: &KubeEnv) -> std::net::SocketAddr {
-        let admin = std::fs::read_to_string(&env.admin_kubeconfig).unwrap();
-        let server = admin
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("server: "))
-            .expect("a server in the admin kubeconfig")
-            .trim_matches('"');
-        server.trim_start_matches("https://").parse().unwrap()
+        env.admin_server()
+            .1
+            .trim_start_matches("https://")
+            .parse()
+            .unwrap()
     }
 
     /// Takes the Lease the way another client would: read, then write

@@ -106,6 +106,18 @@ impl KubeEnv {
         self.client(&self.admin_kubeconfig).await
     }
 
+    /// The admin kubeconfig's text and its `server:` URL.
+    pub fn admin_server(&self) -> (String, String) {
+        let admin = std::fs::read_to_string(&self.admin_kubeconfig).unwrap();
+        let server = admin
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: "))
+            .expect("a server in the admin kubeconfig")
+            .trim_matches('"')
+            .to_owned();
+        (admin, server)
+    }
+
     /// `kubectl delete leases --all -n NS` as the admin, or, without
     /// kubectl, the same through the API (a delete of the collection).
     /// Returns how it was done.

@@ -443,13 +443,7 @@ fn two_hosts_under_one_identity_never_both_lead_and_the_second_says_why() {
 /// A proxy to the API server that the test can cut, and a kubeconfig
 /// (written into `s`) that reaches the server through it.
 fn proxied_kubeconfig(env: &KubeEnv, s: &Scratch) -> (blackhole::BlackHole, std::path::PathBuf) {
-    let admin_config = std::fs::read_to_string(&env.admin_kubeconfig).unwrap();
-    let server = admin_config
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .expect("a server in the admin kubeconfig")
-        .trim_matches('"')
-        .to_owned();
+    let (admin_config, server) = env.admin_server();
     let upstream: std::net::SocketAddr = server.trim_start_matches("https://").parse().unwrap();
     let hole = blackhole::BlackHole::start(upstream);
     let proxied = s.write(

@@ -238,7 +238,9 @@ fn a_js_guest_importing_wasi_http_loads_and_baton_check_names_the_import() {
         ),
     );
     let mut h = Host::start("host", &cfg);
-    h.wait_for(SECS(60), "the C plugin runs", |e| e.guest_line("c", "start term="));
+    h.wait_for(SECS(60), "the C plugin runs", |e| {
+        e.guest_line("c", "start term=")
+    });
     h.wait_for(SECS(60), "the JS plugin runs", |e| {
         e.message() == "leader task started" && e.str("plugin") == Some("http")
     });
