@@ -243,6 +243,14 @@ fn http_requests_reach_only_granted_origins_and_carry_the_term() {
             &format!("HTTP_URL = \"http://127.0.0.1:{p}/big\", HTTP_MODE = \"once\""),
             &format!("http = [\"http://127.0.0.1:{p}\"]\nhttp-limits = {{ response-body = \"1 MiB\" }}"),
         ),
+        plugin(
+            "parallel",
+            &format!(
+                "HTTP_URL = \"http://127.0.0.1:{p}/hang\", HTTP_MODE = \"parallel\", HTTP_PARALLEL = \"3\", \
+                 HTTP_AFTER_URL = \"http://127.0.0.1:{p}/hello\""
+            ),
+            &format!("http = [\"http://127.0.0.1:{p}\"]\nhttp-limits = {{ concurrent = 2 }}"),
+        ),
     ]
     .concat();
     let cfg = s.write("baton.toml", &text);
@@ -309,6 +317,33 @@ fn http_requests_reach_only_granted_origins_and_carry_the_term() {
         big_response.message()
     );
     println!("limits: {}; {}", big_request.message(), big_response.message());
+    // Two requests in flight at most: the third is refused inside the
+    // guest, the two others wait (the server never answers `/hang`); once
+    // the guest drops them, their places are free again.
+    let parallel = line_of(&a, "parallel", "http parallel");
+    assert_eq!(
+        parallel.message(),
+        "http parallel started=3 refused=1 pending=2 errors=0 term=1"
+    );
+    let after = a.wait_for(SECS(10), "the request after the dropped ones", |e| {
+        e.guest_line("parallel", "http ok") || e.guest_line("parallel", "http error")
+    });
+    assert!(
+        after.message().starts_with("http ok status=200"),
+        "{}",
+        after.message()
+    );
+    a.wait_for(SECS(5), "the refusal in the log", |e| {
+        e.message()
+            .starts_with("HTTP request refused: the plugin has as many requests in flight")
+            && e.str("plugin") == Some("parallel")
+    });
+    assert_eq!(
+        server.seen().iter().filter(|r| r.path == "/hang").count(),
+        2,
+        "only the requests within the limit went out"
+    );
+    println!("concurrency: {}; then {}", parallel.message(), after.message());
     assert!(
         server
             .seen()

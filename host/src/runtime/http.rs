@@ -426,6 +426,25 @@ impl GuestHttp {
     }
 }
 
+/// How long a request waits for a place among the plugin's requests in
+/// flight before it is refused. A request the guest drops gives its place
+/// back when the host's runtime has dropped its task, a moment after the
+/// guest's call returned: without this wait, a guest that drops a request
+/// and sends another at once would be refused now and then.
+const PLACE_WAIT: Duration = Duration::from_millis(100);
+
+/// A place among the plugin's requests in flight, if one is free within
+/// [`PLACE_WAIT`].
+async fn place(in_flight: &Arc<Semaphore>) -> Result<tokio::sync::OwnedSemaphorePermit, ()> {
+    if let Ok(permit) = in_flight.clone().try_acquire_owned() {
+        return Ok(permit);
+    }
+    match tokio::time::timeout(PLACE_WAIT, in_flight.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => Ok(permit),
+        _ => Err(()),
+    }
+}
+
 type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
 type Sent = Result<(http::Response<WasiBody>, IoFuture), HttpError>;
 
@@ -499,7 +518,7 @@ impl Sender {
             tracing::warn!(plugin = %self.plugin, %destination, "HTTP request refused: no http grant of the plugin allows it");
             return Err(HttpError::HttpRequestDenied);
         };
-        let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| {
+        let permit = place(&self.in_flight).await.map_err(|_| {
             tracing::warn!(plugin = %self.plugin, %destination, limit = self.policy.limits.concurrent,
                 "HTTP request refused: the plugin has as many requests in flight as it may");
             HttpError::ConnectionLimitReached
@@ -671,10 +690,8 @@ impl Sender {
                 "Kubernetes API request refused: the plugin's `kubernetes` grant does not allow it");
             return Err(HttpError::HttpRequestDenied);
         }
-        let permit = self
-            .in_flight
-            .clone()
-            .try_acquire_owned()
+        let permit = place(&self.in_flight)
+            .await
             .map_err(|_| HttpError::ConnectionLimitReached)?;
         let limits = self.policy.limits;
         // The host's credentials only: nothing of the guest's that could

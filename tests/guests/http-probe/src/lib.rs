@@ -23,6 +23,12 @@
 //!     `http apply conflict term=N`, `http apply newer term=N object=M` or
 //!     `http apply error E term=N`. First it tries to list the Secrets of
 //!     `K8S_NS` and prints `http secrets ...` (its grant does not allow it).
+//!   - `parallel`: starts `HTTP_PARALLEL` requests at once without waiting
+//!     for any, gives them 500 ms, and prints
+//!     `http parallel started=N refused=R pending=P errors=E term=N`
+//!     (refused: `connection-limit-reached`); then drops them all and
+//!     sends one more, printing its `http ok ...` or `http error ...` line
+//!     (the dropped requests must have given their places back).
 //! - `HTTP_BODY_BYTES`: send a `POST` with a body of that many bytes
 //!   instead of a `GET`.
 //!
@@ -133,6 +139,46 @@ fn request(
     Ok((status, bytes))
 }
 
+/// Starts `n` requests to `url` at once; see `parallel` in the module docs.
+fn parallel(url: &str, n: usize, term: u64) {
+    let mut pending = Vec::new();
+    let (mut refused, mut errors) = (0, 0);
+    for _ in 0..n {
+        let (scheme, rest) = url.split_once("://").unwrap_or(("http", url));
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let request = OutgoingRequest::new(Fields::new());
+        let scheme = if scheme == "https" {
+            Scheme::Https
+        } else {
+            Scheme::Http
+        };
+        request.set_scheme(Some(&scheme)).unwrap();
+        request.set_authority(Some(authority)).unwrap();
+        request
+            .set_path_with_query(Some(if path.is_empty() { "/" } else { path }))
+            .unwrap();
+        match outgoing_handler::handle(request, None) {
+            Ok(response) => pending.push(response),
+            Err(wasi::http::types::ErrorCode::ConnectionLimitReached) => refused += 1,
+            Err(_) => errors += 1,
+        }
+    }
+    let deadline = wasi::clocks0_2_12::monotonic_clock::subscribe_duration(500_000_000);
+    deadline.block();
+    let mut waiting = 0;
+    for response in &pending {
+        // `get` answers only for a response whose pollable found it ready.
+        response.subscribe().ready();
+        match response.get() {
+            None => waiting += 1,
+            Some(Ok(Err(wasi::http::types::ErrorCode::ConnectionLimitReached))) => refused += 1,
+            Some(_) => errors += 1,
+        }
+    }
+    println!("http parallel started={n} refused={refused} pending={waiting} errors={errors} term={term}");
+    drop(pending);
+}
+
 fn report(url: &str, body: Option<usize>, term: u64) {
     match send(url, body) {
         Ok((status, bytes)) => {
@@ -220,6 +266,13 @@ impl Guest for Probe {
         let tick: u64 = env("HTTP_TICK_MS").map_or(100, |t| t.parse().expect("HTTP_TICK_MS is a number"));
         let term = status.term;
         match env("HTTP_MODE").as_deref().unwrap_or("ticks") {
+            "parallel" => {
+                let n = env("HTTP_PARALLEL").map_or(2, |n| n.parse().expect("HTTP_PARALLEL is a number"));
+                parallel(&url, n, term);
+                let after = env("HTTP_AFTER_URL").unwrap_or_else(|| url.clone());
+                report(&after, None, term);
+                Ok(())
+            }
             "once" | "hang" => {
                 report(&url, body, term);
                 Ok(())
