@@ -66,6 +66,7 @@ pub struct ConfigError(String);
 struct RawConfig {
     identity: Option<String>,
     cache_dir: Option<PathBuf>,
+    coredump_dir: Option<PathBuf>,
     #[serde(default)]
     store: RawStore,
     #[serde(default)]
@@ -272,6 +273,8 @@ pub struct Config {
     pub identity: String,
     /// Where compiled code is cached.
     pub cache_dir: Option<PathBuf>,
+    /// Where a core dump of each trapping instance is written, if anywhere.
+    pub coredump_dir: Option<PathBuf>,
     /// Where leases are kept.
     pub store: StoreConfig,
     /// The leases this host contends for.
@@ -610,6 +613,7 @@ impl Config {
                 None => default_identity(),
             },
             cache_dir: raw.cache_dir.map(|d| resolve(&d)),
+            coredump_dir: raw.coredump_dir.map(|d| resolve(&d)),
             store,
             leases,
             plugins,

@@ -40,6 +40,10 @@ enum Command {
         /// Where compiled code is cached (overrides the file).
         #[arg(long, env = "BATON_CACHE_DIR")]
         cache_dir: Option<PathBuf>,
+        /// Where to write a core dump (linear memory included) of each
+        /// instance that traps (overrides the file; off by default).
+        #[arg(long, env = "BATON_COREDUMP_DIR")]
+        coredump_dir: Option<PathBuf>,
         /// The kubeconfig of a kubernetes store (overrides the file, KUBECONFIG
         /// and ~/.kube/config).
         #[arg(long, env = "BATON_KUBECONFIG")]
@@ -101,6 +105,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             identity,
             store_dir,
             cache_dir,
+            coredump_dir,
             kubeconfig,
         } => {
             let mut cfg = Config::load(&config)?;
@@ -116,6 +121,9 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             }
             if let Some(dir) = cache_dir {
                 cfg.cache_dir = Some(dir);
+            }
+            if let Some(dir) = coredump_dir {
+                cfg.coredump_dir = Some(dir);
             }
             if let Some(path) = kubeconfig {
                 match &mut cfg.store {
@@ -179,7 +187,7 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
     let cache = std::env::var_os("BATON_CACHE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(default_cache_dir);
-    let engine = PluginEngine::new(Some(cache)).context("wasm engine")?;
+    let engine = PluginEngine::new(Some(cache), None).context("wasm engine")?;
     let runtime = PluginRuntime::new(engine)?;
     let mut ok = true;
     for path in plugins {

@@ -134,7 +134,7 @@ pub async fn serve_with(
     shutdown: CancellationToken,
 ) -> Result<usize, ServeError> {
     let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let engine = PluginEngine::new(Some(cache_dir.clone()))?;
+    let engine = PluginEngine::new(Some(cache_dir.clone()), config.coredump_dir.clone())?;
     let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
     let election = ElectionRuntime::start()?;
     let store = match store {

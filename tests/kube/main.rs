@@ -1814,7 +1814,7 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
     let s = Scratch::new();
     let mut text = kube_config(&ns.name, Some(&kc), "demo", &[]);
     text.push_str(&format!(
-        "\n[[plugin]]\nname = \"applier\"\npath = {:?}\nlease = \"demo\"\ninherit-env = [\"PROBE_HOST\"]\n\
+        "\n[[plugin]]\nname = \"applier\"\npath = {:?}\nlease = \"demo\"\ninherit-env = [\"PROBE_HOST\", \"PROBE_TRAP_AT_END\"]\n\
          env = {{ HTTP_MODE = \"apply\", HTTP_TICK_MS = \"100\", K8S_NS = {:?}, K8S_NAME = \"applied\" }}\n\
          kubernetes = {{ kubeconfig = {:?}, allow = [{{ verbs = [\"get\", \"create\", \"update\"], groups = [\"\"], \
          resources = [\"configmaps\"], namespaces = [{:?}] }}] }}\n",
@@ -1852,17 +1852,26 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
         }
     });
 
-    let start = |name: &str| {
+    // Host a dumps the guest's memory when it traps: the guest traps on
+    // purpose at the end of its term (`PROBE_TRAP_AT_END`).
+    let dumps = s.dir.path().join("coredumps");
+    let dumps_env = dumps.display().to_string();
+    let start = |name: &str, extra: &[(&str, &str)]| {
+        let mut env = vec![("PROBE_HOST", name)];
+        env.extend_from_slice(extra);
         Host::start_opts(
             name,
             &cfg,
             Opts {
-                env: &[("PROBE_HOST", name)],
+                env: &env,
                 ..Opts::default()
             },
         )
     };
-    let mut a = start("apply-a");
+    let mut a = start(
+        "apply-a",
+        &[("BATON_COREDUMP_DIR", &dumps_env), ("PROBE_TRAP_AT_END", "1")],
+    );
     let applied = a.wait_for(SECS(60), "a's first write", |e| {
         e.guest_line("applier", "http apply ok")
     });
@@ -1888,7 +1897,7 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
         Some(format!("list secrets (core) in namespace {:?}", ns.name))
     );
 
-    let b = start("apply-b");
+    let b = start("apply-b", &[]);
     b.wait_for(SECS(60), "b follows", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
@@ -1932,4 +1941,24 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
             h.name
         );
     }
+    // Nor its memory: the dump of a's instance, taken as it trapped at the
+    // end of its term, holds what the guest received (the object's name
+    // and namespace, the API server's answers) and not the token.
+    let written = a
+        .events()
+        .into_iter()
+        .find(|e| e.message() == "core dump of the trapped instance written")
+        .expect("a wrote the core dump of its trapped guest");
+    let path = std::path::PathBuf::from(written.str("path").unwrap());
+    let memory = std::fs::read(&path).unwrap();
+    let holds = |needle: &str| memory.windows(needle.len()).any(|w| w == needle.as_bytes());
+    println!(
+        "the guest's core dump: {} bytes, {}",
+        memory.len(),
+        path.display()
+    );
+    for seen in ["resourceVersion", "\"name\":\"applied\"", ns.name.as_str()] {
+        assert!(holds(seen), "the dump lacks {seen:?}: not the guest's memory?");
+    }
+    assert!(!holds(token), "the token is in the guest's memory");
 }

@@ -1,7 +1,7 @@
 //! The shared wasmtime engine: configuration, the compiled-code cache and
 //! the epoch ticker that lets the host interrupt guests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -33,17 +33,31 @@ pub fn default_cache_dir() -> PathBuf {
 pub struct PluginEngine {
     engine: Engine,
     cache: Option<Cache>,
+    coredump_dir: Option<Arc<Path>>,
     _ticker: Arc<EpochTicker>,
 }
 
 impl PluginEngine {
     /// An engine with epoch interruption, component-model async, and, when
     /// `cache_dir` is given, an on-disk cache of compiled code (a restart
-    /// does not recompile).
-    pub fn new(cache_dir: Option<PathBuf>) -> Result<PluginEngine, RuntimeError> {
+    /// does not recompile). When `coredump_dir` is given, an instance that
+    /// traps leaves a core dump there (see [`PluginEngine::coredump_dir`]).
+    pub fn new(
+        cache_dir: Option<PathBuf>,
+        coredump_dir: Option<PathBuf>,
+    ) -> Result<PluginEngine, RuntimeError> {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model_async(true);
+        if let Some(dir) = &coredump_dir {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                RuntimeError::Engine(format!(
+                    "cannot create the core dump folder {}: {e}",
+                    dir.display()
+                ))
+            })?;
+            config.coredump_on_trap(true);
+        }
         let cache = match cache_dir {
             Some(dir) => {
                 std::fs::create_dir_all(&dir).map_err(|e| {
@@ -67,6 +81,7 @@ impl PluginEngine {
         Ok(PluginEngine {
             engine,
             cache,
+            coredump_dir: coredump_dir.map(Arc::from),
             _ticker: Arc::new(ticker),
         })
     }
@@ -74,6 +89,17 @@ impl PluginEngine {
     /// The wasmtime engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Where a trapping instance's core dump goes, if anywhere: a file in
+    /// the [standard format] with the instance's linear memories as they
+    /// were at the trap, for `wasm-tools` or a debugger (and for tests that
+    /// check what a guest's memory holds). Off unless configured: a dump is
+    /// as large as the guest's memory.
+    ///
+    /// [standard format]: https://github.com/WebAssembly/tool-conventions/blob/main/Coredump.md
+    pub fn coredump_dir(&self) -> Option<&Path> {
+        self.coredump_dir.as_deref()
     }
 
     /// Compiled-code cache hits and misses so far, if a cache is in use.

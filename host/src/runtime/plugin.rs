@@ -533,6 +533,33 @@ impl Plugin {
         Ok(store)
     }
 
+    /// Writes the core dump that `error` carries (a trap's, with the
+    /// engine's `coredump_on_trap`) to `dir`, as
+    /// `PLUGIN.termT.UNIX_MS.coredump`. A failure to write is logged, never
+    /// more: the dump is for debugging.
+    fn write_coredump(
+        &self,
+        dir: &Path,
+        store: &mut Store<GuestState>,
+        term: &Term,
+        error: &wasmtime::Error,
+    ) {
+        let Some(dump) = error.downcast_ref::<wasmtime::WasmCoreDump>() else {
+            return;
+        };
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let path = dir.join(format!("{}.term{}.{millis}.coredump", self.name, term.number()));
+        let bytes = dump.serialize(&mut *store, &self.name);
+        match std::fs::write(&path, &bytes) {
+            Ok(()) => tracing::info!(plugin = %self.name, term = term.number(), path = %path.display(),
+                bytes = bytes.len(), "core dump of the trapped instance written"),
+            Err(e) => tracing::warn!(plugin = %self.name, path = %path.display(), error = %e,
+                "cannot write the core dump of the trapped instance"),
+        }
+    }
+
     /// Runs the leader task once, in a fresh instance and Store, in `term`,
     /// until it returns or traps. Dropping the returned future drops the
     /// Store and so ends the task wherever it is.
@@ -574,6 +601,9 @@ impl Plugin {
             Ok(Ok(())) => TaskOutcome::Finished,
             Ok(Err(message)) => TaskOutcome::Failed(message),
             Err(e) => {
+                if let Some(dir) = self.engine.coredump_dir() {
+                    self.write_coredump(dir, &mut store, &term, &e);
+                }
                 let state = store.data();
                 let tail: Vec<String> = state
                     .stderr_tail

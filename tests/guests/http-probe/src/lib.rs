@@ -23,6 +23,8 @@
 //!     `http apply conflict term=N`, `http apply newer term=N object=M` or
 //!     `http apply error E term=N`. First it tries to list the Secrets of
 //!     `K8S_NS` and prints `http secrets ...` (its grant does not allow it).
+//!     With `PROBE_TRAP_AT_END` set, it panics (a trap) once its term is
+//!     over, so that a host with a core dump folder dumps its memory.
 //!   - `parallel`: starts `HTTP_PARALLEL` requests at once without waiting
 //!     for any, gives them 500 ms, and prints
 //!     `http parallel started=N refused=R pending=P errors=E term=N`
@@ -302,6 +304,9 @@ impl Guest for Probe {
                 loop {
                     apply(&ns, &name, &host, term);
                     if !next_tick(term, tick) {
+                        if env("PROBE_TRAP_AT_END").is_some() {
+                            panic!("trapping at the end of term {term}, for the core dump");
+                        }
                         return Ok(());
                     }
                 }
