@@ -37,4 +37,4 @@ cargo build -p baton
 cargo test --no-run -p baton "$@"
 sync
 cargo test --no-fail-fast -p baton "$@" -- --test-threads=1 --nocapture
-cargo test -p baton-guest "$@" -- --test-threads=1
+cargo test -p baton-guest --all-features "$@" -- --test-threads=1

@@ -172,6 +172,33 @@ pub async fn sleep(duration: Duration) {
     monotonic_clock::wait_for(crate::nanos(duration)).await;
 }
 
+/// Runs `future` until it finishes or `change` resolves, whichever comes
+/// first: `Ok(output)`, or `Err(new status)` once the status changed (the
+/// future is dropped then, and with it, say, an HTTP request in flight).
+///
+/// ```no_run
+/// # use baton_guest::{Status, future};
+/// # async fn work() {}
+/// # async fn f(status: Status) -> Result<(), String> {
+/// let mut change = future::watch(&status);
+/// loop {
+///     if future::until_change(&mut change, work()).await.is_err() {
+///         return Ok(()); // the term is over
+///     }
+/// }
+/// # }
+/// ```
+pub async fn until_change<F: IntoFuture>(change: &mut Change, future: F) -> Result<F::Output, Status> {
+    let mut future = pin!(future.into_future());
+    std::future::poll_fn(move |cx| {
+        if let Poll::Ready(status) = Pin::new(&mut *change).poll(cx) {
+            return Poll::Ready(Err(status));
+        }
+        future.as_mut().poll(cx).map(Ok)
+    })
+    .await
+}
+
 /// Runs `future` for at most `duration`: `Some(output)` if it finished in
 /// time, `None` (dropping the future) if the time ran out first.
 ///

@@ -65,6 +65,8 @@ use std::fmt;
 
 #[cfg(feature = "future")]
 pub mod future;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "pollable")]
 pub mod pollable;
 
@@ -166,7 +168,7 @@ impl fmt::Display for Status {
 
 /// Converts a [`std::time::Duration`] to the nanoseconds that WASI clocks
 /// take, saturating at `u64::MAX` (about 584 years).
-#[cfg(any(feature = "future", feature = "pollable"))]
+#[cfg(any(feature = "future", feature = "pollable", feature = "http"))]
 fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -206,6 +208,18 @@ pub mod __private {
         };
     }
 
+    /// The WASI 0.2 imports (`wasi:io`, the 0.2 clock, `wasi:http`), bound
+    /// once so that a pollable of the change signal, of a timer and of an
+    /// HTTP response are one type and can be polled together.
+    #[cfg(any(feature = "pollable", feature = "http"))]
+    pub mod wasi_bindings {
+        wit_bindgen::generate!({
+            world: "baton:guest-sdk/wasi-imports@0.1.0",
+            path: ["../wit", "wit"],
+            generate_all,
+        });
+    }
+
     #[cfg(feature = "pollable")]
     pub mod pollable_bindings {
         wit_bindgen::generate!({
@@ -217,6 +231,10 @@ pub mod __private {
             // does not call them.
             pub_export_macro: true,
             export_macro_name: "export",
+            with: {
+                "wasi:io/poll@0.2.12": crate::__private::wasi_bindings::wasi::io::poll,
+                "wasi:clocks/monotonic-clock@0.2.12": crate::__private::wasi_bindings::wasi::clocks0_2_12::monotonic_clock,
+            },
             generate_all,
         });
 

@@ -32,8 +32,8 @@
 use std::time::Duration;
 
 use crate::__private::pollable_bindings::baton::leader::status_pollable;
-use crate::__private::pollable_bindings::wasi::clocks0_2_12::monotonic_clock;
-use crate::__private::pollable_bindings::wasi::io::poll;
+use crate::__private::wasi_bindings::wasi::clocks0_2_12::monotonic_clock;
+use crate::__private::wasi_bindings::wasi::io::poll;
 use crate::Status;
 
 /// The leader task of a `pollable-plugin`.
@@ -105,7 +105,7 @@ impl Change {
 }
 
 /// The `wasi:io/poll@0.2.12` pollable resource, for use with [`poll_with`].
-pub use crate::__private::pollable_bindings::wasi::io::poll::Pollable;
+pub use crate::__private::wasi_bindings::wasi::io::poll::Pollable;
 
 /// Blocks until at least one of `pollables` is ready and returns the
 /// indexes of the ready ones (`wasi:io/poll.poll`).

@@ -53,20 +53,30 @@ const TEMPLATES: &[(&str, &str)] = &[
     file!("python/app.py"),
     file!("python/build.sh"),
     file!("python/baton.toml"),
+    file!("python/wit/world.wit"),
     file!("python-future/app.py"),
     file!("python-future/build.sh"),
     file!("python-future/baton.toml"),
+    file!("python-future/wit/world.wit"),
     file!("js/plugin.js"),
     file!("js/build.sh"),
     file!("js/baton.toml"),
+    file!("js/wit/world.wit"),
     file!("c/plugin.c"),
     file!("c/build.sh"),
     file!("c/baton.toml"),
+    file!("c/wit/world.wit"),
 ];
 
-/// baton's WIT contract and the WASI packages it uses, as `wit/...`.
-const WIT: &[(&str, &str)] = &[
-    ("wit/leader.wit", include_str!("../../wit/leader.wit")),
+/// baton's WIT contract and the WASI packages a plugin world may use, as
+/// `wit/deps/...`: the projects of the languages that bind WIT themselves
+/// (all but Rust) have their own `wit/world.wit`, which includes a world of
+/// the contract and adds imports.
+const WIT_DEPS: &[(&str, &str)] = &[
+    (
+        "wit/deps/baton-leader/leader.wit",
+        include_str!("../../wit/leader.wit"),
+    ),
     (
         "wit/deps/clocks-0.2.12/clocks.wit",
         include_str!("../../wit/deps/clocks-0.2.12/clocks.wit"),
@@ -78,6 +88,14 @@ const WIT: &[(&str, &str)] = &[
     (
         "wit/deps/io-0.2.12/io.wit",
         include_str!("../../wit/deps/io-0.2.12/io.wit"),
+    ),
+    (
+        "wit/deps/http-0.2.12/http.wit",
+        include_str!("../../wit/deps/http-0.2.12/http.wit"),
+    ),
+    (
+        "wit/deps/cli-0.2.12/environment.wit",
+        include_str!("../../wit/deps/cli-0.2.12/environment.wit"),
     ),
 ];
 
@@ -152,7 +170,7 @@ pub fn new_plugin(lang: Lang, world: World, name: &str, parent: &Path) -> Result
         .filter_map(|(path, text)| Some((path.strip_prefix(&prefix)?.to_owned(), fill(text))))
         .collect();
     if lang != Lang::Rust {
-        files.extend(WIT.iter().map(|(p, t)| (p.to_string(), t.to_string())));
+        files.extend(WIT_DEPS.iter().map(|(p, t)| (p.to_string(), t.to_string())));
     }
     files.push((
         ".gitignore".into(),
@@ -194,7 +212,13 @@ mod tests {
             }
             let code = std::fs::read_to_string(root.join(main)).unwrap();
             assert!(code.contains(world_says), "{lang:?} {world:?}: {main}");
-            assert_eq!(root.join("wit/leader.wit").is_file(), lang != Lang::Rust);
+            for wit in [
+                "wit/world.wit",
+                "wit/deps/baton-leader/leader.wit",
+                "wit/deps/http-0.2.12/http.wit",
+            ] {
+                assert_eq!(root.join(wit).is_file(), lang != Lang::Rust, "{lang:?}: {wit}");
+            }
             assert!(
                 new_plugin(lang, world, &name, dir.path()).is_err(),
                 "no overwrite"

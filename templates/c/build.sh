@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 mkdir -p gen
-"${WIT_BINDGEN:-wit-bindgen}" c wit --world baton:leader/pollable-plugin@0.1.0 --out-dir gen
+"${WIT_BINDGEN:-wit-bindgen}" c wit --world plugin --out-dir gen
 "${CLANG:-clang-19}" --target=wasm32-wasi --sysroot=/usr -mexec-model=reactor -O2 -I gen \
-    plugin.c gen/pollable_plugin.c gen/pollable_plugin_component_type.o -o gen/{{name}}.core.wasm
+    plugin.c gen/plugin.c gen/plugin_component_type.o -o gen/{{name}}.core.wasm
 "${JCO:-jco}" new gen/{{name}}.core.wasm --wasi-reactor -o {{name}}.wasm
 echo "built $(pwd)/{{name}}.wasm"

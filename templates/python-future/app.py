@@ -6,16 +6,89 @@ the term is over.
 
 The timer is `wasi:clocks/monotonic-clock@0.3.0.wait-for`: `asyncio.sleep`
 does not work in componentize-py's event loop (it has no `call_later`).
+
+With `REPORT_URL` set (see `baton.toml`: the variable and an `http` grant),
+each tick also sends `POST REPORT_URL` with a small JSON body over
+`wasi:http` 0.2 and prints `report status=S term=T n=N` (or `report error E
+term=T n=N`). The host adds the lease and the term as `Baton-Lease` and
+`Baton-Term` headers, so the receiver can refuse a stale leader.
 """
 
 import asyncio
+import json
+import os
+from typing import Optional
 
 from componentize_py_async_support import spawn
+from componentize_py_types import Err, Ok
 from wit_world import exports
-from wit_world.imports import monotonic_clock, status_future
+from wit_world.imports import outgoing_handler, poll, status_future
+from wit_world.imports import wasi_clocks_monotonic_clock_0_2_12 as clock02
+from wit_world.imports import wasi_clocks_monotonic_clock_0_3_0 as monotonic_clock
+from wit_world.imports import wasi_http_types as http
 from wit_world.imports.baton_leader_types import Status
+from wit_world.imports.streams import StreamError_Closed
 
 SECOND_NS = 1_000_000_000
+MILLI_NS = 1_000_000
+
+
+async def ready(pollable: poll.Pollable, changed: "asyncio.Future[Status]") -> bool:
+    """Waits until `pollable` is ready (True) or `changed` is done (False).
+
+    A wasi:http 0.2 pollable cannot be awaited next to a component-model
+    future: block on it for at most 4 ms, then await a 1 ms timer so that the
+    event loop sees the change, and again."""
+    while not pollable.ready():
+        if changed.done():
+            return False
+        poll.poll([pollable, clock02.subscribe_duration(4 * MILLI_NS)])
+        if not pollable.ready():
+            await monotonic_clock.wait_for(MILLI_NS)
+    return True
+
+
+async def post(url: str, body: bytes, changed: "asyncio.Future[Status]") -> Optional[int]:
+    """POSTs `body` to `url` and returns the response's status, or None if
+    the status changed first (the request is dropped then). Raises
+    `RuntimeError` when the request fails (e.g. `HttpRequestDenied`: no
+    grant allows `url`)."""
+    scheme, _, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    headers = [("content-type", b"application/json"), ("content-length", str(len(body)).encode())]
+    request = http.OutgoingRequest(http.Fields.from_list(headers))
+    request.set_method(http.Method_Post())
+    request.set_scheme(http.Scheme_Https() if scheme == "https" else http.Scheme_Http())
+    request.set_authority(authority)
+    request.set_path_with_query("/" + path if slash else "/")
+    outgoing = request.body()
+    try:
+        pending = outgoing_handler.handle(request, None)
+    except Err as e:
+        raise RuntimeError(type(e.value).__name__.removeprefix("ErrorCode_"))
+    with outgoing.write() as stream:
+        stream.blocking_write_and_flush(body)  # small: at most 4096 bytes
+    http.OutgoingBody.finish(outgoing, None)
+    with pending:
+        if not await ready(pending.subscribe(), changed):
+            return None
+        result = pending.get()
+        assert isinstance(result, Ok)
+        if isinstance(result.value, Err):
+            raise RuntimeError(type(result.value.value).__name__.removeprefix("ErrorCode_"))
+        with result.value.value as response:
+            status = response.status()
+            with response.consume() as incoming:
+                with incoming.stream() as stream:
+                    while True:  # read and discard the body
+                        try:
+                            if not stream.read(65536) and not await ready(stream.subscribe(), changed):
+                                return None
+                        except Err as e:
+                            if isinstance(e.value, StreamError_Closed):
+                                break
+                            raise RuntimeError("reading the response body failed")
+            return status
 
 
 async def _finish(pending: "asyncio.Future[None]") -> None:
@@ -26,6 +99,7 @@ class TaskAsync(exports.TaskAsync):
     async def run(self, status: Status) -> None:
         term = status.term
         print(f"start term={term}", flush=True)
+        report_url = os.environ.get("REPORT_URL")
         # Resolves, with the new status, on the next change; if `now`
         # already differs from the status `run` got, the term is over.
         now, change = status_future.current_status()
@@ -46,4 +120,15 @@ class TaskAsync(exports.TaskAsync):
                     break
                 n += 1
                 print(f"tick term={term} n={n}", flush=True)
+                if report_url:
+                    body = json.dumps({"lease": status.lease, "term": term, "tick": n}).encode()
+                    try:
+                        code = await post(report_url, body, changed)
+                    except RuntimeError as e:
+                        print(f"report error {e} term={term} n={n}", flush=True)
+                        continue
+                    if code is None:
+                        now = await changed
+                        break
+                    print(f"report status={code} term={term} n={n}", flush=True)
         print(f"stop term={term} role={now.role.name.lower()}", flush=True)

@@ -3,6 +3,6 @@
 # or set COMPONENTIZE_PY to its path).
 set -euo pipefail
 cd "$(dirname "$0")"
-"${COMPONENTIZE_PY:-componentize-py}" -d wit -w baton:leader/pollable-plugin@0.1.0 \
+"${COMPONENTIZE_PY:-componentize-py}" -d wit -w plugin \
     componentize app -o {{name}}.wasm
 echo "built $(pwd)/{{name}}.wasm"

@@ -6,6 +6,7 @@
 
 mod chaos;
 mod http;
+mod http_server;
 mod misbehaving;
 mod support;
 mod terms;

@@ -13,6 +13,8 @@
 //!
 //! A missing guest fails the test: scripts/test.sh always builds them.
 
+#[path = "../e2e/http_server.rs"]
+mod http_server;
 #[path = "../e2e/support.rs"]
 #[allow(dead_code)]
 mod support;
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use http_server::Server;
 use support::*;
 
 const STARTED: &str = "leader task started";
@@ -287,16 +290,50 @@ fn new_builds_and_checks(lang: &str, world: &str) {
         "{out}"
     );
 
-    // Its own baton.toml runs it.
-    let mut h = Host::start("host", &root.join("baton.toml"));
+    // Its own baton.toml runs it, with the two lines its comment suggests
+    // set to a server of this test: the variable, and the grant.
+    let server = Server::start();
+    let port = server.addr.port();
+    let cfg = root.join("baton.toml");
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "env = {{ REPORT_URL = \"http://127.0.0.1:{port}/report\" }}\nhttp = [\"http://127.0.0.1:{port}\"]\n"
+    ));
+    std::fs::write(&cfg, text).unwrap();
+    let mut h = Host::start("host", &cfg);
     let start = h.wait_for(SECS(120), "the new plugin runs", |e| {
         e.guest_line(&name, "start term=")
     });
-    assert!(start.guest_term().unwrap() >= 1);
-    // Let it do its periodic work once, then stop the host: the task ends
-    // (the supervisor logs "stopped", or "finished for this term" when the
-    // task returned as the term ended) and the host exits cleanly.
+    let term = start.guest_term().unwrap();
+    assert!(term >= 1);
+    // Let it do its periodic work, a report over HTTP included, then stop
+    // the host: the task ends (the supervisor logs "stopped", or "finished
+    // for this term" when the task returned as the term ended) and the
+    // host exits cleanly.
     h.wait_for(SECS(5), "a tick", |e| e.guest_line(&name, "tick term="));
+    let report = h.wait_for(SECS(10), "a report", |e| e.guest_line(&name, "report "));
+    assert!(
+        report
+            .message()
+            .starts_with(&format!("report status=200 term={term} n=")),
+        "{}",
+        report.message()
+    );
+    let seen = server.seen();
+    let first = seen.first().expect("the server saw the report");
+    assert_eq!((first.method.as_str(), first.path.as_str()), ("POST", "/report"));
+    assert_eq!(first.headers.get("baton-term"), Some(&term.to_string()));
+    assert_eq!(first.headers.get("baton-lease"), Some(&name));
+    assert_eq!(
+        first.headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
+    assert!(first.body > 0, "an empty report: {first:?}");
+    println!(
+        "{lang} {world}: {} ({} bytes to /report)",
+        report.message(),
+        first.body
+    );
     h.sigterm();
     h.wait_for(SECS(5), "the guest's stop line", |e| {
         e.guest_line(&name, "stop term=")

@@ -3,30 +3,53 @@
 //! While this host leads, it prints `tick term=T n=N` once a second; it
 //! awaits the change future together with the timer, so it returns as soon
 //! as the term is over.
+//!
+//! With `REPORT_URL` set (see `baton.toml`: the variable and an `http`
+//! grant), each tick also sends `POST REPORT_URL` with a small JSON body and
+//! prints `report status=S term=T n=N` (or `report error E term=T n=N`). The
+//! host adds the lease and the term as `Baton-Lease` and `Baton-Term`
+//! headers, so the receiver can refuse a stale leader.
 
 use std::time::Duration;
 
 use baton_guest::Status;
 use baton_guest::future::{self, LeaderTask};
+use baton_guest::http::Request;
 
 struct Plugin;
+
+/// The report: `{"lease":"L","term":T,"tick":N}`.
+fn report_body(lease: &str, term: u64, n: u64) -> String {
+    let (open, close) = ('{', '}');
+    format!(r#"{open}"lease":"{lease}","term":{term},"tick":{n}{close}"#)
+}
 
 impl LeaderTask for Plugin {
     async fn run(status: Status) -> Result<(), String> {
         let term = status.term;
         println!("start term={term}");
+        let report_url = std::env::var("REPORT_URL").ok().filter(|u| !u.is_empty());
         // Resolves, with the new status, once the status differs from the
         // one `run` got (at once if it already does).
         let mut change = future::watch(&status);
         let mut n: u64 = 0;
         let now = loop {
             // `&mut change` keeps the same change future across rounds.
-            match future::timeout(Duration::from_secs(1), &mut change).await {
-                Some(now) => break now,
-                None => {
-                    n += 1;
-                    println!("tick term={term} n={n}");
-                }
+            if let Some(now) = future::timeout(Duration::from_secs(1), &mut change).await {
+                break now;
+            }
+            n += 1;
+            println!("tick term={term} n={n}");
+            let Some(url) = &report_url else { continue };
+            let request = Request::post(url.as_str())
+                .header("content-type", "application/json")
+                .body(report_body(&status.lease, term, n))
+                .timeout(Duration::from_secs(5));
+            // The request is dropped if the term ends before its answer.
+            match future::until_change(&mut change, request.send_async()).await {
+                Ok(Ok(response)) => println!("report status={} term={term} n={n}", response.status),
+                Ok(Err(e)) => println!("report error {e} term={term} n={n}"),
+                Err(now) => break now,
             }
         };
         println!("stop term={term} role={}", now.role);
