@@ -3,7 +3,7 @@
 //! record every request and every connection's end.
 
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::http_server::{Seen, Server};
 use crate::support::*;
@@ -40,7 +40,7 @@ fn baton_check_names_the_http_import_of_a_plugin_that_has_one() {
         http.contains("also imports wasi:http/outgoing-handler (needs `http` grants)"),
         "{http}"
     );
-    let plain = check("probe_pollable.wasm");
+    let plain = check("rust_pollable_ticker.wasm");
     assert!(!plain.contains("wasi:http"), "{plain}");
 
     // A grant that is not an origin, and a CA file that is missing, are
@@ -294,6 +294,71 @@ fn an_http_request_in_flight_is_dropped_at_the_force_stop() {
         ms_between(force_stop, closed)
     );
     assert!(ms_between(termed, closed) >= 450.0, "the grace was honoured");
+}
+
+/// The Rust SDK's requests give up at a change, in both worlds: a guest
+/// waiting for an answer that never comes notices the end of its term at
+/// once, drops the request (the server sees the connection closed), and
+/// returns long before the grace is over.
+#[test]
+fn sdk_requests_waiting_for_an_answer_give_up_at_a_change() {
+    let server = Server::start();
+    let p = server.addr.port();
+    let s = Scratch::new();
+    let table = |name: &str, file: &str| {
+        format!(
+            "\n[[plugin]]\nname = {name:?}\npath = {:?}\nlease = \"demo\"\n\
+             env = {{ PROBE_MODE = \"http\", PROBE_URL = \"http://127.0.0.1:{p}/hang\" }}\n\
+             http = [\"http://127.0.0.1:{p}\"]\n",
+            guest(file).display().to_string()
+        )
+    };
+    let text = [
+        config(&s.store(), &[]),
+        table("pollable", "probe_pollable.wasm"),
+        table("future", "probe_future.wasm"),
+    ]
+    .concat();
+    let cfg = s.write("baton.toml", &text);
+    let mut h = Host::start("sdk-http", &cfg);
+    for plugin in ["pollable", "future"] {
+        h.wait_for(SECS(30), "the task runs", |e| e.guest_line(plugin, "probe start"));
+    }
+    let until = std::time::Instant::now() + SECS(10);
+    while server.seen().iter().filter(|r| r.path == "/hang").count() < 2 {
+        assert!(std::time::Instant::now() < until, "{:?}", server.seen());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let termed = SystemTime::now();
+    h.sigterm();
+    for plugin in ["pollable", "future"] {
+        let gave_up = h.wait_for(SECS(5), "the guest gives up", |e| {
+            e.guest_line(plugin, "probe http abandoned")
+        });
+        let stopped = h.wait_for(SECS(5), "the task's end", |e| {
+            e.is("leader task stopped", Some(plugin))
+        });
+        assert_eq!(stopped.str("how"), Some("cooperative"), "{plugin}");
+        let took = ms_between(termed, gave_up.at);
+        println!("{plugin}: gave up its request {took:.1} ms after the SIGTERM");
+        // The pollable world wakes at the change; the future world checks
+        // it every 5 ms or so while a request waits.
+        assert!(took < 100.0, "{plugin}: {took:.1} ms");
+    }
+    assert!(h.wait_exit(SECS(10)).success());
+    // The server's threads note the closing a moment after it.
+    let until = std::time::Instant::now() + SECS(2);
+    while server.seen().iter().any(|r| r.closed.is_none()) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let closed: Vec<f64> = server
+        .seen()
+        .iter()
+        .filter(|r| r.path == "/hang")
+        .map(|r| ms_between(termed, r.closed.expect("the connection was closed")))
+        .collect();
+    println!("the server saw the connections closed {closed:.1?} ms after the SIGTERM");
+    assert!(closed.iter().all(|&ms| ms < 500.0), "{closed:?}");
 }
 
 /// A TLS server (`openssl s_server -www`) on loopback with a certificate

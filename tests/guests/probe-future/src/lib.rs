@@ -15,6 +15,11 @@
 //! - `append`: as in the pollable probe (`PROBE_TICK_MS` too): appends `term=N host=H guest=G seq=K at=T`
 //!   records to `/data/records` back to back until the status changes (or,
 //!   with `PROBE_IGNORE` set, until stopped by force).
+//! - `http`: sends `GET PROBE_URL` with the SDK's `http` module (`send_async` raced with `future::until_change`), printing
+//!   `probe http status=S term=N` or `probe http error E term=N`, every
+//!   100 ms until the status changes; a change while a request waits for
+//!   its answer ends the wait at once: `probe http abandoned term=N`. Then
+//!   `probe stop term=N role=R`, and returns `Ok`.
 //! - `fail`: returns `Err("probe failure on purpose")`.
 //! - `trap`: panics (`probe trap on purpose`), i.e. traps.
 //! - `done`: returns `Ok` at once.
@@ -28,6 +33,7 @@ use std::time::Duration;
 
 use baton_guest::Status;
 use baton_guest::future::{self, LeaderTask};
+use baton_guest::http::Request;
 
 fn say(line: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
@@ -106,6 +112,26 @@ impl LeaderTask for Probe {
                     }
                 }
                 say(format_args!("probe stop term={term} appended={seq}"));
+                Ok(())
+            }
+            "http" => {
+                let url = std::env::var("PROBE_URL").unwrap_or_default();
+                let mut change = future::watch(&status);
+                let request = Request::get(url.as_str());
+                let now = loop {
+                    match future::until_change(&mut change, request.send_async()).await {
+                        Ok(Ok(r)) => say(format_args!("probe http status={} term={term}", r.status)),
+                        Ok(Err(e)) => say(format_args!("probe http error {e} term={term}")),
+                        Err(now) => {
+                            say(format_args!("probe http abandoned term={term}"));
+                            break now;
+                        }
+                    }
+                    if let Some(now) = future::timeout(Duration::from_millis(100), &mut change).await {
+                        break now;
+                    }
+                };
+                say(format_args!("probe stop term={term} role={}", now.role));
                 Ok(())
             }
             "fail" => Err("probe failure on purpose".to_string()),

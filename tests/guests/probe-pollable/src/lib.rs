@@ -21,6 +21,11 @@
 //! - `busy`: spins forever in a pure-compute loop, ignoring the change.
 //! - `block`: blocks for an hour on a `wasi:clocks/monotonic-clock`
 //!   pollable, ignoring the change.
+//! - `http`: sends `GET PROBE_URL` with the SDK's `http` module (`send_until`), printing
+//!   `probe http status=S term=N` or `probe http error E term=N`, every
+//!   100 ms until the status changes; a change while a request waits for
+//!   its answer ends the wait at once: `probe http abandoned term=N`. Then
+//!   `probe stop term=N role=R`, and returns `Ok`.
 //! - `fail`: returns `Err("probe failure on purpose")`.
 //! - `trap`: panics (`probe trap on purpose`), i.e. traps.
 //! - `done`: returns `Ok` at once.
@@ -45,6 +50,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use baton_guest::Status;
+use baton_guest::http::{Error, Request};
 use baton_guest::pollable::{self, LeaderTask};
 
 fn say(line: std::fmt::Arguments<'_>) {
@@ -141,6 +147,26 @@ impl LeaderTask for Probe {
                     black_box(down(black_box(n) + 1)) + 1
                 }
                 Ok(black_box(down(0)).to_string()).map(|_| ())
+            }
+            "http" => {
+                let url = std::env::var("PROBE_URL").unwrap_or_default();
+                let change = pollable::watch(&status);
+                loop {
+                    match Request::get(url.as_str()).send_until(&change) {
+                        Ok(r) => say(format_args!("probe http status={} term={term}", r.status)),
+                        Err(Error::StatusChanged) => {
+                            say(format_args!("probe http abandoned term={term}"));
+                            break;
+                        }
+                        Err(e) => say(format_args!("probe http error {e} term={term}")),
+                    }
+                    if change.wait_timeout(Duration::from_millis(100)) {
+                        break;
+                    }
+                }
+                let (now, _) = pollable::current_status();
+                say(format_args!("probe stop term={term} role={}", now.role));
+                Ok(())
             }
             "fail" => Err("probe failure on purpose".to_string()),
             "trap" => panic!("probe trap on purpose"),
