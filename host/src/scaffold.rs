@@ -94,8 +94,8 @@ const WIT_DEPS: &[(&str, &str)] = &[
         include_str!("../../wit/deps/http-0.2.12/http.wit"),
     ),
     (
-        "wit/deps/cli-0.2.12/environment.wit",
-        include_str!("../../wit/deps/cli-0.2.12/environment.wit"),
+        "wit/deps/cli-0.2.12/cli.wit",
+        include_str!("../../wit/deps/cli-0.2.12/cli.wit"),
     ),
 ];
 
