@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -151,27 +151,40 @@ pub async fn serve_with(
     tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), "baton starting");
 
     // Compile every plugin before contending, so that winning a lease costs
-    // an instantiation, not a compilation.
+    // an instantiation, not a compilation: several at once (one per core;
+    // wasmtime also compiles a component's functions in parallel), each
+    // distinct component once however many plugins name it.
     let mut failed = 0;
     let mut loaded = Vec::new();
+    let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let specs: Vec<_> = config.plugins.iter().map(|p| p.spec.clone()).collect();
+    let loader = runtime.clone();
+    let mut loads = futures::stream::iter(specs.into_iter().map(move |spec| {
+        let rt = loader.clone();
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let result = rt.load(&spec);
+            (result, started.elapsed())
+        })
+    }))
+    .buffered(parallel);
     for p in &config.plugins {
-        let started = std::time::Instant::now();
-        let rt = runtime.clone();
-        let spec = p.spec.clone();
-        let result = tokio::task::spawn_blocking(move || rt.load(&spec)).await;
+        let Some(result) = loads.next().await else {
+            break;
+        };
         match result {
-            Ok(Ok(plugin)) => {
+            Ok((Ok(plugin), took)) => {
                 tracing::info!(
                     plugin = plugin.name(),
                     lease = %p.lease,
                     world = plugin.world().wit_name(),
                     grants = %p.spec.grants(),
-                    load_ms = started.elapsed().as_secs_f64() * 1e3,
+                    load_ms = took.as_secs_f64() * 1e3,
                     "plugin loaded"
                 );
                 loaded.push((p.lease.clone(), Arc::new(plugin)));
             }
-            Ok(Err(e)) => {
+            Ok((Err(e), _)) => {
                 failed += 1;
                 tracing::error!(plugin = %p.spec.name, error = %e, "plugin cannot run; the others go on");
             }
@@ -181,8 +194,15 @@ pub async fn serve_with(
             }
         }
     }
+    drop(loads);
     if let Some((hits, misses)) = engine.cache_stats() {
-        tracing::info!(hits, misses, "compiled-code cache");
+        tracing::info!(
+            hits,
+            misses,
+            plugins = loaded.len(),
+            components = runtime.components(),
+            "compiled-code cache"
+        );
     }
 
     let (ended_tx, mut ended) = mpsc::unbounded_channel();

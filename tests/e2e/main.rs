@@ -411,6 +411,47 @@ fn compiled_code_is_cached_across_restarts() {
 }
 
 #[test]
+fn plugins_that_name_the_same_component_share_one_compilation() {
+    // Four plugins, three of them of one file: two components compiled
+    // (two lookups in the compiled-code cache), and all four run.
+    let s = Scratch::new();
+    let cache = s.dir.path().join("compiled");
+    let cfg = s.write(
+        "baton.toml",
+        &config(
+            &s.store(),
+            &[
+                probe("one", "pollable", "cooperative"),
+                probe("two", "pollable", "cooperative"),
+                probe("three", "pollable", "cooperative"),
+                probe("other", "future", "cooperative"),
+            ],
+        ),
+    );
+    let mut h = Host::start_with("shared", &cfg, &cache);
+    let e = h.wait_for(SECS(30), "cache stats", |e| e.message() == "compiled-code cache");
+    assert_eq!(
+        (e.u64("plugins"), e.u64("components")),
+        (Some(4), Some(2)),
+        "{:?}",
+        e.json
+    );
+    assert_eq!(
+        e.u64("hits").unwrap() + e.u64("misses").unwrap(),
+        2,
+        "one compilation per component: {:?}",
+        e.json
+    );
+    for plugin in ["one", "two", "three", "other"] {
+        h.wait_for(SECS(30), "each plugin runs", |e| {
+            e.guest_line(plugin, "probe start")
+        });
+    }
+    h.sigterm();
+    assert!(h.wait_exit(SECS(10)).success());
+}
+
+#[test]
 fn status_shows_holder_and_term() {
     let s = Scratch::new();
     let cfg = s.write(

@@ -1,9 +1,11 @@
 //! Plugins: loading and checking a component, and running its leader task
 //! for one term in a fresh Store.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 use wasmtime::Store;
@@ -161,6 +163,43 @@ pub struct PluginRuntime {
     engine: PluginEngine,
     future: Linker<GuestState>,
     pollable: Linker<GuestState>,
+    /// Every component compiled so far, by content: plugins that name the
+    /// same file (or files with the same bytes) share one compilation and
+    /// one copy of the code. Concurrent loads of the same content wait for
+    /// the first.
+    compiled: Mutex<HashMap<ContentKey, CompiledSlot>>,
+}
+
+/// One content's compilation: done once, by the first load that needs it;
+/// the error says why the component cannot run.
+type CompiledSlot = Arc<OnceLock<Result<Compiled, String>>>;
+
+/// A component's identity by content: its length and a hash of its bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct ContentKey {
+    len: usize,
+    hash: u64,
+}
+
+impl ContentKey {
+    fn of(bytes: &[u8]) -> ContentKey {
+        let mut hasher = std::hash::DefaultHasher::new();
+        bytes.hash(&mut hasher);
+        ContentKey {
+            len: bytes.len(),
+            hash: hasher.finish(),
+        }
+    }
+}
+
+/// What every plugin of one component shares: the checked world, the
+/// linked instance factory, and what the component imports that needs a
+/// grant.
+#[derive(Clone)]
+struct Compiled {
+    world: World,
+    pre: Pre,
+    capabilities: Vec<Capability>,
 }
 
 impl PluginRuntime {
@@ -188,7 +227,19 @@ impl PluginRuntime {
             engine,
             future,
             pollable,
+            compiled: Mutex::default(),
         })
+    }
+
+    /// How many distinct components this runtime has compiled (or taken
+    /// from the compiled-code cache) and found fit to run: one per
+    /// content, however many plugins name it.
+    pub fn components(&self) -> usize {
+        let compiled = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        compiled
+            .values()
+            .filter(|slot| slot.get().is_some_and(Result::is_ok))
+            .count()
     }
 
     /// The engine.
@@ -229,8 +280,32 @@ impl PluginRuntime {
             }
             Binary::Component => {}
         }
+        let slot = self
+            .compiled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ContentKey::of(bytes))
+            .or_default()
+            .clone();
+        let compiled = slot.get_or_init(|| self.compile(bytes)).clone().map_err(fail)?;
+        let name: Arc<str> = Arc::from(name);
+        Ok(Plugin {
+            capabilities: compiled.capabilities,
+            output: OutputBudget::new(name.clone(), OutputLimits::default()),
+            name,
+            path: path.to_owned(),
+            world: compiled.world,
+            pre: compiled.pre,
+            spec: None,
+            engine: self.engine.clone(),
+        })
+    }
+
+    /// Compiles a component and checks its world and imports; the error
+    /// says why it cannot run (the caller names the plugin and file).
+    fn compile(&self, bytes: &[u8]) -> Result<Compiled, String> {
         let component = Component::new(self.engine.engine(), bytes)
-            .map_err(|e| fail(format!("not a valid component: {}", error_chain(&e))))?;
+            .map_err(|e| format!("not a valid component: {}", error_chain(&e)))?;
         let ty = component.component_type();
         let exports: Vec<String> = ty
             .exports(self.engine.engine())
@@ -241,9 +316,9 @@ impl PluginRuntime {
             (true, false) => World::Future,
             (false, true) => World::Pollable,
             (true, true) => {
-                return Err(fail(format!(
+                return Err(format!(
                     "exports both `{FUTURE_EXPORT}` and `{POLLABLE_EXPORT}`; a plugin targets exactly one world"
-                )));
+                ));
             }
             (false, false) => {
                 let list = if exports.is_empty() {
@@ -251,12 +326,12 @@ impl PluginRuntime {
                 } else {
                     exports.join(", ")
                 };
-                return Err(fail(format!(
+                return Err(format!(
                     "targets another world: it exports {list}, but a plugin must export `{FUTURE_EXPORT}` \
                      (world {}) or `{POLLABLE_EXPORT}` (world {})",
                     World::Future.wit_name(),
                     World::Pollable.wit_name()
-                )));
+                ));
             }
         };
         let linker = match world {
@@ -265,14 +340,13 @@ impl PluginRuntime {
         };
         let pre = linker
             .instantiate_pre(&component)
-            .map_err(|e| fail(missing_import_message(&e)))?;
+            .map_err(|e| missing_import_message(&e))?;
         let pre = match world {
             World::Future => Pre::Future(
-                future_plugin::FuturePluginPre::new(pre).map_err(|e| fail(error_chain(&e).to_string()))?,
+                future_plugin::FuturePluginPre::new(pre).map_err(|e| error_chain(&e).to_string())?,
             ),
             World::Pollable => Pre::Pollable(
-                pollable_plugin::PollablePluginPre::new(pre)
-                    .map_err(|e| fail(error_chain(&e).to_string()))?,
+                pollable_plugin::PollablePluginPre::new(pre).map_err(|e| error_chain(&e).to_string())?,
             ),
         };
         let mut capabilities: Vec<Capability> = ty
@@ -281,16 +355,10 @@ impl PluginRuntime {
             .collect();
         capabilities.sort();
         capabilities.dedup();
-        let name: Arc<str> = Arc::from(name);
-        Ok(Plugin {
-            capabilities,
-            output: OutputBudget::new(name.clone(), OutputLimits::default()),
-            name,
-            path: path.to_owned(),
+        Ok(Compiled {
             world,
             pre,
-            spec: None,
-            engine: self.engine.clone(),
+            capabilities,
         })
     }
 
@@ -366,6 +434,7 @@ fn missing_import_message(e: &wasmtime::Error) -> String {
     }
 }
 
+#[derive(Clone)]
 enum Pre {
     Future(future_plugin::FuturePluginPre<GuestState>),
     Pollable(pollable_plugin::PollablePluginPre<GuestState>),
