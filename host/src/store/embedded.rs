@@ -112,7 +112,9 @@
 //! [`LeaseStore::watch`] uses inotify (through the `notify` crate) on the
 //! store's directory (for the lease's directory appearing, vanishing or
 //! being replaced) and on the lease's directory (for new versions), and
-//! re-reads the record on every such event; there is no polling.
+//! re-reads the record on every such event; there is no polling. All the
+//! watches of one store share one inotify instance and one thread, which
+//! wakes only the watches an event is about.
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -172,6 +174,8 @@ pub struct EmbeddedStore {
     dir: Arc<PathBuf>,
     /// What this store saw of each lease, for deleted records.
     seen: Arc<DeletedRecords>,
+    /// The one inotify watcher of all its watches.
+    watcher: Arc<DirWatcher>,
 }
 
 /// What is stored in a version file.
@@ -266,6 +270,7 @@ impl EmbeddedStore {
         let store = Self {
             dir: Arc::new(dir),
             seen: Arc::default(),
+            watcher: Arc::default(),
         };
         store.move_legacy_records()?;
         Ok(store)
@@ -378,13 +383,14 @@ impl LeaseStore for EmbeddedStore {
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
         let files = Arc::new(self.files(lease)?);
         let signal = Arc::new(Signal::default());
-        let watcher = {
+        let registration = {
             let files = files.clone();
             let signal = signal.clone();
-            blocking(&files.lease.clone(), move || start_watcher(&files, signal)).await?
+            let watcher = self.watcher.clone();
+            blocking(&files.lease.clone(), move || watcher.register(&files, signal)).await?
         };
         let state = WatchState {
-            watcher: Arc::new(Mutex::new(watcher)),
+            registration: Arc::new(registration),
             signal,
             files,
             seen: self.seen.clone(),
@@ -1296,90 +1302,206 @@ impl Signal {
     }
 }
 
-/// Starts an inotify watch on the store's directory that wakes `signal`
-/// whenever the lease's record may have changed. The lease's own directory
-/// is added by [`watch_lease_dir`].
-fn start_watcher(files: &LeaseFiles, signal: Arc<Signal>) -> Result<notify::RecommendedWatcher, StoreError> {
-    let dir = files.dir.clone();
-    let versions = files.versions.clone();
-    let handler = move |event: notify::Result<notify::Event>| {
-        let event = match event {
-            Ok(event) => event,
-            Err(e) => {
-                signal.break_with(format!("watch on {} failed: {e}", dir.display()));
-                return;
-            }
-        };
-        if event.need_rescan() {
-            // Events were lost; ours may have been among them.
-            signal.rewatch.store(true, Ordering::SeqCst);
-            signal.wake.notify_one();
-            return;
-        }
-        if event.paths.contains(&dir)
-            && matches!(
-                event.kind,
-                EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
-            )
-        {
-            signal.break_with(format!("{} was removed or moved", dir.display()));
-            return;
-        }
-        if !may_change_content(&event.kind) {
-            return;
-        }
-        // The lease's directory itself: created, removed, moved.
-        if event.paths.contains(&versions) {
-            signal.rewatch.store(true, Ordering::SeqCst);
-            signal.wake.notify_one();
-            return;
-        }
-        // A version in it (not a temporary file).
-        let about_version = event.paths.iter().any(|p| {
-            p.parent() == Some(versions.as_path())
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| !n.starts_with('.'))
-        });
-        if about_version {
-            signal.wake.notify_one();
-        }
-    };
-    let mut watcher = notify::recommended_watcher(handler).map_err(|e| StoreError::Unavailable {
-        lease: files.lease.clone(),
-        detail: format!("cannot start watching {}: {e}", files.dir.display()),
-    })?;
-    watcher
-        .watch(&files.dir, RecursiveMode::NonRecursive)
-        .map_err(|e| StoreError::Unavailable {
-            lease: files.lease.clone(),
-            detail: format!("cannot watch {}: {e}", files.dir.display()),
-        })?;
-    Ok(watcher)
+/// The store's one inotify watcher (one `notify` thread), shared by every
+/// watch of its leases: it watches the store's directory (for a lease's
+/// directory appearing, vanishing or being replaced) and the directory of
+/// every watched lease (for new versions), and wakes the watches an event
+/// is about. One watcher per lease would wake every watcher for every
+/// event in the store's directory: with 100 leases, 100 threads woken for
+/// each write of any of them.
+///
+/// The `notify` watcher exists while at least one watch does.
+#[derive(Default)]
+struct DirWatcher {
+    inner: Mutex<DirWatcherState>,
 }
 
-/// Watches the lease's directory now at its name, if there is one, in
-/// place of the one watched before.
-fn watch_lease_dir(
-    files: &LeaseFiles,
-    watcher: &Mutex<notify::RecommendedWatcher>,
-) -> Result<(), StoreError> {
-    let mut watcher = watcher.lock().unwrap_or_else(|e| e.into_inner());
-    // (Fails if the one watched before is gone: nothing to undo then.)
-    let _ = watcher.unwatch(&files.versions);
-    match watcher.watch(&files.versions, RecursiveMode::NonRecursive) {
-        Ok(()) => Ok(()),
-        // No lease directory (yet): its creation wakes the store's watch.
-        Err(e)
-            if matches!(&e.kind, notify::ErrorKind::PathNotFound)
-                || matches!(&e.kind, notify::ErrorKind::Io(io) if io.kind() == io::ErrorKind::NotFound) =>
-        {
-            Ok(())
+#[derive(Default)]
+struct DirWatcherState {
+    watcher: Option<notify::RecommendedWatcher>,
+    routes: Arc<Mutex<Routes>>,
+    next_id: u64,
+}
+
+/// Which watches each lease directory's events go to.
+#[derive(Default)]
+struct Routes {
+    /// The store's directory (set when the watcher starts).
+    dir: PathBuf,
+    /// By the lease's directory: the watches of that lease.
+    by_versions: std::collections::HashMap<PathBuf, Vec<(u64, Arc<Signal>)>>,
+}
+
+impl Routes {
+    fn all(&self) -> impl Iterator<Item = &Arc<Signal>> {
+        self.by_versions.values().flatten().map(|(_, s)| s)
+    }
+}
+
+impl DirWatcher {
+    /// Adds a watch of `files`' lease, woken through `signal`; dropping
+    /// the returned registration removes it.
+    fn register(
+        self: &Arc<Self>,
+        files: &LeaseFiles,
+        signal: Arc<Signal>,
+    ) -> Result<Registration, StoreError> {
+        let mut state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if state.watcher.is_none() {
+            let routes = state.routes.clone();
+            routes.lock().unwrap_or_else(|e| e.into_inner()).dir = files.dir.clone();
+            let handler = move |event: notify::Result<notify::Event>| route(&routes, event);
+            let mut watcher = notify::recommended_watcher(handler).map_err(|e| StoreError::Unavailable {
+                lease: files.lease.clone(),
+                detail: format!("cannot start watching {}: {e}", files.dir.display()),
+            })?;
+            watcher
+                .watch(&files.dir, RecursiveMode::NonRecursive)
+                .map_err(|e| StoreError::Unavailable {
+                    lease: files.lease.clone(),
+                    detail: format!("cannot watch {}: {e}", files.dir.display()),
+                })?;
+            state.watcher = Some(watcher);
         }
-        Err(e) => Err(StoreError::Unavailable {
-            lease: files.lease.clone(),
-            detail: format!("cannot watch {}: {e}", files.versions.display()),
-        }),
+        state.next_id += 1;
+        let id = state.next_id;
+        state
+            .routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_versions
+            .entry(files.versions.clone())
+            .or_default()
+            .push((id, signal));
+        Ok(Registration {
+            watcher: self.clone(),
+            versions: files.versions.clone(),
+            id,
+        })
+    }
+
+    /// Watches the lease's directory now at its name, if there is one (a
+    /// directory replaced since it was watched is a new inode).
+    fn watch_lease_dir(&self, files: &LeaseFiles) -> Result<(), StoreError> {
+        let mut state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(watcher) = state.watcher.as_mut() else {
+            return Ok(());
+        };
+        match watcher.watch(&files.versions, RecursiveMode::NonRecursive) {
+            Ok(()) => Ok(()),
+            // No lease directory (yet): its creation wakes the store's watch.
+            Err(e)
+                if matches!(&e.kind, notify::ErrorKind::PathNotFound)
+                    || matches!(&e.kind, notify::ErrorKind::Io(io) if io.kind() == io::ErrorKind::NotFound) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(StoreError::Unavailable {
+                lease: files.lease.clone(),
+                detail: format!("cannot watch {}: {e}", files.versions.display()),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for DirWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let leases = state
+            .routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_versions
+            .len();
+        f.debug_struct("DirWatcher").field("leases", &leases).finish()
+    }
+}
+
+/// A watch's place in the [`DirWatcher`]; dropping it leaves.
+struct Registration {
+    watcher: Arc<DirWatcher>,
+    versions: PathBuf,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut state = self.watcher.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (last_of_lease, none_left) = {
+            let mut routes = state.routes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut last = false;
+            if let Some(list) = routes.by_versions.get_mut(&self.versions) {
+                list.retain(|(id, _)| *id != self.id);
+                if list.is_empty() {
+                    routes.by_versions.remove(&self.versions);
+                    last = true;
+                }
+            }
+            (last, routes.by_versions.is_empty())
+        };
+        if none_left {
+            // The thread and the inotify instance go with the watcher.
+            state.watcher = None;
+        } else if last_of_lease && let Some(watcher) = state.watcher.as_mut() {
+            // (Fails if the directory is gone: nothing to undo then.)
+            let _ = watcher.unwatch(&self.versions);
+        }
+    }
+}
+
+/// Wakes the watches that `event` may concern.
+fn route(routes: &Mutex<Routes>, event: notify::Result<notify::Event>) {
+    let routes = routes.lock().unwrap_or_else(|e| e.into_inner());
+    let event = match event {
+        Ok(event) => event,
+        Err(e) => {
+            let reason = format!("watch on {} failed: {e}", routes.dir.display());
+            routes.all().for_each(|s| s.break_with(reason.clone()));
+            return;
+        }
+    };
+    if event.need_rescan() {
+        // Events were lost; any watch's may have been among them.
+        for signal in routes.all() {
+            signal.rewatch.store(true, Ordering::SeqCst);
+            signal.wake.notify_one();
+        }
+        return;
+    }
+    if event.paths.contains(&routes.dir)
+        && matches!(
+            event.kind,
+            EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
+        )
+    {
+        let reason = format!("{} was removed or moved", routes.dir.display());
+        routes.all().for_each(|s| s.break_with(reason.clone()));
+        return;
+    }
+    if !may_change_content(&event.kind) {
+        return;
+    }
+    for path in &event.paths {
+        // A lease's directory itself: created, removed, moved.
+        if let Some(watches) = routes.by_versions.get(path) {
+            for (_, signal) in watches {
+                signal.rewatch.store(true, Ordering::SeqCst);
+                signal.wake.notify_one();
+            }
+            continue;
+        }
+        // A version in a lease's directory (not a temporary file).
+        let is_version = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| !n.starts_with('.'));
+        if let Some(watches) = path.parent().and_then(|p| routes.by_versions.get(p))
+            && is_version
+        {
+            for (_, signal) in watches {
+                signal.wake.notify_one();
+            }
+        }
     }
 }
 
@@ -1395,9 +1517,9 @@ fn may_change_content(kind: &EventKind) -> bool {
     }
 }
 
-/// The state of a watch stream. Dropping it drops the inotify watcher.
+/// The state of a watch stream. Dropping it leaves the store's watcher.
 struct WatchState {
-    watcher: Arc<Mutex<notify::RecommendedWatcher>>,
+    registration: Arc<Registration>,
     signal: Arc<Signal>,
     files: Arc<LeaseFiles>,
     seen: Arc<DeletedRecords>,
@@ -1429,14 +1551,14 @@ async fn next_observation(
         return Some((Err(error), state));
     }
     let files = state.files.clone();
-    let watcher = state.watcher.clone();
+    let registration = state.registration.clone();
     let rewatch = state.signal.rewatch.swap(false, Ordering::SeqCst);
     let ticket = state.seen.ticket(&files.lease);
     let observed = blocking(&files.lease.clone(), move || {
         // Watched before it is read, so no version written in between is
         // missed.
         if rewatch {
-            watch_lease_dir(&files, &watcher)?;
+            registration.watcher.watch_lease_dir(&files)?;
         }
         observe(&files)
     })
