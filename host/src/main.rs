@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use baton::config::{Config, StoreConfig};
 use baton::logging::LogFormat;
-use baton::runtime::{PluginEngine, PluginRuntime, default_cache_dir};
+use baton::runtime::{EngineOptions, PluginEngine, PluginRuntime, default_cache_dir};
 
 /// Runs WebAssembly plugin leader tasks only while this host holds a lease.
 #[derive(Parser)]
@@ -187,7 +187,14 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
     let cache = std::env::var_os("BATON_CACHE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(default_cache_dir);
-    let engine = PluginEngine::new(Some(cache), None).context("wasm engine")?;
+    let engine = PluginEngine::new(EngineOptions {
+        cache_dir: Some(cache),
+        // As `baton run` with plugins of the default limit: the same
+        // compiled code, so a checked plugin is in the cache for the run.
+        largest_memory: Some(baton::runtime::DEFAULT_MEMORY_LIMIT),
+        ..EngineOptions::default()
+    })
+    .context("wasm engine")?;
     let runtime = PluginRuntime::new(engine)?;
     let mut ok = true;
     for path in plugins {

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, StoreConfig};
 use crate::election::{DRAIN_ALLOWANCE, Elector, ElectorConfig, Intent, LeaseView, TermClock, Timings};
-use crate::runtime::{PluginEngine, PluginRuntime, RuntimeError, default_cache_dir};
+use crate::runtime::{EngineOptions, PluginEngine, PluginRuntime, RuntimeError, default_cache_dir};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
 use crate::store::{LeaseStore, StoreError};
@@ -134,7 +134,11 @@ pub async fn serve_with(
     shutdown: CancellationToken,
 ) -> Result<usize, ServeError> {
     let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let engine = PluginEngine::new(Some(cache_dir.clone()), config.coredump_dir.clone())?;
+    let engine = PluginEngine::new(EngineOptions {
+        cache_dir: Some(cache_dir.clone()),
+        coredump_dir: config.coredump_dir.clone(),
+        largest_memory: config.plugins.iter().map(|p| p.spec.memory_limit).max(),
+    })?;
     let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
     let election = ElectionRuntime::start()?;
     let store = match store {

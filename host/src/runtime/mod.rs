@@ -33,7 +33,7 @@ pub mod plugin;
 pub mod state;
 pub mod trap;
 
-pub use engine::{EPOCH_TICK, PluginEngine, default_cache_dir};
+pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, default_cache_dir};
 pub use http::{HttpGrant, HttpLimits, HttpPolicy};
 pub use kubernetes::{KubeGrant, KubeRule};
 pub use network::{ConnectGrant, NetworkGrant};
