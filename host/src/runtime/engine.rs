@@ -2,8 +2,7 @@
 //! the epoch ticker that lets the host interrupt guests.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use wasmtime::{Cache, CacheConfig, Config, Engine};
@@ -138,27 +137,71 @@ impl PluginEngine {
         self.coredump_dir.as_deref()
     }
 
+    /// Keeps the epoch advancing until the returned guard is dropped (see
+    /// [`EpochTicking`]); the first guard wakes the ticker at once.
+    pub fn ticking(&self) -> EpochTicking {
+        let shared = self._ticker.shared.clone();
+        let mut state = shared.lock();
+        state.active += 1;
+        if state.active == 1 {
+            shared.wake.notify_one();
+        }
+        drop(state);
+        EpochTicking { shared }
+    }
+
     /// Compiled-code cache hits and misses so far, if a cache is in use.
     pub fn cache_stats(&self) -> Option<(usize, usize)> {
         self.cache.as_ref().map(|c| (c.cache_hits(), c.cache_misses()))
     }
 }
 
-/// A thread that advances the engine's epoch every [`EPOCH_TICK`].
+/// A thread that advances the engine's epoch every [`EPOCH_TICK`] while
+/// any guest may run (an [`EpochTicking`] exists), and sleeps otherwise: a
+/// host whose leases have no running task does not wake 100 times a
+/// second.
 struct EpochTicker {
-    stop: Arc<AtomicBool>,
+    shared: Arc<TickerShared>,
+}
+
+#[derive(Default)]
+struct TickerShared {
+    state: Mutex<TickerState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct TickerState {
+    /// Live [`EpochTicking`] guards.
+    active: usize,
+    stop: bool,
+}
+
+impl TickerShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TickerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl EpochTicker {
     fn start(engine: Engine) -> EpochTicker {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let shared = Arc::new(TickerShared::default());
+        let ticker = shared.clone();
         let weak = engine.weak();
         drop(engine);
         std::thread::Builder::new()
             .name("baton-epoch".into())
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
+                loop {
+                    {
+                        let mut state = ticker.lock();
+                        while state.active == 0 && !state.stop {
+                            state = ticker.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                        }
+                        if state.stop {
+                            break;
+                        }
+                    }
                     std::thread::sleep(EPOCH_TICK);
                     match weak.upgrade() {
                         Some(engine) => engine.increment_epoch(),
@@ -167,12 +210,27 @@ impl EpochTicker {
                 }
             })
             .expect("spawn the epoch ticker thread");
-        EpochTicker { stop }
+        EpochTicker { shared }
     }
 }
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+/// Keeps the engine's epoch advancing while it lives: hold one for as long
+/// as a Store of the engine may run guest code, since the epoch is what
+/// interrupts a busy guest (and so what stops one by force).
+pub struct EpochTicking {
+    shared: Arc<TickerShared>,
+}
+
+impl Drop for EpochTicking {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.active = state.active.saturating_sub(1);
     }
 }

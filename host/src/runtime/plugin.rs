@@ -633,6 +633,9 @@ impl Plugin {
     /// until it returns or traps. Dropping the returned future drops the
     /// Store and so ends the task wherever it is.
     pub async fn run_task(&self, term: Arc<Term>, view: watch::Receiver<LeaseView>) -> TaskOutcome {
+        // Declared before the Store, so dropped after it: the epoch
+        // advances for as long as this instance may run.
+        let _ticking = self.engine.ticking();
         let mut store = match self.new_store(term.clone(), view.clone()) {
             Ok(s) => s,
             Err(e) => return TaskOutcome::Trapped(Trap::setup(e)),
