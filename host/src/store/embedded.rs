@@ -1351,17 +1351,30 @@ impl DirWatcher {
             let routes = state.routes.clone();
             routes.lock().unwrap_or_else(|e| e.into_inner()).dir = files.dir.clone();
             let handler = move |event: notify::Result<notify::Event>| route(&routes, event);
-            let mut watcher = notify::recommended_watcher(handler).map_err(|e| StoreError::Unavailable {
+            let watcher = notify::recommended_watcher(handler).map_err(|e| StoreError::Unavailable {
                 lease: files.lease.clone(),
                 detail: format!("cannot start watching {}: {e}", files.dir.display()),
             })?;
-            watcher
-                .watch(&files.dir, RecursiveMode::NonRecursive)
-                .map_err(|e| StoreError::Unavailable {
-                    lease: files.lease.clone(),
-                    detail: format!("cannot watch {}: {e}", files.dir.display()),
-                })?;
             state.watcher = Some(watcher);
+        }
+        // Watched again by every new watch: if the store's directory was
+        // removed and made anew while older watches lived on, this is the
+        // new one (adding a watch that exists changes nothing).
+        let watcher = state.watcher.as_mut().expect("made above");
+        if let Err(e) = watcher.watch(&files.dir, RecursiveMode::NonRecursive) {
+            if state
+                .routes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .by_versions
+                .is_empty()
+            {
+                state.watcher = None;
+            }
+            return Err(StoreError::Unavailable {
+                lease: files.lease.clone(),
+                detail: format!("cannot watch {}: {e}", files.dir.display()),
+            });
         }
         state.next_id += 1;
         let id = state.next_id;
@@ -2715,5 +2728,27 @@ mod tests {
             other => panic!("expected Unavailable, got {other:?}"),
         }
         assert!(watch.next().await.is_none(), "the stream ends after the error");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_watch_sees_a_store_directory_made_anew_while_an_old_watch_lives() {
+        // All watches of a store share one inotify watcher: a watch made
+        // after the directory was removed and made again must watch the
+        // new directory, though an older watch (broken) still holds the
+        // watcher.
+        let (_dir, store) = store();
+        let mut old = store.watch("old").await.unwrap();
+        assert_eq!(next_within(&mut old, 1).await, None);
+        fs::remove_dir(store.dir()).unwrap();
+        fs::create_dir(store.dir()).unwrap();
+        let mut watch = store.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut watch, 1).await, None);
+        let writer = EmbeddedStore::open(store.dir()).unwrap();
+        let created = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
+        let mut seen = next_within(&mut watch, 1).await;
+        while seen.as_ref() != Some(&created) {
+            seen = next_within(&mut watch, 1).await;
+        }
+        drop(old);
     }
 }
