@@ -38,6 +38,11 @@
 //! kubernetes = { allow = [{ verbs = ["get", "update"], groups = [""], resources = ["configmaps"], namespaces = ["apps"] }] }
 //! output-rate = "64 KiB"         # guest output per second; the rest is dropped
 //! output-line = "4 KiB"          # the longest line; the rest is cut
+//!
+//! [spread]                       # spreading the leads over the hosts
+//! enabled = true                 # default: on when the host has more than one lease
+//! head-start = "1s"              # the preferred host's head start after a release
+//! settle = "4s"                  # default: two retry periods of [defaults]
 //! ```
 
 use std::collections::BTreeMap;
@@ -49,6 +54,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::election::Timings;
+use crate::election::spread::{DEFAULT_HEAD_START, MEMBER_PREFIX, SpreadConfig};
 use crate::runtime::{
     ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, HttpGrant, HttpLimits, HttpPolicy, KubeGrant, KubeRule,
     NetworkGrant, OutputLimits, PluginSpec,
@@ -75,6 +81,18 @@ struct RawConfig {
     leases: Vec<RawLease>,
     #[serde(default, rename = "plugin")]
     plugins: Vec<RawPlugin>,
+    #[serde(default)]
+    spread: RawSpread,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawSpread {
+    enabled: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    head_start: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    settle: Option<Duration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -281,6 +299,9 @@ pub struct Config {
     pub leases: Vec<LeaseConfig>,
     /// The plugins it runs.
     pub plugins: Vec<PluginConfig>,
+    /// How the leads are spread over the hosts; `None`: not at all (one
+    /// lease, or turned off).
+    pub spread: Option<SpreadConfig>,
 }
 
 /// A default identity, unique per process: host name, process id and a
@@ -348,6 +369,15 @@ impl Config {
             let at = lease.name.span().start;
             validate_lease_name(name)
                 .map_err(|e| err_at(at, format!("lease {name:?}: field `name`: {e}")))?;
+            if name.starts_with(MEMBER_PREFIX) {
+                return Err(err_at(
+                    at,
+                    format!(
+                        "lease {name:?}: field `name`: names starting with {MEMBER_PREFIX:?} are kept for \
+                         the hosts' membership records"
+                    ),
+                ));
+            }
             if leases.iter().any(|l| &l.name == name) {
                 return Err(err_at(at, format!("lease {name:?} is declared twice")));
             }
@@ -601,7 +631,33 @@ impl Config {
                 }
             }
         };
+        let spread = if raw.spread.enabled.unwrap_or(leases.len() > 1) {
+            let member_timings = RawTimings::default().over(defaults);
+            member_timings.validate().map_err(|e| {
+                ConfigError(format!(
+                    "{file}: [defaults]: unsafe timings (the hosts' membership records use them): {e}"
+                ))
+            })?;
+            let head_start = raw.spread.head_start.unwrap_or(DEFAULT_HEAD_START);
+            if head_start.is_zero() || head_start >= member_timings.lease_duration {
+                return Err(ConfigError(format!(
+                    "{file}: [spread]: field `head-start`: {} must be above zero and below the \
+                     lease duration ({}): a released lease whose preferred host is absent waits that \
+                     long, which should never exceed what a crashed holder costs",
+                    humantime::format_duration(head_start),
+                    humantime::format_duration(member_timings.lease_duration)
+                )));
+            }
+            Some(SpreadConfig {
+                member_timings,
+                head_start,
+                settle: raw.spread.settle.unwrap_or(member_timings.retry_period * 2),
+            })
+        } else {
+            None
+        };
         Ok(Config {
+            spread,
             source: source.map(Path::to_path_buf),
             identity: match raw.identity {
                 Some(i) if i.trim().is_empty() => {

@@ -230,28 +230,50 @@ async fn status(dir: PathBuf) -> Result<ExitCode> {
         println!("no leases in {}", store.describe());
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<24} {:<40} {:>6}  EXPIRES", "LEASE", "HOLDER", "TERM");
+    let (members, leases): (Vec<_>, Vec<_>) = leases
+        .into_iter()
+        .partition(|(name, _)| name.starts_with(baton::election::spread::MEMBER_PREFIX));
     let now = SystemTime::now();
-    for (name, v) in leases {
-        let r = &v.record;
-        let expires = match (r.holder(), r.renew_time) {
-            (None, _) => "released".to_owned(),
-            (Some(_), Some(renewed)) => {
-                let at = renewed + r.lease_duration;
-                match at.duration_since(now) {
-                    Ok(left) => format!("in {:.1}s", left.as_secs_f64()),
-                    Err(past) => format!("expired {:.1}s ago", past.duration().as_secs_f64()),
-                }
+    let expires = |r: &baton::store::LeaseRecord| match (r.holder(), r.renew_time) {
+        (None, _) => "released".to_owned(),
+        (Some(_), Some(renewed)) => {
+            let at = renewed + r.lease_duration;
+            match at.duration_since(now) {
+                Ok(left) => format!("in {:.1}s", left.as_secs_f64()),
+                Err(past) => format!("expired {:.1}s ago", past.duration().as_secs_f64()),
             }
-            (Some(_), None) => "unknown".to_owned(),
-        };
+        }
+        (Some(_), None) => "unknown".to_owned(),
+    };
+    if !leases.is_empty() {
+        println!("{:<24} {:<40} {:>6}  EXPIRES", "LEASE", "HOLDER", "TERM");
+    }
+    for (name, v) in &leases {
+        let r = &v.record;
         println!(
             "{:<24} {:<40} {:>6}  {}",
             name,
             r.holder().unwrap_or("-"),
             r.term,
-            expires
+            expires(r)
         );
+    }
+    if !members.is_empty() {
+        if !leases.is_empty() {
+            println!();
+        }
+        println!("{:<40} {:>6}  EXPIRES", "HOST (membership record)", "LEADS");
+    }
+    for (name, v) in &members {
+        let r = &v.record;
+        // A released record has no holder; its name tells the host.
+        let prefix = baton::election::spread::MEMBER_PREFIX;
+        let host = r.holder().unwrap_or(&name[prefix.len()..]);
+        let leads = leases
+            .iter()
+            .filter(|(_, l)| l.record.holder() == Some(host))
+            .count();
+        println!("{:<40} {:>6}  {}", host, leads, expires(r));
     }
     println!("(expiry from the record's wall-clock renew time; candidates judge it by their own clocks)");
     Ok(ExitCode::SUCCESS)

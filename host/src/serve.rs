@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, StoreConfig};
+use crate::election::spread::{Spreader, SteeredLease};
 use crate::election::{DRAIN_ALLOWANCE, Elector, ElectorConfig, Intent, LeaseView, TermClock, Timings};
 use crate::runtime::{EngineOptions, PluginEngine, PluginRuntime, RuntimeError, default_cache_dir};
 use crate::store::embedded::EmbeddedStore;
@@ -262,6 +263,24 @@ pub async fn serve_with(
         return Err(ServeError::NothingToRun(failed));
     }
 
+    // Spreading: this host's membership record, and its electors steered
+    // so that each host leads its share.
+    let spread_stop = CancellationToken::new();
+    let spreader = config.spread.filter(|_| !runs.is_empty()).map(|cfg| {
+        let leases = runs
+            .iter()
+            .map(|(name, run)| SteeredLease {
+                name: name.clone(),
+                intent: run.intent.clone(),
+                view: run.view.clone(),
+            })
+            .collect();
+        let spreader = Spreader::new(&config.identity, store.clone(), cfg, leases);
+        election
+            .handle()
+            .spawn(spreader.run(clock.clone(), spread_stop.clone()))
+    });
+
     // Until shutdown, an elector that ends (it never does on its own) or
     // panics has failed.
     let mut failures: Vec<(String, String)> = Vec::new();
@@ -284,6 +303,9 @@ pub async fn serve_with(
         }
     }
     tracing::info!("shutting down: stopping leader tasks, then releasing leases");
+    // The membership record goes first, so that the other hosts prefer
+    // this host's leases for themselves by the time they are released.
+    spread_stop.cancel();
     for run in runs.values() {
         run.intent.send_replace(Intent::Stop);
     }
@@ -321,6 +343,9 @@ pub async fn serve_with(
         if !run.wait_for_tasks(lease, &clock).await && !unconfirmed.contains(lease) {
             unconfirmed.push(lease.clone());
         }
+    }
+    if let Some(spreader) = spreader {
+        let _ = spreader.await;
     }
     tracing::info!("baton stopped");
     if let Some((lease, reason)) = failures.into_iter().next() {

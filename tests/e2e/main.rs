@@ -8,6 +8,7 @@ mod chaos;
 mod http;
 mod http_server;
 mod misbehaving;
+mod spread;
 mod support;
 mod terms;
 mod witness;
@@ -724,7 +725,10 @@ fn one_host_runs_many_leases_each_gating_its_own_plugins() {
         .iter()
         .map(|e| e.str("lease").unwrap().to_owned())
         .collect();
-    assert_eq!(released.len(), 2, "{released:?}");
+    // Both leases, and the host's membership record (two leases: the
+    // leads are spread).
+    assert_eq!(released.len(), 3, "{released:?}");
+    assert!(released.iter().any(|l| l == "baton-member.host"), "{released:?}");
     let out = baton()
         .args(["status", "--store-dir"])
         .arg(s.store())
@@ -743,6 +747,34 @@ fn one_host_runs_many_leases_each_gating_its_own_plugins() {
             .any(|l| l.starts_with("beta ") && l.contains("released")),
         "{stdout}"
     );
+}
+
+#[test]
+fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
+    let s = Scratch::new();
+    let data = witness::records_dir(&s);
+    let head = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
+         retry-period = \"200ms\"\ngrace = \"500ms\"\n",
+        s.store().display().to_string()
+    );
+    let cfg = s.write("baton.toml", &spread::spread_config(&head, &data));
+    // The killed host's leases expire after LD (2 s) and are taken at
+    // once; the moves that even the share out follow within a few seconds.
+    spread::three_hosts_share_thirty_leases(&cfg, &data, &[], SECS(2) + Duration::from_millis(200) + SECS(6));
+    let out = baton()
+        .args(["status", "--store-dir"])
+        .arg(s.store())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("HOST (membership record)"), "{stdout}");
+    for host in ["a", "b", "c"] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(&format!("{host} "))),
+            "{stdout}"
+        );
+    }
 }
 
 #[test]

@@ -11,6 +11,9 @@ mod blackhole;
 mod chaos;
 mod env;
 #[allow(dead_code)]
+#[path = "../e2e/spread.rs"]
+mod spread;
+#[allow(dead_code)]
 #[path = "../e2e/support.rs"]
 mod support;
 #[allow(dead_code)]
@@ -352,6 +355,45 @@ impl Drop for Resume {
         // SAFETY: kill(2) on the test API server's pid.
         unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
+}
+
+#[test]
+fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
+    // As the end-to-end test of the same name, on Leases: the membership
+    // records are Leases too, found by listing the namespace.
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "spread"));
+    let s = Scratch::new();
+    let data = witness::records_dir(&s);
+    let head = format!(
+        "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\nkubeconfig = {:?}\n\n[defaults]\n\
+         lease-duration = \"4s\"\nrenew-deadline = \"2s\"\nretry-period = \"500ms\"\ngrace = \"1s\"\n\
+         request-timeout = \"500ms\"\n",
+        ns.name,
+        env.admin_kubeconfig.display().to_string()
+    );
+    let cfg = s.write("baton.toml", &spread::spread_config(&head, &data));
+    // LD + RP, and a few seconds for the moves that follow.
+    spread::three_hosts_share_thirty_leases(&cfg, &data, &[], LD + RP + SECS(6));
+    let leases = rt.block_on(async {
+        kube::Api::<Lease>::namespaced(admin.clone(), &ns.name)
+            .list(&Default::default())
+            .await
+            .unwrap()
+    });
+    let members = leases
+        .items
+        .iter()
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("baton-member."))
+        })
+        .count();
+    assert_eq!(members, 3, "one membership Lease per host identity");
 }
 
 #[test]

@@ -102,6 +102,22 @@ pub enum ElectorError {
 pub enum Intent {
     /// Contend for the lease, and lead when it is won (the start).
     Contend,
+    /// Another host is preferred (see [`spread`](super::spread)): lead on
+    /// if this host leads; take the lease when it expires, and when it is
+    /// released or absent only `head_start` after that was seen.
+    Defer {
+        /// The preferred host's head start after a release.
+        head_start: Duration,
+    },
+    /// As [`Intent::Defer`], and hand term `term` over if this host leads
+    /// in it (end the term, wait until its tasks are gone, release). A
+    /// later term of this host is kept: a hand-over happens once.
+    HandOver {
+        /// The term to hand over.
+        term: u64,
+        /// The preferred host's head start after the release.
+        head_start: Duration,
+    },
     /// Hand the lead over if this host has it (end the term, wait until
     /// its tasks are gone, release), then follow without contending until
     /// `until`.
@@ -317,11 +333,12 @@ impl Elector {
         *self.intent.borrow()
     }
 
-    /// Whether this host should hold the lease now (a stand-by whose time
-    /// has come contends again).
-    fn contending(&self) -> bool {
+    /// Whether this host should go on leading in `term` (a stand-by whose
+    /// time has come contends again).
+    fn keeps(&self, term: u64) -> bool {
         match self.intent() {
-            Intent::Contend => true,
+            Intent::Contend | Intent::Defer { .. } => true,
+            Intent::HandOver { term: t, .. } => t != term,
             Intent::StandBy { until } => Instant::now() >= until,
             Intent::Stop => false,
         }
@@ -338,6 +355,13 @@ impl Elector {
             Intent::Stop => return State::Stopped,
             Intent::StandBy { until } => f.not_before.max(until),
             Intent::Contend => f.not_before,
+            Intent::Defer { head_start } | Intent::HandOver { head_start, .. } => match &self.known {
+                // Released or absent: the preferred host goes first.
+                Some(k) if k.record.as_ref().and_then(|v| v.record.holder()).is_none() => {
+                    f.not_before.max(k.at + head_start)
+                }
+                _ => f.not_before,
+            },
         };
         let wake = match &self.known {
             // Nothing is known yet: the subscription reads or watches.
@@ -415,7 +439,7 @@ impl Elector {
     /// Leading: renew on time; step down when the term's deadline passes
     /// or the lease is seen in other hands.
     async fn lead(&mut self, mut l: Lead) -> State {
-        if !self.contending() {
+        if !self.keeps(l.term.number()) {
             return self.start_resigning(l);
         }
         tokio::select! {

@@ -14,9 +14,12 @@
 //!   term's code must stop.
 //! - [`LeaseView`], [`Status`]: what the elector publishes.
 //! - [`Elector`]: following, leading, resigning.
+//! - [`spread`]: which host prefers which lease, and the [`Spreader`]
+//!   that steers this host's electors by it.
 
 mod clock;
 mod elector;
+pub mod spread;
 mod status;
 mod term;
 mod timing;
@@ -27,6 +30,7 @@ pub use elector::{
     DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, ElectorError, Intent, Me, Verdict, follower_decision,
     follower_status, judge_sighting,
 };
+pub use spread::{Spreader, assign, member_lease};
 pub use status::{LeaseView, Role, Status};
 pub use term::{Term, TermTask};
 pub use timing::{CLOCK_SKEW_DIVISOR, FORCED_STOP_ALLOWANCE, RENEW_ATTEMPTS_FACTOR, TimingError, Timings};

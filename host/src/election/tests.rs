@@ -759,3 +759,79 @@ async fn a_process_restarted_under_its_identity_waits_out_the_lease_of_the_one_b
     );
     assert_eq!(second.term, first.term + 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deferring_host_takes_a_released_lease_only_after_the_head_start() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let mut b = c.start("b");
+    b.until_following().await;
+    b.intent.send_replace(Intent::Defer { head_start: secs(3) });
+    a.intent.send_replace(Intent::Stop);
+    a.task.await.unwrap().unwrap();
+    let released = Instant::now();
+    let s = b.until_leading().await;
+    assert_eq!(s.term, 2);
+    assert!(
+        Instant::now() >= released + secs(3),
+        "took it {:?} after the release",
+        released.elapsed()
+    );
+    assert!(
+        Instant::now() < released + secs(4),
+        "took it {:?} after the release",
+        released.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deferring_host_takes_an_expired_lease_without_a_head_start() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let mut b = c.start("b");
+    b.until_following().await;
+    b.intent.send_replace(Intent::Defer { head_start: secs(60) });
+    // a dies: nothing is released; the lease expires after LD (10 s).
+    a.task.abort();
+    let died = Instant::now();
+    b.until_leading().await;
+    assert!(
+        died.elapsed() <= timings().lease_duration + timings().retry_period * 2,
+        "{:?}",
+        died.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_ends_its_term_once_and_a_later_term_is_kept() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    let s = a.until_leading().await;
+    a.intent.send_replace(Intent::HandOver {
+        term: s.term,
+        head_start: secs(1),
+    });
+    a.until_not_leading().await;
+    let released = Instant::now();
+    // Nobody else takes it: a takes it back after the head start, in a
+    // new term, and keeps it.
+    let s = a.until_leading().await;
+    assert_eq!(s.term, 2);
+    assert!(released.elapsed() >= secs(1));
+    sleep(secs(30)).await;
+    let now = a.rx.borrow().status.clone();
+    assert!(now.is_leading() && now.term == 2, "{now:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deferring_leader_leads_on() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    a.intent.send_replace(Intent::Defer { head_start: secs(1) });
+    sleep(secs(30)).await;
+    let now = a.rx.borrow().status.clone();
+    assert!(now.is_leading() && now.term == 1, "{now:?}");
+}

@@ -401,10 +401,16 @@ impl LeaseStore for EmbeddedStore {
     }
 
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
+        self.list_prefixed("").await
+    }
+
+    async fn list_prefixed(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
         let store = self.clone();
+        let prefix = prefix.to_owned();
         blocking(ANY_LEASE, move || {
             let mut leases = Vec::new();
-            for files in store.leases_named(LEASE_SUFFIX)? {
+            let named = store.leases_named(LEASE_SUFFIX)?;
+            for files in named.into_iter().filter(|f| f.lease.starts_with(&prefix)) {
                 // `None`: deleted since the directory was read.
                 if let Some((_, stored)) = read_current(&files)? {
                     leases.push((files.lease, stored.into_versioned()));

@@ -280,4 +280,15 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Every lease in the store, for `baton status`.
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError>;
+
+    /// Every lease whose name starts with `prefix` (the hosts' membership
+    /// records, listed every retry period). A store that can should read
+    /// only those: an unreadable lease of another name is not an error here.
+    async fn list_prefixed(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
+        let all = self.list().await?;
+        Ok(all
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .collect())
+    }
 }

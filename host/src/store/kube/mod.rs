@@ -814,6 +814,10 @@ impl LeaseStore for KubeStore {
     /// Every Lease in the namespace, or only those carrying this store's
     /// labels when labels are configured.
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
+        self.list_prefixed("").await
+    }
+
+    async fn list_prefixed(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
         let inner = &self.inner;
         let mut params = ListParams::default();
         let selector: Vec<String> = inner.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -830,6 +834,9 @@ impl LeaseStore for KubeStore {
         let mut leases = Vec::new();
         for obj in &list.items {
             let name = obj.metadata.name.clone().unwrap_or_default();
+            if !name.starts_with(prefix) {
+                continue;
+            }
             leases.push((name.clone(), to_versioned(&name, obj, inner.fallback_duration)?));
         }
         leases.sort_by(|a, b| a.0.cmp(&b.0));

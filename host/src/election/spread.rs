@@ -1,0 +1,631 @@
+//! Spreading the leads over the hosts: which host prefers which lease, and
+//! the task that steers this host's electors by it.
+//!
+//! Every host keeps a *membership record* in the lease store: a lease named
+//! [`MEMBER_PREFIX`] + its identity, held by the host itself and renewed
+//! like any lease ([`member_lease`]). A host is *live* while its record is
+//! held and not expired, judged as electors judge a lease: from when the
+//! record was seen to change plus the duration written in it ([`Roster`]).
+//! From the live hosts and its own leases each host computes the same
+//! preferred host per lease ([`assign`]): a bounded-load rendezvous
+//! assignment, so each host prefers `floor(M / N)` or `ceil(M / N)` of `M`
+//! leases on `N` live hosts, and which host prefers which lease depends
+//! only on the names.
+//!
+//! The [`Spreader`] turns that into each elector's [`Intent`]: contend for
+//! a preferred lease; defer on the others ([`Intent::Defer`]): take one
+//! that expired at once, one that was released (or never written) only
+//! after the preferred host's head start, and lead on in one already led
+//! here. Once the view of the live hosts has been steady for the settle
+//! time, a lease led here but preferred elsewhere is handed over
+//! ([`Intent::HandOver`]: drain, then release). If its preferred host does
+//! not take it (it does not serve that lease, or still sees other hosts),
+//! whoever takes it next keeps it, and it is handed over again under the
+//! same view only after a wait that doubles each time, so hosts that
+//! disagree for long move a lease a few times an hour at most. Views agree
+//! within a listing or two: every host lists the same records every retry
+//! period, and the settle time is two of them.
+//!
+//! None of this touches safety: who may lead is decided by the lease alone,
+//! as without spreading. Spreading decides only who tries first.
+//!
+//! Unstable: membership is found by listing the membership records every
+//! retry period (a watch per namespace would do with fewer requests); hosts with
+//! different sets of leases compute different assignments (harmless, but
+//! the spread is then uneven).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+
+use super::clock::TermClock;
+use super::elector::{Elector, ElectorConfig, Intent};
+use super::status::{LeaseView, Role};
+use super::timing::Timings;
+use crate::store::{LeaseStore, Versioned};
+
+/// The name prefix of membership records. Lease names of the
+/// configuration may not start with it, so `baton status` and watches of
+/// the store tell them apart.
+pub const MEMBER_PREFIX: &str = "baton-member.";
+
+/// The default head start of a lease's preferred host after a release:
+/// seeing the release (a watch event) and writing the lease take
+/// milliseconds on either store; a second leaves room for a busy host. It
+/// delays only a released lease whose preferred host is absent, never a
+/// lease whose holder died (that one expires, and any host takes it).
+pub const DEFAULT_HEAD_START: Duration = Duration::from_secs(1);
+
+/// The membership record's lease name for `identity`: [`MEMBER_PREFIX`],
+/// then the identity made a valid lease name (lowercase; characters other
+/// than letters, digits and `-` become `-`), then, when that changed
+/// the identity, a short hash of it so that two identities never share a
+/// record.
+///
+/// ```
+/// use baton::election::member_lease;
+///
+/// assert_eq!(member_lease("node-a"), "baton-member.node-a");
+/// assert!(member_lease("Node_A").starts_with("baton-member.node-a-"));
+/// assert_ne!(member_lease("Node_A"), member_lease("node_a"));
+/// ```
+pub fn member_lease(identity: &str) -> String {
+    let mut name: String = identity
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-') => c,
+            _ => '-',
+        })
+        .collect();
+    name = name.trim_matches('-').to_owned();
+    if name != identity || name.is_empty() {
+        let digest = Sha256::digest(identity.as_bytes());
+        let tag: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        name = if name.is_empty() {
+            tag
+        } else {
+            format!("{name}-{tag}")
+        };
+    }
+    // A lease name is at most 253 characters; keep the tail (the hash).
+    let max = 253 - MEMBER_PREFIX.len();
+    if name.len() > max {
+        name = name[name.len() - max..].trim_start_matches('-').to_owned();
+    }
+    format!("{MEMBER_PREFIX}{name}")
+}
+
+/// A stable 64-bit score of `lease` on `host` (the first bytes of SHA-256:
+/// the same on every host, architecture and version).
+fn score(lease: &str, host: &str) -> u64 {
+    let mut h = Sha256::new();
+    h.update(lease.as_bytes());
+    h.update([0]);
+    h.update(host.as_bytes());
+    let d = h.finalize();
+    u64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+/// The preferred host of each lease: a bounded-load rendezvous assignment.
+///
+/// Each lease ranks the hosts by a hash of (lease, host); the leases, taken
+/// in the order of a hash of their names, each go to the highest-ranked host
+/// that still has a place: `floor(M / N)` places each, and `M mod N` extra
+/// places for whichever hosts come to them first. So every host gets
+/// `floor(M / N)` or one more, and the result depends only on the names,
+/// never on their order. No hosts: empty.
+///
+/// ```
+/// use baton::election::assign;
+///
+/// let leases: Vec<String> = (0..30).map(|i| format!("lease-{i}")).collect();
+/// let hosts = ["a", "b", "c"].map(String::from);
+/// let preferred = assign(&leases, &hosts);
+/// for h in &hosts {
+///     assert_eq!(preferred.values().filter(|p| *p == h).count(), 10);
+/// }
+/// ```
+pub fn assign(leases: &[String], hosts: &[String]) -> BTreeMap<String, String> {
+    let hosts: BTreeSet<&String> = hosts.iter().collect();
+    let leases: BTreeSet<&String> = leases.iter().collect();
+    let mut out = BTreeMap::new();
+    if hosts.is_empty() {
+        return out;
+    }
+    // Every host takes floor(M / N); M mod N of them one more.
+    let floor = leases.len() / hosts.len();
+    let mut extra = leases.len() % hosts.len();
+    let mut order: Vec<&String> = leases.into_iter().collect();
+    order.sort_by_key(|l| (score(l, ""), *l));
+    let mut load: HashMap<&String, usize> = HashMap::new();
+    for lease in order {
+        let mut ranked: Vec<&String> = hosts.iter().copied().collect();
+        ranked.sort_by_key(|h| (std::cmp::Reverse(score(lease, h)), *h));
+        let host = ranked
+            .into_iter()
+            .find(|h| {
+                let n = load.get(h).copied().unwrap_or(0);
+                n < floor || (n == floor && extra > 0)
+            })
+            .expect("N * floor + extra places for M leases");
+        let n = load.entry(host).or_default();
+        if *n == floor {
+            extra -= 1;
+        }
+        *n += 1;
+        out.insert(lease.clone(), host.clone());
+    }
+    out
+}
+
+/// The membership records a host has seen, and when each last changed.
+#[derive(Debug, Default)]
+pub struct Roster {
+    seen: BTreeMap<String, (Versioned, Instant)>,
+}
+
+impl Roster {
+    /// Takes in a listing of the store (every lease; other than membership
+    /// records are ignored), seen at `at`. A record that changed version is
+    /// dated `at`; one that is gone from the listing is forgotten.
+    pub fn observe(&mut self, listing: &[(String, Versioned)], at: Instant) {
+        let mut fresh = BTreeMap::new();
+        for (name, v) in listing.iter().filter(|(n, _)| n.starts_with(MEMBER_PREFIX)) {
+            let since = match self.seen.get(name) {
+                Some((old, since)) if old.version == v.version => *since,
+                _ => at,
+            };
+            fresh.insert(name.clone(), (v.clone(), since));
+        }
+        self.seen = fresh;
+    }
+
+    /// The identities of the hosts whose membership record is held and
+    /// has not expired at `now`, sorted.
+    pub fn live(&self, now: Instant) -> Vec<String> {
+        let live: BTreeSet<String> = self
+            .seen
+            .values()
+            .filter(|(v, since)| now < *since + v.record.lease_duration)
+            .filter_map(|(v, _)| v.record.holder().map(str::to_owned))
+            .collect();
+        live.into_iter().collect()
+    }
+}
+
+/// How a [`Spreader`] works.
+#[derive(Clone, Copy, Debug)]
+pub struct SpreadConfig {
+    /// The timings of this host's membership record; its retry period is
+    /// also how often the store is listed.
+    pub member_timings: Timings,
+    /// How long after a release a host that does not prefer the lease
+    /// waits before taking it ([`DEFAULT_HEAD_START`]).
+    pub head_start: Duration,
+    /// How long the view of the live hosts must stay the same before a
+    /// lease this host leads is handed to the host that prefers it: a
+    /// rolling restart or a host that flickers moves no lease back and
+    /// forth.
+    pub settle: Duration,
+}
+
+/// One lease this host serves, as the spreader steers it.
+pub struct SteeredLease {
+    /// The lease's name.
+    pub name: String,
+    /// Its elector's intent.
+    pub intent: watch::Sender<Intent>,
+    /// Its elector's status.
+    pub view: watch::Receiver<LeaseView>,
+}
+
+/// Sets an elector's intent unless it was told to stop (a stop is never
+/// taken back).
+fn steer(intent: &watch::Sender<Intent>, to: Intent) {
+    intent.send_if_modified(|now| {
+        if *now == Intent::Stop || *now == to {
+            return false;
+        }
+        *now = to;
+        true
+    });
+}
+
+/// The hand-overs of one lease under one view of the live hosts.
+#[derive(Clone, Copy, Debug, Default)]
+struct HandOvers {
+    /// The view's number.
+    epoch: u64,
+    /// How many, and when the last one was.
+    count: u32,
+    last: Option<Instant>,
+}
+
+/// The longest wait between two hand-overs of a lease under one view, in
+/// settle times: the wait doubles from one settle time after each
+/// hand-over that its preferred host did not take, up to 64 (about four
+/// minutes with the defaults), so hosts that disagree for long move a
+/// lease a few times an hour at most.
+const MAX_RETRY_SETTLES: u32 = 64;
+
+/// Keeps this host's membership record and steers its electors; see the
+/// [module documentation](self).
+pub struct Spreader {
+    identity: String,
+    store: Arc<dyn LeaseStore>,
+    cfg: SpreadConfig,
+    leases: Vec<SteeredLease>,
+    roster: Roster,
+    /// The live hosts as last computed, since when they are so, and how
+    /// many times they changed.
+    view: Vec<String>,
+    view_since: Instant,
+    epoch: u64,
+    /// The hand-overs of each lease under the current view.
+    handed: HashMap<String, HandOvers>,
+}
+
+impl Spreader {
+    /// A spreader for the host `identity`, steering `leases`.
+    pub fn new(
+        identity: &str,
+        store: Arc<dyn LeaseStore>,
+        cfg: SpreadConfig,
+        leases: Vec<SteeredLease>,
+    ) -> Spreader {
+        Spreader {
+            identity: identity.to_owned(),
+            store,
+            cfg,
+            leases,
+            roster: Roster::default(),
+            view: vec![identity.to_owned()],
+            view_since: Instant::now(),
+            epoch: 0,
+            handed: HashMap::new(),
+        }
+    }
+
+    /// Runs until `stop` is cancelled: keeps the membership record (its
+    /// own elector, released on the way out) and, every retry period,
+    /// lists the store and steers the electors.
+    pub async fn run(mut self, clock: TermClock, stop: CancellationToken) {
+        let member = ElectorConfig {
+            lease: member_lease(&self.identity),
+            identity: self.identity.clone(),
+            timings: self.cfg.member_timings,
+        };
+        let (elector, _status, member_intent) = Elector::new(member, self.store.clone(), clock);
+        let membership = tokio::spawn(elector.run());
+        let period = self.cfg.member_timings.retry_period;
+        let mut next = Instant::now();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = sleep_until(next) => {}
+            }
+            next = Instant::now() + period;
+            match timeout(
+                self.cfg.member_timings.request_timeout,
+                self.store.list_prefixed(MEMBER_PREFIX),
+            )
+            .await
+            {
+                Ok(Ok(listing)) => self.roster.observe(&listing, Instant::now()),
+                Ok(Err(e)) => tracing::debug!(error = %e, "listing the hosts failed; keeping the last view"),
+                Err(_) => tracing::debug!("listing the hosts timed out; keeping the last view"),
+            }
+            self.steer_all(Instant::now());
+        }
+        member_intent.send_replace(Intent::Stop);
+        let _ = timeout(self.cfg.member_timings.renew_deadline, membership).await;
+    }
+
+    /// Whether a lease led here may be handed over now: not yet under this
+    /// view, or its last hand-over long enough ago (the preferred host did
+    /// not take it: it saw other hosts then, or does not serve the lease).
+    fn may_hand_over(&self, lease: &str, now: Instant) -> bool {
+        match self.handed.get(lease) {
+            Some(h) if h.epoch == self.epoch => {
+                let wait = self.cfg.settle * (1u32 << h.count.min(6)).min(MAX_RETRY_SETTLES);
+                h.last.is_none_or(|last| now >= last + wait)
+            }
+            _ => true,
+        }
+    }
+
+    /// Recomputes the view and every lease's intent at `now`.
+    fn steer_all(&mut self, now: Instant) {
+        let mut live = self.roster.live(now);
+        if !live.contains(&self.identity) {
+            live.push(self.identity.clone());
+            live.sort();
+        }
+        if live != self.view {
+            tracing::info!(hosts = live.len(), live = %live.join(","), "the live hosts changed; leases are spread again");
+            self.view = live;
+            self.view_since = now;
+            self.epoch += 1;
+        }
+        let settled = now >= self.view_since + self.cfg.settle;
+        let names: Vec<String> = self.leases.iter().map(|l| l.name.clone()).collect();
+        let preferred = assign(&names, &self.view);
+        for lease in &self.leases {
+            let Some(host) = preferred.get(&lease.name) else {
+                continue;
+            };
+            let status = lease.view.borrow().status.clone();
+            let current = *lease.intent.borrow();
+            let head_start = self.cfg.head_start;
+            let to = match current {
+                _ if *host == self.identity => Intent::Contend,
+                // A hand-over under way (the term is resigning, or was
+                // released and nobody took it yet).
+                Intent::HandOver { term, .. } if status.term == term && status.role != Role::Following => {
+                    current
+                }
+                // Led here, preferred elsewhere, the view steady, and not
+                // handed over lately under this view: hand it over.
+                _ if status.role == Role::Leading && settled && self.may_hand_over(&lease.name, now) => {
+                    tracing::info!(lease = %lease.name, term = status.term, to = %host, "handing the lease over to the host that prefers it");
+                    let epoch = self.epoch;
+                    let h = self.handed.entry(lease.name.clone()).or_default();
+                    if h.epoch != epoch {
+                        *h = HandOvers {
+                            epoch,
+                            ..HandOvers::default()
+                        };
+                    }
+                    h.count += 1;
+                    h.last = Some(now);
+                    Intent::HandOver {
+                        term: status.term,
+                        head_start,
+                    }
+                }
+                // Lead on if leading; let the preferred host go first.
+                _ => Intent::Defer { head_start },
+            };
+            steer(&lease.intent, to);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(prefix: &str, n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("{prefix}{i}")).collect()
+    }
+
+    fn loads(a: &BTreeMap<String, String>, hosts: &[String]) -> Vec<usize> {
+        hosts
+            .iter()
+            .map(|h| a.values().filter(|p| *p == h).count())
+            .collect()
+    }
+
+    #[test]
+    fn every_host_gets_at_most_the_ceiling_and_the_rest_fill_up() {
+        for (m, n) in [(30, 3), (30, 2), (31, 3), (100, 7), (5, 8), (1, 3), (0, 2)] {
+            let leases = names("lease-", m);
+            let hosts = names("host-", n);
+            let a = assign(&leases, &hosts);
+            assert_eq!(a.len(), m);
+            let l = loads(&a, &hosts);
+            assert!(
+                l.iter().all(|&x| x == m / n || x == m.div_ceil(n)),
+                "{m} on {n}: {l:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_assignment_depends_only_on_the_names() {
+        let leases = names("jobs.", 20);
+        let hosts = names("node-", 4);
+        let mut rl = leases.clone();
+        rl.reverse();
+        let mut rh = hosts.clone();
+        rh.reverse();
+        assert_eq!(assign(&leases, &hosts), assign(&rl, &rh));
+    }
+
+    #[test]
+    fn a_host_joining_or_leaving_moves_few_leases() {
+        // The least a join can move is M / (N + 1); bounded loads move more
+        // than plain rendezvous hashing, but stay within a small multiple.
+        let leases = names("lease-", 30);
+        let three = names("host-", 3);
+        let four = names("host-", 4);
+        let a = assign(&leases, &three);
+        let b = assign(&leases, &four);
+        let moved = leases.iter().filter(|l| a[*l] != b[*l]).count();
+        assert!(moved <= 2 * 30 / 4 + 1, "a join moved {moved} of 30");
+        let two = names("host-", 2);
+        let c = assign(&leases, &two);
+        let moved = leases.iter().filter(|l| a[*l] != c[*l]).count();
+        assert!(moved <= 2 * 30 / 3 + 1, "a leave moved {moved} of 30");
+    }
+
+    #[test]
+    fn member_leases_are_valid_lease_names_and_distinct() {
+        for id in [
+            "node-a",
+            "Node_A",
+            "node_a",
+            "a.b",
+            "-x-",
+            "___",
+            &"x".repeat(300),
+        ] {
+            let name = member_lease(id);
+            crate::store::validate_lease_name(&name).unwrap_or_else(|e| panic!("{id:?}: {e}"));
+            assert!(name.starts_with(MEMBER_PREFIX));
+        }
+        assert_ne!(member_lease("Node_A"), member_lease("node_a"));
+        assert_ne!(member_lease("___"), member_lease("__"));
+    }
+
+    use crate::store::memory::MemoryStore;
+    use tokio::task::JoinHandle;
+
+    fn timings() -> Timings {
+        let t = Timings {
+            lease_duration: Duration::from_secs(10),
+            renew_deadline: Duration::from_secs(6),
+            retry_period: Duration::from_secs(1),
+            grace: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(1),
+        };
+        t.validate().unwrap();
+        t
+    }
+
+    /// A host: its electors and its spreader, on its own client of one store.
+    struct Host {
+        views: Vec<(String, watch::Receiver<LeaseView>)>,
+        tasks: Vec<JoinHandle<()>>,
+    }
+
+    impl Host {
+        fn start(store: &MemoryStore, clock: &TermClock, identity: &str, leases: &[String]) -> Host {
+            let client: Arc<dyn LeaseStore> = Arc::new(store.client());
+            let mut tasks = Vec::new();
+            let mut steered = Vec::new();
+            let mut views = Vec::new();
+            for name in leases {
+                let cfg = ElectorConfig {
+                    lease: name.clone(),
+                    identity: identity.into(),
+                    timings: timings(),
+                };
+                let (elector, view, intent) = Elector::new(cfg, client.clone(), clock.clone());
+                tasks.push(tokio::spawn(async move {
+                    let _ = elector.run().await;
+                }));
+                views.push((name.clone(), view.clone()));
+                steered.push(SteeredLease {
+                    name: name.clone(),
+                    intent,
+                    view,
+                });
+            }
+            let cfg = SpreadConfig {
+                member_timings: timings(),
+                head_start: Duration::from_millis(500),
+                settle: Duration::from_secs(2),
+            };
+            let spreader = Spreader::new(identity, client, cfg, steered);
+            let (clock, stop) = (clock.clone(), CancellationToken::new());
+            tasks.push(tokio::spawn(spreader.run(clock, stop)));
+            Host { views, tasks }
+        }
+
+        fn leading(&self) -> usize {
+            self.views
+                .iter()
+                .filter(|(_, v)| v.borrow().status.is_leading())
+                .count()
+        }
+
+        /// Dies: nothing is released.
+        fn kill(self) {
+            for t in self.tasks {
+                t.abort();
+            }
+        }
+    }
+
+    fn leads(hosts: &[&Host]) -> Vec<usize> {
+        hosts.iter().map(|h| h.leading()).collect()
+    }
+
+    /// No lease is led by two hosts at once.
+    fn no_overlap(hosts: &[&Host], leases: &[String]) {
+        for l in leases {
+            let n = hosts
+                .iter()
+                .filter(|h| {
+                    h.views
+                        .iter()
+                        .any(|(name, v)| name == l && v.borrow().status.is_leading())
+                })
+                .count();
+            assert!(n <= 1, "{l} led by {n} hosts");
+        }
+    }
+
+    async fn settle(hosts: &[&Host], leases: &[String], want: &[usize], within: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            no_overlap(hosts, leases);
+            if leads(hosts) == want {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < within,
+                "leads {:?}, want {want:?}",
+                leads(hosts)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn three_hosts_share_the_leases_and_the_survivors_take_a_dead_hosts_share() {
+        let store = MemoryStore::new();
+        let clock = TermClock::paused();
+        let leases = names("lease-", 12);
+        let a = Host::start(&store, &clock, "a", &leases);
+        // a takes everything while alone; b and c join and get their share
+        // handed over.
+        settle(&[&a], &leases, &[12], Duration::from_secs(5)).await;
+        let b = Host::start(&store, &clock, "b", &leases);
+        let c = Host::start(&store, &clock, "c", &leases);
+        settle(&[&a, &b, &c], &leases, &[4, 4, 4], Duration::from_secs(20)).await;
+        // Steady: nothing moves any more.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(leads(&[&a, &b, &c]), [4, 4, 4]);
+        // c dies: its leases expire (10 s) and a and b share all of them.
+        c.kill();
+        settle(&[&a, &b], &leases, &[6, 6], Duration::from_secs(30)).await;
+        // It comes back: the share is 4 each again.
+        let c = Host::start(&store, &clock, "c", &leases);
+        settle(&[&a, &b, &c], &leases, &[4, 4, 4], Duration::from_secs(30)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_host_that_does_not_serve_its_preferred_leases_is_offered_them_less_and_less_often() {
+        // b prefers some of a's leases but does not serve them: a hands each
+        // over, takes it back after the head start, and offers it again
+        // only after a wait that doubles.
+        let store = MemoryStore::new();
+        let clock = TermClock::paused();
+        let leases = names("lease-", 6);
+        let a = Host::start(&store, &clock, "a", &leases);
+        settle(&[&a], &leases, &[6], Duration::from_secs(5)).await;
+        let _b = Host::start(&store, &clock, "b", &[]);
+        let terms = |h: &Host| -> Vec<u64> { h.views.iter().map(|(_, v)| v.borrow().status.term).collect() };
+        tokio::time::sleep(Duration::from_secs(75)).await;
+        let early = terms(&a);
+        // Offered after 2 s (settle), then 4, 8, 16 and 32 s after each.
+        assert!(early.iter().any(|&t| t > 1), "nothing was offered: {early:?}");
+        assert!(early.iter().all(|&t| t <= 7), "offered too often: {early:?}");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let late = terms(&a);
+        for (e, l) in early.iter().zip(&late) {
+            assert!(
+                l - e <= 1,
+                "offered more than once in a minute: {early:?} -> {late:?}"
+            );
+        }
+        assert_eq!(a.leading(), 6);
+    }
+}

@@ -1,0 +1,261 @@
+//! Spreading the leads, the scenario both stores run: three hosts contend
+//! for thirty leases, each gating one guest that appends term-tagged
+//! records to a file of its lease. The hosts settle at ten leases each;
+//! one is killed and the other two settle at fifteen; it comes back and
+//! they settle at ten again. Then every lease's records are checked: no
+//! record after its term's force-stop time (or, on the killed host, after
+//! its death), and terms never going back, so no two hosts ever ran a
+//! lease's guest at once.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::support::*;
+use crate::witness::{Record, force_stop_at};
+
+/// How many leases the hosts share.
+pub const LEASES: usize = 30;
+
+/// The name of lease `i`, and of the plugin it gates.
+pub fn lease_name(i: usize) -> String {
+    format!("lease-{i:02}")
+}
+
+fn plugin_name(i: usize) -> String {
+    format!("p-{i:02}")
+}
+
+/// The leases and plugins of the scenario, after `head` (the `[store]`
+/// and `[defaults]` tables); each lease's guest appends a record every
+/// 200 ms to `data/lease-NN/records`.
+pub fn spread_config(head: &str, data: &Path) -> String {
+    let mut text = head.to_owned();
+    let path = guest("probe_pollable.wasm").display().to_string();
+    for i in 0..LEASES {
+        let dir = data.join(lease_name(i));
+        std::fs::create_dir_all(&dir).unwrap();
+        text.push_str(&format!(
+            "\n[[lease]]\nname = {lease:?}\n\n[[plugin]]\nname = {plugin:?}\npath = {path:?}\nlease = {lease:?}\n\
+             inherit-env = [\"PROBE_HOST\"]\nenv = {{ PROBE_MODE = \"append\", PROBE_TAG = {plugin:?}, PROBE_TICK_MS = \"200\" }}\n\
+             dirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
+            dir.display().to_string(),
+            lease = lease_name(i),
+            plugin = plugin_name(i),
+        ));
+    }
+    text
+}
+
+/// The leases a host leads now, by its last status event of each.
+pub fn led(h: &Host) -> BTreeSet<String> {
+    let mut last: BTreeMap<String, bool> = BTreeMap::new();
+    for e in h.all(|e| e.message() == "lease status changed") {
+        let Some(lease) = e.str("lease") else { continue };
+        if lease.starts_with("baton-member.") {
+            continue;
+        }
+        last.insert(lease.to_owned(), e.str("role") == Some("leading"));
+    }
+    last.into_iter().filter(|(_, l)| *l).map(|(n, _)| n).collect()
+}
+
+/// Waits until every lease is led by one of `hosts` and each leads
+/// `share` ± 1; returns how long that took. Panics after `within`, or if
+/// two hosts lead one lease for more than a moment (a status event is
+/// logged a little after the fact, so an overlap of logs alone is
+/// allowed for a second; the records are the real check).
+pub fn wait_spread(hosts: &[&Host], share: usize, within: Duration) -> Duration {
+    let start = Instant::now();
+    let mut doubled_since: HashMap<String, Instant> = HashMap::new();
+    loop {
+        let sets: Vec<BTreeSet<String>> = hosts.iter().map(|h| led(h)).collect();
+        let counts: Vec<usize> = sets.iter().map(BTreeSet::len).collect();
+        let mut holders: BTreeMap<&String, usize> = BTreeMap::new();
+        for s in &sets {
+            for l in s {
+                *holders.entry(l).or_default() += 1;
+            }
+        }
+        doubled_since.retain(|l, _| holders.get(l).copied().unwrap_or(0) > 1);
+        for (l, n) in &holders {
+            if *n > 1 {
+                let since = *doubled_since.entry((*l).clone()).or_insert_with(Instant::now);
+                assert!(
+                    since.elapsed() < Duration::from_secs(1),
+                    "{l} led by {n} hosts by their logs: {counts:?}"
+                );
+            }
+        }
+        let all_led = holders.len() == LEASES && holders.values().all(|n| *n == 1);
+        if all_led && counts.iter().all(|c| c.abs_diff(share) <= 1) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "no spread of {share} ± 1 within {within:?}: {counts:?}, {} of {LEASES} leases led",
+            holders.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the counts stay within `share` ± 1 for `steady`.
+pub fn stays_spread(hosts: &[&Host], share: usize, steady: Duration) {
+    let until = Instant::now() + steady;
+    while Instant::now() < until {
+        let counts: Vec<usize> = hosts.iter().map(|h| led(h).len()).collect();
+        assert!(
+            counts.iter().all(|c| c.abs_diff(share) <= 1),
+            "the spread did not hold: {counts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One run of a host process: its log, and when it was killed (`None`:
+/// it exited by itself after SIGTERM).
+pub struct Incarnation<'a> {
+    pub host: &'a Host,
+    pub killed: Option<SystemTime>,
+}
+
+/// Checks the records of lease `i` against the hosts' logs: each record
+/// was stamped before its term's force-stop time (a killed host's terms:
+/// before it was killed), and no record of an older term follows one of a
+/// newer term. Returns the number of records and of terms.
+pub fn check_lease(data: &Path, i: usize, runs: &[Incarnation]) -> (usize, usize) {
+    let plugin = plugin_name(i);
+    let mut bound: HashMap<(String, u64), SystemTime> = HashMap::new();
+    for run in runs {
+        let h = run.host;
+        for e in h.all(|e| e.is("leader task stopped", Some(&plugin))) {
+            bound.insert((h.name.clone(), e.u64("term").unwrap()), force_stop_at(&e));
+        }
+        if let Some(killed) = run.killed {
+            for e in h.all(|e| e.guest_line(&plugin, "probe start")) {
+                let term = e.guest_term().unwrap();
+                bound.entry((h.name.clone(), term)).or_insert(killed);
+            }
+        }
+    }
+    let file: PathBuf = data.join(lease_name(i)).join("records");
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    let mut newest = 0;
+    let mut terms = BTreeSet::new();
+    let mut records = 0;
+    for (n, line) in text.lines().enumerate() {
+        let r = Record::parse(n, line);
+        let Some(stop) = bound.get(&(r.host.clone(), r.term)) else {
+            panic!(
+                "{}: line {}: host {} logged no end for term {}",
+                file.display(),
+                n + 1,
+                r.host,
+                r.term
+            );
+        };
+        let late = ms_between(*stop, r.at);
+        assert!(
+            late <= 5.0,
+            "{}: line {}: stamped {late:.1} ms after its term's end",
+            file.display(),
+            n + 1
+        );
+        assert!(
+            r.term >= newest,
+            "{}: line {}: a record of term {} after one of term {newest}",
+            file.display(),
+            n + 1,
+            r.term
+        );
+        newest = r.term;
+        terms.insert(r.term);
+        records += 1;
+    }
+    (records, terms.len())
+}
+
+/// The whole scenario on `config` (with `args` for `baton run`), the
+/// killed host's share taken over within `failover`; prints what it
+/// measured.
+pub fn three_hosts_share_thirty_leases(
+    config: &Path,
+    data: &Path,
+    args: &[&std::ffi::OsStr],
+    failover: Duration,
+) {
+    let start = |name: &str| {
+        Host::start_opts(
+            name,
+            config,
+            Opts {
+                env: &[("PROBE_HOST", name)],
+                args,
+                ..Opts::default()
+            },
+        )
+    };
+    let mut a = start("a");
+    let mut b = start("b");
+    let mut c = start("c");
+    for h in [&a, &b, &c] {
+        h.wait_for(Duration::from_secs(120), "plugins loaded", |e| {
+            e.message() == "compiled-code cache"
+        });
+    }
+    let settled = wait_spread(&[&a, &b, &c], LEASES / 3, Duration::from_secs(60));
+    stays_spread(&[&a, &b, &c], LEASES / 3, Duration::from_secs(3));
+    eprintln!("three hosts: 10 ± 1 each {settled:?} after loading");
+
+    let killed = c.sigkill();
+    let taken = wait_spread(&[&a, &b], LEASES / 2, failover);
+    stays_spread(&[&a, &b], LEASES / 2, Duration::from_secs(3));
+    eprintln!("one killed: 15 ± 1 each {taken:?} after the kill");
+
+    let c2 = start("c");
+    c2.wait_for(Duration::from_secs(120), "plugins loaded", |e| {
+        e.message() == "compiled-code cache"
+    });
+    let back = wait_spread(&[&a, &b, &c2], LEASES / 3, Duration::from_secs(30));
+    stays_spread(&[&a, &b, &c2], LEASES / 3, Duration::from_secs(3));
+    eprintln!("back: 10 ± 1 each {back:?} after it loaded");
+
+    let mut c2 = c2;
+    for h in [&a, &b, &c2] {
+        h.sigterm();
+    }
+    for h in [&mut a, &mut b, &mut c2] {
+        assert!(
+            h.wait_exit(Duration::from_secs(20)).success(),
+            "{} failed",
+            h.name
+        );
+    }
+    let runs = [
+        Incarnation {
+            host: &a,
+            killed: None,
+        },
+        Incarnation {
+            host: &b,
+            killed: None,
+        },
+        Incarnation {
+            host: &c,
+            killed: Some(killed),
+        },
+        Incarnation {
+            host: &c2,
+            killed: None,
+        },
+    ];
+    let (mut records, mut terms) = (0, 0);
+    for i in 0..LEASES {
+        let (r, t) = check_lease(data, i, &runs);
+        assert!(r > 0, "lease {i}: no records");
+        records += r;
+        terms += t;
+    }
+    eprintln!("{records} records in {terms} terms of {LEASES} leases: none late, none out of order");
+}
