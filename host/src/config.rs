@@ -753,6 +753,29 @@ env = { A = "1" }
     }
 
     #[test]
+    fn spreading_is_on_with_more_than_one_lease_and_its_settings_are_checked() {
+        let one = Config::parse("[[lease]]\nname = \"a\"\n", None).unwrap();
+        assert!(one.spread.is_none());
+        let two = "[defaults]\nretry-period = \"1s\"\n[[lease]]\nname = \"a\"\n[[lease]]\nname = \"b\"\n";
+        let s = Config::parse(two, None).unwrap().spread.expect("on with two leases");
+        assert_eq!(s.head_start, DEFAULT_HEAD_START);
+        assert_eq!(s.settle, Duration::from_secs(2));
+        assert_eq!(s.member_timings.retry_period, Duration::from_secs(1));
+        let off = format!("{two}[spread]\nenabled = false\n");
+        assert!(Config::parse(&off, None).unwrap().spread.is_none());
+        let e = Config::parse(&format!("{two}[spread]\nhead-start = \"20s\"\n"), Some(Path::new("s.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("s.toml: [spread]: field `head-start`"), "{e}");
+        assert!(e.contains("below the lease duration (15s)"), "{e}");
+        let e = Config::parse("[[lease]]\nname = \"baton-member.x\"\n", Some(Path::new("m.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("m.toml:2: lease \"baton-member.x\""), "{e}");
+        assert!(e.contains("membership records"), "{e}");
+    }
+
+    #[test]
     fn a_blank_identity_is_refused() {
         let e = Config::parse("identity = \" \"\n", Some(Path::new("b.toml")))
             .unwrap_err()
