@@ -15,7 +15,8 @@
 //!
 //! `BATON_BENCH_LEASES` (default 100), `BATON_BENCH_PLUGINS` (per lease,
 //! default 10), `BATON_BENCH_RUNS` (default 3; one more run first warms the
-//! compiled-code cache). Run: `scripts/bench.sh --bench many_plugins`.
+//! compiled-code cache), `BATON_BENCH_SPREAD=0` to turn spreading off (its
+//! membership record and listing are then not measured). Run: `scripts/bench.sh --bench many_plugins`.
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]
@@ -39,6 +40,9 @@ fn config_text(store: &std::path::Path, leases: usize, plugins: usize) -> String
         "[store]\nkind = \"embedded\"\ndir = {:?}\n",
         store.display().to_string()
     );
+    if var("BATON_BENCH_SPREAD", 1) == 0 {
+        text.push_str("\n[spread]\nenabled = false\n");
+    }
     for l in 0..leases {
         let _ = write!(text, "\n[[lease]]\nname = \"lease-{l}\"\n");
         for p in 0..plugins {
@@ -93,7 +97,11 @@ fn run(leases: usize, plugins: usize) -> Run {
         (|e| e.message().starts_with("probe start"), total)
     } else {
         (
-            |e| e.message() == "lease status changed" && e.str("role") == Some("leading"),
+            |e| {
+                e.message() == "lease status changed"
+                    && e.str("role") == Some("leading")
+                    && !e.str("lease").unwrap_or("").starts_with("baton-member.")
+            },
             leases,
         )
     };

@@ -304,6 +304,38 @@ pub struct Config {
     pub spread: Option<SpreadConfig>,
 }
 
+/// The timings of a host's membership record, from the `[defaults]`
+/// timings `base`: half the lease duration (in whole seconds from 2 s up,
+/// as a Kubernetes Lease holds them), so that the other hosts stop counting
+/// a dead host before its leases expire and its leases go to the hosts
+/// that prefer them under the new count; half the renew deadline; the same
+/// retry period; no grace (the record gates no task). Where that breaks
+/// the timing rules, `base` with no grace.
+fn member_timings(base: Timings) -> Timings {
+    let half = base.lease_duration / 2;
+    let lease_duration = if half >= Duration::from_secs(1) {
+        Duration::from_secs(half.as_secs())
+    } else {
+        half
+    };
+    let renew_deadline = lease_duration / 2;
+    let short = Timings {
+        lease_duration,
+        renew_deadline,
+        retry_period: base.retry_period,
+        grace: Duration::ZERO,
+        request_timeout: base.request_timeout.min(renew_deadline / 2),
+    };
+    if short.validate().is_ok() {
+        short
+    } else {
+        Timings {
+            grace: Duration::ZERO,
+            ..base
+        }
+    }
+}
+
 /// A default identity, unique per process: host name, process id and a
 /// random suffix (two processes with one identity would flip-flop).
 pub fn default_identity() -> String {
@@ -632,26 +664,27 @@ impl Config {
             }
         };
         let spread = if raw.spread.enabled.unwrap_or(leases.len() > 1) {
-            let member_timings = RawTimings::default().over(defaults);
-            member_timings.validate().map_err(|e| {
+            let base = RawTimings::default().over(defaults);
+            base.validate().map_err(|e| {
                 ConfigError(format!(
-                    "{file}: [defaults]: unsafe timings (the hosts' membership records use them): {e}"
+                    "{file}: [defaults]: unsafe timings (the hosts' membership records derive theirs from them): {e}"
                 ))
             })?;
+            let member_timings = member_timings(base);
             let head_start = raw.spread.head_start.unwrap_or(DEFAULT_HEAD_START);
-            if head_start.is_zero() || head_start >= member_timings.lease_duration {
+            if head_start.is_zero() || head_start >= base.lease_duration {
                 return Err(ConfigError(format!(
                     "{file}: [spread]: field `head-start`: {} must be above zero and below the \
                      lease duration ({}): a released lease whose preferred host is absent waits that \
                      long, which should never exceed what a crashed holder costs",
                     humantime::format_duration(head_start),
-                    humantime::format_duration(member_timings.lease_duration)
+                    humantime::format_duration(base.lease_duration)
                 )));
             }
             Some(SpreadConfig {
                 member_timings,
                 head_start,
-                settle: raw.spread.settle.unwrap_or(member_timings.retry_period * 2),
+                settle: raw.spread.settle.unwrap_or(base.retry_period * 2),
             })
         } else {
             None
@@ -757,20 +790,49 @@ env = { A = "1" }
         let one = Config::parse("[[lease]]\nname = \"a\"\n", None).unwrap();
         assert!(one.spread.is_none());
         let two = "[defaults]\nretry-period = \"1s\"\n[[lease]]\nname = \"a\"\n[[lease]]\nname = \"b\"\n";
-        let s = Config::parse(two, None).unwrap().spread.expect("on with two leases");
+        let s = Config::parse(two, None)
+            .unwrap()
+            .spread
+            .expect("on with two leases");
         assert_eq!(s.head_start, DEFAULT_HEAD_START);
         assert_eq!(s.settle, Duration::from_secs(2));
         assert_eq!(s.member_timings.retry_period, Duration::from_secs(1));
+        assert_eq!(s.member_timings.lease_duration, Duration::from_secs(7));
+        s.member_timings.validate().unwrap();
+        for (ld, rd, rp) in [
+            (2000, 1000, 200),
+            (4000, 2000, 500),
+            (1000, 500, 100),
+            (3000, 2000, 1000),
+        ] {
+            let ms = Duration::from_millis;
+            let base = Timings {
+                lease_duration: ms(ld),
+                renew_deadline: ms(rd),
+                retry_period: ms(rp),
+                grace: ms(0),
+                request_timeout: ms(rp).min(ms(rd) / 2),
+            };
+            let m = member_timings(base);
+            m.validate().unwrap_or_else(|e| panic!("{base:?}: {e}"));
+            assert!(m.lease_duration <= base.lease_duration);
+        }
         let off = format!("{two}[spread]\nenabled = false\n");
         assert!(Config::parse(&off, None).unwrap().spread.is_none());
-        let e = Config::parse(&format!("{two}[spread]\nhead-start = \"20s\"\n"), Some(Path::new("s.toml")))
-            .unwrap_err()
-            .to_string();
+        let e = Config::parse(
+            &format!("{two}[spread]\nhead-start = \"20s\"\n"),
+            Some(Path::new("s.toml")),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("s.toml: [spread]: field `head-start`"), "{e}");
         assert!(e.contains("below the lease duration (15s)"), "{e}");
-        let e = Config::parse("[[lease]]\nname = \"baton-member.x\"\n", Some(Path::new("m.toml")))
-            .unwrap_err()
-            .to_string();
+        let e = Config::parse(
+            "[[lease]]\nname = \"baton-member.x\"\n",
+            Some(Path::new("m.toml")),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("m.toml:2: lease \"baton-member.x\""), "{e}");
         assert!(e.contains("membership records"), "{e}");
     }

@@ -103,8 +103,9 @@ pub enum Intent {
     /// Contend for the lease, and lead when it is won (the start).
     Contend,
     /// Another host is preferred (see [`spread`](super::spread)): lead on
-    /// if this host leads; take the lease when it expires, and when it is
-    /// released or absent only `head_start` after that was seen.
+    /// if this host leads; take the lease when it is released or absent
+    /// only `head_start` after that was seen, and when it expires after
+    /// `head_start` or half a retry period, whichever is shorter.
     Defer {
         /// The preferred host's head start after a release.
         head_start: Duration,
@@ -356,11 +357,19 @@ impl Elector {
             Intent::StandBy { until } => f.not_before.max(until),
             Intent::Contend => f.not_before,
             Intent::Defer { head_start } | Intent::HandOver { head_start, .. } => match &self.known {
-                // Released or absent: the preferred host goes first.
-                Some(k) if k.record.as_ref().and_then(|v| v.record.holder()).is_none() => {
-                    f.not_before.max(k.at + head_start)
-                }
-                _ => f.not_before,
+                Some(k) => match k.record.as_ref().filter(|v| v.record.holder().is_some()) {
+                    // Released or absent: the preferred host goes first.
+                    None => f.not_before.max(k.at + head_start),
+                    Some(v) if v.record.held_by(&self.me.identity, &self.me.instance) => f.not_before,
+                    // Once expired, the preferred host gets half a retry
+                    // period at most, so that failover stays within LD + RP
+                    // even if the preferred host is gone too.
+                    Some(v) => {
+                        let grace = head_start.min(self.cfg.timings.retry_period / 2);
+                        f.not_before.max(k.at + v.record.lease_duration + grace)
+                    }
+                },
+                None => f.not_before,
             },
         };
         let wake = match &self.known {

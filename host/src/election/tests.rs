@@ -786,7 +786,7 @@ async fn a_deferring_host_takes_a_released_lease_only_after_the_head_start() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_deferring_host_takes_an_expired_lease_without_a_head_start() {
+async fn a_deferring_host_takes_an_expired_lease_within_half_a_retry_period() {
     let c = Cluster::new();
     let mut a = c.start("a");
     a.until_leading().await;
