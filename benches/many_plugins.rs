@@ -16,7 +16,11 @@
 //! `BATON_BENCH_LEASES` (default 100), `BATON_BENCH_PLUGINS` (per lease,
 //! default 10), `BATON_BENCH_RUNS` (default 3; one more run first warms the
 //! compiled-code cache), `BATON_BENCH_SPREAD=0` to turn spreading off (its
-//! membership record and listing are then not measured). Run: `scripts/bench.sh --bench many_plugins`.
+//! membership record and listing are then not measured),
+//! `BATON_BENCH_FOLLOW=1` to measure a host whose leases another host leads
+//! (spreading off): it loads every plugin and runs none, and the bench
+//! prints the resident memory per loaded plugin, against the same host with
+//! no plugins. Run: `scripts/bench.sh --bench many_plugins`.
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]
@@ -40,7 +44,7 @@ fn config_text(store: &std::path::Path, leases: usize, plugins: usize) -> String
         "[store]\nkind = \"embedded\"\ndir = {:?}\n",
         store.display().to_string()
     );
-    if var("BATON_BENCH_SPREAD", 1) == 0 {
+    if var("BATON_BENCH_SPREAD", 1) == 0 || var("BATON_BENCH_FOLLOW", 0) == 1 {
         text.push_str("\n[spread]\nenabled = false\n");
     }
     for l in 0..leases {
@@ -85,25 +89,43 @@ struct Run {
     idle_cpu: f64,
 }
 
+fn is_role(e: &Event, role: &str) -> bool {
+    e.message() == "lease status changed"
+        && e.str("role") == Some(role)
+        && !e.str("lease").unwrap_or("").starts_with("baton-member.")
+}
+
 fn run(leases: usize, plugins: usize) -> Run {
     let s = Scratch::new();
     let cfg = s.write("baton.toml", &config_text(&s.store(), leases, plugins));
     let total = leases * plugins;
+    let follow = var("BATON_BENCH_FOLLOW", 0) == 1;
+    // Following: another host, with the same leases and no plugins, leads
+    // them all first.
+    let holder = follow.then(|| {
+        let cfg = s.write("holder.toml", &config_text(&s.store(), leases, 0));
+        let h = Host::start("holder", &cfg);
+        let until = std::time::Instant::now() + Duration::from_secs(120);
+        while h.all(|e| is_role(e, "leading")).len() < leases {
+            assert!(
+                std::time::Instant::now() < until,
+                "the holder did not lead every lease"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        h
+    });
     let spawned = SystemTime::now();
     let mut h = Host::start("many", &cfg);
     let until = std::time::Instant::now() + Duration::from_secs(600);
-    // Every task's first line; with no plugins, every lease led.
-    let (what, wanted): (fn(&Event) -> bool, usize) = if total > 0 {
+    // Every task's first line; with no plugins, every lease led; when
+    // following, every lease followed.
+    let (what, wanted): (fn(&Event) -> bool, usize) = if follow {
+        (|e| is_role(e, "following"), leases)
+    } else if total > 0 {
         (|e| e.message().starts_with("probe start"), total)
     } else {
-        (
-            |e| {
-                e.message() == "lease status changed"
-                    && e.str("role") == Some("leading")
-                    && !e.str("lease").unwrap_or("").starts_with("baton-member.")
-            },
-            leases,
-        )
+        (|e| is_role(e, "leading"), leases)
     };
     let last = loop {
         let started = h.all(what);
@@ -131,6 +153,10 @@ fn run(leases: usize, plugins: usize) -> Run {
     let idle_cpu = (cpu_secs(pid) - before) / 10.0 * 100.0;
     h.sigterm();
     h.wait_exit(Duration::from_secs(60));
+    if let Some(mut holder) = holder {
+        holder.sigterm();
+        holder.wait_exit(Duration::from_secs(60));
+    }
     Run {
         start_ms: ms_between(spawned, last),
         load_ms,
@@ -141,13 +167,18 @@ fn run(leases: usize, plugins: usize) -> Run {
     }
 }
 
-fn summary(name: &str, unit: &str, mut v: Vec<f64>) {
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let median = if v.len() % 2 == 1 {
+    if v.len() % 2 == 1 {
         v[v.len() / 2]
     } else {
         (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
+    }
+}
+
+fn summary(name: &str, unit: &str, mut v: Vec<f64>) {
+    let median = median(v.clone());
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!(
         "{name:<9} runs {:>2}  min {:>9.1} {unit:<3} median {:>9.1} {unit:<3} max {:>9.1} {unit}",
         v.len(),
@@ -170,11 +201,25 @@ fn main() {
         "one host, {leases} leases x {plugins} plugins of one component ({} tasks), warm cache",
         leases * plugins
     );
+    let follow = var("BATON_BENCH_FOLLOW", 0) == 1;
     let _warm = run(leases.min(2), plugins.min(2));
     if plugins == 0 {
         println!("(no plugins: {leases} idle leases)");
     }
+    if follow {
+        println!("(following: another host leads every lease; start is until every lease is followed)");
+    }
     let results: Vec<Run> = (0..runs).map(|_| run(leases, plugins)).collect();
+    if follow && plugins > 0 {
+        let base: Vec<f64> = (0..runs).map(|_| run(leases, 0).rss_mb).collect();
+        let base = median(base);
+        let per: Vec<f64> = results
+            .iter()
+            .map(|r| (r.rss_mb - base) * 1024.0 / (leases * plugins) as f64)
+            .collect();
+        println!("(resident with no plugins, following: {base:.1} MB, median of {runs})");
+        summary("per plugin", "KB", per);
+    }
     summary("start", "ms", results.iter().map(|r| r.start_ms).collect());
     summary("load", "ms", results.iter().map(|r| r.load_ms).collect());
     summary("rss", "MB", results.iter().map(|r| r.rss_mb).collect());
