@@ -397,6 +397,80 @@ fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
 }
 
 #[test]
+fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_no_reads() {
+    // The API server's own counts (/metrics) over an idle window: each
+    // lease's leader renews once per retry period and reads nothing; the
+    // hosts list only their membership Leases, once per retry period each;
+    // watches are resumed at most once per lease duration.
+    const LEASES: u64 = 100;
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "hundred"));
+    let s = Scratch::new();
+    let mut text = format!(
+        "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\nkubeconfig = {:?}\n\n[defaults]\n\
+         lease-duration = \"4s\"\nrenew-deadline = \"2s\"\nretry-period = \"500ms\"\ngrace = \"1s\"\n\
+         request-timeout = \"500ms\"\n",
+        ns.name,
+        env.admin_kubeconfig.display().to_string()
+    );
+    for i in 0..LEASES {
+        text.push_str(&format!("\n[[lease]]\nname = \"lease-{i:03}\"\n"));
+    }
+    let cfg = s.write("baton.toml", &text);
+    let hosts = [Host::start("a", &cfg), Host::start("b", &cfg)];
+    let led = |h: &Host| spread::led(h).len() as u64;
+    let until = Instant::now() + SECS(60);
+    while led(&hosts[0]) + led(&hosts[1]) != LEASES || led(&hosts[0]).abs_diff(LEASES / 2) > 1 {
+        assert!(
+            Instant::now() < until,
+            "not spread: {} and {}",
+            led(&hosts[0]),
+            led(&hosts[1])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Let the hand-overs' watches and floors settle.
+    std::thread::sleep(SECS(2));
+    let idle = SECS(6);
+    let before = rt.block_on(lease_requests(&admin));
+    std::thread::sleep(idle);
+    let requests = delta(&before, &rt.block_on(lease_requests(&admin)));
+    let count = |verb: &str| requests.get(verb).copied().unwrap_or(0);
+    let periods = (idle.as_millis() / RP.as_millis()) as u64;
+    let records = LEASES + 2;
+    println!(
+        "requests to leases in {idle:?} idle, {LEASES} leases and 2 membership Leases on 2 hosts \
+         (retry period {RP:?}): {requests:?}; writes per record per retry period: {:.2}",
+        count("PUT") as f64 / (records * periods) as f64
+    );
+    assert_eq!(count("GET"), 0, "nobody reads a lease: {requests:?}");
+    assert_eq!(count("POST"), 0, "no creating: {requests:?}");
+    assert!(
+        count("PUT") <= records * (periods + 1),
+        "at most one write per record per retry period: {requests:?}"
+    );
+    assert!(
+        count("PUT") >= records * (periods - 2),
+        "every record is renewed: {requests:?}"
+    );
+    assert!(
+        count("LIST") <= 2 * (periods + 1) + records * 2,
+        "a listing of the membership Leases per host per retry period, and a list per resumed watch at most: {requests:?}"
+    );
+    let rewatches = 2 * records * (idle.as_millis() / LD.as_millis() + 1) as u64;
+    assert!(
+        count("WATCH") <= rewatches,
+        "each watch resumed at most once per lease duration ({rewatches} in all): {requests:?}"
+    );
+    for mut h in hosts {
+        h.sigterm();
+        assert!(h.wait_exit(SECS(30)).success());
+    }
+}
+
+#[test]
 fn a_leader_paused_past_its_lease_never_appends_after_its_terms_force_stop() {
     // As the end-to-end test of the same name, on Leases: three hosts whose
     // guests append term-tagged records back to back to one file, the
