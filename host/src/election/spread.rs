@@ -141,11 +141,11 @@ pub fn assign(leases: &[String], hosts: &[String]) -> BTreeMap<String, String> {
     let floor = leases.len() / hosts.len();
     let mut extra = leases.len() % hosts.len();
     let mut order: Vec<&String> = leases.into_iter().collect();
-    order.sort_by_key(|l| (score(l, ""), *l));
+    order.sort_by_cached_key(|l| (score(l, ""), *l));
     let mut load: HashMap<&String, usize> = HashMap::new();
     for lease in order {
         let mut ranked: Vec<&String> = hosts.iter().copied().collect();
-        ranked.sort_by_key(|h| (std::cmp::Reverse(score(lease, h)), *h));
+        ranked.sort_by_cached_key(|h| (std::cmp::Reverse(score(lease, h)), *h));
         let host = ranked
             .into_iter()
             .find(|h| {
@@ -266,6 +266,8 @@ pub struct Spreader {
     view: Vec<String>,
     view_since: Instant,
     epoch: u64,
+    /// The preferred host of each lease under the view numbered so.
+    preferred: (u64, BTreeMap<String, String>),
     /// The hand-overs of each lease under the current view.
     handed: HashMap<String, HandOvers>,
 }
@@ -287,6 +289,7 @@ impl Spreader {
             view: vec![identity.to_owned()],
             view_since: Instant::now(),
             epoch: 0,
+            preferred: (u64::MAX, BTreeMap::new()),
             handed: HashMap::new(),
         }
     }
@@ -353,8 +356,12 @@ impl Spreader {
             self.epoch += 1;
         }
         let settled = now >= self.view_since + self.cfg.settle;
-        let names: Vec<String> = self.leases.iter().map(|l| l.name.clone()).collect();
-        let preferred = assign(&names, &self.view);
+        if self.preferred.0 != self.epoch {
+            // Computed once per view, not every retry period.
+            let names: Vec<String> = self.leases.iter().map(|l| l.name.clone()).collect();
+            self.preferred = (self.epoch, assign(&names, &self.view));
+        }
+        let preferred = &self.preferred.1;
         for lease in &self.leases {
             let Some(host) = preferred.get(&lease.name) else {
                 continue;
