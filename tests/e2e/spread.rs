@@ -216,6 +216,45 @@ pub fn three_hosts_share_thirty_leases(
     });
     let back = wait_spread(&[&a, &b, &c2], LEASES / 3, Duration::from_secs(30));
     eprintln!("back: 10 ± 1 each {back:?} after it loaded");
+    // Its share came by hand-overs: each lease released by a or b and
+    // taken by the returning host, which prefers it, well within the
+    // others' head start (1 s).
+    let mut gaps: Vec<f64> = Vec::new();
+    for lease in led(&c2) {
+        let took = c2
+            .all(|e| {
+                e.message() == "lease status changed"
+                    && e.str("lease") == Some(lease.as_str())
+                    && e.str("role") == Some("leading")
+            })
+            .last()
+            .map(|e| e.at)
+            .expect("a leading event");
+        let released = [&a, &b]
+            .iter()
+            .flat_map(|h| {
+                h.all(|e| e.message() == "released the lease" && e.str("lease") == Some(lease.as_str()))
+            })
+            .map(|e| e.at)
+            .filter(|at| *at <= took)
+            .max();
+        if let Some(released) = released {
+            gaps.push(ms_between(released, took));
+        }
+    }
+    gaps.sort_by(f64::total_cmp);
+    assert!(
+        gaps.len() >= LEASES / 3 - 2,
+        "only {} leases were handed over: {gaps:?}",
+        gaps.len()
+    );
+    let worst = gaps[gaps.len() - 1];
+    assert!(worst < 1000.0, "a hand-over took {worst:.1} ms: {gaps:?}");
+    eprintln!(
+        "hand-overs to it: {} leases, release to taken median {:.1} ms, max {worst:.1} ms",
+        gaps.len(),
+        gaps[gaps.len() / 2]
+    );
 
     let mut c2 = c2;
     for h in [&a, &b, &c2] {
