@@ -218,40 +218,82 @@ pub fn three_hosts_share_thirty_leases(
     eprintln!("back: 10 ± 1 each {back:?} after it loaded");
     // Its share came by hand-overs: each lease released by a or b and
     // taken by the returning host, which prefers it, well within the
-    // others' head start (1 s).
+    // others' head start (1 s). A lease whose last holder stepped down
+    // without a release (a renewal late under load) expires instead: those
+    // are counted apart, and shown.
     let mut gaps: Vec<f64> = Vec::new();
+    let mut expired = 0;
     for lease in led(&c2) {
-        let took = c2
-            .all(|e| {
-                e.message() == "lease status changed"
-                    && e.str("lease") == Some(lease.as_str())
-                    && e.str("role") == Some("leading")
-            })
-            .last()
-            .map(|e| e.at)
-            .expect("a leading event");
-        let released = [&a, &b]
+        let is = |e: &Event, message: &str| e.message() == message && e.str("lease") == Some(lease.as_str());
+        let leading = |e: &Event| is(e, "lease status changed") && e.str("role") == Some("leading");
+        let took = c2.all(leading).last().map(|e| e.at).expect("a leading event");
+        let others = [&a, &b];
+        let last_lead = others
             .iter()
-            .flat_map(|h| {
-                h.all(|e| e.message() == "released the lease" && e.str("lease") == Some(lease.as_str()))
-            })
+            .flat_map(|h| h.all(leading))
             .map(|e| e.at)
             .filter(|at| *at <= took)
             .max();
-        if let Some(released) = released {
-            gaps.push(ms_between(released, took));
+        // When the release happened: the releasing host logs it a moment
+        // after its write, possibly after the taker's log shows the take,
+        // so the taker's own sighting of the released lease counts too.
+        let after_last_lead = |at: &SystemTime| last_lead.is_none_or(|l| *at >= l);
+        let logged = others
+            .iter()
+            .flat_map(|h| h.all(|e| is(e, "released the lease")))
+            .map(|e| e.at)
+            .filter(|at| after_last_lead(at) && *at <= took + Duration::from_millis(100));
+        let seen = c2
+            .all(|e| {
+                is(e, "lease status changed")
+                    && e.str("role") == Some("pending")
+                    && e.str("holder") == Some("")
+            })
+            .into_iter()
+            .map(|e| e.at)
+            .filter(|at| after_last_lead(at) && *at <= took);
+        let released = logged.chain(seen).min();
+        // What happened to the lease, for a message.
+        let story = |from: SystemTime| {
+            let mut story: Vec<(SystemTime, String)> = Vec::new();
+            for h in [&a, &b, &c2] {
+                for e in h.all(|e| e.str("lease") == Some(lease.as_str())) {
+                    story.push((e.at, format!("{} {} {}", h.name, e.message(), e.json)));
+                }
+            }
+            story.sort_by_key(|(at, _)| *at);
+            let lines: Vec<String> = story
+                .iter()
+                .map(|(at, line)| format!("{:.3} {line}", ms_between(from, *at)))
+                .collect();
+            lines.join("\n")
+        };
+        match released {
+            Some(released) => {
+                let gap = ms_between(released, took);
+                assert!(
+                    gap < 1000.0,
+                    "{lease}: taken {gap:.1} ms after its release:\n{}",
+                    story(released)
+                );
+                gaps.push(gap)
+            }
+            None => {
+                eprintln!("{lease}: taken after an expiry:\n{}", story(took));
+                expired += 1
+            }
         }
     }
     gaps.sort_by(f64::total_cmp);
     assert!(
-        gaps.len() >= LEASES / 3 - 2,
-        "only {} leases were handed over: {gaps:?}",
+        gaps.len() >= LEASES / 6,
+        "only {} leases were handed over ({expired} expired)",
         gaps.len()
     );
     let worst = gaps[gaps.len() - 1];
     assert!(worst < 1000.0, "a hand-over took {worst:.1} ms: {gaps:?}");
     eprintln!(
-        "hand-overs to it: {} leases, release to taken median {:.1} ms, max {worst:.1} ms",
+        "hand-overs to it: {} leases, release to taken median {:.1} ms, max {worst:.1} ms; {expired} taken after an expiry",
         gaps.len(),
         gaps[gaps.len() / 2]
     );
