@@ -335,7 +335,7 @@ impl Spreader {
     fn may_hand_over(&self, lease: &str, now: Instant) -> bool {
         match self.handed.get(lease) {
             Some(h) if h.epoch == self.epoch => {
-                let wait = self.cfg.settle * (1u32 << h.count.min(6)).min(MAX_RETRY_SETTLES);
+                let wait = self.cfg.settle * (1u32 << h.count.min(MAX_RETRY_SETTLES.ilog2()));
                 h.last.is_none_or(|last| now >= last + wait)
             }
             _ => true,
@@ -480,20 +480,9 @@ mod tests {
         assert_ne!(member_lease("___"), member_lease("__"));
     }
 
+    use crate::election::tests::timings;
     use crate::store::memory::MemoryStore;
     use tokio::task::JoinHandle;
-
-    fn timings() -> Timings {
-        let t = Timings {
-            lease_duration: Duration::from_secs(10),
-            renew_deadline: Duration::from_secs(6),
-            retry_period: Duration::from_secs(1),
-            grace: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(1),
-        };
-        t.validate().unwrap();
-        t
-    }
 
     /// A host: its electors and its spreader, on its own client of one store.
     struct Host {

@@ -14,7 +14,8 @@ use crate::store::{LeaseRecord, LeaseStore, Versioned};
 
 const LEASE: &str = "demo";
 
-fn timings() -> Timings {
+/// The timings of the election's tests (also the spreader's).
+pub(super) fn timings() -> Timings {
     let t = Timings {
         lease_duration: Duration::from_secs(10),
         renew_deadline: Duration::from_secs(6),
