@@ -26,6 +26,8 @@ guests=(
     "not-a-plugin:not-a-plugin.wasm"
     "missing-import:missing_import.wasm"
     "http-probe:http_probe.wasm"
+    "hosts-pollable:hosts_pollable.wasm"
+    "hosts-future:hosts_future.wasm"
 )
 
 # `rustup target add` is idempotent but slow-ish; skip it when the target's

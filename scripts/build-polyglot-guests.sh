@@ -114,6 +114,12 @@ done_with() { # done_with OUT INPUTS...: records OUT's inputs and prints OUT
     echo "$wasm"
 }
 
+# The examples are built against baton:leader@0.1.0 (wit/v0.1.0), which
+# hosts keep serving: they prove that plugins built before 0.2.0 run
+# unchanged. (The templates of `baton new`, built by the tests, target
+# 0.2.0.)
+contract="$repo/wit/v0.1.0"
+
 # A WIT folder for a guest with its own world (wit/world.wit that includes a
 # baton world): the guest's wit/ plus baton's contract and its WASI deps.
 stage_wit() {
@@ -121,7 +127,7 @@ stage_wit() {
     stage="$(mktemp -d)"
     cp -r "$guest/wit/." "$stage/"
     mkdir -p "$stage/deps/baton-leader"
-    cp "$repo/wit/leader.wit" "$stage/deps/baton-leader/"
+    cp "$contract/leader.wit" "$stage/deps/baton-leader/"
     cp -r "$repo/wit/deps/." "$stage/deps/"
     echo "$stage"
 }
@@ -137,7 +143,7 @@ python_guest() { # python_guest NAME WORLD
         # From a copy: componentize-py writes __pycache__ next to the sources.
         src="$(mktemp -d)"
         cp "$ex/$name"/*.py "$src/"
-        timed "$name" "$componentize_py" -d "$repo/wit" -w "baton:leader/$world@0.1.0" \
+        timed "$name" "$componentize_py" -d "$contract" -w "baton:leader/$world@0.1.0" \
             componentize -p "$src" app -o "$wasm.tmp" >&2
         rm -rf "$src"
         mv "$wasm.tmp" "$wasm"
@@ -181,7 +187,7 @@ c_guest() {
         install_node # jco adapts the WASI preview-1 module to a component
         work="$(mktemp -d)"
         build() {
-            "$wit_bindgen" c "$repo/wit" --world baton:leader/pollable-plugin@0.1.0 \
+            "$wit_bindgen" c "$contract" --world baton:leader/pollable-plugin@0.1.0 \
                 --out-dir "$work" >&2
             "$CLANG" --target=wasm32-wasi --sysroot=/usr -mexec-model=reactor -O2 \
                 -I "$work" "$ex/$name/ticker.c" "$work/pollable_plugin.c" \

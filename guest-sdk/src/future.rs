@@ -38,10 +38,10 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::__private::future_bindings::baton::leader::{status_future, types};
+use crate::__private::future_bindings::baton::leader::{hosts_future, membership, status_future, types};
 use crate::__private::future_bindings::wasi::clocks0_3_0::monotonic_clock;
 use crate::__private::wit_bindgen::FutureRead;
-use crate::Status;
+use crate::{Hosts, Status};
 
 /// The leader task of a `future-plugin`.
 ///
@@ -147,6 +147,70 @@ pub fn watch(status: &Status) -> Change {
     } else {
         Change::already(current)
     }
+}
+
+/// A future that resolves, with the new value, once the live hosts are
+/// outdated: returned by [`current_hosts`]. Like [`Change`], it is
+/// [`Unpin`] and gives the same value again once resolved.
+pub struct HostsChange {
+    state: HostsChangeState,
+}
+
+enum HostsChangeState {
+    Waiting(Pin<Box<FutureRead<membership::Hosts>>>),
+    Done(Hosts),
+}
+
+impl std::fmt::Debug for HostsChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.state {
+            HostsChangeState::Waiting(_) => f.write_str("HostsChange(waiting)"),
+            HostsChangeState::Done(hosts) => f.debug_tuple("HostsChange").field(hosts).finish(),
+        }
+    }
+}
+
+impl Future for HostsChange {
+    type Output = Hosts;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Hosts> {
+        let this = self.get_mut();
+        match &mut this.state {
+            HostsChangeState::Done(hosts) => Poll::Ready(*hosts),
+            HostsChangeState::Waiting(read) => match read.as_mut().poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(hosts) => {
+                    let hosts = Hosts::from(hosts);
+                    this.state = HostsChangeState::Done(hosts);
+                    Poll::Ready(hosts)
+                }
+            },
+        }
+    }
+}
+
+/// Returns the live hosts and a future that resolves, with the new value,
+/// once they are outdated (see [`Hosts`]).
+///
+/// The same rules hold as for [`current_status`]. A plugin that calls it
+/// makes its host keep a membership record even when it does not spread
+/// its leases.
+///
+/// ```no_run
+/// # use baton_guest::future;
+/// # async fn f() {
+/// let (hosts, change) = future::current_hosts();
+/// println!("{} hosts share the work", hosts.live);
+/// let now = change.await;
+/// println!("now {}", now.live);
+/// # }
+/// ```
+pub fn current_hosts() -> (Hosts, HostsChange) {
+    let (hosts, reader) = hosts_future::current_hosts();
+    let change = HostsChange {
+        state: HostsChangeState::Waiting(Box::pin(reader.into_future())),
+    };
+    (hosts.into(), change)
 }
 
 /// Whether this host still leads in term `term`, i.e. whether a task for

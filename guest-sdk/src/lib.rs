@@ -3,14 +3,14 @@
 //! A baton host takes part in a lease election and runs a plugin's leader
 //! task only while it holds the plugin's lease. A plugin is a WebAssembly
 //! component that exports the task and watches the lease status to learn
-//! when its term is over. The contract (`baton:leader@0.1.0`, in the `wit/`
+//! when its term is over. The contract (`baton:leader@0.2.0`, in the `wit/`
 //! folder of the baton repository) comes in two flavours, one WIT world
 //! each; this crate wraps both behind a small API:
 //!
 //! | Cargo feature | module       | world                                  | task       |
 //! |---------------|--------------|----------------------------------------|------------|
-//! | `future`      | [`future`]   | `baton:leader/future-plugin@0.1.0`     | `async fn` |
-//! | `pollable`    | [`pollable`] | `baton:leader/pollable-plugin@0.1.0`   | `fn`       |
+//! | `future`      | [`future`]   | `baton:leader/future-plugin@0.2.0`     | `async fn` |
+//! | `pollable`    | [`pollable`] | `baton:leader/pollable-plugin@0.2.0`   | `fn`       |
 //!
 //! Neither feature is on by default: enable the one your plugin targets,
 //! implement that module's `LeaderTask` trait and export it with
@@ -166,6 +166,34 @@ impl fmt::Display for Status {
     }
 }
 
+/// How many hosts take part, as this host last saw the lease store (the
+/// contract's `membership.hosts`, new in `baton:leader@0.2.0`).
+///
+/// Every host keeps a membership record in the lease store; a host is live
+/// while its record is held and not expired. Read it with
+/// `current_hosts()` in [`future`] or [`pollable`], which also gives a
+/// signal that fires when it changes. Use it to size work the hosts share
+/// (k0s sizes its work by its count of controllers), never to decide who
+/// acts: only the lease decides that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Hosts {
+    /// The number of live hosts, this one included when
+    /// [`this_host_live`](Self::this_host_live) is true. Zero until the
+    /// host first listed the store.
+    pub live: u32,
+    /// Whether this host's own record is among them: false before it is
+    /// first written, and once it expired because the store could not be
+    /// reached.
+    pub this_host_live: bool,
+}
+
+impl fmt::Display for Hosts {
+    /// Formats as `live=N this-host-live=BOOL`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "live={} this-host-live={}", self.live, self.this_host_live)
+    }
+}
+
 /// Converts a [`std::time::Duration`] to the nanoseconds that WASI clocks
 /// take, saturating at `u64::MAX` (about 584 years).
 #[cfg(any(feature = "future", feature = "pollable", feature = "http"))]
@@ -179,11 +207,22 @@ fn nanos(d: std::time::Duration) -> u64 {
 pub mod __private {
     pub use wit_bindgen;
 
-    /// Converts a generated `status` record to [`crate::Status`].
+    /// Converts the generated `status` and `hosts` records to
+    /// [`crate::Status`] and [`crate::Hosts`].
     #[allow(unused_macros)]
     macro_rules! status_from_generated {
-        ($types:path) => {
+        ($types:path, $membership:path) => {
+            use $membership as membership;
             use $types as types;
+
+            impl From<membership::Hosts> for crate::Hosts {
+                fn from(h: membership::Hosts) -> Self {
+                    crate::Hosts {
+                        live: h.live,
+                        this_host_live: h.this_host_live,
+                    }
+                }
+            }
 
             impl From<types::Role> for crate::Role {
                 fn from(role: types::Role) -> Self {
@@ -223,7 +262,7 @@ pub mod __private {
     #[cfg(feature = "pollable")]
     pub mod pollable_bindings {
         wit_bindgen::generate!({
-            world: "baton:leader/pollable-plugin@0.1.0",
+            world: "baton:leader/pollable-plugin@0.2.0",
             path: "../wit",
             // The world's exports are described by a custom section that the
             // export macro emits in the plugin crate; this crate only
@@ -238,7 +277,7 @@ pub mod __private {
             generate_all,
         });
 
-        status_from_generated!(self::baton::leader::types);
+        status_from_generated!(self::baton::leader::types, self::baton::leader::membership);
 
         /// Adapts a [`crate::pollable::LeaderTask`] to the generated trait.
         pub struct Adapter<T>(core::marker::PhantomData<T>);
@@ -253,7 +292,7 @@ pub mod __private {
     #[cfg(feature = "future")]
     pub mod future_bindings {
         wit_bindgen::generate!({
-            world: "baton:leader/future-plugin@0.1.0",
+            world: "baton:leader/future-plugin@0.2.0",
             path: "../wit",
             // See `pollable_bindings`.
             pub_export_macro: true,
@@ -261,7 +300,7 @@ pub mod __private {
             generate_all,
         });
 
-        status_from_generated!(self::baton::leader::types);
+        status_from_generated!(self::baton::leader::types, self::baton::leader::membership);
 
         /// Adapts a [`crate::future::LeaderTask`] to the generated trait.
         pub struct Adapter<T>(core::marker::PhantomData<T>);
@@ -275,7 +314,7 @@ pub mod __private {
 }
 
 /// Exports a [`pollable::LeaderTask`] as the plugin's task, making the
-/// component target `baton:leader/pollable-plugin@0.1.0`.
+/// component target `baton:leader/pollable-plugin@0.2.0`.
 ///
 /// Call it once, in the plugin's (`cdylib`) crate, with the type that
 /// implements the task. Needs the `pollable` feature.
@@ -305,7 +344,7 @@ macro_rules! export_pollable {
 }
 
 /// Exports a [`future::LeaderTask`] as the plugin's task, making the
-/// component target `baton:leader/future-plugin@0.1.0`.
+/// component target `baton:leader/future-plugin@0.2.0`.
 ///
 /// Call it once, in the plugin's (`cdylib`) crate, with the type that
 /// implements the task. Needs the `future` feature.

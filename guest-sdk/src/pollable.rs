@@ -31,10 +31,10 @@
 
 use std::time::Duration;
 
-use crate::__private::pollable_bindings::baton::leader::status_pollable;
+use crate::__private::pollable_bindings::baton::leader::{hosts_pollable, status_pollable};
 use crate::__private::wasi_bindings::wasi::clocks0_2_12::monotonic_clock;
 use crate::__private::wasi_bindings::wasi::io::poll;
-use crate::Status;
+use crate::{Hosts, Status};
 
 /// The leader task of a `pollable-plugin`.
 ///
@@ -57,10 +57,12 @@ pub trait LeaderTask {
     fn run(status: Status) -> Result<(), String>;
 }
 
-/// A signal that becomes ready once a lease status is outdated.
+/// A signal that becomes ready once a lease status (or the live hosts) is
+/// outdated.
 ///
-/// Returned by [`current_status`] and [`watch`]. Once ready it stays ready;
-/// call [`current_status`] to read the new status. Dropping it is fine.
+/// Returned by [`current_status`] and [`watch`] (and by [`current_hosts`]).
+/// Once ready it stays ready; call [`current_status`] (or
+/// [`current_hosts`]) to read the new value. Dropping it is fine.
 #[derive(Debug)]
 pub struct Change {
     pollable: poll::Pollable,
@@ -150,6 +152,27 @@ pub fn watch(status: &Status) -> Change {
     } else {
         Change::already()
     }
+}
+
+/// Returns the live hosts and a signal that becomes ready once they are
+/// outdated (see [`Hosts`]).
+///
+/// The same rules hold as for [`current_status`]. A plugin that calls it
+/// makes its host keep a membership record even when it does not spread
+/// its leases.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # use baton_guest::pollable;
+/// let (hosts, change) = pollable::current_hosts();
+/// println!("{} hosts share the work", hosts.live);
+/// if change.wait_timeout(Duration::from_secs(1)) {
+///     println!("now {}", pollable::current_hosts().0.live);
+/// }
+/// ```
+pub fn current_hosts() -> (Hosts, Change) {
+    let (hosts, pollable) = hosts_pollable::current_hosts();
+    (hosts.into(), Change { pollable })
 }
 
 /// Whether this host still leads in term `term`, i.e. whether a task for

@@ -302,6 +302,11 @@ pub struct Config {
     /// How the leads are spread over the hosts; `None`: not at all (one
     /// lease, or turned off).
     pub spread: Option<SpreadConfig>,
+    /// This host's membership record, kept while spreading, or while a
+    /// plugin asks for the live hosts (`baton:leader@0.2.0`) when not:
+    /// the same settings as `spread`. `None` only when the `[defaults]`
+    /// timings are unsafe and spreading is off.
+    pub membership: Option<SpreadConfig>,
 }
 
 /// The timings of a host's membership record, from the `[defaults]`
@@ -663,34 +668,37 @@ impl Config {
                 }
             }
         };
-        let spread = if raw.spread.enabled.unwrap_or(leases.len() > 1) {
-            let base = RawTimings::default().over(defaults);
-            base.validate().map_err(|e| {
-                ConfigError(format!(
-                    "{file}: [defaults]: unsafe timings (the hosts' membership records derive theirs from them): {e}"
-                ))
-            })?;
-            let member_timings = member_timings(base);
-            let head_start = raw.spread.head_start.unwrap_or(DEFAULT_HEAD_START);
-            if head_start.is_zero() || head_start >= base.lease_duration {
+        let spreading = raw.spread.enabled.unwrap_or(leases.len() > 1);
+        let base = RawTimings::default().over(defaults);
+        let membership = match base.validate() {
+            Ok(()) => {
+                let head_start = raw.spread.head_start.unwrap_or(DEFAULT_HEAD_START);
+                if head_start.is_zero() || head_start >= base.lease_duration {
+                    return Err(ConfigError(format!(
+                        "{file}: [spread]: field `head-start`: {} must be above zero and below the \
+                         lease duration ({}): a released lease whose preferred host is absent waits that \
+                         long, which should never exceed what a crashed holder costs",
+                        humantime::format_duration(head_start),
+                        humantime::format_duration(base.lease_duration)
+                    )));
+                }
+                Some(SpreadConfig {
+                    member_timings: member_timings(base),
+                    head_start,
+                    settle: raw.spread.settle.unwrap_or(base.retry_period * 2),
+                })
+            }
+            Err(e) if spreading => {
                 return Err(ConfigError(format!(
-                    "{file}: [spread]: field `head-start`: {} must be above zero and below the \
-                     lease duration ({}): a released lease whose preferred host is absent waits that \
-                     long, which should never exceed what a crashed holder costs",
-                    humantime::format_duration(head_start),
-                    humantime::format_duration(base.lease_duration)
+                    "{file}: [defaults]: unsafe timings (the hosts' membership records derive theirs from them): {e}"
                 )));
             }
-            Some(SpreadConfig {
-                member_timings,
-                head_start,
-                settle: raw.spread.settle.unwrap_or(base.retry_period * 2),
-            })
-        } else {
-            None
+            Err(_) => None,
         };
+        let spread = membership.filter(|_| spreading);
         Ok(Config {
             spread,
+            membership,
             source: source.map(Path::to_path_buf),
             identity: match raw.identity {
                 Some(i) if i.trim().is_empty() => {

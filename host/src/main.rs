@@ -206,7 +206,7 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
         let result = tokio::task::block_in_place(|| runtime.check(&name, &p));
         match result {
             Ok(plugin) => {
-                println!("{}: ok: targets {}", path.display(), plugin.world().wit_name());
+                println!("{}: ok: targets {}", path.display(), plugin.wit_world());
                 for c in plugin.capabilities() {
                     println!("  also imports {}", c.describe());
                 }

@@ -25,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, StoreConfig};
 use crate::election::spread::{Spreader, SteeredLease};
 use crate::election::{DRAIN_ALLOWANCE, Elector, ElectorConfig, Intent, LeaseView, TermClock, Timings};
-use crate::runtime::{EngineOptions, PluginEngine, PluginRuntime, RuntimeError, default_cache_dir};
+use crate::runtime::{
+    EngineOptions, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
+};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
 use crate::store::{LeaseStore, StoreError};
@@ -139,6 +141,7 @@ pub async fn serve_with(
         cache_dir: Some(cache_dir.clone()),
         coredump_dir: config.coredump_dir.clone(),
         largest_memory: config.plugins.iter().map(|p| p.spec.memory_limit).max(),
+        pool_slots: Some(PoolLimits::slots_for(config.plugins.len())),
     })?;
     let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
     let election = ElectionRuntime::start()?;
@@ -182,7 +185,7 @@ pub async fn serve_with(
                 tracing::info!(
                     plugin = plugin.name(),
                     lease = %p.lease,
-                    world = plugin.world().wit_name(),
+                    world = plugin.wit_world(),
                     grants = %p.spec.grants(),
                     load_ms = took.as_secs_f64() * 1e3,
                     "plugin loaded"
@@ -266,16 +269,30 @@ pub async fn serve_with(
     // Spreading: this host's membership record, and its electors steered
     // so that each host leads its share.
     let spread_stop = CancellationToken::new();
-    let spreader = config.spread.filter(|_| !runs.is_empty()).map(|cfg| {
+    // Without spreading, the record is kept (and no lease steered) only if
+    // a plugin asks for the live hosts.
+    let wants_hosts = loaded.iter().any(|(_, p)| p.uses_hosts());
+    let membership = match config.spread {
+        Some(cfg) => Some((cfg, true)),
+        None => config.membership.filter(|_| wants_hosts).map(|cfg| (cfg, false)),
+    };
+    let spreader = membership.filter(|_| !runs.is_empty()).map(|(cfg, steer)| {
         let leases = runs
             .iter()
+            .filter(|_| steer)
             .map(|(name, run)| SteeredLease {
                 name: name.clone(),
                 intent: run.intent.clone(),
                 view: run.view.clone(),
             })
             .collect();
-        let spreader = Spreader::new(&config.identity, store.clone(), cfg, leases);
+        let spreader = Spreader::new(
+            &config.identity,
+            store.clone(),
+            cfg,
+            leases,
+            runtime.hosts().clone(),
+        );
         election
             .handle()
             .spawn(spreader.run(clock.clone(), spread_stop.clone()))

@@ -330,10 +330,10 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
         );
     }
     for (file, world) in [
-        ("probe_pollable.wasm", "baton:leader/pollable-plugin@0.1.0"),
-        ("probe_future.wasm", "baton:leader/future-plugin@0.1.0"),
-        ("rust_future_ticker.wasm", "baton:leader/future-plugin@0.1.0"),
-        ("rust_pollable_ticker.wasm", "baton:leader/pollable-plugin@0.1.0"),
+        ("probe_pollable.wasm", "baton:leader/pollable-plugin@0.2.0"),
+        ("probe_future.wasm", "baton:leader/future-plugin@0.2.0"),
+        ("rust_future_ticker.wasm", "baton:leader/future-plugin@0.2.0"),
+        ("rust_pollable_ticker.wasm", "baton:leader/pollable-plugin@0.2.0"),
     ] {
         let out = baton().arg("check").arg(guest(file)).output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -775,6 +775,20 @@ fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
             "{stdout}"
         );
     }
+}
+
+#[test]
+fn guests_of_both_worlds_count_the_live_hosts_without_spreading() {
+    let s = Scratch::new();
+    let head = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
+         retry-period = \"200ms\"\ngrace = \"500ms\"\n",
+        s.store().display().to_string()
+    );
+    let cfg = s.write("baton.toml", &spread::hosts_config(&head));
+    // The membership record lasts half the lease duration (whole seconds,
+    // 2 s at least); it is listed every retry period.
+    spread::guests_count_the_live_hosts(&cfg, SECS(2) + Duration::from_millis(2 * 200 + 500));
 }
 
 #[test]

@@ -336,3 +336,68 @@ pub fn three_hosts_share_thirty_leases(
     }
     eprintln!("{records} records in {terms} terms of {LEASES} leases: none late, none out of order");
 }
+
+/// The live hosts as guests see them (`baton:leader@0.2.0`): one lease
+/// (so no spreading) gating a guest of each world that prints the live
+/// hosts whenever they change (`tests/guests/hosts-*`), after `head` (the
+/// `[store]` and `[defaults]` tables).
+pub fn hosts_config(head: &str) -> String {
+    let mut text = format!("{head}\n[[lease]]\nname = \"counted\"\n");
+    for world in ["pollable", "future"] {
+        text.push_str(&format!(
+            "\n[[plugin]]\nname = \"hosts-{world}\"\npath = {:?}\nlease = \"counted\"\n",
+            guest(&format!("hosts_{world}.wasm")).display().to_string()
+        ));
+    }
+    text
+}
+
+/// Waits until both of `h`'s guests have printed `live` hosts, this one
+/// among them; returns when the later one did.
+fn counted(h: &Host, live: u32, within: Duration) -> SystemTime {
+    let line = format!("probe hosts live={live} this-host-live=true");
+    ["hosts-pollable", "hosts-future"]
+        .iter()
+        .map(|p| {
+            h.wait_for(within, &format!("{p} counting {live} hosts"), |e| {
+                e.guest_line(p, &line)
+            })
+            .at
+        })
+        .max()
+        .unwrap()
+}
+
+/// Three hosts with [`hosts_config`]: the leader's guests count one host,
+/// then three once the others started, then two once one of them was
+/// killed (within `dead_within` of the kill: its membership record
+/// expires), without a new term: the count changes on its own signal.
+/// Returns how long the count of the killed host took to drop.
+pub fn guests_count_the_live_hosts(cfg: &Path, dead_within: Duration) -> Duration {
+    let a = Host::start("a", cfg);
+    counted(&a, 1, Duration::from_secs(30));
+    let b = Host::start("b", cfg);
+    let mut c = Host::start("c", cfg);
+    counted(&a, 3, Duration::from_secs(30));
+    let killed = c.sigkill();
+    let seen = counted(&a, 2, dead_within + Duration::from_secs(5));
+    let took = seen.duration_since(killed).unwrap_or_default();
+    println!(
+        "the leader's guests counted the killed host out after {} ms (bound {} ms)",
+        took.as_millis(),
+        dead_within.as_millis()
+    );
+    assert!(
+        took <= dead_within,
+        "counted out after {took:?}, bound {dead_within:?}"
+    );
+    // One term throughout: the count changed while the guests ran.
+    let starts = a.all(|e| e.guest_line("hosts-pollable", "probe start"));
+    assert_eq!(starts.len(), 1, "the guest started {} times", starts.len());
+    assert!(
+        b.all(|e| e.guest_line("hosts-pollable", "probe start"))
+            .is_empty(),
+        "a follower ran the guest"
+    );
+    took
+}

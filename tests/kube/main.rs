@@ -358,6 +358,28 @@ impl Drop for Resume {
 }
 
 #[test]
+fn guests_of_both_worlds_count_the_live_hosts_from_membership_leases() {
+    // As the end-to-end test of the same name: the membership records are
+    // Leases, listed every retry period.
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "hosts"));
+    let s = Scratch::new();
+    let head = format!(
+        "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\nkubeconfig = {:?}\n\n[defaults]\n\
+         lease-duration = \"4s\"\nrenew-deadline = \"2s\"\nretry-period = \"500ms\"\ngrace = \"1s\"\n\
+         request-timeout = \"500ms\"\n",
+        ns.name,
+        env.admin_kubeconfig.display().to_string()
+    );
+    let cfg = s.write("baton.toml", &spread::hosts_config(&head));
+    // The membership Lease lasts half the lease duration (2 s), listed
+    // every retry period.
+    spread::guests_count_the_live_hosts(&cfg, SECS(2) + 2 * RP + SECS(1));
+}
+
+#[test]
 fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
     // As the end-to-end test of the same name, on Leases: the membership
     // records are Leases too, found by listing the namespace.

@@ -30,7 +30,7 @@ pub use elector::{
     DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, ElectorError, Intent, Me, Verdict, follower_decision,
     follower_status, judge_sighting,
 };
-pub use spread::{Spreader, assign, member_lease};
+pub use spread::{Hosts, Spreader, assign, member_lease};
 pub use status::{LeaseView, Role, Status};
 pub use term::{Term, TermTask};
 pub use timing::{CLOCK_SKEW_DIVISOR, FORCED_STOP_ALLOWANCE, RENEW_ATTEMPTS_FACTOR, TimingError, Timings};

@@ -26,6 +26,11 @@
 //! within a listing or two: every host lists the same records every retry
 //! period, and the settle time is two of them.
 //!
+//! The same listing gives the live hosts that guests of
+//! `baton:leader@0.2.0` see ([`Hosts`]). A host whose spreading is off keeps
+//! its membership record (and lists) only when one of its plugins asks for
+//! them, with no leases to steer.
+//!
 //! None of this touches safety: who may lead is decided by the lease alone,
 //! as without spreading. Spreading decides only who tries first.
 //!
@@ -198,6 +203,27 @@ impl Roster {
     }
 }
 
+/// The live hosts as this host last saw them in the store: what guests of
+/// `baton:leader@0.2.0` get from `current-hosts`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hosts {
+    /// How many membership records are held and not expired, this host's
+    /// own included.
+    pub live: u32,
+    /// Whether this host's own record is among them.
+    pub this_host_live: bool,
+}
+
+impl Hosts {
+    /// The live hosts of `live` (sorted identities), for `identity`.
+    pub fn of(live: &[String], identity: &str) -> Hosts {
+        Hosts {
+            live: u32::try_from(live.len()).unwrap_or(u32::MAX),
+            this_host_live: live.binary_search_by(|h| h.as_str().cmp(identity)).is_ok(),
+        }
+    }
+}
+
 /// How a [`Spreader`] works.
 #[derive(Clone, Copy, Debug)]
 pub struct SpreadConfig {
@@ -270,15 +296,20 @@ pub struct Spreader {
     preferred: (u64, BTreeMap<String, String>),
     /// The hand-overs of each lease under the current view.
     handed: HashMap<String, HandOvers>,
+    /// Where the live hosts are published (for guests).
+    hosts: watch::Sender<Hosts>,
 }
 
 impl Spreader {
-    /// A spreader for the host `identity`, steering `leases`.
+    /// A spreader for the host `identity`, steering `leases` (none: it only
+    /// keeps the membership record and publishes the live hosts), and
+    /// publishing the live hosts in `hosts`.
     pub fn new(
         identity: &str,
         store: Arc<dyn LeaseStore>,
         cfg: SpreadConfig,
         leases: Vec<SteeredLease>,
+        hosts: watch::Sender<Hosts>,
     ) -> Spreader {
         Spreader {
             identity: identity.to_owned(),
@@ -291,6 +322,7 @@ impl Spreader {
             epoch: 0,
             preferred: (u64::MAX, BTreeMap::new()),
             handed: HashMap::new(),
+            hosts,
         }
     }
 
@@ -303,9 +335,12 @@ impl Spreader {
             identity: self.identity.clone(),
             timings: self.cfg.member_timings,
         };
-        let (elector, _status, member_intent) = Elector::new(member, self.store.clone(), clock);
+        let (elector, mut member_status, member_intent) = Elector::new(member, self.store.clone(), clock);
         let membership = tokio::spawn(elector.run());
         let period = self.cfg.member_timings.retry_period;
+        // The first listing waits (a retry period at most) for this host's
+        // own record, so that guests do not see a count without it first.
+        let _ = timeout(period, member_status.wait_for(|v| v.status.role != Role::Pending)).await;
         let mut next = Instant::now();
         loop {
             tokio::select! {
@@ -323,7 +358,13 @@ impl Spreader {
                 Ok(Err(e)) => tracing::debug!(error = %e, "listing the hosts failed; keeping the last view"),
                 Err(_) => tracing::debug!("listing the hosts timed out; keeping the last view"),
             }
-            self.steer_all(Instant::now());
+            let now = Instant::now();
+            // Counted again even when the listing failed: records seen
+            // before expire meanwhile, this host's own included.
+            let hosts = Hosts::of(&self.roster.live(now), &self.identity);
+            self.hosts
+                .send_if_modified(|h| std::mem::replace(h, hosts) != hosts);
+            self.steer_all(now);
         }
         member_intent.send_replace(Intent::Stop);
         let _ = timeout(self.cfg.member_timings.renew_deadline, membership).await;
@@ -350,7 +391,11 @@ impl Spreader {
             live.sort();
         }
         if live != self.view {
-            tracing::info!(hosts = live.len(), live = %live.join(","), "the live hosts changed; leases are spread again");
+            if self.leases.is_empty() {
+                tracing::info!(hosts = live.len(), live = %live.join(","), "the live hosts changed");
+            } else {
+                tracing::info!(hosts = live.len(), live = %live.join(","), "the live hosts changed; leases are spread again");
+            }
             self.view = live;
             self.view_since = now;
             self.epoch += 1;
@@ -488,6 +533,7 @@ mod tests {
     struct Host {
         views: Vec<(String, watch::Receiver<LeaseView>)>,
         tasks: Vec<JoinHandle<()>>,
+        hosts: watch::Receiver<Hosts>,
     }
 
     impl Host {
@@ -518,10 +564,22 @@ mod tests {
                 head_start: Duration::from_millis(500),
                 settle: Duration::from_secs(2),
             };
-            let spreader = Spreader::new(identity, client, cfg, steered);
+            let (hosts_tx, hosts) = watch::channel(Hosts::default());
+            let spreader = Spreader::new(identity, client, cfg, steered, hosts_tx);
             let (clock, stop) = (clock.clone(), CancellationToken::new());
             tasks.push(tokio::spawn(spreader.run(clock, stop)));
-            Host { views, tasks }
+            Host { views, tasks, hosts }
+        }
+
+        /// Waits until this host counts `live` hosts, itself among them.
+        async fn counts(&self, live: u32, within: Duration) {
+            let want = Hosts {
+                live,
+                this_host_live: true,
+            };
+            let mut rx = self.hosts.clone();
+            let seen = timeout(within, rx.wait_for(|h| *h == want)).await;
+            assert!(seen.is_ok(), "counts {:?}, want {want:?}", *self.hosts.borrow());
         }
 
         fn leading(&self) -> usize {
@@ -586,15 +644,23 @@ mod tests {
         let b = Host::start(&store, &clock, "b", &leases);
         let c = Host::start(&store, &clock, "c", &leases);
         settle(&[&a, &b, &c], &leases, &[4, 4, 4], Duration::from_secs(20)).await;
+        for h in [&a, &b, &c] {
+            h.counts(3, Duration::ZERO).await;
+        }
         // Steady: nothing moves any more.
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert_eq!(leads(&[&a, &b, &c]), [4, 4, 4]);
         // c dies: its leases expire (10 s) and a and b share all of them.
         c.kill();
         settle(&[&a, &b], &leases, &[6, 6], Duration::from_secs(30)).await;
+        a.counts(2, Duration::from_secs(2)).await;
+        b.counts(2, Duration::from_secs(2)).await;
         // It comes back: the share is 4 each again.
         let c = Host::start(&store, &clock, "c", &leases);
         settle(&[&a, &b, &c], &leases, &[4, 4, 4], Duration::from_secs(30)).await;
+        for h in [&a, &b, &c] {
+            h.counts(3, Duration::from_secs(2)).await;
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use wasmtime::{Cache, CacheConfig, Config, Engine};
+use wasmtime::{Cache, CacheConfig, Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::RuntimeError;
 
@@ -61,6 +61,48 @@ pub struct EngineOptions {
     /// reservation (a plugin with a larger limit, added later) moves, so
     /// nothing breaks. `None`: wasmtime's defaults.
     pub largest_memory: Option<u64>,
+    /// Run instances from a pool of this many slots (wasmtime's pooling
+    /// instance allocator) instead of allocating each on demand; see
+    /// [`PoolLimits`]. `None`: on demand (`baton check`, tests of the
+    /// runtime alone).
+    pub pool_slots: Option<u32>,
+}
+
+/// What one slot of the instance pool holds: the most any one plugin
+/// instance may use of each resource. A component that needs more fails
+/// to instantiate with wasmtime's error naming the limit (its task is
+/// retried, and the log says why). The numbers cover every toolchain baton
+/// is tested with, with room to spare: a Rust or C component has one core
+/// instance with one memory and one table besides the WASI adapter's;
+/// componentize-py's CPython links about a dozen core modules; the
+/// JavaScript engines a few.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolLimits;
+
+impl PoolLimits {
+    /// Core module instances per component instance.
+    pub const CORE_INSTANCES: u32 = 64;
+    /// Linear memories per component instance.
+    pub const MEMORIES: u32 = 4;
+    /// Tables per component instance.
+    pub const TABLES: u32 = 16;
+    /// Elements per table: CPython's function table has about 12,000.
+    pub const TABLE_ELEMENTS: usize = 100_000;
+    /// The runtime's metadata of one component instance and of its core
+    /// instances together (wasmtime's default is 1 MiB; CPython's needs
+    /// more). Reserved, not resident, until used.
+    pub const INSTANCE_METADATA: usize = 16 << 20;
+    /// Fiber stacks per component instance: component-model async runs each
+    /// guest task on a stack of its own.
+    pub const STACKS: u32 = 4;
+
+    /// The slots for `plugins` plugins: one per plugin (a plugin runs at
+    /// most one instance at a time), plus a quarter and 16 more, so that a
+    /// configuration reloaded with more plugins still finds room.
+    pub fn slots_for(plugins: usize) -> u32 {
+        let plugins = u32::try_from(plugins).unwrap_or(u32::MAX / 2);
+        plugins.saturating_add(plugins / 4).saturating_add(16)
+    }
 }
 
 impl PluginEngine {
@@ -71,10 +113,13 @@ impl PluginEngine {
             cache_dir,
             coredump_dir,
             largest_memory,
+            pool_slots,
         } = options;
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model_async(true);
+        // A pool's slots need a size: the default limit at least.
+        let largest_memory = largest_memory.or(pool_slots.map(|_| super::DEFAULT_MEMORY_LIMIT));
         if let Some(largest) = largest_memory {
             // A power of two, so that a small change of a limit keeps the
             // compiled code (the cache's key includes the reservation).
@@ -83,6 +128,25 @@ impl PluginEngine {
             // A memory whose declared maximum exceeds the reservation (a
             // Rust guest's has none) reserves its size plus this.
             config.memory_reservation_for_growth(reservation);
+            if let Some(slots) = pool_slots {
+                // Each slot's memories are exactly the reservation: a
+                // memory in a pool cannot move, so none grows past it (the
+                // plugin's own limit, at most that, applies first).
+                let mut pool = PoolingAllocationConfig::new();
+                pool.total_component_instances(slots)
+                    .total_core_instances(slots.saturating_mul(PoolLimits::CORE_INSTANCES))
+                    .total_memories(slots.saturating_mul(PoolLimits::MEMORIES))
+                    .total_tables(slots.saturating_mul(PoolLimits::TABLES))
+                    .total_stacks(slots.saturating_mul(PoolLimits::STACKS))
+                    .max_core_instances_per_component(PoolLimits::CORE_INSTANCES)
+                    .max_memories_per_component(PoolLimits::MEMORIES)
+                    .max_tables_per_component(PoolLimits::TABLES)
+                    .table_elements(PoolLimits::TABLE_ELEMENTS)
+                    .max_component_instance_size(PoolLimits::INSTANCE_METADATA)
+                    .max_core_instance_size(PoolLimits::INSTANCE_METADATA)
+                    .max_memory_size(usize::try_from(reservation).unwrap_or(usize::MAX));
+                config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+            }
         }
         if let Some(dir) = &coredump_dir {
             std::fs::create_dir_all(dir).map_err(|e| {

@@ -33,13 +33,14 @@ pub mod plugin;
 pub mod state;
 pub mod trap;
 
-pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, default_cache_dir};
+pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, PoolLimits, default_cache_dir};
 pub use http::{HttpGrant, HttpLimits, HttpPolicy};
 pub use kubernetes::{KubeGrant, KubeRule};
 pub use network::{ConnectGrant, NetworkGrant};
 pub use output::OutputLimits;
 pub use plugin::{
-    Capability, DEFAULT_MEMORY_LIMIT, DirGrant, Plugin, PluginRuntime, PluginSpec, TaskOutcome, World,
+    Capability, Contract, DEFAULT_MEMORY_LIMIT, DirGrant, Plugin, PluginRuntime, PluginSpec, TaskOutcome,
+    World,
 };
 pub use trap::{StoppedByHost, Trap};
 

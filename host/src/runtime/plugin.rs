@@ -13,7 +13,7 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 use wasmtime_wasi_http::WasiHttpCtx;
 
-use super::bindings::{WitStatus, future_plugin, pollable_plugin};
+use super::bindings::{WitStatus, v0_1, v0_2};
 use super::engine::PluginEngine;
 use super::fence;
 use super::http::{GuestHttp, HttpPolicy};
@@ -22,7 +22,7 @@ use super::output::{GuestOutput, GuestStream, OutputBudget, OutputLimits, Stderr
 use super::state::{CurrentStatus, GuestState, shown_status};
 use super::trap::{GuestLimits, Trap};
 use super::{PluginError, RuntimeError};
-use crate::election::{LeaseView, Term};
+use crate::election::{Hosts, LeaseView, Term};
 
 /// The memory limit of one plugin instance unless configured otherwise
 /// (and of `baton check`): room for the Python and JavaScript runtimes,
@@ -39,11 +39,41 @@ pub enum World {
 }
 
 impl World {
-    /// The world's WIT name.
+    /// The world's WIT name in the newest version of the contract.
     pub fn wit_name(self) -> &'static str {
-        match self {
-            World::Future => "baton:leader/future-plugin@0.1.0",
-            World::Pollable => "baton:leader/pollable-plugin@0.1.0",
+        self.wit_name_in(Contract::V0_2)
+    }
+
+    /// The world's WIT name in `contract`.
+    pub fn wit_name_in(self, contract: Contract) -> &'static str {
+        match (self, contract) {
+            (World::Future, Contract::V0_1) => "baton:leader/future-plugin@0.1.0",
+            (World::Pollable, Contract::V0_1) => "baton:leader/pollable-plugin@0.1.0",
+            (World::Future, Contract::V0_2) => "baton:leader/future-plugin@0.2.0",
+            (World::Pollable, Contract::V0_2) => "baton:leader/pollable-plugin@0.2.0",
+        }
+    }
+}
+
+/// The version of the contract (`baton:leader`) a plugin was built
+/// against. Both are served: a 0.x minor version is a breaking one, so a
+/// plugin of 0.1.0 cannot run as one of 0.2.0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contract {
+    /// `baton:leader@0.1.0` (`wit/leader-0.1.0.wit`).
+    V0_1,
+    /// `baton:leader@0.2.0` (`wit/leader.wit`): adds the live hosts.
+    V0_2,
+}
+
+impl Contract {
+    /// Which version an export's version suffix names, if one this host
+    /// serves.
+    fn of_version(version: &str) -> Option<Contract> {
+        match version {
+            "0.1.0" => Some(Contract::V0_1),
+            "0.2.0" => Some(Contract::V0_2),
+            _ => None,
         }
     }
 }
@@ -51,6 +81,9 @@ impl World {
 /// The export that identifies each world (matched without its version).
 const FUTURE_EXPORT: &str = "baton:leader/task-async";
 const POLLABLE_EXPORT: &str = "baton:leader/task-sync";
+
+/// The imports that give the live hosts (matched without their version).
+const HOSTS_IMPORTS: &[&str] = &["baton:leader/hosts-future", "baton:leader/hosts-pollable"];
 
 /// A directory a plugin may use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,6 +205,9 @@ pub struct PluginRuntime {
     /// again, unchanged, is not read and hashed again (10,000 plugins of
     /// one 270 KB file would read and hash 2.7 GB).
     files: Mutex<HashMap<FileId, ContentKey>>,
+    /// The live hosts, as the host's membership keeps them; every plugin's
+    /// instances read them (`current-hosts`).
+    hosts: watch::Sender<Hosts>,
 }
 
 /// A file's identity and version: device, inode, length and modification
@@ -226,12 +262,16 @@ impl ContentKey {
 #[derive(Clone)]
 struct Compiled {
     world: World,
+    contract: Contract,
     pre: Pre,
     capabilities: Vec<Capability>,
+    /// It imports `current-hosts`.
+    uses_hosts: bool,
 }
 
 impl PluginRuntime {
-    /// Linkers for both worlds on `engine`.
+    /// Linkers for both worlds, in every version of the contract, on
+    /// `engine`.
     pub fn new(engine: PluginEngine) -> Result<PluginRuntime, RuntimeError> {
         let link = |e: wasmtime::Error| RuntimeError::Engine(format!("linking host functions: {e}"));
         let mut future = Linker::new(engine.engine());
@@ -240,13 +280,36 @@ impl PluginRuntime {
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut future).map_err(link)?;
         wasmtime_wasi::p3::clocks::add_to_linker(&mut future).map_err(link)?;
         wasmtime_wasi::p3::random::add_to_linker(&mut future).map_err(link)?;
-        future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut future, |s| s)
-            .map_err(link)?;
+        v0_1::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(
+            &mut future,
+            |s| s,
+        )
+        .map_err(link)?;
+        v0_2::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(
+            &mut future,
+            |s| s,
+        )
+        .map_err(link)?;
+        v0_2::future_plugin::baton::leader::hosts_future::add_to_linker::<_, CurrentStatus>(
+            &mut future,
+            |s| s,
+        )
+        .map_err(link)?;
         let mut pollable = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut pollable).map_err(link)?;
         fence::add_fenced_file_writes(&mut pollable).map_err(link)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut pollable).map_err(link)?;
-        pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
+        v0_1::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
+            &mut pollable,
+            |s| s,
+        )
+        .map_err(link)?;
+        v0_2::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
+            &mut pollable,
+            |s| s,
+        )
+        .map_err(link)?;
+        v0_2::pollable_plugin::baton::leader::hosts_pollable::add_to_linker::<_, CurrentStatus>(
             &mut pollable,
             |s| s,
         )
@@ -257,6 +320,7 @@ impl PluginRuntime {
             pollable,
             compiled: Mutex::default(),
             files: Mutex::default(),
+            hosts: watch::Sender::new(Hosts::default()),
         })
     }
 
@@ -269,6 +333,12 @@ impl PluginRuntime {
             .values()
             .filter(|slot| slot.get().is_some_and(Result::is_ok))
             .count()
+    }
+
+    /// Where the live hosts are published for the plugins' instances (the
+    /// host's membership keeps them; see [`crate::election::Spreader`]).
+    pub fn hosts(&self) -> &watch::Sender<Hosts> {
+        &self.hosts
     }
 
     /// The engine.
@@ -353,6 +423,9 @@ impl PluginRuntime {
             name,
             path: path.to_owned(),
             world: compiled.world,
+            contract: compiled.contract,
+            uses_hosts: compiled.uses_hosts,
+            hosts: self.hosts.subscribe(),
             pre: compiled.pre,
             spec: None,
             engine: self.engine.clone(),
@@ -369,16 +442,16 @@ impl PluginRuntime {
             .exports(self.engine.engine())
             .map(|(n, _)| n.to_owned())
             .collect();
-        let has = |prefix: &str| exports.iter().any(|e| unversioned(e) == prefix);
-        let world = match (has(FUTURE_EXPORT), has(POLLABLE_EXPORT)) {
-            (true, false) => World::Future,
-            (false, true) => World::Pollable,
-            (true, true) => {
+        let find = |prefix: &str| exports.iter().find(|e| unversioned(e) == prefix);
+        let (world, export) = match (find(FUTURE_EXPORT), find(POLLABLE_EXPORT)) {
+            (Some(e), None) => (World::Future, e),
+            (None, Some(e)) => (World::Pollable, e),
+            (Some(_), Some(_)) => {
                 return Err(format!(
                     "exports both `{FUTURE_EXPORT}` and `{POLLABLE_EXPORT}`; a plugin targets exactly one world"
                 ));
             }
-            (false, false) => {
+            (None, None) => {
                 let list = if exports.is_empty() {
                     "nothing".to_owned()
                 } else {
@@ -392,6 +465,13 @@ impl PluginRuntime {
                 ));
             }
         };
+        let version = export.split_once('@').map_or("", |(_, v)| v);
+        let contract = Contract::of_version(version).ok_or_else(|| {
+            format!(
+                "exports `{export}`, a version of the contract this host does not serve (it serves \
+                 baton:leader@0.1.0 and @0.2.0)"
+            )
+        })?;
         let linker = match world {
             World::Future => &self.future,
             World::Pollable => &self.pollable,
@@ -399,13 +479,20 @@ impl PluginRuntime {
         let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| missing_import_message(&e))?;
-        let pre = match world {
-            World::Future => Pre::Future(
-                future_plugin::FuturePluginPre::new(pre).map_err(|e| error_chain(&e).to_string())?,
-            ),
-            World::Pollable => Pre::Pollable(
-                pollable_plugin::PollablePluginPre::new(pre).map_err(|e| error_chain(&e).to_string())?,
-            ),
+        let checked = |e: wasmtime::Error| error_chain(&e).to_string();
+        let pre = match (world, contract) {
+            (World::Future, Contract::V0_1) => {
+                Pre::Future01(v0_1::future_plugin::FuturePluginPre::new(pre).map_err(checked)?)
+            }
+            (World::Pollable, Contract::V0_1) => {
+                Pre::Pollable01(v0_1::pollable_plugin::PollablePluginPre::new(pre).map_err(checked)?)
+            }
+            (World::Future, Contract::V0_2) => {
+                Pre::Future02(v0_2::future_plugin::FuturePluginPre::new(pre).map_err(checked)?)
+            }
+            (World::Pollable, Contract::V0_2) => {
+                Pre::Pollable02(v0_2::pollable_plugin::PollablePluginPre::new(pre).map_err(checked)?)
+            }
         };
         let mut capabilities: Vec<Capability> = ty
             .imports(self.engine.engine())
@@ -413,10 +500,15 @@ impl PluginRuntime {
             .collect();
         capabilities.sort();
         capabilities.dedup();
+        let uses_hosts = ty
+            .imports(self.engine.engine())
+            .any(|(n, _)| HOSTS_IMPORTS.contains(&unversioned(n)));
         Ok(Compiled {
             world,
+            contract,
             pre,
             capabilities,
+            uses_hosts,
         })
     }
 
@@ -494,8 +586,10 @@ fn missing_import_message(e: &wasmtime::Error) -> String {
 
 #[derive(Clone)]
 enum Pre {
-    Future(future_plugin::FuturePluginPre<GuestState>),
-    Pollable(pollable_plugin::PollablePluginPre<GuestState>),
+    Future01(v0_1::future_plugin::FuturePluginPre<GuestState>),
+    Pollable01(v0_1::pollable_plugin::PollablePluginPre<GuestState>),
+    Future02(v0_2::future_plugin::FuturePluginPre<GuestState>),
+    Pollable02(v0_2::pollable_plugin::PollablePluginPre<GuestState>),
 }
 
 /// A checked, compiled plugin, ready to instantiate.
@@ -503,6 +597,10 @@ pub struct Plugin {
     name: Arc<str>,
     path: PathBuf,
     world: World,
+    contract: Contract,
+    uses_hosts: bool,
+    /// The live hosts, for `current-hosts`.
+    hosts: watch::Receiver<Hosts>,
     pre: Pre,
     spec: Option<PluginSpec>,
     engine: PluginEngine,
@@ -597,6 +695,23 @@ impl Plugin {
         self.world
     }
 
+    /// The version of the contract it was built against.
+    pub fn contract(&self) -> Contract {
+        self.contract
+    }
+
+    /// The full WIT name of its world, version included.
+    pub fn wit_world(&self) -> &'static str {
+        self.world.wit_name_in(self.contract)
+    }
+
+    /// Whether it asks for the live hosts (`current-hosts`, from
+    /// `baton:leader@0.2.0`): the host then keeps its membership record
+    /// even when it does not spread its leases.
+    pub fn uses_hosts(&self) -> bool {
+        self.uses_hosts
+    }
+
     /// What it imports beyond its world that only a grant makes useful.
     pub fn capabilities(&self) -> &[Capability] {
         &self.capabilities
@@ -648,6 +763,7 @@ impl Plugin {
             limits: GuestLimits::new(memory_limit),
             term: term.clone(),
             view,
+            hosts: self.hosts.clone(),
             stderr_tail: tail,
             http: WasiHttpCtx::new(),
             http_hooks: GuestHttp::new(self.name.clone(), http, term.clone()),
@@ -704,28 +820,42 @@ impl Plugin {
             let status = shown_status(&view.borrow(), term);
             status.is_leading().then(|| WitStatus::from(&status))
         };
+        // One arm per world and version; the generated types differ, the
+        // calls do not.
+        macro_rules! run_future {
+            ($pre:expr, $task:ident) => {
+                match $pre.instantiate_async(&mut store).await {
+                    Ok(instance) => {
+                        let Some(arg) = status(&term) else {
+                            return TaskOutcome::NotStarted;
+                        };
+                        store
+                            .run_concurrent(async |a| instance.$task().call_run(a, arg).await)
+                            .await
+                            .and_then(|r| r)
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+        }
+        macro_rules! run_pollable {
+            ($pre:expr, $task:ident) => {
+                match $pre.instantiate_async(&mut store).await {
+                    Ok(instance) => {
+                        let Some(arg) = status(&term) else {
+                            return TaskOutcome::NotStarted;
+                        };
+                        instance.$task().call_run(&mut store, &arg).await
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+        }
         let result = match &self.pre {
-            Pre::Future(pre) => match pre.instantiate_async(&mut store).await {
-                Ok(instance) => {
-                    let Some(arg) = status(&term) else {
-                        return TaskOutcome::NotStarted;
-                    };
-                    store
-                        .run_concurrent(async |a| instance.baton_leader_task_async().call_run(a, arg).await)
-                        .await
-                        .and_then(|r| r)
-                }
-                Err(e) => Err(e),
-            },
-            Pre::Pollable(pre) => match pre.instantiate_async(&mut store).await {
-                Ok(instance) => {
-                    let Some(arg) = status(&term) else {
-                        return TaskOutcome::NotStarted;
-                    };
-                    instance.baton_leader_task_sync().call_run(&mut store, &arg).await
-                }
-                Err(e) => Err(e),
-            },
+            Pre::Future01(pre) => run_future!(pre, baton_leader_task_async),
+            Pre::Pollable01(pre) => run_pollable!(pre, baton_leader_task_sync),
+            Pre::Future02(pre) => run_future!(pre, baton_leader_task_async),
+            Pre::Pollable02(pre) => run_pollable!(pre, baton_leader_task_sync),
         };
         match result {
             Ok(Ok(())) => TaskOutcome::Finished,
@@ -779,5 +909,38 @@ mod tests {
         std::fs::copy(guest("probe_future.wasm"), &path).unwrap();
         assert_eq!(runtime.check("d", &path).unwrap().world(), World::Future);
         assert_eq!(runtime.components(), 2);
+    }
+
+    #[test]
+    fn both_versions_of_the_contract_are_served_and_told_apart() {
+        let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
+        // Built with the SDK: 0.2.0; these call `current-hosts`, the probes
+        // do not (and so do not import it).
+        for (file, world, hosts) in [
+            ("hosts_pollable.wasm", World::Pollable, true),
+            ("hosts_future.wasm", World::Future, true),
+            ("probe_pollable.wasm", World::Pollable, false),
+            ("probe_future.wasm", World::Future, false),
+        ] {
+            let p = runtime.check(file, &guest(file)).unwrap();
+            assert_eq!(
+                (p.world(), p.contract(), p.uses_hosts()),
+                (world, Contract::V0_2, hosts),
+                "{file}"
+            );
+            assert_eq!(p.wit_world(), world.wit_name_in(Contract::V0_2));
+        }
+        // Built with wit-bindgen against wit/v0.1.0.
+        let p = runtime.check("http", &guest("http_probe.wasm")).unwrap();
+        assert_eq!(
+            (p.world(), p.contract(), p.uses_hosts()),
+            (World::Pollable, Contract::V0_1, false)
+        );
+        assert_eq!(p.wit_world(), "baton:leader/pollable-plugin@0.1.0");
+        // The SDK's ticker does not call `current-hosts`: not imported.
+        let p = runtime
+            .check("ticker", &guest("rust_pollable_ticker.wasm"))
+            .unwrap();
+        assert_eq!((p.contract(), p.uses_hosts()), (Contract::V0_2, false));
     }
 }

@@ -1,5 +1,5 @@
 //! The data of one instance's Store, and the host side of the
-//! `current-status` imports of both worlds.
+//! `current-status` and `current-hosts` imports of every world.
 
 use std::sync::Arc;
 
@@ -9,11 +9,11 @@ use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::{WitStatus, future_plugin, pollable_plugin};
+use super::bindings::{WitHosts, WitStatus, v0_1, v0_2};
 use super::http::GuestHttp;
 use super::output::StderrTail;
 use super::trap::GuestLimits;
-use crate::election::{LeaseView, Role, Status, Term};
+use crate::election::{Hosts, LeaseView, Role, Status, Term};
 
 /// What one instance's Store holds: its WASI context and resources, its
 /// limits, its term, and its view of the lease.
@@ -25,6 +25,8 @@ pub struct GuestState {
     /// it whether the instance may still run.
     pub(crate) term: Arc<Term>,
     pub(crate) view: watch::Receiver<LeaseView>,
+    /// The live hosts (`baton:leader@0.2.0`'s `current-hosts`).
+    pub(crate) hosts: watch::Receiver<Hosts>,
     /// The last lines the instance wrote to stderr (a panic message), for
     /// the trap report.
     pub(crate) stderr_tail: StderrTail,
@@ -113,33 +115,69 @@ pub(crate) async fn changed_from(
     }
 }
 
-/// The host side of `current-status` in both worlds (the `HasData` marker
-/// of the generated bindings).
+/// The host side of `current-status` and `current-hosts` in the worlds
+/// with a `future` signal (the `HasData` marker of the generated bindings).
 pub struct CurrentStatus;
 
 impl HasData for CurrentStatus {
     type Data<'a> = &'a mut GuestState;
 }
 
-impl<T: Send> future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
-    fn current_status(
-        mut host: Access<'_, T, Self>,
-    ) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
-        let (status, rx, term) = {
-            let state = host.get();
-            (state.snapshot(), state.view.clone(), state.term.clone())
-        };
-        let seen = status.clone();
-        let future = FutureReader::new(&mut host, async move {
-            let next = changed_from(rx, term, &seen).await;
-            wasmtime::error::Ok(WitStatus::from(&next))
-        })?;
-        Ok(((&status).into(), future))
+/// `status-future.current-status`, in every version.
+fn status_with_future<T: Send>(
+    mut host: Access<'_, T, CurrentStatus>,
+) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
+    let (status, rx, term) = {
+        let state = host.get();
+        (state.snapshot(), state.view.clone(), state.term.clone())
+    };
+    let seen = status.clone();
+    let future = FutureReader::new(&mut host, async move {
+        let next = changed_from(rx, term, &seen).await;
+        wasmtime::error::Ok(WitStatus::from(&next))
+    })?;
+    Ok(((&status).into(), future))
+}
+
+impl<T: Send> v0_1::future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
+    fn current_status(host: Access<'_, T, Self>) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
+        status_with_future(host)
     }
 }
 
-impl future_plugin::baton::leader::status_future::Host for GuestState {}
-impl future_plugin::baton::leader::types::Host for GuestState {}
+impl<T: Send> v0_2::future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
+    fn current_status(host: Access<'_, T, Self>) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
+        status_with_future(host)
+    }
+}
+
+impl<T: Send> v0_2::future_plugin::baton::leader::hosts_future::HostWithStore<T> for CurrentStatus {
+    fn current_hosts(mut host: Access<'_, T, Self>) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
+        let mut rx = host.get().hosts.clone();
+        let seen = *rx.borrow_and_update();
+        let future = FutureReader::new(&mut host, async move {
+            let next = hosts_changed_from(rx, seen).await;
+            wasmtime::error::Ok(WitHosts::from(next))
+        })?;
+        Ok((seen.into(), future))
+    }
+}
+
+impl v0_1::future_plugin::baton::leader::status_future::Host for GuestState {}
+impl v0_1::future_plugin::baton::leader::types::Host for GuestState {}
+impl v0_2::future_plugin::baton::leader::status_future::Host for GuestState {}
+impl v0_2::future_plugin::baton::leader::hosts_future::Host for GuestState {}
+impl v0_2::future_plugin::baton::leader::membership::Host for GuestState {}
+
+/// Resolves once the live hosts differ from `seen`, with the new value;
+/// never, if nobody keeps them any more (the host is shutting down).
+async fn hosts_changed_from(mut rx: watch::Receiver<Hosts>, seen: Hosts) -> Hosts {
+    let changed = rx.wait_for(|h| *h != seen).await.map(|h| *h);
+    match changed {
+        Ok(h) => h,
+        Err(_) => std::future::pending().await,
+    }
+}
 
 /// The pollable behind `status-pollable.current-status`.
 pub struct StatusChange {
@@ -155,8 +193,22 @@ impl Pollable for StatusChange {
     }
 }
 
-impl pollable_plugin::baton::leader::status_pollable::Host for GuestState {
-    fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
+/// The pollable behind `hosts-pollable.current-hosts`.
+pub struct HostsChange {
+    rx: watch::Receiver<Hosts>,
+    seen: Hosts,
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for HostsChange {
+    async fn ready(&mut self) {
+        hosts_changed_from(self.rx.clone(), self.seen).await;
+    }
+}
+
+impl GuestState {
+    /// `status-pollable.current-status`, in every version.
+    fn status_with_pollable(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
         let status = self.snapshot();
         let change = self.table.push(StatusChange {
             rx: self.view.clone(),
@@ -165,5 +217,29 @@ impl pollable_plugin::baton::leader::status_pollable::Host for GuestState {
         })?;
         let pollable = subscribe(&mut self.table, change)?;
         Ok(((&status).into(), pollable))
+    }
+}
+
+impl v0_1::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
+    fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
+        self.status_with_pollable()
+    }
+}
+
+impl v0_2::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
+    fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
+        self.status_with_pollable()
+    }
+}
+
+impl v0_2::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
+    fn current_hosts(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
+        let seen = *self.hosts.borrow();
+        let change = self.table.push(HostsChange {
+            rx: self.hosts.clone(),
+            seen,
+        })?;
+        let pollable = subscribe(&mut self.table, change)?;
+        Ok((seen.into(), pollable))
     }
 }

@@ -41,7 +41,7 @@
 
 wit_bindgen::generate!({
     world: "probe:http/http-probe@0.1.0",
-    path: ["../../../wit", "wit"],
+    path: ["../../../wit/v0.1.0", "wit"],
     generate_all,
 });
 

@@ -6,7 +6,7 @@
 wit_bindgen::generate!({
     world: "probe:missing/missing-import@0.1.0",
     // The baton contract first, then this crate's package, which uses it.
-    path: ["../../../wit", "wit"],
+    path: ["../../../wit/v0.1.0", "wit"],
     generate_all,
 });
 
