@@ -660,6 +660,14 @@ impl Config {
                              non-empty, values at most 63 characters"
                         )));
                     }
+                    if k == crate::store::kube::ROLE_LABEL {
+                        return Err(ConfigError(format!(
+                            "{file}: [store]: field `labels`: {k:?} is baton's own label (every Lease \
+                             it writes carries {k}={}; its watch selects its Leases by it): choose \
+                             another key",
+                            crate::store::kube::LEASE_ROLE
+                        )));
+                    }
                 }
                 StoreConfig::Kubernetes {
                     namespace,
@@ -892,6 +900,14 @@ env = { A = "1" }
         .unwrap_err()
         .to_string();
         assert!(e.contains("unknown field `dir`"), "{e}");
+        // baton's own label is not the operator's to set.
+        let e = Config::parse(
+            "[store]\nkind = \"kubernetes\"\nlabels = { \"baton.dev/role\" = \"x\" }\n",
+            Some(Path::new("k.toml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("\"baton.dev/role\" is baton's own label"), "{e}");
     }
 
     #[test]

@@ -148,6 +148,43 @@ impl KubeEnv {
     }
 }
 
+impl KubeEnv {
+    /// Removes the labels `keys` from the Lease `lease` as an operator
+    /// would, `kubectl label lease NAME KEY- ...` (a PATCH), or, without
+    /// kubectl, as a raw client would: a PUT of the object read, without
+    /// them (read again on a 409). Returns how it was done.
+    pub async fn drop_labels(&self, ns: &TestNamespace, lease: &str, keys: &[&str]) -> &'static str {
+        match &self.kubectl {
+            Some(kubectl) => {
+                let out = std::process::Command::new(kubectl)
+                    .arg("--kubeconfig")
+                    .arg(&self.admin_kubeconfig)
+                    .args(["label", "lease", lease, "-n", &ns.name])
+                    .args(keys.iter().map(|k| format!("{k}-")))
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "kubectl label: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                "kubectl label"
+            }
+            None => loop {
+                let mut object = ns.leases().get(lease).await.unwrap();
+                if let Some(labels) = &mut object.metadata.labels {
+                    labels.retain(|k, _| !keys.contains(&k.as_str()));
+                }
+                match ns.leases().replace(lease, &PostParams::default(), &object).await {
+                    Ok(_) => break "a PUT without the labels (no kubectl here)",
+                    Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                    Err(e) => panic!("dropping the labels of {lease}: {e}"),
+                }
+            },
+        }
+    }
+}
+
 /// An API server and etcd of a test's own (`scripts/kube-testenv.sh` under
 /// an env file of its own), to kill, restart or configure without
 /// disturbing other tests; stopped when dropped.

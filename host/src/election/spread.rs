@@ -35,7 +35,8 @@
 //! as without spreading. Spreading decides only who tries first.
 //!
 //! Unstable: membership is found by listing the membership records every
-//! retry period (a watch per namespace would do with fewer requests); hosts with
+//! retry period (the Kubernetes store's watch of the namespace could serve it
+//! with fewer requests, once every host labels its record); hosts with
 //! different sets of leases compute different assignments (harmless, but
 //! the spread is then uneven).
 

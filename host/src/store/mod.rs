@@ -196,7 +196,7 @@ pub struct Versioned {
 }
 
 /// Why a store operation failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// Someone else wrote first: the version did not match, or the record
     /// already exists. Never retried blindly; the elector re-reads.
@@ -238,6 +238,18 @@ impl StoreError {
     /// Whether this error is a compare-and-swap conflict.
     pub fn is_conflict(&self) -> bool {
         matches!(self, StoreError::Conflict { .. })
+    }
+
+    /// The same error, about `lease`: a failure of something many leases
+    /// share (one watch of a whole namespace), told to each of them.
+    pub fn about(self, lease: &str) -> StoreError {
+        let lease = lease.to_owned();
+        match self {
+            StoreError::Conflict { detail, .. } => StoreError::Conflict { lease, detail },
+            StoreError::Unavailable { detail, .. } => StoreError::Unavailable { lease, detail },
+            StoreError::Malformed { detail, .. } => StoreError::Malformed { lease, detail },
+            StoreError::Refused { detail, .. } => StoreError::Refused { lease, detail },
+        }
     }
 }
 

@@ -8,10 +8,12 @@
 //! slow to set up or a store that does not answer never delays a renewal
 //! or a step-down.
 //!
-//! Today each subscription runs its own watch. The type is the seam for
-//! sharing: a store that can serve many leases from one watch (one inotify
-//! instance per directory, one Kubernetes watch per namespace) hands out
-//! subscriptions fed from it, and electors do not change.
+//! Each subscription runs a watch of its own lease; the stores share what
+//! is costly behind [`LeaseStore::watch`]: the embedded store one inotify
+//! instance per directory, the Kubernetes store one watch request per
+//! namespace, each waking only the watches an event is about. A failure of
+//! the shared part ends the watch of every lease it serves, and each
+//! subscription polls and watches again on its own jittered schedule.
 
 use std::sync::Arc;
 use std::time::Duration;

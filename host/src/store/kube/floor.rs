@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta};
 
-use super::{map_error, post_params};
+use super::{ROLE_LABEL, map_error, post_params};
 use crate::store::StoreError;
 
 /// The prefix of every floor ConfigMap's name.
@@ -338,7 +338,7 @@ impl Floors {
                             namespace: Some(self.namespace.clone()),
                             labels: Some(BTreeMap::from([
                                 ("app.kubernetes.io/managed-by".to_owned(), "baton".to_owned()),
-                                ("baton.dev/role".to_owned(), "term-floor".to_owned()),
+                                (ROLE_LABEL.to_owned(), "term-floor".to_owned()),
                             ])),
                             annotations: Some(BTreeMap::from([(
                                 FLOOR_LEASE_ANNOTATION.to_owned(),

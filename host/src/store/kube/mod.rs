@@ -24,7 +24,8 @@
 //! `metadata.resourceVersion`: the API server refuses it with 409 Conflict
 //! if anyone wrote in between. The object written is the one last read
 //! (from a get, the watch, or the answer to a write) with only the spec
-//! fields above and this host's configured labels changed, so labels,
+//! fields above, baton's label ([`ROLE_LABEL`], see
+//! [Watching](#watching)) and this host's configured labels changed, so labels,
 //! annotations, owner references and any other field written by someone
 //! else are carried over. When the version to update is not among the
 //! objects this store has seen, it reads the object first and reports a
@@ -52,24 +53,58 @@
 //!
 //! # Watching
 //!
-//! [`LeaseStore::watch`] lists the one Lease (field selector on
-//! `metadata.name`), yields it (or `None`), and watches from the list's
-//! resourceVersion, so no change between the two is missed. A watch that the
-//! server ends normally (its `timeoutSeconds`: the longest configured lease
-//! duration, x 1 to 1.25) is resumed from the last resourceVersion seen
-//! (bookmarks keep it fresh) without a new list. A watch silent past that
-//! plus the request timeout and a second is taken as dead: a half-open
-//! connection (a stalled path that TCP keepalive does not notice) is found
-//! within about a lease duration and a request timeout. That is the budget
-//! of an idle follower: one watch request per lease duration per watch. Any error, including 410 Gone, ends the
-//! stream with that error; the elector then watches again after its jittered
-//! retry, which lists afresh.
+//! Every Lease this store writes carries the label [`ROLE_LABEL`]`=`[`LEASE_ROLE`]
+//! (`baton.dev/role=lease`) and the configured labels. All the watches of
+//! one store share one watch request of the namespace's Leases with those
+//! labels (a label selector), which wakes only the watches an event is
+//! about (see `watch.rs`): one watch per host and namespace instead of one
+//! per lease. It starts with the first [`LeaseStore::watch`]: a list of the
+//! selected Leases, kept as the newest object of each (a cache), then a
+//! watch from the list's resourceVersion; it stops when the last watch is
+//! dropped. A later watch of a lease joins it: the lease's cached object is
+//! its first observation, with no request, and every later event about the
+//! lease reaches it (joining reads the cache and starts the deliveries at
+//! once, so nothing falls between). A lease not in the cache (missing, or
+//! without the labels) is listed on its own (field selector on
+//! `metadata.name`), which decides where its events come from:
+//!
+//! - a Lease carrying the labels: the shared watch;
+//! - a Lease without them (created by someone else, or a foreign write
+//!   dropped them), or no Lease at all (anyone may create it, with or
+//!   without labels): a watch of its own, the field selector, from the
+//!   list's resourceVersion, as every lease had before; once that watch
+//!   sees the Lease carrying the labels (baton's next write puts them
+//!   back), the lease joins the shared watch again.
+//!
+//! The API server reports a Lease that stops matching a label selector as
+//! DELETED, exactly like a deletion. So a DELETED event from the shared
+//! watch is never taken for a deletion: the lease lists its Lease and
+//! reads what it finds (the Lease without its labels is a normal update,
+//! and is watched on its own from then on; no Lease is a deletion, see
+//! [Deleted Leases](#deleted-leases)). A missing label never makes a Lease
+//! look free.
+//!
+//! A watch request that the server ends normally (its `timeoutSeconds`: the
+//! longest configured lease duration, x 1 to 1.25) is resumed from the last
+//! resourceVersion seen (bookmarks keep it fresh; it never moves back)
+//! without a new list. A watch silent past that plus the request timeout
+//! and a second is taken as dead: a half-open connection (a stalled path
+//! that TCP keepalive does not notice) is found within about a lease
+//! duration and a request timeout. That is the budget of an idle host: one
+//! watch request per lease duration for the namespace (and per lease
+//! watched on its own). Any error of the shared watch, including 410 Gone,
+//! ends the stream of every lease it serves with that error (and an error
+//! of a lease's own watch ends that lease's stream); each elector then
+//! watches again after its jittered retry: the first to do so lists the
+//! namespace's Leases afresh, the others join from the cache.
 //!
 //! Watch events are history: one may arrive after this host already has a
 //! newer version of the Lease from its own read or write (for example the
 //! event of its own create, after its first renewal). Such an event, and
 //! a listed state older than what the caller has since learned, is not
-//! yielded: the stream only ever moves forward, as the embedded store's
+//! yielded, nor a version yielded just before (a lease that joins the
+//! shared watch may read its state from the cache and then from an
+//! event): the stream only ever moves forward, as the embedded store's
 //! does. (resourceVersions are compared as numbers, which etcd revisions
 //! are; one that is not a number is always passed on.)
 //!
@@ -86,23 +121,20 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
-use futures::stream::{self, BoxStream};
+use futures::stream;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams, TypeMeta, WatchEvent, WatchParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams, TypeMeta};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use rand::Rng;
 use serde_json::{Map, Value};
-use tokio::time::Instant;
 
 pub mod floor;
+mod watch;
 
 pub use floor::{FLOOR_LEASE_ANNOTATION, FLOOR_PREFIX, floor_name};
 
 use self::floor::{Floors, Raised};
+use self::watch::{LeaseStream, SharedWatch, WatchConfig};
 use super::deleted::{DeletedRecords, Found};
 use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned};
 
@@ -110,15 +142,32 @@ use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTON
 /// read-modify-write.
 const KEEP_OBJECTS: usize = 8;
 
-/// A watch the server ended sooner than this after it started, without a
-/// single event, is reported as an error (the elector then backs off)
-/// instead of being resumed at once: no request storms.
-const MIN_QUIET_WATCH: Duration = Duration::from_secs(1);
+/// The label key of baton's role for an object it writes: on every Lease
+/// it writes, [`LEASE_ROLE`]; on its term floors' ConfigMaps, `term-floor`.
+///
+/// A key of baton's own, so that writing it never changes a label another
+/// tool set: `app.kubernetes.io/managed-by` would overwrite the value a
+/// Helm chart or an operator put on a Lease it created (Helm then refuses
+/// to manage it). The store's shared watch selects its Leases by this label
+/// (and the configured ones).
+pub const ROLE_LABEL: &str = "baton.dev/role";
 
-/// How long a watch may stay silent past its own server-side timeout (plus
-/// the request timeout) before it is taken as dead: the server ends a watch
-/// on time to the second, so this only covers rounding and a busy server.
-const WATCH_SILENCE_ALLOWANCE: Duration = Duration::from_secs(1);
+/// The value of [`ROLE_LABEL`] on every Lease baton writes (its leases and
+/// its hosts' membership records).
+pub const LEASE_ROLE: &str = "lease";
+
+/// The shortest request timeout the store uses, whatever is configured: a
+/// bound below it would fail on a healthy loopback API server.
+const MIN_REQUEST_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The labels written on every Lease: the configured ones and
+/// [`ROLE_LABEL`]` = `[`LEASE_ROLE`] (which wins over a configured value
+/// of the same key, refused by the configuration anyway).
+pub fn written_labels(configured: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut labels = configured.clone();
+    labels.insert(ROLE_LABEL.to_owned(), LEASE_ROLE.to_owned());
+    labels
+}
 
 /// The bound on listing every lease (`LeaseStore::list`, for status
 /// reports), which no elector bounds.
@@ -158,15 +207,21 @@ pub struct KubeStore {
 
 struct Inner {
     api: Api<DynamicObject>,
+    /// Where and how its watches watch; `watch.selector` holds every label
+    /// it writes.
+    watch: WatchConfig,
+    /// The namespace's one watch, shared by the watches of every lease.
+    shared: Arc<SharedWatch>,
     /// The term floors of the namespace's leases.
     floors: Floors,
     resource: ApiResource,
     namespace: String,
     server: String,
+    /// The configured labels (without [`ROLE_LABEL`]): what
+    /// [`LeaseStore::list`] selects.
     labels: BTreeMap<String, String>,
     fallback_duration: Duration,
     request_timeout: Duration,
-    watch_timeout_secs: Option<u32>,
     /// The recent objects of each lease.
     recent: Mutex<HashMap<String, Recent>>,
     /// What this store saw of each lease, for deleted Leases (see [Deleted
@@ -252,17 +307,27 @@ impl KubeStore {
     /// Opens the store on an existing client.
     pub fn with_client(client: Client, namespace: &str, server: String, options: &KubeOptions) -> KubeStore {
         let resource = ApiResource::erase::<Lease>(&());
+        let api = Api::namespaced_with(client.clone(), namespace, &resource);
+        let request_timeout = options.request_timeout.max(MIN_REQUEST_TIMEOUT);
+        let watch = WatchConfig {
+            api: api.clone(),
+            selector: written_labels(&options.labels),
+            fallback_duration: options.fallback_duration,
+            request_timeout,
+            watch_timeout_secs: options.watch_timeout_secs,
+        };
         KubeStore {
             inner: Arc::new(Inner {
-                floors: Floors::new(client.clone(), namespace),
-                api: Api::namespaced_with(client, namespace, &resource),
+                floors: Floors::new(client, namespace),
+                api,
+                shared: Arc::new(SharedWatch::new(watch.clone())),
+                watch,
                 resource,
                 namespace: namespace.to_owned(),
                 server,
                 labels: options.labels.clone(),
                 fallback_duration: options.fallback_duration,
-                request_timeout: options.request_timeout.max(Duration::from_millis(100)),
-                watch_timeout_secs: options.watch_timeout_secs,
+                request_timeout,
                 recent: Mutex::new(HashMap::new()),
                 seen: DeletedRecords::default(),
             }),
@@ -465,11 +530,9 @@ impl Inner {
     /// Writes `record` and this host's labels into `obj`, leaving everything
     /// else as it is.
     fn apply(&self, lease: &str, obj: &mut DynamicObject, record: &LeaseRecord) -> Result<(), StoreError> {
-        if !self.labels.is_empty() {
-            let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
-            for (k, v) in &self.labels {
-                labels.insert(k.clone(), v.clone());
-            }
+        let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
+        for (k, v) in &self.watch.selector {
+            labels.insert(k.clone(), v.clone());
         }
         match &record.instance {
             Some(instance) => {
@@ -774,41 +837,8 @@ impl LeaseStore for KubeStore {
     }
 
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
-        let inner = self.inner.clone();
-        let list = inner
-            .api
-            .list(&ListParams::default().fields(&field_selector(lease)))
-            .await
-            .map_err(|e| map_error(lease, "list", e))?;
-        let resource_version = list.metadata.resource_version.clone().unwrap_or_default();
-        let first = match list
-            .items
-            .iter()
-            .find(|o| o.metadata.name.as_deref() == Some(lease))
-        {
-            Some(obj) => (
-                inner.accept(lease, obj).map(Some),
-                obj.metadata.resource_version.clone().unwrap_or_default(),
-            ),
-            None => (
-                inner.deleted(lease, None, Some(&resource_version)).await,
-                resource_version.clone(),
-            ),
-        };
-        let mut state = WatchState {
-            inner,
-            lease: lease.to_owned(),
-            first: Some(first),
-            resource_version,
-            events: None,
-            done: false,
-        };
-        if state.first.as_ref().is_some_and(|(first, _)| first.is_ok()) {
-            // Start watching now, so that the caller's bound covers it and a
-            // refusal (RBAC) surfaces here.
-            state.start().await?;
-        }
-        Ok(Box::pin(stream::unfold(state, next_observation)))
+        let stream = LeaseStream::open(self.inner.clone(), lease).await?;
+        Ok(Box::pin(stream::unfold(stream, watch::next_observation)))
     }
 
     /// Every Lease in the namespace, or only those carrying this store's
@@ -841,175 +871,6 @@ impl LeaseStore for KubeStore {
         }
         leases.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(leases)
-    }
-}
-
-type Events = BoxStream<'static, Result<WatchEvent<DynamicObject>, kube::Error>>;
-
-/// A running watch of one lease.
-struct WatchState {
-    inner: Arc<Inner>,
-    lease: String,
-    /// What to yield first: the listed record, and its resourceVersion.
-    first: Option<(Result<Option<Versioned>, StoreError>, String)>,
-    /// The last resourceVersion seen; the next watch starts there.
-    resource_version: String,
-    /// The current watch request: its events, when it started, and the
-    /// server-side timeout it was given.
-    events: Option<(Events, Instant, Duration, bool)>,
-    /// The stream has ended with an error.
-    done: bool,
-}
-
-impl WatchState {
-    /// Starts a watch request from the last resourceVersion seen.
-    async fn start(&mut self) -> Result<(), StoreError> {
-        // One lease duration (the longest configured), x 1 to 1.25 so that
-        // many hosts do not re-watch together: a watch that goes silent
-        // (a half-open connection that TCP does not notice) is found dead
-        // within about that, at the cost of one watch request per lease
-        // duration per watch, the budget idle followers have.
-        let timeout_secs: u32 = self.inner.watch_timeout_secs.unwrap_or_else(|| {
-            let secs = self.inner.fallback_duration.as_secs().clamp(1, 3600) as u32;
-            rand::rng().random_range(secs..=secs + secs / 4)
-        });
-        let params = WatchParams::default()
-            .fields(&field_selector(&self.lease))
-            .timeout(timeout_secs);
-        let events = self
-            .inner
-            .api
-            .watch(&params, &self.resource_version)
-            .await
-            .map_err(|e| map_error(&self.lease, "watch", e))?;
-        self.events = Some((
-            events.boxed(),
-            Instant::now(),
-            Duration::from_secs(timeout_secs.into()),
-            false,
-        ));
-        Ok(())
-    }
-}
-
-async fn next_observation(
-    mut state: WatchState,
-) -> Option<(Result<Option<Versioned>, StoreError>, WatchState)> {
-    loop {
-        if state.done {
-            return None;
-        }
-        if let Some((first, rv)) = state.first.take() {
-            if first.is_err() {
-                state.done = true;
-            } else if state.inner.is_stale(&state.lease, &rv) {
-                // The caller learned something newer (by a read or a write)
-                // since the list: what was listed is history.
-                continue;
-            }
-            return Some((first, state));
-        }
-        let Some((events, started, limit, active)) = &mut state.events else {
-            let bound = state.inner.request_timeout;
-            let result = match tokio::time::timeout(bound, state.start()).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Unavailable {
-                    lease: state.lease.clone(),
-                    detail: format!("resuming the watch timed out after {bound:?}"),
-                }),
-            };
-            if let Err(e) = result {
-                state.done = true;
-                return Some((Err(e), state));
-            }
-            continue;
-        };
-        let silence = (*started + *limit + state.inner.request_timeout + WATCH_SILENCE_ALLOWANCE)
-            .saturating_duration_since(Instant::now());
-        let event = match tokio::time::timeout(silence, events.next()).await {
-            Err(_) => {
-                state.done = true;
-                let detail = format!("the watch was silent past its {limit:?} timeout");
-                return Some((
-                    Err(StoreError::Unavailable {
-                        lease: state.lease.clone(),
-                        detail,
-                    }),
-                    state,
-                ));
-            }
-            Ok(event) => event,
-        };
-        let lease = state.lease.clone();
-        match event {
-            None => {
-                // The server ended the watch (its timeout, or the connection
-                // closed cleanly): resume from the last version seen, unless
-                // it ended at once, which would turn into a request storm.
-                if !*active && started.elapsed() < MIN_QUIET_WATCH {
-                    state.done = true;
-                    let detail = "the watch ended as soon as it started".to_owned();
-                    return Some((Err(StoreError::Unavailable { lease, detail }), state));
-                }
-                state.events = None;
-            }
-            Some(Err(e)) => {
-                state.done = true;
-                return Some((Err(map_error(&lease, "watch", e)), state));
-            }
-            Some(Ok(event)) => {
-                *active = true;
-                match event {
-                    WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
-                        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
-                        if !rv.is_empty() {
-                            state.resource_version = rv.clone();
-                        }
-                        // Events arrive in order, but the caller may already
-                        // have a newer version from its own read or write:
-                        // an older event is not news.
-                        if state.inner.is_stale(&lease, &rv) {
-                            continue;
-                        }
-                        let seen = state.inner.accept(&lease, &obj).map(Some);
-                        if seen.is_err() {
-                            state.done = true;
-                        }
-                        return Some((seen, state));
-                    }
-                    WatchEvent::Deleted(obj) => {
-                        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
-                        if !rv.is_empty() {
-                            state.resource_version = rv.clone();
-                        }
-                        if state.inner.is_stale(&lease, &rv) {
-                            continue;
-                        }
-                        let bound = state.inner.request_timeout;
-                        let last =
-                            tokio::time::timeout(bound, state.inner.deleted(&lease, Some(&obj), Some(&rv)))
-                                .await
-                                .unwrap_or_else(|_| {
-                                    Err(StoreError::Unavailable {
-                                        lease: lease.clone(),
-                                        detail: format!("reading the term floor timed out after {bound:?}"),
-                                    })
-                                });
-                        if last.is_err() {
-                            state.done = true;
-                        }
-                        return Some((last, state));
-                    }
-                    WatchEvent::Bookmark(b) => {
-                        state.resource_version = b.metadata.resource_version;
-                    }
-                    WatchEvent::Error(status) => {
-                        state.done = true;
-                        return Some((Err(map_error(&lease, "watch", kube::Error::Api(status))), state));
-                    }
-                }
-            }
-        }
     }
 }
 

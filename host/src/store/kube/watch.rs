@@ -1,0 +1,1160 @@
+//! Watching: one watch request per namespace, shared by every watch of the
+//! store's leases, and a watch of its own for a lease whose Lease the
+//! shared one cannot see; see [Watching](super#watching).
+//!
+//! The pieces, named as in the embedded store's watcher:
+//!
+//! - [`SharedWatch`]: the store's one watch of its namespace's Leases
+//!   (label selector [`ROLE_LABEL`](super::ROLE_LABEL)`=`[`LEASE_ROLE`](super::LEASE_ROLE)
+//!   and the configured labels). A task lists them, keeps the
+//!   newest object of each (its *cache*), follows the watch, and hands each
+//!   event to the watches of that lease only. It runs while at least one
+//!   watch is registered.
+//! - [`Registration`]: a lease watch's place in it; dropping it leaves.
+//! - [`Signal`]: how the task hands a lease watch its events: the newest
+//!   one not taken yet (a newer event replaces an older one: the watch
+//!   reports states, and the newest is the one that matters), or the error
+//!   that ended the shared watch.
+//! - [`LeaseStream`]: one lease's stream, fed by the shared watch while the
+//!   Lease carries the labels, and by a watch of its own (field selector on
+//!   its name) while it does not, or does not exist.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
+use rand::Rng;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::{Inner, field_selector, map_error, rv_number};
+use crate::store::{ANY_LEASE, StoreError, Versioned};
+
+/// A watch the server ended sooner than this after it started, without a
+/// single event, is reported as an error (the elector then backs off)
+/// instead of being resumed at once: no request storms.
+const MIN_QUIET_WATCH: Duration = Duration::from_secs(1);
+
+/// How long a watch may stay silent past its own server-side timeout (plus
+/// the request timeout) before it is taken as dead: the server ends a watch
+/// on time to the second, so this only covers rounding and a busy server.
+const WATCH_SILENCE_ALLOWANCE: Duration = Duration::from_secs(1);
+
+type Events = BoxStream<'static, Result<WatchEvent<DynamicObject>, kube::Error>>;
+
+/// What the watches of one store have in common: where and how to watch.
+#[derive(Clone)]
+pub(super) struct WatchConfig {
+    pub api: Api<DynamicObject>,
+    /// The labels every Lease of this store carries (the store's constant
+    /// one and the configured ones): the shared watch's selector.
+    pub selector: BTreeMap<String, String>,
+    pub fallback_duration: Duration,
+    pub request_timeout: Duration,
+    pub watch_timeout_secs: Option<u32>,
+}
+
+impl WatchConfig {
+    /// The selector as the API server takes it: `k=v,k=v`.
+    fn label_selector(&self) -> String {
+        label_selector(&self.selector)
+    }
+
+    /// The server-side timeout of one watch request, in seconds.
+    fn watch_timeout(&self) -> u32 {
+        // One lease duration (the longest configured), x 1 to 1.25 so that
+        // many hosts do not re-watch together: a watch that goes silent
+        // (a half-open connection that TCP does not notice) is found dead
+        // within about that, at the cost of one watch request per lease
+        // duration per watch, the budget idle followers have.
+        self.watch_timeout_secs.unwrap_or_else(|| {
+            // Capped at an hour: a longer lease would only delay finding a
+            // dead connection.
+            let secs = self.fallback_duration.as_secs().clamp(1, 3600) as u32;
+            rand::rng().random_range(secs..=secs + secs / 4)
+        })
+    }
+}
+
+/// `k=v,k=v`, in key order.
+pub(super) fn label_selector(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether `obj` carries every label of `selector` with its value: whether
+/// a watch with that selector sees it.
+pub(super) fn selects(selector: &BTreeMap<String, String>, obj: &DynamicObject) -> bool {
+    let labels = obj.metadata.labels.as_ref();
+    selector
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
+/// What a read of one Lease found, for a lease watch deciding where its
+/// events will come from.
+#[derive(Debug)]
+pub(super) enum Confirmed {
+    /// The Lease, carrying the labels: the shared watch sees its changes.
+    Selected(DynamicObject),
+    /// The Lease, without (all) the labels: written by someone else who
+    /// dropped them, or created by someone else. The shared watch cannot
+    /// see it; the lease is watched on its own.
+    Unselected(DynamicObject),
+    /// No Lease: deleted. It may be created again by anyone, with or
+    /// without the labels, so the lease is watched on its own.
+    Gone,
+}
+
+impl Confirmed {
+    /// Sorts what a read found. A shared watch reports a Lease that stops
+    /// carrying the labels as DELETED, exactly as a deletion: only a read
+    /// tells the two apart.
+    pub(super) fn of(found: Option<DynamicObject>, selector: &BTreeMap<String, String>) -> Confirmed {
+        match found {
+            None => Confirmed::Gone,
+            Some(obj) if selects(selector, &obj) => Confirmed::Selected(obj),
+            Some(obj) => Confirmed::Unselected(obj),
+        }
+    }
+}
+
+/// One watch request at a time, resumed from the last resourceVersion seen
+/// when the server ends it; bookmarks keep that version current. Yields
+/// the events that carry an object.
+struct Follower {
+    config: WatchConfig,
+    /// The selector (label or field) of every request.
+    params: WatchParams,
+    /// Named in errors: a lease, or [`ANY_LEASE`] for the shared watch.
+    lease: String,
+    /// What it is, for messages.
+    what: &'static str,
+    /// The last resourceVersion seen; the next request starts there.
+    resource_version: String,
+    current: Option<Request>,
+}
+
+/// The watch request in flight.
+struct Request {
+    events: Events,
+    started: Instant,
+    /// Its server-side timeout.
+    limit: Duration,
+    /// It delivered at least one event (bookmarks count).
+    active: bool,
+}
+
+impl Follower {
+    fn new(
+        config: WatchConfig,
+        params: WatchParams,
+        lease: &str,
+        what: &'static str,
+        from: String,
+    ) -> Follower {
+        Follower {
+            config,
+            params,
+            lease: lease.to_owned(),
+            what,
+            resource_version: from,
+            current: None,
+        }
+    }
+
+    /// Starts a watch request from the last resourceVersion seen, bounded
+    /// by the request timeout.
+    async fn start(&mut self) -> Result<(), StoreError> {
+        let secs = self.config.watch_timeout();
+        let params = self.params.clone().timeout(secs);
+        let bound = self.config.request_timeout;
+        let events = tokio::time::timeout(bound, self.config.api.watch(&params, &self.resource_version))
+            .await
+            .map_err(|_| StoreError::Unavailable {
+                lease: self.lease.clone(),
+                detail: format!("starting {} timed out after {bound:?}", self.what),
+            })?
+            .map_err(|e| map_error(&self.lease, "watch", e))?;
+        self.current = Some(Request {
+            events: events.boxed(),
+            started: Instant::now(),
+            limit: Duration::from_secs(secs.into()),
+            active: false,
+        });
+        Ok(())
+    }
+
+    /// Moves the resume point to `rv`, never back: an event may carry an
+    /// older version than one seen (the DELETED event of an object that
+    /// stopped matching the selector carries its previous state on some
+    /// API servers), and resuming from it would replay history.
+    fn advance(&mut self, rv: &str) {
+        if moves_forward(&self.resource_version, rv) {
+            self.resource_version = rv.to_owned();
+        }
+    }
+
+    /// The next ADDED, MODIFIED or DELETED event, resuming the watch as
+    /// needed; any error ends it (the caller drops the follower).
+    async fn next(&mut self) -> Result<WatchEvent<DynamicObject>, StoreError> {
+        loop {
+            if self.current.is_none() {
+                self.start().await?;
+            }
+            let request = self.current.as_mut().expect("started above");
+            let silence =
+                (request.started + request.limit + self.config.request_timeout + WATCH_SILENCE_ALLOWANCE)
+                    .saturating_duration_since(Instant::now());
+            let unavailable = |detail: String| StoreError::Unavailable {
+                lease: self.lease.clone(),
+                detail,
+            };
+            let event = match tokio::time::timeout(silence, request.events.next()).await {
+                Err(_) => {
+                    let limit = request.limit;
+                    return Err(unavailable(format!(
+                        "{} was silent past its {limit:?} timeout",
+                        self.what
+                    )));
+                }
+                Ok(event) => event,
+            };
+            match event {
+                None => {
+                    // The server ended the watch (its timeout, or the
+                    // connection closed cleanly): resume from the last
+                    // version seen, unless it ended at once, which would
+                    // turn into a request storm.
+                    if !request.active && request.started.elapsed() < MIN_QUIET_WATCH {
+                        return Err(unavailable(format!("{} ended as soon as it started", self.what)));
+                    }
+                    self.current = None;
+                }
+                Some(Err(e)) => return Err(map_error(&self.lease, "watch", e)),
+                Some(Ok(event)) => {
+                    request.active = true;
+                    match event {
+                        WatchEvent::Bookmark(b) => self.advance(&b.metadata.resource_version),
+                        WatchEvent::Error(status) => {
+                            return Err(map_error(&self.lease, "watch", kube::Error::Api(status)));
+                        }
+                        WatchEvent::Added(ref obj)
+                        | WatchEvent::Modified(ref obj)
+                        | WatchEvent::Deleted(ref obj) => {
+                            let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+                            self.advance(&rv);
+                            return Ok(event);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether resuming from `to` rather than `from` moves forward: `to` is
+/// set, and not below `from` when both are numbers (resourceVersions that
+/// are not numbers cannot be compared, and the newest wins).
+fn moves_forward(from: &str, to: &str) -> bool {
+    if to.is_empty() {
+        return false;
+    }
+    !matches!((rv_number(from), rv_number(to)), (Some(old), Some(new)) if new < old)
+}
+
+/// What the shared watch hands a lease watch.
+#[derive(Clone, Debug)]
+pub(super) enum Delivery {
+    /// The Lease was added or changed: its new state.
+    Object(DynamicObject),
+    /// DELETED: the Lease was deleted, or it stopped carrying the labels.
+    /// Its last state as the event told it.
+    Deleted(DynamicObject),
+}
+
+/// How the shared watch tells a lease watch that something happened.
+#[derive(Default)]
+pub(super) struct Signal {
+    /// Woken on every delivery; wake-ups coalesce into one pending permit,
+    /// which is all the stream needs since it takes the newest delivery.
+    wake: Notify,
+    slot: Mutex<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The newest delivery not taken yet.
+    delivery: Option<Delivery>,
+    /// Set when the shared watch broke, with the reason.
+    broken: Option<StoreError>,
+}
+
+/// What a lease watch found in its [`Signal`].
+#[derive(Debug)]
+enum Taken {
+    Delivery(Box<Delivery>),
+    Broken(StoreError),
+    Nothing,
+}
+
+impl Signal {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // Every change is one assignment: a poisoned lock is used as is.
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn deliver(&self, delivery: Delivery) {
+        self.slot().delivery = Some(delivery);
+        self.wake.notify_one();
+    }
+
+    fn break_with(&self, error: StoreError) {
+        self.slot().broken.get_or_insert(error);
+        self.wake.notify_one();
+    }
+
+    /// Forgets what was delivered: the caller read the cache, which holds
+    /// it.
+    fn clear(&self) {
+        *self.slot() = Slot::default();
+    }
+
+    fn take(&self) -> Taken {
+        let mut slot = self.slot();
+        if let Some(e) = slot.broken.take() {
+            return Taken::Broken(e);
+        }
+        match slot.delivery.take() {
+            Some(d) => Taken::Delivery(Box::new(d)),
+            None => Taken::Nothing,
+        }
+    }
+}
+
+/// The store's one watch of its namespace's Leases, shared by every watch
+/// of its leases: see the [module documentation](self). One watch per
+/// lease would cost a watch request per lease and host, each resumed once
+/// per lease duration: with 100 leases on two hosts, about 200 watch
+/// requests open and 35 new ones a second, for what one request per host
+/// carries.
+pub(super) struct SharedWatch {
+    config: WatchConfig,
+    state: Mutex<SharedState>,
+}
+
+#[derive(Default)]
+struct SharedState {
+    /// By lease name: the watches of that lease.
+    routes: HashMap<String, Vec<(u64, Arc<Signal>)>>,
+    next_id: u64,
+    next_generation: u64,
+    /// The running watch, while at least one lease watch is registered
+    /// and it has not failed.
+    run: Option<Run>,
+}
+
+/// One run of the shared watch: a list, then watch requests resumed one
+/// after another, until an error.
+struct Run {
+    /// Tells runs apart: a run that failed or was stopped leaves no trace
+    /// in a later one.
+    generation: u64,
+    /// The list is in the cache and the first watch request was accepted.
+    synced: bool,
+    /// The newest object of every Lease the watch selects, by name, as of
+    /// the last event applied.
+    cache: HashMap<String, DynamicObject>,
+    /// `Some(Ok)` once synced, `Some(Err)` once failed.
+    status: watch::Sender<Option<Result<(), StoreError>>>,
+    task: Option<tokio::task::AbortHandle>,
+}
+
+impl SharedState {
+    fn new_run(&mut self) -> &mut Run {
+        self.next_generation += 1;
+        self.run.insert(Run {
+            generation: self.next_generation,
+            synced: false,
+            cache: HashMap::new(),
+            status: watch::channel(None).0,
+            task: None,
+        })
+    }
+
+    fn run_of(&mut self, generation: u64) -> Option<&mut Run> {
+        self.run.as_mut().filter(|r| r.generation == generation)
+    }
+
+    /// The list of run `generation` is in: fills the cache.
+    fn synced(&mut self, generation: u64, items: Vec<DynamicObject>) {
+        let Some(run) = self.run_of(generation) else {
+            return;
+        };
+        run.cache = items
+            .into_iter()
+            .filter_map(|o| Some((o.metadata.name.clone()?, o)))
+            .collect();
+        run.synced = true;
+        run.status.send_replace(Some(Ok(())));
+    }
+
+    /// Applies an event of run `generation` to the cache and hands it to
+    /// the watches of its lease, and to no other.
+    fn apply(&mut self, generation: u64, event: WatchEvent<DynamicObject>) {
+        let Some(run) = self
+            .run
+            .as_mut()
+            .filter(|r| r.generation == generation && r.synced)
+        else {
+            return;
+        };
+        let (name, delivery) = match event {
+            WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                let Some(name) = obj.metadata.name.clone() else {
+                    return;
+                };
+                run.cache.insert(name.clone(), obj.clone());
+                (name, Delivery::Object(obj))
+            }
+            WatchEvent::Deleted(obj) => {
+                let Some(name) = obj.metadata.name.clone() else {
+                    return;
+                };
+                run.cache.remove(&name);
+                (name, Delivery::Deleted(obj))
+            }
+            WatchEvent::Bookmark(_) | WatchEvent::Error(_) => return,
+        };
+        for (_, signal) in self.routes.get(&name).into_iter().flatten() {
+            signal.deliver(delivery.clone());
+        }
+    }
+
+    /// Run `generation` failed: every watch hears of it, and the next one
+    /// to join starts a new run (listing afresh). Returns the run, to be
+    /// dropped outside the lock.
+    fn fail(&mut self, generation: u64, error: &StoreError) -> Option<Run> {
+        self.run_of(generation)?;
+        let run = self.run.take()?;
+        run.status.send_replace(Some(Err(error.clone())));
+        for (_, signal) in self.routes.values().flatten() {
+            signal.break_with(error.clone());
+        }
+        Some(run)
+    }
+}
+
+impl SharedWatch {
+    pub(super) fn new(config: WatchConfig) -> SharedWatch {
+        SharedWatch {
+            config,
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SharedState> {
+        // Every change is complete under the lock: a poisoned lock is used
+        // as is.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a watch of `lease`; dropping the registration removes it, and
+    /// the last one stops the shared watch. Starts nothing yet: see
+    /// [`Registration::join`].
+    pub(super) fn register(self: &Arc<Self>, lease: &str) -> Registration {
+        let signal = Arc::new(Signal::default());
+        let mut state = self.state();
+        state.next_id += 1;
+        let id = state.next_id;
+        state
+            .routes
+            .entry(lease.to_owned())
+            .or_default()
+            .push((id, signal.clone()));
+        Registration {
+            shared: self.clone(),
+            lease: lease.to_owned(),
+            id,
+            signal,
+        }
+    }
+
+    fn leave(&self, lease: &str, id: u64) {
+        let stopped = {
+            let mut state = self.state();
+            if let Some(list) = state.routes.get_mut(lease) {
+                list.retain(|(i, _)| *i != id);
+                if list.is_empty() {
+                    state.routes.remove(lease);
+                }
+            }
+            if state.routes.is_empty() {
+                state.run.take()
+            } else {
+                None
+            }
+        };
+        // Nobody watches any more: the watch request and the cache go.
+        if let Some(task) = stopped.and_then(|run| run.task) {
+            task.abort();
+        }
+    }
+
+    /// The current run, started if there is none: its generation and
+    /// status.
+    fn ensure_run(self: &Arc<Self>) -> (u64, watch::Receiver<Option<Result<(), StoreError>>>) {
+        let mut state = self.state();
+        if let Some(run) = &state.run {
+            return (run.generation, run.status.subscribe());
+        }
+        let run = state.new_run();
+        let generation = run.generation;
+        let status = run.status.subscribe();
+        // Spawned under the lock: the task's first step waits for it, so
+        // it finds its run in place.
+        let task = tokio::spawn(run_shared(self.clone(), generation));
+        run.task = Some(task.abort_handle());
+        tracing::debug!(leases = %self.config.api.resource_url(), selector = %self.config.label_selector(), "starting the shared lease watch");
+        (generation, status)
+    }
+
+    /// Lists, then follows the watch until an error, which it returns.
+    async fn follow(&self, generation: u64) -> StoreError {
+        let selector = self.config.label_selector();
+        let bound = self.config.request_timeout;
+        let listed = tokio::time::timeout(
+            bound,
+            self.config.api.list(&ListParams::default().labels(&selector)),
+        )
+        .await;
+        let list = match listed {
+            Err(_) => {
+                return StoreError::Unavailable {
+                    lease: ANY_LEASE.into(),
+                    detail: format!("listing the namespace's Leases ({selector}) timed out after {bound:?}"),
+                };
+            }
+            Ok(Err(e)) => return map_error(ANY_LEASE, "list", e),
+            Ok(Ok(list)) => list,
+        };
+        let mut follower = Follower::new(
+            self.config.clone(),
+            WatchParams::default().labels(&selector),
+            ANY_LEASE,
+            "the namespace's shared watch",
+            list.metadata.resource_version.clone().unwrap_or_default(),
+        );
+        // Synced once the watch request is accepted, so that a refusal
+        // (RBAC) reaches the watches that wait for it.
+        if let Err(e) = follower.start().await {
+            return e;
+        }
+        self.state().synced(generation, list.items);
+        loop {
+            match follower.next().await {
+                Ok(event) => self.state().apply(generation, event),
+                Err(e) => return e,
+            }
+        }
+    }
+}
+
+/// The task of one run of the shared watch.
+async fn run_shared(shared: Arc<SharedWatch>, generation: u64) {
+    /// Fails the run however the task ends: by an error, or dropped (its
+    /// runtime shut down), so that no watch waits for it forever.
+    struct Ended(Arc<SharedWatch>, u64, Option<StoreError>);
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            let error = self.2.take().unwrap_or_else(|| StoreError::Unavailable {
+                lease: ANY_LEASE.into(),
+                detail: "the namespace's shared watch stopped".into(),
+            });
+            let run = self.0.state().fail(self.1, &error);
+            drop(run);
+        }
+    }
+    let mut ended = Ended(shared.clone(), generation, None);
+    // Wait for the spawner to put the run in place (it holds the lock).
+    drop(shared.state());
+    let error = shared.follow(generation).await;
+    tracing::debug!(error = %error, "the shared lease watch ended");
+    ended.2 = Some(error);
+}
+
+/// A lease watch's place in the [`SharedWatch`]; dropping it leaves.
+pub(super) struct Registration {
+    shared: Arc<SharedWatch>,
+    lease: String,
+    id: u64,
+    signal: Arc<Signal>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.shared.leave(&self.lease, self.id);
+    }
+}
+
+impl Registration {
+    /// Joins the shared watch, starting it if it is not running, and
+    /// returns its newest object of the lease (`None` if it has none: the
+    /// Lease is missing, or lacks the labels, or is too new for the
+    /// watch). From then on every event about the lease is delivered: the
+    /// cache and the deliveries leave no gap.
+    async fn join(&self) -> Result<Option<DynamicObject>, StoreError> {
+        let (generation, mut status) = self.shared.ensure_run();
+        let outcome = status
+            .wait_for(Option::is_some)
+            .await
+            .map(|s| s.clone().expect("waited for it"));
+        let ended = || StoreError::Unavailable {
+            lease: self.lease.clone(),
+            detail: "the namespace's shared watch stopped".into(),
+        };
+        match outcome {
+            Err(_) => return Err(ended()),
+            Ok(Err(e)) => return Err(e.about(&self.lease)),
+            Ok(Ok(())) => {}
+        }
+        let mut state = self.shared.state();
+        match state.run_of(generation) {
+            Some(run) => {
+                self.signal.clear();
+                Ok(run.cache.get(&self.lease).cloned())
+            }
+            // Failed since it synced.
+            None => Err(match status.borrow().clone() {
+                Some(Err(e)) => e.about(&self.lease),
+                _ => ended(),
+            }),
+        }
+    }
+
+    /// The next delivery, or the error that broke the shared watch.
+    async fn next(&self) -> Result<Delivery, StoreError> {
+        loop {
+            match self.signal.take() {
+                Taken::Delivery(d) => return Ok(*d),
+                Taken::Broken(e) => return Err(e.about(&self.lease)),
+                Taken::Nothing => self.signal.wake.notified().await,
+            }
+        }
+    }
+}
+
+/// Where a lease watch's events come from.
+enum Mode {
+    /// The shared watch: the Lease carries the labels.
+    Shared,
+    /// A watch of its own (field selector on the name): the Lease is
+    /// missing or lacks the labels.
+    Own(Box<Follower>),
+    /// The Lease was seen with the labels again: join the shared watch.
+    Join,
+}
+
+/// One lease's stream; see the [module documentation](self).
+pub(super) struct LeaseStream {
+    inner: Arc<Inner>,
+    lease: String,
+    /// Held in both modes: the shared watch runs while the store watches
+    /// anything.
+    registration: Registration,
+    mode: Mode,
+    /// What to yield next: an observation, and the resourceVersion it is
+    /// as of (to tell whether the caller has learned something newer).
+    first: Option<(Result<Option<Versioned>, StoreError>, String)>,
+    /// The version last yielded: an event of the same version is not news.
+    yielded: Option<String>,
+    /// The stream has ended with an error.
+    done: bool,
+}
+
+impl LeaseStream {
+    /// A watch of `lease`: joined, with its first observation ready, and
+    /// any watch request it needs started, so that the caller's bound
+    /// covers them and a refusal (RBAC) surfaces here.
+    pub(super) async fn open(inner: Arc<Inner>, lease: &str) -> Result<LeaseStream, StoreError> {
+        let registration = inner.shared.register(lease);
+        let mut stream = LeaseStream {
+            inner,
+            lease: lease.to_owned(),
+            registration,
+            mode: Mode::Join,
+            first: None,
+            yielded: None,
+            done: false,
+        };
+        stream.join().await?;
+        if let Mode::Own(follower) = &mut stream.mode
+            && stream.first.as_ref().is_some_and(|(first, _)| first.is_ok())
+        {
+            follower.start().await?;
+        }
+        Ok(stream)
+    }
+
+    fn unavailable(&self, detail: String) -> StoreError {
+        StoreError::Unavailable {
+            lease: self.lease.clone(),
+            detail,
+        }
+    }
+
+    /// Joins the shared watch: its cached object is the first observation;
+    /// without one, a read of the Lease decides.
+    async fn join(&mut self) -> Result<(), StoreError> {
+        match self.registration.join().await? {
+            Some(obj) => {
+                self.first = Some(self.accepted(&obj));
+                self.mode = Mode::Shared;
+                Ok(())
+            }
+            None => self.confirm(None).await,
+        }
+    }
+
+    /// Lists the one Lease (field selector on its name) and decides where
+    /// its events come from; the list is the next observation. `deleted`:
+    /// the DELETED event that asked, whose object is the Lease's last state
+    /// if it is gone.
+    async fn confirm(&mut self, deleted: Option<DynamicObject>) -> Result<(), StoreError> {
+        let inner = self.inner.clone();
+        let bound = inner.request_timeout;
+        let params = ListParams::default().fields(&field_selector(&self.lease));
+        let list = tokio::time::timeout(bound, inner.api.list(&params))
+            .await
+            .map_err(|_| self.unavailable(format!("listing the Lease timed out after {bound:?}")))?
+            .map_err(|e| map_error(&self.lease, "list", e))?;
+        let list_rv = list.metadata.resource_version.clone().unwrap_or_default();
+        let found = list
+            .items
+            .into_iter()
+            .find(|o| o.metadata.name.as_deref() == Some(self.lease.as_str()));
+        let own = |lease: &str| {
+            let params = WatchParams::default().fields(&field_selector(lease));
+            Mode::Own(Box::new(Follower::new(
+                inner.watch.clone(),
+                params,
+                lease,
+                "the watch",
+                list_rv.clone(),
+            )))
+        };
+        match Confirmed::of(found, &inner.watch.selector) {
+            Confirmed::Selected(obj) => {
+                self.first = Some(self.accepted(&obj));
+                self.mode = Mode::Shared;
+            }
+            Confirmed::Unselected(obj) => {
+                tracing::debug!(lease = %self.lease, "the Lease lacks baton's labels: watching it on its own until it has them again");
+                self.first = Some(self.accepted(&obj));
+                self.mode = own(&self.lease);
+            }
+            Confirmed::Gone => {
+                let last = tokio::time::timeout(
+                    bound,
+                    inner.deleted(&self.lease, deleted.as_ref(), Some(&list_rv)),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(self.unavailable(format!("reading the term floor timed out after {bound:?}")))
+                });
+                self.first = Some((last, list_rv.clone()));
+                self.mode = own(&self.lease);
+            }
+        }
+        Ok(())
+    }
+
+    /// An object the API server sent in answer to a read, accepted, as the
+    /// next observation.
+    fn accepted(&self, obj: &DynamicObject) -> (Result<Option<Versioned>, StoreError>, String) {
+        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+        (self.inner.accept(&self.lease, obj).map(Some), rv)
+    }
+
+    /// Whether an object at `rv` is news: nothing newer was learned (by a
+    /// read or a write of the caller's) and it was not yielded already.
+    fn is_news(&self, rv: &str) -> bool {
+        !self.inner.is_stale(&self.lease, rv) && self.yielded.as_deref() != Some(rv)
+    }
+
+    /// An event's object, accepted, if it is news.
+    fn event(&mut self, obj: &DynamicObject) -> Option<Result<Option<Versioned>, StoreError>> {
+        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+        if !self.is_news(&rv) {
+            return None;
+        }
+        Some(self.inner.accept(&self.lease, obj).map(Some))
+    }
+
+    /// Hands `observation` out; an error ends the stream.
+    fn yielding(
+        mut self,
+        observation: Result<Option<Versioned>, StoreError>,
+    ) -> Option<(Result<Option<Versioned>, StoreError>, LeaseStream)> {
+        match &observation {
+            Ok(v) => self.yielded = v.as_ref().map(|v| v.version.clone()),
+            Err(_) => self.done = true,
+        }
+        Some((observation, self))
+    }
+
+    /// A lease deleted (seen by the lease's own watch): reads its floor.
+    async fn gone(&mut self, last: &DynamicObject) -> Result<Option<Versioned>, StoreError> {
+        let rv = last.metadata.resource_version.clone().unwrap_or_default();
+        let bound = self.inner.request_timeout;
+        tokio::time::timeout(bound, self.inner.deleted(&self.lease, Some(last), Some(&rv)))
+            .await
+            .unwrap_or_else(|_| {
+                Err(self.unavailable(format!("reading the term floor timed out after {bound:?}")))
+            })
+    }
+}
+
+/// The stream's step: the next observation worth yielding.
+pub(super) async fn next_observation(
+    mut s: LeaseStream,
+) -> Option<(Result<Option<Versioned>, StoreError>, LeaseStream)> {
+    loop {
+        if s.done {
+            return None;
+        }
+        if let Some((first, rv)) = s.first.take() {
+            // The caller learned something newer (by a read or a write)
+            // since the read, or this very version was yielded: what was
+            // read is history.
+            let history = first.as_ref().is_ok_and(|v| {
+                s.inner.is_stale(&s.lease, &rv)
+                    || v.as_ref()
+                        .is_some_and(|v| s.yielded.as_deref() == Some(v.version.as_str()))
+            });
+            if history {
+                continue;
+            }
+            return s.yielding(first);
+        }
+        match &mut s.mode {
+            Mode::Join => {
+                if let Err(e) = s.join().await {
+                    return s.yielding(Err(e));
+                }
+            }
+            Mode::Shared => match s.registration.next().await {
+                Err(e) => return s.yielding(Err(e)),
+                Ok(Delivery::Object(obj)) => {
+                    if let Some(observation) = s.event(&obj) {
+                        return s.yielding(observation);
+                    }
+                }
+                // Deleted, or no longer carrying the labels: a read tells
+                // (even for a stale event: the Lease may lack the labels
+                // now, and the shared watch would not see its changes).
+                Ok(Delivery::Deleted(obj)) => {
+                    if let Err(e) = s.confirm(Some(obj)).await {
+                        return s.yielding(Err(e));
+                    }
+                }
+            },
+            Mode::Own(follower) => {
+                let event = follower.next().await;
+                match event {
+                    Err(e) => return s.yielding(Err(e)),
+                    Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj)) => {
+                        // Carrying the labels again (baton's next write
+                        // puts them back): back to the shared watch.
+                        if selects(&s.inner.watch.selector, &obj) {
+                            tracing::debug!(lease = %s.lease, "the Lease carries baton's labels again: back to the shared watch");
+                            s.mode = Mode::Join;
+                        }
+                        if let Some(observation) = s.event(&obj) {
+                            return s.yielding(observation);
+                        }
+                    }
+                    Ok(WatchEvent::Deleted(obj)) => {
+                        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+                        if s.inner.is_stale(&s.lease, &rv) {
+                            continue;
+                        }
+                        let last = s.gone(&obj).await;
+                        return s.yielding(last);
+                    }
+                    Ok(WatchEvent::Bookmark(_) | WatchEvent::Error(_)) => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lease(name: &str, rv: u64, labels: &[(&str, &str)]) -> DynamicObject {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv.to_string(), "labels": labels},
+            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 4, "leaseTransitions": 1},
+        }))
+        .unwrap()
+    }
+
+    fn selector() -> BTreeMap<String, String> {
+        [("baton.dev/role", "lease"), ("app", "baton")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    const LABELS: &[(&str, &str)] = &[("baton.dev/role", "lease"), ("app", "baton"), ("team", "x")];
+
+    fn rv_of(d: &Delivery) -> (String, bool) {
+        match d {
+            Delivery::Object(o) => (o.metadata.resource_version.clone().unwrap(), false),
+            Delivery::Deleted(o) => (o.metadata.resource_version.clone().unwrap(), true),
+        }
+    }
+
+    fn taken(signal: &Signal) -> Option<(String, bool)> {
+        match signal.take() {
+            Taken::Delivery(d) => Some(rv_of(&d)),
+            Taken::Nothing => None,
+            Taken::Broken(e) => panic!("broken: {e}"),
+        }
+    }
+
+    #[test]
+    fn the_selector_is_every_label_and_a_lease_must_carry_each() {
+        assert_eq!(label_selector(&selector()), "app=baton,baton.dev/role=lease");
+        assert!(
+            selects(&selector(), &lease("l", 1, LABELS)),
+            "extra labels do not matter"
+        );
+        assert!(!selects(
+            &selector(),
+            &lease("l", 1, &[("baton.dev/role", "lease")])
+        ));
+        assert!(!selects(
+            &selector(),
+            &lease("l", 1, &[("baton.dev/role", "lease"), ("app", "other")])
+        ));
+        let mut bare = lease("l", 1, &[]);
+        bare.metadata.labels = None;
+        assert!(!selects(&selector(), &bare));
+        assert!(
+            selects(&BTreeMap::new(), &bare),
+            "an empty selector selects everything"
+        );
+    }
+
+    #[test]
+    fn a_deletion_is_confirmed_by_what_a_read_finds() {
+        // Gone: a deletion. Found with the labels: deleted and created
+        // again (or the labels put back) since; the shared watch sees it.
+        // Found without them: a foreign write dropped the labels, not a
+        // deletion; the lease is watched on its own.
+        assert!(matches!(Confirmed::of(None, &selector()), Confirmed::Gone));
+        assert!(matches!(
+            Confirmed::of(Some(lease("l", 7, LABELS)), &selector()),
+            Confirmed::Selected(o) if o.metadata.resource_version.as_deref() == Some("7")
+        ));
+        assert!(matches!(
+            Confirmed::of(Some(lease("l", 8, &[("team", "x")])), &selector()),
+            Confirmed::Unselected(o) if o.metadata.resource_version.as_deref() == Some("8")
+        ));
+    }
+
+    #[test]
+    fn the_resume_point_never_moves_back() {
+        assert!(moves_forward("10", "11"));
+        assert!(moves_forward("10", "10"));
+        assert!(
+            !moves_forward("10", "9"),
+            "a DELETED event carrying the previous state"
+        );
+        assert!(!moves_forward("10", ""));
+        assert!(moves_forward("", "3"));
+        assert!(moves_forward("10", "abc"), "not a number: the newest wins");
+    }
+
+    /// A state with a synced run and the given routes.
+    fn state_with(routes: &[(&str, &Arc<Signal>)]) -> (SharedState, u64) {
+        let mut state = SharedState::default();
+        for (lease, signal) in routes {
+            state.next_id += 1;
+            let id = state.next_id;
+            state
+                .routes
+                .entry(lease.to_string())
+                .or_default()
+                .push((id, (*signal).clone()));
+        }
+        let generation = state.new_run().generation;
+        state.synced(generation, vec![lease("a", 1, LABELS), lease("b", 2, LABELS)]);
+        (state, generation)
+    }
+
+    #[test]
+    fn events_reach_only_the_watches_of_their_lease_newest_first() {
+        let (a1, a2, b) = (Arc::default(), Arc::default(), Arc::default());
+        let (mut state, generation) = state_with(&[("a", &a1), ("a", &a2), ("b", &b)]);
+        assert_eq!(
+            state.run.as_ref().unwrap().cache.len(),
+            2,
+            "the list fills the cache"
+        );
+
+        state.apply(generation, WatchEvent::Modified(lease("a", 5, LABELS)));
+        state.apply(generation, WatchEvent::Modified(lease("a", 6, LABELS)));
+        // A lease nobody here watches: cached, handed to nobody.
+        state.apply(generation, WatchEvent::Added(lease("c", 7, LABELS)));
+        assert_eq!(
+            taken(&a1),
+            Some(("6".into(), false)),
+            "the newest replaces the older"
+        );
+        assert_eq!(taken(&a2), Some(("6".into(), false)), "every watch of the lease");
+        assert_eq!(taken(&a1), None);
+        assert_eq!(taken(&b), None, "not another lease's watch");
+        let cache = &state.run.as_ref().unwrap().cache;
+        assert_eq!(cache["a"].metadata.resource_version.as_deref(), Some("6"));
+        assert!(cache.contains_key("c"));
+
+        // DELETED (a deletion, or the labels dropped): out of the cache,
+        // handed on as such; bookmarks are nobody's.
+        state.apply(generation, WatchEvent::Deleted(lease("b", 8, LABELS)));
+        assert_eq!(taken(&b), Some(("8".into(), true)));
+        assert!(!state.run.as_ref().unwrap().cache.contains_key("b"));
+        let bookmark = serde_json::from_value(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"resourceVersion": "9"},
+        }))
+        .unwrap();
+        state.apply(generation, WatchEvent::Bookmark(bookmark));
+        assert_eq!((taken(&a1), taken(&b)), (None, None));
+
+        // An event of an older run changes nothing.
+        state.apply(generation - 1, WatchEvent::Modified(lease("a", 10, LABELS)));
+        assert_eq!(taken(&a1), None);
+    }
+
+    #[test]
+    fn a_failure_reaches_every_watch_and_ends_the_run() {
+        let (a, b) = (Arc::default(), Arc::default());
+        let (mut state, generation) = state_with(&[("a", &a), ("b", &b)]);
+        let mut status = state.run.as_ref().unwrap().status.subscribe();
+        state.apply(generation, WatchEvent::Modified(lease("a", 5, LABELS)));
+        let error = StoreError::Unavailable {
+            lease: ANY_LEASE.into(),
+            detail: "watch expired (410 Gone)".into(),
+        };
+        assert!(
+            state.fail(generation + 1, &error).is_none(),
+            "not the current run"
+        );
+        assert!(state.fail(generation, &error).is_some());
+        assert!(state.run.is_none(), "the next watch lists afresh");
+        assert!(matches!(
+            &*status.borrow_and_update(),
+            Some(Err(StoreError::Unavailable { .. }))
+        ));
+        for signal in [&a, &b] {
+            // The error comes before anything delivered.
+            match signal.take() {
+                Taken::Broken(e) => assert!(e.about("a").to_string().contains("lease \"a\"")),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Joining clears what a former run left.
+        a.deliver(Delivery::Object(lease("a", 6, LABELS)));
+        a.break_with(error);
+        a.clear();
+        assert!(matches!(a.take(), Taken::Nothing));
+    }
+
+    fn config() -> WatchConfig {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        WatchConfig {
+            api: Api::namespaced_with(
+                client,
+                "ns",
+                &kube::api::ApiResource::erase::<k8s_openapi::api::coordination::v1::Lease>(&()),
+            ),
+            selector: selector(),
+            fallback_duration: Duration::from_secs(4),
+            request_timeout: Duration::from_millis(500),
+            watch_timeout_secs: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn registrations_wake_on_their_leases_events_and_the_last_one_stops_the_watch() {
+        let shared = Arc::new(SharedWatch::new(config()));
+        let a = shared.register("a");
+        let b = shared.register("b");
+        let generation = {
+            let mut state = shared.state();
+            let generation = state.new_run().generation;
+            state.synced(generation, vec![lease("a", 1, LABELS)]);
+            generation
+        };
+        let waiting = tokio::spawn(async move {
+            let d = b.next().await.unwrap();
+            (rv_of(&d), b)
+        });
+        tokio::task::yield_now().await;
+        shared
+            .state()
+            .apply(generation, WatchEvent::Modified(lease("a", 2, LABELS)));
+        shared
+            .state()
+            .apply(generation, WatchEvent::Modified(lease("b", 3, LABELS)));
+        let (got, b) = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, ("3".into(), false));
+        assert_eq!(rv_of(&a.next().await.unwrap()), ("2".into(), false));
+        drop(a);
+        assert!(shared.state().run.is_some(), "b still watches");
+        drop(b);
+        let state = shared.state();
+        assert!(
+            state.run.is_none() && state.routes.is_empty(),
+            "nobody watches: stopped"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_watch_that_cannot_start_fails_every_join_with_the_lease_named() {
+        // Nothing listens on the discard port: the list fails, and every
+        // lease waiting for the shared watch hears why, under its name.
+        let shared = Arc::new(SharedWatch::new(config()));
+        let a = shared.register("a");
+        let b = shared.register("b");
+        let (ra, rb) = tokio::join!(a.join(), b.join());
+        for (r, name) in [(ra, "a"), (rb, "b")] {
+            match r {
+                Err(StoreError::Unavailable { lease, .. }) => assert_eq!(lease, name),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(shared.state().run.is_none(), "failed: the next join lists afresh");
+    }
+}
