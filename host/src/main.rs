@@ -207,6 +207,11 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
         match result {
             Ok(plugin) => {
                 println!("{}: ok: targets {}", path.display(), plugin.wit_world());
+                if plugin.uses_hosts() {
+                    println!(
+                        "  asks for the live hosts (current-hosts): its host keeps a membership record even without spreading"
+                    );
+                }
                 for c in plugin.capabilities() {
                     println!("  also imports {}", c.describe());
                 }

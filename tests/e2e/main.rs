@@ -343,6 +343,12 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(stdout.contains(&format!("ok: targets {world}")), "{stdout}");
+        // The future ticker prints the live hosts; `baton check` says so.
+        assert_eq!(
+            stdout.contains("asks for the live hosts"),
+            file == "rust_future_ticker.wasm",
+            "{stdout}"
+        );
     }
 }
 

@@ -272,6 +272,26 @@ pub struct Elector {
     failure: Option<ElectorError>,
 }
 
+/// Why a leader steps down.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// Its term ran out (no renewal confirmed in time): nobody else may
+    /// lead before the force-stop time, so its tasks get their grace.
+    Deadline(&'static str),
+    /// The record shows another holder while the term still held it: a
+    /// writer that did not wait for it to expire (a foreign client, or a
+    /// clock far off) may lead already, so its tasks are stopped at once.
+    Taken(&'static str),
+}
+
+impl Loss {
+    fn reason(self) -> &'static str {
+        match self {
+            Loss::Deadline(reason) | Loss::Taken(reason) => reason,
+        }
+    }
+}
+
 impl Elector {
     /// An elector, the receiving end of its status channel, and the sender
     /// of its [`Intent`] (it starts contending). Subscribes to the lease at
@@ -459,10 +479,10 @@ impl Elector {
                 }
                 State::Leading(l)
             }
-            _ = l.term.over() => self.step_down(l, "no renewal was confirmed within the renew deadline"),
+            _ = l.term.over() => self.step_down(l, Loss::Deadline("no renewal was confirmed within the renew deadline")),
             _ = self.clock.sleep_until(l.next_renew) => match self.renew(&mut l).await {
                 Ok(()) => State::Leading(l),
-                Err(reason) => self.step_down(l, reason),
+                Err(loss) => self.step_down(l, loss),
             },
             alive = self.feed.changed() => {
                 if !alive {
@@ -470,7 +490,7 @@ impl Elector {
                 }
                 match self.judge_feed(&mut l) {
                     Ok(()) => State::Leading(l),
-                    Err(reason) => self.step_down(l, reason),
+                    Err(loss) => self.step_down(l, loss),
                 }
             }
         }
@@ -525,9 +545,8 @@ impl Elector {
                 self.after_resigning()
             }
             _ = self.clock.sleep_until(l.next_renew), if held => {
-                if let Err(reason) = self.renew(&mut l).await {
-                    tracing::warn!(lease = %self.cfg.lease, term = l.term.number(), reason, "lost the lease while its tasks stop");
-                    l.held = false;
+                if let Err(loss) = self.renew(&mut l).await {
+                    self.lost_while_resigning(&mut l, loss);
                 }
                 State::Resigning(l)
             }
@@ -535,9 +554,8 @@ impl Elector {
                 if !alive {
                     return self.feed_gone();
                 }
-                if let Err(reason) = self.judge_feed(&mut l) {
-                    tracing::warn!(lease = %self.cfg.lease, term = l.term.number(), reason, "lost the lease while its tasks stop");
-                    l.held = false;
+                if let Err(loss) = self.judge_feed(&mut l) {
+                    self.lost_while_resigning(&mut l, loss);
                 }
                 State::Resigning(l)
             }
@@ -565,7 +583,7 @@ impl Elector {
     }
 
     /// While holding the lease: what the subscription saw.
-    fn judge_feed(&mut self, l: &mut Lead) -> Result<(), &'static str> {
+    fn judge_feed(&mut self, l: &mut Lead) -> Result<(), Loss> {
         let Some(s) = self.feed.take_new() else {
             return Ok(());
         };
@@ -578,7 +596,7 @@ impl Elector {
             }
             Verdict::Lost => {
                 self.observe(s.record, s.at);
-                Err("the lease was taken over, overwritten or deleted")
+                Err(Loss::Taken("the lease was taken over, overwritten or deleted"))
             }
         }
     }
@@ -784,12 +802,14 @@ impl Elector {
 
     /// Renews the lease, bounded by `request-timeout` and by the time left
     /// in the term. `Err` with the reason if the lease is lost.
-    async fn renew(&mut self, l: &mut Lead) -> Result<(), &'static str> {
+    async fn renew(&mut self, l: &mut Lead) -> Result<(), Loss> {
         let t = self.cfg.timings;
         let started = self.clock.now();
         let until = l.term.lead_until();
         if started >= until {
-            return Err("no renewal was confirmed within the renew deadline");
+            return Err(Loss::Deadline(
+                "no renewal was confirmed within the renew deadline",
+            ));
         }
         let limit = t.request_timeout.min(until - started);
         let version = l.current.version.clone();
@@ -803,7 +823,9 @@ impl Elector {
             Ok(Ok(written)) => {
                 self.trouble_over();
                 if !l.term.extend(started + t.renew_deadline) {
-                    return Err("the renewal was confirmed only after the renew deadline");
+                    return Err(Loss::Deadline(
+                        "the renewal was confirmed only after the renew deadline",
+                    ));
                 }
                 l.next_renew = started + t.retry_period;
                 l.current = written.clone();
@@ -834,7 +856,7 @@ impl Elector {
                                 l.next_renew = retry_soon(&self.clock);
                                 Ok(())
                             }
-                            Verdict::Lost => Err("the lease was written by another host"),
+                            Verdict::Lost => Err(Loss::Taken("the lease was written by another host")),
                         }
                     }
                     None => {
@@ -865,11 +887,26 @@ impl Elector {
         }
     }
 
+    /// The lease was lost while the term's tasks stop (resigning): nothing
+    /// to release any more, and if it was taken, no grace either.
+    fn lost_while_resigning(&mut self, l: &mut Lead, loss: Loss) {
+        if let Loss::Taken(_) = loss {
+            l.term.end_without_grace(self.clock.now());
+        }
+        tracing::warn!(lease = %self.cfg.lease, term = l.term.number(), reason = loss.reason(), force_stop_at = %l.term.stop_at_wall(), "lost the lease while its tasks stop");
+        l.held = false;
+    }
+
     /// Stops leading at once: the term ends now. Its tasks may run until its
-    /// force-stop time; it is kept among the retired terms until they are
-    /// gone, so that a later release waits for them too.
-    fn step_down(&mut self, l: Lead, reason: &str) -> State {
-        l.term.end(self.clock.now());
+    /// force-stop time (now, if the lease was taken: see [`Loss`]); it is
+    /// kept among the retired terms until they are gone, so that a later
+    /// release waits for them too.
+    fn step_down(&mut self, l: Lead, loss: Loss) -> State {
+        match loss {
+            Loss::Deadline(_) => l.term.end(self.clock.now()),
+            Loss::Taken(_) => l.term.end_without_grace(self.clock.now()),
+        }
+        let reason = loss.reason();
         tracing::warn!(lease = %self.cfg.lease, term = l.term.number(), reason, force_stop_at = %l.term.stop_at_wall(), "stepping down");
         self.retired.retain(|t| !(t.is_over() && t.tasks() == 0));
         self.retired.push(l.term);

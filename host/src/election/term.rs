@@ -58,6 +58,9 @@ pub struct Term {
     /// `min(lead_until, ended_at) + grace`: kept in one atomic so that the
     /// question asked at every host call is one load and one clock read.
     stop_at: AtomicU64,
+    /// The grace was cut ([`Term::end_without_grace`]): the force-stop
+    /// time is the end of the term.
+    grace_cut: std::sync::atomic::AtomicBool,
     /// Tasks running in this term. The lock also orders the writers of the
     /// three times above.
     tasks: Mutex<usize>,
@@ -118,6 +121,7 @@ impl Term {
             lead_until: AtomicU64::new(lead_until.as_nanos()),
             ended_at: AtomicU64::new(NEVER),
             stop_at: AtomicU64::new(0),
+            grace_cut: std::sync::atomic::AtomicBool::new(false),
             tasks: Mutex::new(0),
             events: watch::Sender::new(()),
         };
@@ -246,6 +250,22 @@ impl Term {
         self.events.send_replace(());
     }
 
+    /// Ends the term no later than `at` with no grace: its tasks are told
+    /// and stopped by force at once. For a lease found in other hands while
+    /// this term still held it (a writer that did not wait for it to
+    /// expire): its new holder may act already, so no time is left to
+    /// give.
+    pub fn end_without_grace(&self, at: Moment) {
+        {
+            let _writer = self.lock();
+            self.grace_cut.store(true, Ordering::Release);
+            let ended = self.ended_at.load(Ordering::Acquire).min(at.as_nanos());
+            self.ended_at.store(ended, Ordering::Release);
+            self.update_stop_at();
+        }
+        self.events.send_replace(());
+    }
+
     /// Registers a task of this term; `None` if the term is already over
     /// (then the task must not start). The lease is not released while a
     /// [`TermTask`] lives.
@@ -315,8 +335,12 @@ impl Term {
     /// Recomputes `stop_at`; called with the lock held.
     fn update_stop_at(&self) {
         let over = self.over_at();
-        self.stop_at
-            .store((over + self.grace).as_nanos(), Ordering::Release);
+        let grace = if self.grace_cut.load(Ordering::Acquire) {
+            Duration::ZERO
+        } else {
+            self.grace
+        };
+        self.stop_at.store((over + grace).as_nanos(), Ordering::Release);
     }
 }
 

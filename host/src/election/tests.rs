@@ -186,6 +186,9 @@ async fn an_unreachable_store_makes_the_leader_step_down_at_the_renew_deadline()
         now - confirmed_until
     );
     assert!(term.is_over());
+    // Nobody else may lead before the lease expires: the tasks get their
+    // grace.
+    assert_eq!(term.stop_at(), term.over_at() + term.grace());
     // The lease itself could only expire for others a full lease after the
     // last renewal: the task's force-stop time comes first.
     let last_renewal_start = confirmed_until - timings().renew_deadline;
@@ -271,6 +274,9 @@ async fn a_foreign_write_makes_the_leader_step_down_at_once() {
     assert_eq!(s.term, 7);
     assert!(Instant::now() - before < Duration::from_millis(10));
     assert!(term.is_over());
+    // The intruder may act already: no grace, the tasks stop at once.
+    assert_eq!(term.stop_at(), term.over_at());
+    assert!(term.must_stop());
     // When the intruder's lease runs out, `a` takes over with a newer term.
     let s = a.until_leading().await;
     assert_eq!(s.term, 8);

@@ -346,6 +346,25 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
     (figures, counts)
 }
 
+/// Prints what every host logged between `from` and `to`, but its guests'
+/// lines: the story of an overlap.
+fn story(all: &[Process], from: SystemTime, to: SystemTime) {
+    let mut lines: Vec<(SystemTime, String)> = Vec::new();
+    for p in all {
+        for e in p
+            .host
+            .all(|e| e.at >= from && e.at <= to && e.str("stream").is_none())
+        {
+            lines.push((e.at, format!("{}: {}", p.host.name, e.json)));
+        }
+    }
+    lines.sort();
+    eprintln!("what the hosts logged around it:");
+    for (_, line) in lines {
+        eprintln!("  {line}");
+    }
+}
+
 /// Reads the records and the logs: see [`Figures`].
 fn check(
     file: &Path,
@@ -423,6 +442,11 @@ fn check(
             eprintln!(
                 "term {t1} ({h1}) wrote until {:.1} ms after term {t2} ({h2}) began",
                 ms_between(*first2, *last1)
+            );
+            story(
+                all,
+                *first2 - Duration::from_secs(6),
+                *last1 + Duration::from_secs(1),
             );
         }
     }
