@@ -46,8 +46,11 @@
 //! as JSON and the plots as SVG into `BATON_BENCH_PLOTS` (default
 //! `docs/perf/`).
 //!
-//! Run: `scripts/bench.sh --bench versus_client_go` (about 25 minutes with
-//! both timing sets and 8 runs; `BATON_BENCH_TIMINGS=fast` about 8).
+//! Run: `scripts/bench.sh --bench versus_client_go` (13.5 minutes with both
+//! timing sets and 8 runs on a 2-core machine, `BATON_BENCH_TIMINGS=fast`
+//! about 4; plus about 90 s the first time, to build the Go program). The
+//! Kubernetes test server must be installed (`scripts/kube-testenv.sh
+//! install`); the bench starts and stops a server of its own.
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]

@@ -27,6 +27,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math/rand"
 	"os"
 	"os/signal"
 	"sync"
@@ -51,6 +52,10 @@ func emit(event string, extra string) {
 }
 
 func main() {
+	// client-go jitters its retries with math/rand's global source, which
+	// Go before 1.20 does not seed: every process would draw the same
+	// "random" waits. Kubernetes' own commands seed it at start, so do we.
+	rand.Seed(time.Now().UnixNano())
 	klog.InitFlags(nil)
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file (required)")
 	name := flag.String("lease", "bench", "the Lease's name")
