@@ -6,6 +6,7 @@
 //!
 //! ```toml
 //! # identity = "node-a"          # default: <host name>-<pid>-<random>
+//! # instance-pool = false        # default: true (instances from a pool sized at start)
 //!
 //! [store]
 //! kind = "embedded"              # a directory of lease files
@@ -73,6 +74,7 @@ struct RawConfig {
     identity: Option<String>,
     cache_dir: Option<PathBuf>,
     coredump_dir: Option<PathBuf>,
+    instance_pool: Option<bool>,
     #[serde(default)]
     store: RawStore,
     #[serde(default)]
@@ -293,6 +295,10 @@ pub struct Config {
     pub cache_dir: Option<PathBuf>,
     /// Where a core dump of each trapping instance is written, if anywhere.
     pub coredump_dir: Option<PathBuf>,
+    /// Whether instances run from a pool of slots sized at start (the
+    /// default; see [`crate::runtime::PoolLimits`]) rather than being
+    /// allocated on demand.
+    pub instance_pool: bool,
     /// Where leases are kept.
     pub store: StoreConfig,
     /// The leases this host contends for.
@@ -719,6 +725,7 @@ impl Config {
             },
             cache_dir: raw.cache_dir.map(|d| resolve(&d)),
             coredump_dir: raw.coredump_dir.map(|d| resolve(&d)),
+            instance_pool: raw.instance_pool.unwrap_or(true),
             store,
             leases,
             plugins,
@@ -765,6 +772,9 @@ env = { A = "1" }
         assert_eq!(c.plugins[0].spec.path, PathBuf::from("/etc/baton/t.wasm"));
         assert_eq!(c.plugins[0].spec.memory_limit, 64 * 1024 * 1024);
         assert_eq!(c.plugins[0].spec.env, vec![("A".to_owned(), "1".to_owned())]);
+        assert!(c.instance_pool, "the instance pool is on by default");
+        let off = Config::parse(&format!("instance-pool = false\n{GOOD}"), None).unwrap();
+        assert!(!off.instance_pool);
     }
 
     #[test]

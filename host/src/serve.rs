@@ -141,7 +141,9 @@ pub async fn serve_with(
         cache_dir: Some(cache_dir.clone()),
         coredump_dir: config.coredump_dir.clone(),
         largest_memory: config.plugins.iter().map(|p| p.spec.memory_limit).max(),
-        pool_slots: Some(PoolLimits::slots_for(config.plugins.len())),
+        pool_slots: config
+            .instance_pool
+            .then(|| PoolLimits::slots_for(config.plugins.len())),
     })?;
     let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
     let election = ElectionRuntime::start()?;

@@ -784,6 +784,41 @@ fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
 }
 
 #[test]
+fn without_the_instance_pool_guests_of_every_kind_run_and_stop_on_time() {
+    // The other tests run instances from the pool (the default); this one
+    // allocates each on demand, with guests of both worlds and versions.
+    let s = Scratch::new();
+    let mut text = format!(
+        "instance-pool = false\n{}",
+        config(
+            &s.store(),
+            &[
+                probe("pollable", "pollable", "cooperative"),
+                probe("future", "future", "cooperative")
+            ],
+        )
+    );
+    text.push_str(&format!(
+        "\n[[plugin]]\nname = \"v01\"\npath = {:?}\nlease = \"demo\"\nhttp = [\"http://127.0.0.1:9\"]\nenv = {{ HTTP_URL = \"http://127.0.0.1:9/\", HTTP_TICK_MS = \"200\" }}\n",
+        guest("http_probe.wasm").display().to_string()
+    ));
+    let cfg = s.write("baton.toml", &text);
+    let mut h = Host::start("host", &cfg);
+    for p in ["pollable", "future"] {
+        h.wait_for(SECS(30), "guest start", |e| e.guest_line(p, "probe start"));
+    }
+    h.wait_for(SECS(30), "the 0.1.0 guest's first request", |e| {
+        e.guest_line("v01", "http ")
+    });
+    h.sigterm();
+    for p in ["pollable", "future", "v01"] {
+        let stopped = h.wait_for(SECS(5), "stop", |e| e.is(STOPPED, Some(p)));
+        assert_eq!(stopped.str("how"), Some("cooperative"), "{p}");
+    }
+    assert!(h.wait_exit(SECS(5)).success());
+}
+
+#[test]
 fn guests_of_both_worlds_count_the_live_hosts_without_spreading() {
     let s = Scratch::new();
     let head = format!(
