@@ -74,6 +74,19 @@ fn kube_config(ns: &str, kubeconfig: Option<&Path>, lease: &str, plugins: &[Plug
     text
 }
 
+/// What `hosts` logged between `from` and `to` but their guests' lines,
+/// in time order: the story of a slow hand-over.
+fn story(hosts: &[Host], from: SystemTime, to: SystemTime) -> String {
+    let mut lines: Vec<(SystemTime, String)> = Vec::new();
+    for h in hosts {
+        for e in h.all(|e| e.at >= from && e.at <= to && e.str("stream").is_none()) {
+            lines.push((e.at, format!("  {}: {}", h.name, e.json)));
+        }
+    }
+    lines.sort();
+    lines.into_iter().map(|(_, l)| l + "\n").collect()
+}
+
 fn is_start(e: &Event) -> bool {
     e.guest_line("probe", "probe start")
 }
@@ -269,7 +282,11 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         assert_ne!(idx, leader);
         let took = ms_between(termed, started.at);
         handovers.push(took);
-        assert!(took < 500.0, "SIGTERM handover took {took:.0} ms");
+        assert!(
+            took < 500.0,
+            "SIGTERM handover took {took:.0} ms; what the hosts logged:\n{}",
+            story(&hosts, termed - SECS(1), started.at + SECS(1))
+        );
         assert!(hosts[leader].wait_exit(SECS(5)).success());
         assert_eq!(
             hosts[leader].all(|e| e.message() == "released the lease").len(),

@@ -774,8 +774,15 @@ impl Elector {
                 self.publish_follower();
                 match read {
                     // The store refuses what it still shows: do not spin on
-                    // it; try again after a retry period.
-                    Some(r) if r.as_ref().map(|v| &v.version) == previous.as_ref().map(|v| &v.version) => {
+                    // it; try again after a retry period. A record read
+                    // with a higher term than before (a term floor found
+                    // above the Lease's own, which another contender may
+                    // just have raised) is news: the next attempt starts
+                    // above it, at once.
+                    Some(r)
+                        if r.as_ref().map(|v| (&v.version, v.record.term))
+                            == previous.as_ref().map(|v| (&v.version, v.record.term)) =>
+                    {
                         tracing::warn!(lease = %self.cfg.lease, error = %e, "the lease reads the same after a conflict; backing off");
                         self.backoff()
                     }
