@@ -616,8 +616,14 @@ impl Elector {
                 k.is_some_and(|v| v.record.held_by_namesake(&self.me.identity, &self.me.instance))
             };
             let before = namesake(self.known.as_ref().and_then(|k| k.record.as_ref()));
+            // A tombstone (the record of a lease deleted while held) gets
+            // versions of its own from the store that reads it: a deletion,
+            // not a write by the namesake.
+            let written = record
+                .as_ref()
+                .is_some_and(|v| !v.version.starts_with(crate::store::TOMBSTONE));
             if namesake(record.as_ref()) {
-                if before {
+                if before && written {
                     // Written again by the other process: it is alive.
                     self.failure.get_or_insert(ElectorError::DuplicateIdentity {
                         lease: self.cfg.lease.clone(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, timeout};
 
 use super::*;
 use crate::store::memory::MemoryStore;
@@ -765,6 +765,23 @@ async fn a_process_restarted_under_its_identity_waits_out_the_lease_of_the_one_b
         "the new process took its namesake's record at once ({waited:?}); it must wait out the lease"
     );
     assert_eq!(second.term, first.term + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_process_whose_predecessors_lease_is_deleted_does_not_take_the_deletion_for_a_renewal() {
+    // The deleted record reads as a tombstone held by the namesake, under a
+    // version of its own: a store's reading, not a write by the namesake.
+    let c = Cluster::new();
+    let mut a = c.start("same");
+    let first = a.until_leading().await;
+    a.task.abort(); // killed: its record stays, held
+    let mut again = c.start("same");
+    sleep(secs(2)).await;
+    assert!(c.store.delete(LEASE));
+    let second = timeout(secs(40), again.until_leading())
+        .await
+        .expect("the restarted process leads once the deleted record's lease ran out");
+    assert!(second.term > first.term);
 }
 
 #[tokio::test(start_paused = true)]
