@@ -46,10 +46,14 @@ pub fn force_stop_at(e: &Event) -> SystemTime {
     humantime::parse_rfc3339(e.str("force_stop_at").expect("force_stop_at")).unwrap()
 }
 
-/// The term a host leads in now, according to its last status event.
+/// The term a host leads in now, according to its last status event of a
+/// lease (not of its membership record).
 pub fn leading_term(h: &Host) -> Option<u64> {
     let last = h
-        .all(|e| e.message() == "lease status changed")
+        .all(|e| {
+            e.message() == "lease status changed"
+                && !e.str("lease").unwrap_or("").starts_with("baton-member.")
+        })
         .into_iter()
         .last()?;
     (last.str("role") == Some("leading"))

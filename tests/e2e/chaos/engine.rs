@@ -150,9 +150,14 @@ struct Figures {
     gaps: BTreeMap<Fault, (usize, Duration)>,
 }
 
-/// `[[plugin]]` tables: both worlds, each honouring and ignoring the change.
+/// `[[plugin]]` tables: both worlds, each honouring and ignoring the change;
+/// and a guest that asks for the live hosts (and writes no records), so
+/// that every host keeps its membership record under the faults too.
 fn plugins(dir: &Path) -> String {
-    let mut text = String::new();
+    let mut text = format!(
+        "\n[[plugin]]\nname = \"hosts\"\npath = {:?}\nlease = \"demo\"\n",
+        guest("hosts_pollable.wasm").display().to_string()
+    );
     for world in ["pollable", "future"] {
         for ignore in [false, true] {
             let name = format!("{world}-{}", if ignore { "stubborn" } else { "coop" });
@@ -378,10 +383,11 @@ fn check(
     let mut ends: HashMap<(String, u64), SystemTime> = HashMap::new();
     for p in all {
         let mut terms = Vec::new();
-        for e in p
-            .host
-            .all(|e| e.message() == "lease status changed" && e.str("role") == Some("leading"))
-        {
+        for e in p.host.all(|e| {
+            e.message() == "lease status changed"
+                && e.str("role") == Some("leading")
+                && e.str("lease") == Some("demo")
+        }) {
             terms.push(e.u64("term").unwrap());
         }
         for t in terms {
