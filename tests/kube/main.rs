@@ -439,9 +439,9 @@ fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
 fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_no_reads() {
     // The API server's own counts (/metrics) over an idle window: each
     // lease's leader renews once per retry period and reads nothing; the
-    // hosts list only their membership Leases, once per retry period each;
-    // each host keeps one watch of the namespace's Leases, resumed once per
-    // lease duration.
+    // hosts find the live hosts (their membership Leases, every retry
+    // period) in their watch's memory, with no request; each host keeps one
+    // watch of the namespace's Leases, resumed once per lease duration.
     const LEASES: u64 = 100;
     let env = KubeEnv::load();
     let rt = runtime();
@@ -495,9 +495,18 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_n
         count("PUT") >= records * (periods - 2),
         "every record is renewed: {requests:?}"
     );
-    assert!(
-        count("LIST") <= 2 * (periods + 1),
-        "a listing of the membership Leases per host per retry period, nothing else: {requests:?}"
+    // Listing the membership Leases from the API server cost one LIST per
+    // host per retry period here (24 in 6 s); the namespace's watch serves
+    // it now, and an idle host in sync lists nothing.
+    println!(
+        "list requests in {idle:?}: {} (2 hosts finding the live hosts every retry period: {} listings)",
+        count("LIST"),
+        2 * periods
+    );
+    assert_eq!(
+        count("LIST"),
+        0,
+        "the membership listing is served from the watch: {requests:?}"
     );
     // One watch per host for the whole namespace, resumed once per lease
     // duration (x 1 to 1.25): at most two ends of it in 6 s, and one more

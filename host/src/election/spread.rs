@@ -34,11 +34,14 @@
 //! None of this touches safety: who may lead is decided by the lease alone,
 //! as without spreading. Spreading decides only who tries first.
 //!
-//! Unstable: membership is found by listing the membership records every
-//! retry period (the Kubernetes store's watch of the namespace could serve it
-//! with fewer requests, once every host labels its record); hosts with
-//! different sets of leases compute different assignments (harmless, but
-//! the spread is then uneven).
+//! The membership records are listed every retry period. The embedded
+//! store reads its directory; the Kubernetes store reads the listing from
+//! its watch of the namespace while that is in sync, with no request (a
+//! record without baton's labels, as a baton from before them wrote, is
+//! not counted; see [its documentation](crate::store::kube#listing-membership-records)).
+//!
+//! Unstable: hosts with different sets of leases compute different
+//! assignments (harmless, but the spread is then uneven).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

@@ -294,7 +294,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError>;
 
     /// Every lease whose name starts with `prefix` (the hosts' membership
-    /// records, listed every retry period). A store that can should read
+    /// records, listed every retry period: the Kubernetes store serves it
+    /// from its namespace's watch while that is in sync, see
+    /// [`kube`](crate::store::kube#listing-membership-records)). A store that can should read
     /// only those: an unreadable lease of another name is not an error here.
     async fn list_prefixed(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
         let all = self.list().await?;

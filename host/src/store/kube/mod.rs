@@ -92,7 +92,8 @@
 //! that TCP keepalive does not notice) is found within about a lease
 //! duration and a request timeout. That is the budget of an idle host: one
 //! watch request per lease duration for the namespace (and per lease
-//! watched on its own). Any error of the shared watch, including 410 Gone,
+//! watched on its own); its membership listings are read from the shared
+//! watch (see [Listing membership records](#listing-membership-records)). Any error of the shared watch, including 410 Gone,
 //! ends the stream of every lease it serves with that error (and an error
 //! of a lease's own watch ends that lease's stream); each elector then
 //! watches again after its jittered retry: the first to do so lists the
@@ -107,6 +108,45 @@
 //! event): the stream only ever moves forward, as the embedded store's
 //! does. (resourceVersions are compared as numbers, which etcd revisions
 //! are; one that is not a number is always passed on.)
+//!
+//! # Listing membership records
+//!
+//! A host that spreads its leases (or whose plugins ask for the live hosts)
+//! lists the membership records ([`LeaseStore::list_prefixed`]) every
+//! retry period. The shared watch already holds every Lease it selects,
+//! membership records included (baton writes them with its labels), so
+//! while it is in sync the listing is read from its memory, with no
+//! request: the newest object of each Lease as of every event received,
+//! read as a listed object is (no term floors, no deleted records), only
+//! the names with the prefix, sorted. An idle host then makes no request
+//! for its membership beyond the namespace's one watch.
+//!
+//! It lists from the API server instead (with the same label selector, so
+//! both give the same answer) while the shared watch is not in sync:
+//!
+//! - nothing watches: no lease of the store is watched (the membership
+//!   record's own elector watches it, so a host that keeps a record always
+//!   watches one), or the watch failed (an error, 410 Gone, a silent
+//!   connection) and no lease has watched again yet, which each elector
+//!   does after its jittered retry period;
+//! - it is still listing, or starting its first watch request;
+//! - it has not delivered one of this store's own writes (of a Lease it
+//!   selects) more than a second after the write's answer: a watch that
+//!   falls silent on a connection that still carries writes. A host that
+//!   keeps a membership record renews it every retry period, so such a
+//!   watch stops serving within about a retry period and a second. A host
+//!   that writes nothing relies on the silence check alone (see
+//!   [Watching](#watching)): a dead watch serves a listing that shows no
+//!   change for at most its server-side timeout (the lease duration × 1 to
+//!   1.25), the request timeout and a second, after which it has failed.
+//!
+//! A Lease named like a membership record but without baton's labels
+//! (written by another tool, or by a baton from before [`ROLE_LABEL`]) is
+//! not in the listing, from memory or from the API server alike: such a
+//! host is not counted. (Listing it only from the API server would count it
+//! at each fallback and forget it at the next listing from memory, so its
+//! count would flicker.) [`LeaseStore::list`], for status reports, still
+//! lists from the API server by the configured labels alone.
 //!
 //! # Errors
 //!
@@ -509,7 +549,27 @@ impl Inner {
         let v = self.versioned(lease, obj)?;
         self.remember(lease, obj);
         self.seen.wrote(lease, &v);
+        // The shared watch must deliver it: how its cache is known to be
+        // current (see [Listing](self#listing-membership-records)).
+        self.shared.wrote(obj);
         Ok(v)
+    }
+
+    /// Lists the namespace's Leases with `selector` (`k=v,k=v`; empty:
+    /// every Lease) from the API server.
+    async fn list_objects(&self, selector: &str) -> Result<Vec<DynamicObject>, StoreError> {
+        let mut params = ListParams::default();
+        if !selector.is_empty() {
+            params = params.labels(selector);
+        }
+        let list = tokio::time::timeout(OWN_REQUEST_TIMEOUT, self.api.list(&params))
+            .await
+            .map_err(|_| StoreError::Unavailable {
+                lease: ANY_LEASE.into(),
+                detail: format!("listing leases timed out after {OWN_REQUEST_TIMEOUT:?}"),
+            })?
+            .map_err(|e| map_error(ANY_LEASE, "list", e))?;
+        Ok(list.items)
     }
 
     fn new_object(&self, lease: &str) -> DynamicObject {
@@ -842,36 +902,50 @@ impl LeaseStore for KubeStore {
     }
 
     /// Every Lease in the namespace, or only those carrying this store's
-    /// labels when labels are configured.
+    /// configured labels when labels are configured (with or without
+    /// [`ROLE_LABEL`]: a status report shows foreign Leases too).
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
-        self.list_prefixed("").await
+        let inner = &self.inner;
+        let objects = inner.list_objects(&watch::label_selector(&inner.labels)).await?;
+        listed("", &objects, inner.fallback_duration)
     }
 
+    /// The Leases carrying every label this store writes whose names start
+    /// with `prefix`: from the shared watch's memory while it is in sync,
+    /// else from the API server; see [Listing membership
+    /// records](self#listing-membership-records).
     async fn list_prefixed(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
         let inner = &self.inner;
-        let mut params = ListParams::default();
-        let selector: Vec<String> = inner.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        if !selector.is_empty() {
-            params = params.labels(&selector.join(","));
-        }
-        let list = tokio::time::timeout(OWN_REQUEST_TIMEOUT, inner.api.list(&params))
-            .await
-            .map_err(|_| StoreError::Unavailable {
-                lease: ANY_LEASE.into(),
-                detail: format!("listing leases timed out after {OWN_REQUEST_TIMEOUT:?}"),
-            })?
-            .map_err(|e| map_error(ANY_LEASE, "list", e))?;
-        let mut leases = Vec::new();
-        for obj in &list.items {
-            let name = obj.metadata.name.clone().unwrap_or_default();
-            if !name.starts_with(prefix) {
-                continue;
+        let objects = match inner.shared.cached(prefix) {
+            Ok(objects) => objects,
+            Err(why) => {
+                tracing::debug!(reason = %why, prefix, "listing the Leases from the API server");
+                let selector = watch::label_selector(&inner.watch.selector);
+                inner.list_objects(&selector).await?
             }
-            leases.push((name.clone(), to_versioned(&name, obj, inner.fallback_duration)?));
-        }
-        leases.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(leases)
+        };
+        listed(prefix, &objects, inner.fallback_duration)
     }
+}
+
+/// The objects whose names start with `prefix`, read as records (as they
+/// are, without term floors or deleted records: a listing reports what the
+/// API server holds), sorted by name.
+fn listed(
+    prefix: &str,
+    objects: &[DynamicObject],
+    fallback_duration: Duration,
+) -> Result<Vec<(String, Versioned)>, StoreError> {
+    let mut leases = Vec::new();
+    for obj in objects {
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        leases.push((name.clone(), to_versioned(&name, obj, fallback_duration)?));
+    }
+    leases.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(leases)
 }
 
 #[cfg(test)]
@@ -974,6 +1048,37 @@ mod tests {
         assert_eq!(v.record.renew_time, None);
         assert_eq!(v.record.acquire_time, None);
         assert_eq!(v.record.term, 0);
+    }
+
+    #[test]
+    fn a_listing_keeps_the_prefix_sorted_by_name_and_reads_objects_as_they_are() {
+        let named = |name: &str, rv: &str, spec: Value| {
+            let mut o = object(spec);
+            o.metadata.name = Some(name.into());
+            o.metadata.resource_version = Some(rv.into());
+            o
+        };
+        let held = json!({"holderIdentity": "b", "leaseDurationSeconds": 2, "leaseTransitions": 3});
+        let objects = [
+            named("m.b", "7", held.clone()),
+            named("other", "8", json!("not even an object")),
+            named("m.a", "5", json!({})),
+        ];
+        let listing = listed("m.", &objects, FALLBACK).unwrap();
+        let names: Vec<&str> = listing.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["m.a", "m.b"],
+            "sorted, only the prefix (an unreadable other is no error)"
+        );
+        assert_eq!(listing[1].1.version, "7");
+        assert_eq!(listing[1].1.record.holder(), Some("b"));
+        assert_eq!(listing[1].1.record.term, 3);
+        assert_eq!(listing[0].1.record.holder(), None);
+        assert!(matches!(
+            listed("", &objects, FALLBACK),
+            Err(StoreError::Malformed { lease, .. }) if lease == "other"
+        ));
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //!   and the configured labels). A task lists them, keeps the
 //!   newest object of each (its *cache*), follows the watch, and hands each
 //!   event to the watches of that lease only. It runs while at least one
-//!   watch is registered.
+//!   watch is registered. While it is in sync (and has delivered the
+//!   store's own writes), its cache also serves the store's listings of
+//!   membership records ([`SharedWatch::cached`]; see [Listing membership
+//!   records](super#listing-membership-records)).
 //! - [`Registration`]: a lease watch's place in it; dropping it leaves.
 //! - [`Signal`]: how the task hands a lease watch its events: the newest
 //!   one not taken yet (a newer event replaces an older one: the watch
@@ -42,6 +45,14 @@ const MIN_QUIET_WATCH: Duration = Duration::from_secs(1);
 /// the request timeout) before it is taken as dead: the server ends a watch
 /// on time to the second, so this only covers rounding and a busy server.
 const WATCH_SILENCE_ALLOWANCE: Duration = Duration::from_secs(1);
+
+/// How long after the answer to one of this store's writes the shared
+/// watch may still not have delivered it (or anything newer) and still
+/// serve [`SharedWatch::cached`]: the event of a write reaches a healthy
+/// watch within milliseconds; one that lags by more than this is taken as
+/// possibly dead (a half-open connection), and listings go to the API
+/// server until it catches up or its silence ends it.
+const WATCH_LAG_ALLOWANCE: Duration = Duration::from_secs(1);
 
 type Events = BoxStream<'static, Result<WatchEvent<DynamicObject>, kube::Error>>;
 
@@ -127,7 +138,7 @@ impl Confirmed {
 
 /// One watch request at a time, resumed from the last resourceVersion seen
 /// when the server ends it; bookmarks keep that version current. Yields
-/// the events that carry an object.
+/// the events that carry an object, and bookmarks.
 struct Follower {
     config: WatchConfig,
     /// The selector (label or field) of every request.
@@ -201,8 +212,8 @@ impl Follower {
         }
     }
 
-    /// The next ADDED, MODIFIED or DELETED event, resuming the watch as
-    /// needed; any error ends it (the caller drops the follower).
+    /// The next ADDED, MODIFIED, DELETED or BOOKMARK event, resuming the
+    /// watch as needed; any error ends it (the caller drops the follower).
     async fn next(&mut self) -> Result<WatchEvent<DynamicObject>, StoreError> {
         loop {
             if self.current.is_none() {
@@ -241,7 +252,10 @@ impl Follower {
                 Some(Ok(event)) => {
                     request.active = true;
                     match event {
-                        WatchEvent::Bookmark(b) => self.advance(&b.metadata.resource_version),
+                        WatchEvent::Bookmark(ref b) => {
+                            self.advance(&b.metadata.resource_version);
+                            return Ok(event);
+                        }
                         WatchEvent::Error(status) => {
                             return Err(map_error(&self.lease, "watch", kube::Error::Api(status)));
                         }
@@ -371,9 +385,58 @@ struct Run {
     /// The newest object of every Lease the watch selects, by name, as of
     /// the last event applied.
     cache: HashMap<String, DynamicObject>,
+    /// The highest resourceVersion the watch has reached (the list's, then
+    /// every event's and bookmark's): the cache is current up to it.
+    reached: u64,
+    /// The first of this store's writes (of a Lease the watch selects)
+    /// that the watch had not reached when its answer arrived, and when
+    /// that was; cleared once the watch reaches it. Older than
+    /// [`WATCH_LAG_ALLOWANCE`]: the watch lags or is silently dead.
+    unconfirmed: Option<(u64, Instant)>,
     /// `Some(Ok)` once synced, `Some(Err)` once failed.
     status: watch::Sender<Option<Result<(), StoreError>>>,
     task: Option<tokio::task::AbortHandle>,
+}
+
+impl Run {
+    /// The watch has reached resourceVersion `rv` (never moves back; one
+    /// that is not a number changes nothing).
+    fn reach(&mut self, rv: &str) {
+        let Some(rv) = rv_number(rv) else { return };
+        self.reached = self.reached.max(rv);
+        if self.unconfirmed.is_some_and(|(w, _)| w <= self.reached) {
+            self.unconfirmed = None;
+        }
+    }
+}
+
+/// Why [`SharedWatch::cached`] cannot serve a listing: the caller lists
+/// from the API server instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Unserved {
+    /// Nothing watches: no lease watch is registered, or the watch failed
+    /// and no lease has watched again yet.
+    NotRunning,
+    /// Listing, or starting its first watch request.
+    Syncing,
+    /// One of this store's writes, at resourceVersion `rv`, has not come
+    /// back through the watch for `lag`: the watch lags or is silently
+    /// dead.
+    Lagging { rv: u64, lag: Duration },
+}
+
+impl std::fmt::Display for Unserved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unserved::NotRunning => f.write_str("the namespace's shared watch is not running"),
+            Unserved::Syncing => f.write_str("the namespace's shared watch is still listing"),
+            Unserved::Lagging { rv, lag } => write!(
+                f,
+                "the namespace's shared watch has not delivered this host's write at \
+                 resourceVersion {rv} for {lag:?}"
+            ),
+        }
+    }
 }
 
 impl SharedState {
@@ -383,6 +446,8 @@ impl SharedState {
             generation: self.next_generation,
             synced: false,
             cache: HashMap::new(),
+            reached: 0,
+            unconfirmed: None,
             status: watch::channel(None).0,
             task: None,
         })
@@ -392,8 +457,9 @@ impl SharedState {
         self.run.as_mut().filter(|r| r.generation == generation)
     }
 
-    /// The list of run `generation` is in: fills the cache.
-    fn synced(&mut self, generation: u64, items: Vec<DynamicObject>) {
+    /// The list of run `generation` is in, as of resourceVersion `rv`:
+    /// fills the cache.
+    fn synced(&mut self, generation: u64, items: Vec<DynamicObject>, rv: &str) {
         let Some(run) = self.run_of(generation) else {
             return;
         };
@@ -402,6 +468,7 @@ impl SharedState {
             .filter_map(|o| Some((o.metadata.name.clone()?, o)))
             .collect();
         run.synced = true;
+        run.reach(rv);
         run.status.send_replace(Some(Ok(())));
     }
 
@@ -415,6 +482,14 @@ impl SharedState {
         else {
             return;
         };
+        let rv = match &event {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+                o.metadata.resource_version.as_deref()
+            }
+            WatchEvent::Bookmark(b) => Some(b.metadata.resource_version.as_str()),
+            WatchEvent::Error(_) => None,
+        };
+        run.reach(rv.unwrap_or_default());
         let (name, delivery) = match event {
             WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
                 let Some(name) = obj.metadata.name.clone() else {
@@ -435,6 +510,40 @@ impl SharedState {
         for (_, signal) in self.routes.get(&name).into_iter().flatten() {
             signal.deliver(delivery.clone());
         }
+    }
+
+    /// This store wrote a Lease the watch selects, at resourceVersion
+    /// `rv`, answered at `at`: unless the watch has reached it already, it
+    /// is the write the watch must deliver (if no earlier one is awaited).
+    fn wrote(&mut self, rv: u64, at: Instant) {
+        let Some(run) = self.run.as_mut().filter(|r| r.synced) else {
+            return;
+        };
+        if run.reached < rv && run.unconfirmed.is_none() {
+            run.unconfirmed = Some((rv, at));
+        }
+    }
+
+    /// The cached objects whose names start with `prefix`, if the cache is
+    /// current at `now`: the watch is running, in sync, and has delivered
+    /// this store's writes answered more than [`WATCH_LAG_ALLOWANCE`] ago.
+    fn cached(&self, prefix: &str, now: Instant) -> Result<Vec<DynamicObject>, Unserved> {
+        let run = self.run.as_ref().ok_or(Unserved::NotRunning)?;
+        if !run.synced {
+            return Err(Unserved::Syncing);
+        }
+        if let Some((rv, at)) = run.unconfirmed {
+            let lag = now.saturating_duration_since(at);
+            if lag > WATCH_LAG_ALLOWANCE {
+                return Err(Unserved::Lagging { rv, lag });
+            }
+        }
+        Ok(run
+            .cache
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, obj)| obj.clone())
+            .collect())
     }
 
     /// Run `generation` failed: every watch hears of it, and the next one
@@ -507,6 +616,27 @@ impl SharedWatch {
         }
     }
 
+    /// The objects of the Leases the watch selects whose names start with
+    /// `prefix`, as of every event received, if the watch is running, in
+    /// sync, and not lagging behind this store's writes; see [`Unserved`]
+    /// for when it is not. Starts nothing: the watch runs while some lease
+    /// is watched.
+    pub(super) fn cached(&self, prefix: &str) -> Result<Vec<DynamicObject>, Unserved> {
+        self.state().cached(prefix, Instant::now())
+    }
+
+    /// This store wrote `obj` (the API server's answer): if the watch
+    /// selects it, the watch must deliver it, within
+    /// [`WATCH_LAG_ALLOWANCE`] for its cache to serve listings.
+    pub(super) fn wrote(&self, obj: &DynamicObject) {
+        let rv = obj.metadata.resource_version.as_deref().and_then(rv_number);
+        if let Some(rv) = rv
+            && selects(&self.config.selector, obj)
+        {
+            self.state().wrote(rv, Instant::now());
+        }
+    }
+
     /// The current run, started if there is none: its generation and
     /// status.
     fn ensure_run(self: &Arc<Self>) -> (u64, watch::Receiver<Option<Result<(), StoreError>>>) {
@@ -556,7 +686,8 @@ impl SharedWatch {
         if let Err(e) = follower.start().await {
             return e;
         }
-        self.state().synced(generation, list.items);
+        let rv = list.metadata.resource_version.clone().unwrap_or_default();
+        self.state().synced(generation, list.items, &rv);
         loop {
             match follower.next().await {
                 Ok(event) => self.state().apply(generation, event),
@@ -1005,7 +1136,11 @@ mod tests {
                 .push((id, (*signal).clone()));
         }
         let generation = state.new_run().generation;
-        state.synced(generation, vec![lease("a", 1, LABELS), lease("b", 2, LABELS)]);
+        state.synced(
+            generation,
+            vec![lease("a", 1, LABELS), lease("b", 2, LABELS)],
+            "2",
+        );
         (state, generation)
     }
 
@@ -1087,6 +1222,147 @@ mod tests {
         assert!(matches!(a.take(), Taken::Nothing));
     }
 
+    fn names(listed: Result<Vec<DynamicObject>, Unserved>) -> Vec<(String, String)> {
+        let mut names: Vec<(String, String)> = listed
+            .unwrap()
+            .into_iter()
+            .map(|o| (o.metadata.name.unwrap(), o.metadata.resource_version.unwrap()))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_cache_serves_listings_only_while_in_sync_with_every_event_applied() {
+        let now = Instant::now();
+        let mut state = SharedState::default();
+        assert_eq!(state.cached("m.", now).err(), Some(Unserved::NotRunning));
+        let generation = state.new_run().generation;
+        assert_eq!(
+            state.cached("m.", now).err(),
+            Some(Unserved::Syncing),
+            "listing, or its watch not accepted yet"
+        );
+        state.synced(
+            generation,
+            vec![
+                lease("m.a", 3, LABELS),
+                lease("m.b", 4, LABELS),
+                lease("other", 5, LABELS),
+            ],
+            "5",
+        );
+        assert_eq!(
+            names(state.cached("m.", now)),
+            [("m.a".into(), "3".into()), ("m.b".into(), "4".into())],
+            "only the prefix"
+        );
+        assert_eq!(names(state.cached("", now)).len(), 3);
+
+        // Every event received is in the listing: the newest version of
+        // each, a new record, and none of a deleted one.
+        state.apply(generation, WatchEvent::Modified(lease("m.a", 6, LABELS)));
+        state.apply(generation, WatchEvent::Modified(lease("m.a", 7, LABELS)));
+        state.apply(generation, WatchEvent::Added(lease("m.c", 8, LABELS)));
+        state.apply(generation, WatchEvent::Deleted(lease("m.b", 9, LABELS)));
+        assert_eq!(
+            names(state.cached("m.", now)),
+            [("m.a".into(), "7".into()), ("m.c".into(), "8".into())]
+        );
+
+        // Failed (a 410, a silent connection): nothing served until a new
+        // run has listed.
+        assert!(
+            state
+                .fail(
+                    generation,
+                    &StoreError::Unavailable {
+                        lease: ANY_LEASE.into(),
+                        detail: "watch expired (410 Gone)".into(),
+                    }
+                )
+                .is_some()
+        );
+        assert_eq!(state.cached("m.", now).err(), Some(Unserved::NotRunning));
+        let generation = state.new_run().generation;
+        state.synced(generation, vec![lease("m.a", 12, LABELS)], "12");
+        assert_eq!(names(state.cached("m.", now)), [("m.a".into(), "12".into())]);
+    }
+
+    #[test]
+    fn a_watch_that_does_not_deliver_this_stores_writes_stops_serving_listings() {
+        let t0 = Instant::now();
+        let later = |d: Duration| t0 + d;
+        let mut state = SharedState::default();
+        // Writes before the watch is in sync are not awaited (the list
+        // may include them).
+        state.wrote(3, t0);
+        let generation = state.new_run().generation;
+        state.wrote(4, t0);
+        state.synced(generation, vec![lease("m.a", 5, LABELS)], "10");
+        assert_eq!(state.run.as_ref().unwrap().unconfirmed, None);
+        // A write the watch has reached already: nothing awaited.
+        state.wrote(9, t0);
+        assert_eq!(state.run.as_ref().unwrap().unconfirmed, None);
+
+        // A write the watch delivers within the allowance: served all along.
+        state.wrote(11, t0);
+        state.wrote(12, later(Duration::from_millis(100)));
+        assert_eq!(
+            state.run.as_ref().unwrap().unconfirmed,
+            Some((11, t0)),
+            "the first one awaited"
+        );
+        assert!(state.cached("m.", later(WATCH_LAG_ALLOWANCE)).is_ok());
+        state.apply(generation, WatchEvent::Modified(lease("m.a", 11, LABELS)));
+        assert_eq!(state.run.as_ref().unwrap().unconfirmed, None);
+
+        // One it does not deliver: listings go to the API server once it
+        // is older than the allowance, until the watch reaches it (a
+        // bookmark counts: the server says the watch is current).
+        let t1 = later(Duration::from_secs(5));
+        state.wrote(20, t1);
+        assert!(state.cached("m.", t1 + WATCH_LAG_ALLOWANCE).is_ok());
+        match state.cached("m.", t1 + WATCH_LAG_ALLOWANCE + Duration::from_millis(1)) {
+            Err(Unserved::Lagging { rv: 20, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        state.apply(generation, WatchEvent::Modified(lease("m.b", 19, LABELS)));
+        assert!(
+            state.cached("m.", t1 + Duration::from_secs(2)).is_err(),
+            "not there yet"
+        );
+        let bookmark = serde_json::from_value(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"resourceVersion": "21"},
+        }))
+        .unwrap();
+        state.apply(generation, WatchEvent::Bookmark(bookmark));
+        assert_eq!(
+            names(state.cached("m.", t1 + Duration::from_secs(2))),
+            [("m.a".into(), "11".into()), ("m.b".into(), "19".into())]
+        );
+    }
+
+    #[tokio::test]
+    async fn only_writes_of_leases_the_watch_selects_are_awaited() {
+        let shared = SharedWatch::new(config());
+        let generation = {
+            let mut state = shared.state();
+            let generation = state.new_run().generation;
+            state.synced(generation, vec![], "1");
+            generation
+        };
+        shared.wrote(&lease("foreign", 5, &[("team", "x")]));
+        assert_eq!(shared.state().run_of(generation).unwrap().unconfirmed, None);
+        shared.wrote(&lease("m.a", 6, LABELS));
+        assert!(matches!(
+            shared.state().run_of(generation).unwrap().unconfirmed,
+            Some((6, _))
+        ));
+        assert!(shared.cached("m.").is_ok(), "within the allowance");
+    }
+
     fn config() -> WatchConfig {
         let client =
             kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
@@ -1111,7 +1387,7 @@ mod tests {
         let generation = {
             let mut state = shared.state();
             let generation = state.new_run().generation;
-            state.synced(generation, vec![lease("a", 1, LABELS)]);
+            state.synced(generation, vec![lease("a", 1, LABELS)], "1");
             generation
         };
         let waiting = tokio::spawn(async move {
