@@ -241,20 +241,24 @@ pub fn sweep(
             return if log { (1.0, 10.0) } else { (0.0, 1.0) };
         }
         if log {
-            (
-                10f64.powf(lo.log10().floor()),
-                10f64
-                    .powf((hi.log10() + 1e-9).ceil())
-                    .max(10f64.powf(lo.log10().floor() + 1.0)),
-            )
+            // Whole decades, with room above the largest point.
+            let lo = 10f64.powf(lo.log10().floor());
+            (lo, 10f64.powf((hi * 1.05).log10().ceil()).max(lo * 10.0))
         } else {
             let pad = ((hi - lo.min(0.0)) * 0.08).max(1e-9);
             (lo.min(0.0), hi + pad)
         }
     };
     let (x0, x1) = range(&xs, log_x);
+    // A little room at either end of x, so that no point sits on an edge.
     let (x0, x1) = if log_x {
-        (x0, x1)
+        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if lo.is_finite() {
+            (lo / 1.3, hi * 1.3)
+        } else {
+            (x0, x1)
+        }
     } else {
         let pad = (x1 - x0) * 0.03;
         (x0 - pad, x1)
