@@ -10,8 +10,8 @@
 //! - `rss` and `vsz`: resident memory and address space once every task
 //!   runs (`VmRSS`, `VmSize` of `/proc/PID/status`);
 //! - `threads`;
-//! - `idle cpu`: the process's CPU time over 10 s once every task runs, in
-//!   % of one core.
+//! - `idle cpu`: the process's CPU time over 10 s (`BATON_BENCH_IDLE_SECS`)
+//!   once every task runs, in % of one core.
 //!
 //! `BATON_BENCH_LEASES` (default 100), `BATON_BENCH_PLUGINS` (per lease,
 //! default 10), `BATON_BENCH_RUNS` (default 3; one more run first warms the
@@ -21,13 +21,34 @@
 //! (spreading off): it loads every plugin and runs none, and the bench
 //! prints the resident memory per loaded plugin, against the same host with
 //! no plugins. Run: `scripts/bench.sh --bench many_plugins`.
+//!
+//! `BATON_BENCH_SWEEP=1` measures instead one host at several plugin
+//! counts: `BATON_BENCH_LEASES` leases (default 100) × each of
+//! `BATON_BENCH_SWEEP_PLUGINS` plugins per lease (default `0,1,2,5,10,20`:
+//! 0 to 2,000 tasks), `BATON_BENCH_RUNS` runs each. The leases stay the
+//! same, so what grows from one point to the next is the plugins' cost
+//! alone; 0 is the host and its idle leases. It prints a Markdown table of
+//! the medians, writes every run to `many-plugins.json` and plots start
+//! time and resident memory against the number of plugins
+//! (`many-plugins-start.svg`, `many-plugins-memory.svg`: median, min to
+//! max) into `BATON_BENCH_PLOTS` (default `docs/perf/`), with
+//! `benches/plot.rs`. About 3.5 minutes on a 2-core machine. Run:
+//! `BATON_BENCH_SWEEP=1 scripts/bench.sh --bench many_plugins`.
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]
 mod support;
 
+// benches/plot.rs, shared by the benches (each uses part of it).
+#[path = "plot.rs"]
+#[allow(dead_code)]
+mod plot;
+
 use std::fmt::Write as _;
-use std::time::{Duration, SystemTime};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::json;
 
 use support::*;
 
@@ -148,9 +169,10 @@ fn run(leases: usize, plugins: usize) -> Run {
     let rss_mb = status_field(pid, "VmRSS") as f64 / 1024.0;
     let vsz_gb = status_field(pid, "VmSize") as f64 / 1024.0 / 1024.0;
     let threads = status_field(pid, "Threads") as f64;
+    let idle = var("BATON_BENCH_IDLE_SECS", 10) as f64;
     let before = cpu_secs(pid);
-    std::thread::sleep(Duration::from_secs(10));
-    let idle_cpu = (cpu_secs(pid) - before) / 10.0 * 100.0;
+    std::thread::sleep(Duration::from_secs_f64(idle));
+    let idle_cpu = (cpu_secs(pid) - before) / idle * 100.0;
     h.sigterm();
     h.wait_exit(Duration::from_secs(60));
     if let Some(mut holder) = holder {
@@ -194,6 +216,9 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    if var("BATON_BENCH_SWEEP", 0) == 1 {
+        return sweep();
+    }
     let leases = var("BATON_BENCH_LEASES", 100);
     let plugins = var("BATON_BENCH_PLUGINS", 10);
     let runs = var("BATON_BENCH_RUNS", 3);
@@ -226,4 +251,126 @@ fn main() {
     summary("vsz", "GB", results.iter().map(|r| r.vsz_gb).collect());
     summary("threads", "", results.iter().map(|r| r.threads).collect());
     summary("idle cpu", "%", results.iter().map(|r| r.idle_cpu).collect());
+}
+
+/// `min / median / max` of `v`, each with `f`.
+fn mmm(v: &[f64], f: impl Fn(f64) -> String) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{} ({} - {})", f(plot::median(v)), f(lo), f(hi))
+}
+
+/// One host at several plugin counts (`BATON_BENCH_SWEEP=1`).
+fn sweep() {
+    assert!(
+        var("BATON_BENCH_FOLLOW", 0) == 0,
+        "BATON_BENCH_SWEEP measures a leading host: unset BATON_BENCH_FOLLOW"
+    );
+    let started = Instant::now();
+    let leases = var("BATON_BENCH_LEASES", 100);
+    let runs = var("BATON_BENCH_RUNS", 3);
+    let per_lease: Vec<usize> = std::env::var("BATON_BENCH_SWEEP_PLUGINS")
+        .unwrap_or_else(|_| "0,1,2,5,10,20".to_owned())
+        .split(',')
+        .map(|p| {
+            p.trim()
+                .parse()
+                .expect("BATON_BENCH_SWEEP_PLUGINS: plugins per lease, comma-separated")
+        })
+        .collect();
+    let plots = std::env::var_os("BATON_BENCH_PLOTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/perf")));
+    let date = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    println!(
+        "one host, {leases} leases x {per_lease:?} plugins per lease of one component, warm cache, {runs} runs each, {date}"
+    );
+    let _warm = run(2, 2);
+    let mut points = Vec::new();
+    let mut table = vec![
+        format!("| plugins ({leases} leases × P) | start | resident | address space | threads | idle CPU |"),
+        "|---|---|---|---|---|---|".to_owned(),
+    ];
+    for &p in &per_lease {
+        let results: Vec<Run> = (0..runs).map(|_| run(leases, p)).collect();
+        let col = |f: fn(&Run) -> f64| results.iter().map(f).collect::<Vec<f64>>();
+        let row = format!(
+            "| {} ({leases} × {p}) | {} | {} | {} | {} | {} |",
+            leases * p,
+            mmm(&col(|r| r.start_ms), |v| format!("{:.2} s", v / 1000.0)),
+            mmm(&col(|r| r.rss_mb), |v| format!("{v:.0} MB")),
+            mmm(&col(|r| r.vsz_gb), |v| format!("{v:.0} GB")),
+            mmm(&col(|r| r.threads), |v| format!("{v:.0}")),
+            mmm(&col(|r| r.idle_cpu), |v| format!("{v:.1} %")),
+        );
+        println!("{row}");
+        table.push(row);
+        points.push((p, results));
+    }
+    let took = started.elapsed();
+    println!(
+        "\nMarkdown ({runs} runs per row, median (min - max), {date}, took {:.1} min):\n\n{}",
+        took.as_secs_f64() / 60.0,
+        table.join("\n")
+    );
+
+    std::fs::create_dir_all(&plots).unwrap();
+    let raw = json!({
+        "date": date,
+        "took_s": took.as_secs(),
+        "leases": leases,
+        "runs": runs,
+        "points": points.iter().map(|(p, results)| json!({
+            "plugins_per_lease": p,
+            "plugins": leases * p,
+            "runs": results.iter().map(|r| json!({
+                "start_ms": r.start_ms, "load_ms": r.load_ms, "rss_mb": r.rss_mb,
+                "vsz_gb": r.vsz_gb, "threads": r.threads, "idle_cpu_percent": r.idle_cpu,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    });
+    std::fs::write(
+        plots.join("many-plugins.json"),
+        serde_json::to_string_pretty(&raw).unwrap() + "\n",
+    )
+    .unwrap();
+    let series = |name: &str, i: usize, f: fn(&Run) -> f64| plot::Series {
+        name: name.to_owned(),
+        color: plot::palette(i),
+        points: points
+            .iter()
+            .map(|(p, results)| ((leases * p) as f64, results.iter().map(f).collect()))
+            .collect(),
+    };
+    plot::sweep(
+        &plots.join("many-plugins-start.svg"),
+        &format!("One host, {leases} leases: start time against plugins ({runs} runs; median, min to max)"),
+        &format!("plugins (leading tasks; {leases} leases × plugins per lease)"),
+        "seconds",
+        &[
+            series("spawn to the last task's first line", 0, |r| r.start_ms / 1000.0),
+            series("the slowest plugin's load (compile or cache)", 2, |r| {
+                r.load_ms / 1000.0
+            }),
+        ],
+        false,
+        false,
+    )
+    .unwrap();
+    plot::sweep(
+        &plots.join("many-plugins-memory.svg"),
+        &format!(
+            "One host, {leases} leases: resident memory against plugins ({runs} runs; median, min to max)"
+        ),
+        &format!("plugins (leading tasks; {leases} leases × plugins per lease)"),
+        "MB resident (VmRSS)",
+        &[series("resident memory, every task running", 0, |r| r.rss_mb)],
+        false,
+        false,
+    )
+    .unwrap();
+    println!(
+        "\nwrote {}/many-plugins{{.json,-start.svg,-memory.svg}}",
+        plots.display()
+    );
 }

@@ -43,8 +43,8 @@
 //!
 //! Prints min / median / max per tool and the ratio of the medians
 //! (baton / client-go), a Markdown table of the same, writes the raw runs
-//! as JSON and the plots as SVG into `BATON_BENCH_PLOTS` (default
-//! `docs/perf/`).
+//! as JSON and the plots as SVG (`benches/plot.rs`) into
+//! `BATON_BENCH_PLOTS` (default `docs/perf/`).
 //!
 //! Run: `scripts/bench.sh --bench versus_client_go` (13.5 minutes with both
 //! timing sets and 8 runs on a 2-core machine, `BATON_BENCH_TIMINGS=fast`
@@ -72,6 +72,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use serde_json::{Value, json};
 
 use env::{KubeEnv, OwnServer, TestNamespace};
+use plot::median;
 use support::*;
 
 // ------------------------------------------------------------ timings
@@ -572,17 +573,6 @@ fn idle(b: &Bench, t: &Timing, audit: &Path) -> (Idle, f64) {
 
 // ------------------------------------------------------------ statistics
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 fn min_max(v: &[f64]) -> (f64, f64) {
     (
         v.iter().copied().fold(f64::INFINITY, f64::min),
@@ -617,165 +607,10 @@ fn ratio(a: f64, b: f64) -> String {
 
 // ------------------------------------------------------------ plots
 
-mod plot {
-    use plotters::prelude::*;
-
-    const BATON: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
-    const CLIENTGO: RGBColor = RGBColor(0xd6, 0x27, 0x28);
-
-    pub fn color(tool: &str) -> RGBColor {
-        if tool == "baton" { BATON } else { CLIENTGO }
-    }
-
-    /// A strip chart: one column per (label, tool), a dot per run and a bar
-    /// at the median; `log` for a logarithmic y axis (values in seconds).
-    pub fn strips(
-        path: &std::path::Path,
-        title: &str,
-        y_desc: &str,
-        columns: &[(String, &str, Vec<f64>)],
-        log: bool,
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        let width = (150 * columns.len() as u32).max(900);
-        let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let n = columns.len() as f64;
-        let hi = columns
-            .iter()
-            .flat_map(|c| c.2.iter().copied())
-            .fold(0.0f64, f64::max);
-        let mut chart = ChartBuilder::on(&root);
-        chart
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(60)
-            .y_label_area_size(70);
-        let labels: Vec<String> = columns.iter().map(|c| format!("{} {}", c.1, c.0)).collect();
-        let xfmt = |x: &f64| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
-                labels[i as usize].clone()
-            } else {
-                String::new()
-            }
-        };
-        let points = |draw: &mut dyn FnMut(f64, f64, &str)| {
-            for (i, (_, tool, vals)) in columns.iter().enumerate() {
-                let k = vals.len().max(1) as f64;
-                for (j, v) in vals.iter().enumerate() {
-                    draw(i as f64 - 0.2 + 0.4 * (j as f64 + 0.5) / k, *v, tool);
-                }
-            }
-        };
-        if log {
-            let lo = columns
-                .iter()
-                .flat_map(|c| c.2.iter().copied())
-                .filter(|v| *v > 0.0)
-                .fold(f64::INFINITY, f64::min);
-            let lo = 10f64.powf(lo.log10().floor());
-            let hi = 10f64.powf(hi.log10().ceil());
-            let mut chart = chart.build_cartesian_2d(-0.5..n - 0.5, (lo..hi).log_scale())?;
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .x_labels(columns.len() * 4)
-                .x_label_formatter(&xfmt)
-                .y_desc(y_desc)
-                .y_label_formatter(&|y| format!("{y}"))
-                .draw()?;
-            let mut dots = Vec::new();
-            points(&mut |x, y, tool| dots.push((x, y, tool.to_owned())));
-            chart.draw_series(
-                dots.iter()
-                    .map(|(x, y, t)| Circle::new((*x, *y), 4, color(t).filled())),
-            )?;
-            for (i, (_, tool, vals)) in columns.iter().enumerate() {
-                let m = super::median(vals);
-                let x = i as f64;
-                chart.draw_series(std::iter::once(PathElement::new(
-                    vec![(x - 0.3, m), (x + 0.3, m)],
-                    color(tool).stroke_width(2),
-                )))?;
-            }
-        } else {
-            let hi = if hi <= 0.0 { 1.0 } else { hi * 1.1 };
-            let mut chart = chart.build_cartesian_2d(-0.5..n - 0.5, 0.0..hi)?;
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .x_labels(columns.len() * 4)
-                .x_label_formatter(&xfmt)
-                .y_desc(y_desc)
-                .draw()?;
-            let mut dots = Vec::new();
-            points(&mut |x, y, tool| dots.push((x, y, tool.to_owned())));
-            chart.draw_series(
-                dots.iter()
-                    .map(|(x, y, t)| Circle::new((*x, *y), 4, color(t).filled())),
-            )?;
-            for (i, (_, tool, vals)) in columns.iter().enumerate() {
-                let m = super::median(vals);
-                let x = i as f64;
-                chart.draw_series(std::iter::once(PathElement::new(
-                    vec![(x - 0.3, m), (x + 0.3, m)],
-                    color(tool).stroke_width(2),
-                )))?;
-            }
-        }
-        root.present()?;
-        Ok(())
-    }
-
-    /// Bars: one per (label, tool, value).
-    pub fn bars(
-        path: &std::path::Path,
-        title: &str,
-        y_desc: &str,
-        bars: &[(String, &str, f64)],
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        let width = (130 * bars.len() as u32).max(900);
-        let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let n = bars.len() as f64;
-        let hi = bars.iter().map(|b| b.2).fold(0.0f64, f64::max).max(1.0) * 1.15;
-        let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
-        let xfmt = |x: &f64| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
-                labels[i as usize].clone()
-            } else {
-                String::new()
-            }
-        };
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(60)
-            .y_label_area_size(70)
-            .build_cartesian_2d(-0.5..n - 0.5, 0.0..hi)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(bars.len() * 4)
-            .x_label_formatter(&xfmt)
-            .y_desc(y_desc)
-            .draw()?;
-        chart.draw_series(bars.iter().enumerate().map(|(i, (_, tool, v))| {
-            let x = i as f64;
-            Rectangle::new([(x - 0.35, 0.0), (x + 0.35, *v)], color(tool).filled())
-        }))?;
-        chart.draw_series(bars.iter().enumerate().map(|(i, (_, _, v))| {
-            Text::new(
-                format!("{v:.0}"),
-                (i as f64 - 0.15, *v + hi * 0.03),
-                ("sans-serif", 14),
-            )
-        }))?;
-        root.present()?;
-        Ok(())
-    }
-}
+// benches/plot.rs, shared by the benches (each uses part of it).
+#[path = "plot.rs"]
+#[allow(dead_code)]
+mod plot;
 
 // ------------------------------------------------------------ main
 
