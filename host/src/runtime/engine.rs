@@ -56,10 +56,12 @@ pub struct EngineOptions {
     /// The largest memory limit of the plugins the engine will run. Each
     /// linear memory then reserves that much address space, rounded up to
     /// a power of two, plus a guard, instead of wasmtime's 4 GiB: 1,000
-    /// running instances reserve about 300 GB, not 4 TB. Generated code
-    /// checks bounds explicitly then. A memory that must grow past its
-    /// reservation (a plugin with a larger limit, added later) moves, so
-    /// nothing breaks. `None`: wasmtime's defaults.
+    /// running instances reserve about 300 GB, not 4 TB (on demand; a pool
+    /// reserves its slots up front, see [`PoolLimits`]). Generated code
+    /// checks bounds explicitly then. On demand, a memory that must grow
+    /// past its reservation (a plugin with a larger limit, added later)
+    /// moves, so nothing breaks; in a pool it cannot. `None`: wasmtime's
+    /// defaults.
     pub largest_memory: Option<u64>,
     /// Run instances from a pool of this many slots (wasmtime's pooling
     /// instance allocator) instead of allocating each on demand; see
