@@ -149,7 +149,8 @@
 //! after reading), so reading wakes no one. A write of this same store
 //! wakes none of its watches: its writer has the record already (the
 //! creation of the name it links is matched, and read after all if its
-//! link lost to another writer's); the removal of old versions below one
+//! link lost to another writer's, or if more than 32 writes of the lease
+//! ran ahead of the inotify thread); the removal of old versions below one
 //! known to exist wakes no one either. A renewal on an otherwise idle store
 //! thus makes one wake-up of the inotify thread (its version's creation and
 //! the old version's removal, in one read) and no read.

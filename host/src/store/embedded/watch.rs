@@ -29,8 +29,11 @@
 //!   a watch that re-read it would yield the store's own write back to it.
 //!   The name is matched before the writer knows whether its link won: if it
 //!   did not (another writer linked that name first), the writer wakes the
-//!   watches itself; and the match is kept only while the writer's link is
-//!   confirmed to be in the lease's current directory (see `confirm`).
+//!   watches itself; the match is kept only once the writer's link is
+//!   confirmed to be in the lease's current directory (see `confirm`), and
+//!   until the first event of the lease that wakes its watches (whose read
+//!   comes after it). At most [`MAX_LINKED`] confirmed writes of a lease
+//!   wait for their creation to be seen; an older one is read.
 //!
 //! Anything else wakes the lease's watches, which re-read the record: no
 //! event is ever taken for a change it cannot be, only some that can be
