@@ -90,6 +90,11 @@ impl DeletedRecords {
         // A panic while holding the lock leaves a consistent map (every
         // change is one assignment), so a poisoned lock is used as is.
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        // Without a new key for a lease already known (every call of a
+        // renewal).
+        if let Some(memory) = leases.get_mut(lease) {
+            return f(memory);
+        }
         f(leases.entry(lease.to_owned()).or_default())
     }
 
