@@ -50,6 +50,9 @@ mod support;
 mod env;
 
 // benches/plot.rs, shared by the benches (each uses part of it).
+#[path = "clientgo.rs"]
+mod clientgo;
+
 #[path = "plot.rs"]
 #[allow(dead_code)]
 mod plot;
@@ -248,35 +251,6 @@ impl Bench {
     }
 }
 
-/// The leases a host leads now, from its log (membership Leases left out).
-fn led(h: &Host) -> BTreeSet<String> {
-    let mut last: BTreeMap<String, bool> = BTreeMap::new();
-    for e in h.all(|e| e.message() == "lease status changed") {
-        let Some(lease) = e.str("lease") else { continue };
-        if lease.starts_with("baton-member.") {
-            continue;
-        }
-        last.insert(lease.to_owned(), e.str("role") == Some("leading"));
-    }
-    last.into_iter().filter(|(_, l)| *l).map(|(n, _)| n).collect()
-}
-
-fn build_clientgo() -> PathBuf {
-    if let Some(p) = std::env::var_os("BATON_CLIENTGO_ELECTOR") {
-        return p.into();
-    }
-    let out = Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../benches/clientgo/build.sh"
-    ))
-    .stderr(Stdio::inherit())
-    .output()
-    .expect("run benches/clientgo/build.sh");
-    assert!(out.status.success(), "benches/clientgo/build.sh failed");
-    let path = String::from_utf8(out.stdout).unwrap();
-    PathBuf::from(path.lines().last().expect("a path").trim())
-}
-
 fn counts_list(var: &str, default: &str) -> Vec<usize> {
     std::env::var(var)
         .unwrap_or_else(|_| default.to_owned())
@@ -334,7 +308,7 @@ fn main() {
     let plots = std::env::var_os("BATON_BENCH_PLOTS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/perf")));
-    let clientgo = (!clientgo_counts.is_empty()).then(build_clientgo);
+    let clientgo = (!clientgo_counts.is_empty()).then(clientgo::build);
 
     eprintln!("requests_per_lease: starting an API server of its own (scripts/kube-testenv.sh start)");
     let server = OwnServer::start("");

@@ -608,27 +608,14 @@ fn ratio(a: f64, b: f64) -> String {
 // ------------------------------------------------------------ plots
 
 // benches/plot.rs, shared by the benches (each uses part of it).
+#[path = "clientgo.rs"]
+mod clientgo;
+
 #[path = "plot.rs"]
 #[allow(dead_code)]
 mod plot;
 
 // ------------------------------------------------------------ main
-
-fn build_clientgo() -> PathBuf {
-    if let Some(p) = std::env::var_os("BATON_CLIENTGO_ELECTOR") {
-        return p.into();
-    }
-    let out = Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../benches/clientgo/build.sh"
-    ))
-    .stderr(Stdio::inherit())
-    .output()
-    .expect("run benches/clientgo/build.sh");
-    assert!(out.status.success(), "benches/clientgo/build.sh failed");
-    let path = String::from_utf8(out.stdout).unwrap();
-    PathBuf::from(path.lines().last().expect("a path").trim())
-}
 
 fn list(var: &str, default: &str) -> Vec<String> {
     std::env::var(var)
@@ -684,7 +671,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/perf")));
 
-    let clientgo = build_clientgo();
+    let clientgo = clientgo::build();
     guest("probe_pollable.wasm");
 
     // The API server of this bench, with an audit log of every request on

@@ -47,19 +47,6 @@ pub fn spread_config(head: &str, data: &Path) -> String {
     text
 }
 
-/// The leases a host leads now, by its last status event of each.
-pub fn led(h: &Host) -> BTreeSet<String> {
-    let mut last: BTreeMap<String, bool> = BTreeMap::new();
-    for e in h.all(|e| e.message() == "lease status changed") {
-        let Some(lease) = e.str("lease") else { continue };
-        if lease.starts_with("baton-member.") {
-            continue;
-        }
-        last.insert(lease.to_owned(), e.str("role") == Some("leading"));
-    }
-    last.into_iter().filter(|(_, l)| *l).map(|(n, _)| n).collect()
-}
-
 /// How long a spread must hold to count as settled: moves that follow a
 /// change of the live hosts come a settle time (two retry periods) after
 /// it, and must not be mistaken for a passing balance.

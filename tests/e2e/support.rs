@@ -421,3 +421,17 @@ pub fn garble_lease(store: &Path, lease: &str, garbage: &str) -> PathBuf {
     }
     panic!("{lease} kept being written over its garbled version");
 }
+
+/// The leases a host leads now, by its last status event of each (its
+/// membership record left out).
+pub fn led(h: &Host) -> std::collections::BTreeSet<String> {
+    let mut last: std::collections::BTreeMap<String, bool> = std::collections::BTreeMap::new();
+    for e in h.all(|e| e.message() == "lease status changed") {
+        let Some(lease) = e.str("lease") else { continue };
+        if lease.starts_with("baton-member.") {
+            continue;
+        }
+        last.insert(lease.to_owned(), e.str("role") == Some("leading"));
+    }
+    last.into_iter().filter(|(_, l)| *l).map(|(n, _)| n).collect()
+}

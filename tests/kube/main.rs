@@ -87,6 +87,24 @@ fn story(hosts: &[Host], from: SystemTime, to: SystemTime) -> String {
     lines.into_iter().map(|(_, l)| l + "\n").collect()
 }
 
+/// Waits until one of `hosts` runs its guest and every one has a role
+/// other than pending; the first guest start.
+fn settled(hosts: &[Host]) -> Event {
+    let (_, first) = wait_any(
+        hosts,
+        SECS(60),
+        "first guest start",
+        SystemTime::UNIX_EPOCH,
+        is_start,
+    );
+    for h in hosts {
+        h.wait_for(SECS(60), "a status", |e| {
+            e.message() == "lease status changed" && e.str("role") != Some("pending")
+        });
+    }
+    first
+}
+
 fn is_start(e: &Event) -> bool {
     e.guest_line("probe", "probe start")
 }
@@ -460,7 +478,7 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_n
     }
     let cfg = s.write("baton.toml", &text);
     let hosts = [Host::start("a", &cfg), Host::start("b", &cfg)];
-    let led = |h: &Host| spread::led(h).len() as u64;
+    let led = |h: &Host| support::led(h).len() as u64;
     let until = Instant::now() + SECS(60);
     while led(&hosts[0]) + led(&hosts[1]) != LEASES || led(&hosts[0]).abs_diff(LEASES / 2) > 1 {
         assert!(
@@ -792,18 +810,7 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
         .iter()
         .map(|n| Host::start(n, &cfg))
         .collect();
-    wait_any(
-        &hosts,
-        SECS(60),
-        "first guest start",
-        SystemTime::UNIX_EPOCH,
-        is_start,
-    );
-    for h in &hosts {
-        h.wait_for(SECS(60), "a status", |e| {
-            e.message() == "lease status changed" && e.str("role") != Some("pending")
-        });
-    }
+    settled(&hosts);
     std::thread::sleep(Duration::from_millis(1500));
     let leader = hosts
         .iter()
@@ -900,18 +907,7 @@ fn a_deleted_or_foreign_written_lease_converges_to_one_leader_without_overlap() 
     let ns = rt.block_on(TestNamespace::create(admin.clone(), "foreign"));
     let s = Scratch::new();
     let (_, mut hosts) = three_hosts(&env, &ns, &s);
-    let (_, first) = wait_any(
-        &hosts,
-        SECS(60),
-        "first guest start",
-        SystemTime::UNIX_EPOCH,
-        is_start,
-    );
-    for h in &hosts {
-        h.wait_for(SECS(60), "a status", |e| {
-            e.message() == "lease status changed" && e.str("role") != Some("pending")
-        });
-    }
+    let first = settled(&hosts);
     std::thread::sleep(Duration::from_secs(1));
 
     // Deleted while held: the holder may still run its guest and sees the
@@ -1091,18 +1087,7 @@ fn a_foreign_write_that_drops_the_labels_is_no_deletion_and_the_hosts_see_every_
         .iter()
         .map(|n| Host::start(n, &cfg))
         .collect();
-    wait_any(
-        &hosts,
-        SECS(60),
-        "first guest start",
-        SystemTime::UNIX_EPOCH,
-        is_start,
-    );
-    for h in &hosts {
-        h.wait_for(SECS(60), "a status", |e| {
-            e.message() == "lease status changed" && e.str("role") != Some("pending")
-        });
-    }
+    settled(&hosts);
     std::thread::sleep(SECS(1));
     let leader = running(&hosts).pop().expect("a leader");
 

@@ -344,7 +344,10 @@ impl Spreader {
         let period = self.cfg.member_timings.retry_period;
         // The first listing waits (a retry period at most) for this host's
         // own record, so that guests do not see a count without it first.
-        let _ = timeout(period, member_status.wait_for(|v| v.status.role != Role::Pending)).await;
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = timeout(period, member_status.wait_for(|v| v.status.role != Role::Pending)) => {}
+        }
         let mut next = Instant::now();
         loop {
             tokio::select! {
@@ -365,10 +368,11 @@ impl Spreader {
             let now = Instant::now();
             // Counted again even when the listing failed: records seen
             // before expire meanwhile, this host's own included.
-            let hosts = Hosts::of(&self.roster.live(now), &self.identity);
+            let live = self.roster.live(now);
+            let hosts = Hosts::of(&live, &self.identity);
             self.hosts
                 .send_if_modified(|h| std::mem::replace(h, hosts) != hosts);
-            self.steer_all(now);
+            self.steer_all(now, live);
         }
         member_intent.send_replace(Intent::Stop);
         let _ = timeout(self.cfg.member_timings.renew_deadline, membership).await;
@@ -387,9 +391,9 @@ impl Spreader {
         }
     }
 
-    /// Recomputes the view and every lease's intent at `now`.
-    fn steer_all(&mut self, now: Instant) {
-        let mut live = self.roster.live(now);
+    /// Recomputes the view and every lease's intent at `now`, from the
+    /// `live` hosts (sorted) the roster counts then.
+    fn steer_all(&mut self, now: Instant, mut live: Vec<String>) {
         if !live.contains(&self.identity) {
             live.push(self.identity.clone());
             live.sort();

@@ -440,6 +440,17 @@ impl std::fmt::Display for Unserved {
 }
 
 impl SharedState {
+    /// Routes `lease`'s events to `signal`; the route's id.
+    fn route(&mut self, lease: &str, signal: Arc<Signal>) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.routes
+            .entry(lease.to_owned())
+            .or_default()
+            .push((id, signal));
+        id
+    }
+
     fn new_run(&mut self) -> &mut Run {
         self.next_generation += 1;
         self.run.insert(Run {
@@ -579,14 +590,7 @@ impl SharedWatch {
     /// [`Registration::join`].
     pub(super) fn register(self: &Arc<Self>, lease: &str) -> Registration {
         let signal = Arc::new(Signal::default());
-        let mut state = self.state();
-        state.next_id += 1;
-        let id = state.next_id;
-        state
-            .routes
-            .entry(lease.to_owned())
-            .or_default()
-            .push((id, signal.clone()));
+        let id = self.state().route(lease, signal.clone());
         Registration {
             shared: self.clone(),
             lease: lease.to_owned(),
@@ -1127,13 +1131,7 @@ mod tests {
     fn state_with(routes: &[(&str, &Arc<Signal>)]) -> (SharedState, u64) {
         let mut state = SharedState::default();
         for (lease, signal) in routes {
-            state.next_id += 1;
-            let id = state.next_id;
-            state
-                .routes
-                .entry(lease.to_string())
-                .or_default()
-                .push((id, (*signal).clone()));
+            state.route(lease, (*signal).clone());
         }
         let generation = state.new_run().generation;
         state.synced(
