@@ -11,7 +11,11 @@
 //!   runs (`VmRSS`, `VmSize` of `/proc/PID/status`);
 //! - `threads`;
 //! - `idle cpu`: the process's CPU time over 10 s (`BATON_BENCH_IDLE_SECS`)
-//!   once every task runs, in % of one core.
+//!   in steady state, in % of one core: from 40 s after every task runs
+//!   (`BATON_BENCH_SETTLE_SECS`), once the embedded store writes over the
+//!   oldest of the versions it keeps of each lease (16, written one per
+//!   retry period of 2 s); before that, its writes are not yet what they
+//!   are for the rest of the host's life.
 //!
 //! `BATON_BENCH_LEASES` (default 100), `BATON_BENCH_PLUGINS` (per lease,
 //! default 10), `BATON_BENCH_RUNS` (default 3; one more run first warms the
@@ -32,7 +36,9 @@
 //! time and resident memory against the number of plugins
 //! (`many-plugins-start.svg`, `many-plugins-memory.svg`: median, min to
 //! max) into `BATON_BENCH_PLOTS` (default `docs/perf/`), with
-//! `benches/plot.rs`. About 3.5 minutes on a 2-core machine. Run:
+//! `benches/plot.rs`. About 16 minutes on a 2-core machine, each run
+//! waiting for steady state (`BATON_BENCH_SETTLE_SECS=0`: 3.5 minutes,
+//! for start and memory alone). Run:
 //! `BATON_BENCH_SWEEP=1 scripts/bench.sh --bench many_plugins`.
 
 #[path = "../tests/e2e/support.rs"]
@@ -116,7 +122,8 @@ fn is_role(e: &Event, role: &str) -> bool {
         && !e.str("lease").unwrap_or("").starts_with("baton-member.")
 }
 
-fn run(leases: usize, plugins: usize) -> Run {
+/// One run; `settle`: wait for steady state before measuring idle CPU.
+fn run(leases: usize, plugins: usize, settle: bool) -> Run {
     let s = Scratch::new();
     let cfg = s.write("baton.toml", &config_text(&s.store(), leases, plugins));
     let total = leases * plugins;
@@ -170,6 +177,9 @@ fn run(leases: usize, plugins: usize) -> Run {
     let vsz_gb = status_field(pid, "VmSize") as f64 / 1024.0 / 1024.0;
     let threads = status_field(pid, "Threads") as f64;
     let idle = var("BATON_BENCH_IDLE_SECS", 10) as f64;
+    if settle {
+        std::thread::sleep(Duration::from_secs(var("BATON_BENCH_SETTLE_SECS", 40) as u64));
+    }
     let before = cpu_secs(pid);
     std::thread::sleep(Duration::from_secs_f64(idle));
     let idle_cpu = (cpu_secs(pid) - before) / idle * 100.0;
@@ -227,16 +237,16 @@ fn main() {
         leases * plugins
     );
     let follow = var("BATON_BENCH_FOLLOW", 0) == 1;
-    let _warm = run(leases.min(2), plugins.min(2));
+    let _warm = run(leases.min(2), plugins.min(2), false);
     if plugins == 0 {
         println!("(no plugins: {leases} idle leases)");
     }
     if follow {
         println!("(following: another host leads every lease; start is until every lease is followed)");
     }
-    let results: Vec<Run> = (0..runs).map(|_| run(leases, plugins)).collect();
+    let results: Vec<Run> = (0..runs).map(|_| run(leases, plugins, true)).collect();
     if follow && plugins > 0 {
-        let base: Vec<f64> = (0..runs).map(|_| run(leases, 0).rss_mb).collect();
+        let base: Vec<f64> = (0..runs).map(|_| run(leases, 0, false).rss_mb).collect();
         let base = median(base);
         let per: Vec<f64> = results
             .iter()
@@ -285,14 +295,14 @@ fn sweep() {
     println!(
         "one host, {leases} leases x {per_lease:?} plugins per lease of one component, warm cache, {runs} runs each, {date}"
     );
-    let _warm = run(2, 2);
+    let _warm = run(2, 2, false);
     let mut points = Vec::new();
     let mut table = vec![
         format!("| plugins ({leases} leases × P) | start | resident | address space | threads | idle CPU |"),
         "|---|---|---|---|---|---|".to_owned(),
     ];
     for &p in &per_lease {
-        let results: Vec<Run> = (0..runs).map(|_| run(leases, p)).collect();
+        let results: Vec<Run> = (0..runs).map(|_| run(leases, p, true)).collect();
         let col = |f: fn(&Run) -> f64| results.iter().map(f).collect::<Vec<f64>>();
         let row = format!(
             "| {} ({leases} × {p}) | {} | {} | {} | {} | {} |",

@@ -167,8 +167,13 @@ pub struct Opts<'a> {
     pub env: &'a [(&'a str, &'a str)],
 }
 
+/// The `baton` binary: the one built with the tests, or `BATON_BIN` (for
+/// the benches, to measure two builds side by side).
 pub fn baton() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_baton"))
+    match std::env::var_os("BATON_BIN") {
+        Some(bin) => Command::new(bin),
+        None => Command::new(env!("CARGO_BIN_EXE_baton")),
+    }
 }
 
 impl Host {
