@@ -177,6 +177,7 @@ use self::floor::{Floors, Raised};
 use self::watch::{LeaseStream, SharedWatch, WatchConfig};
 use super::deleted::{DeletedRecords, Found};
 use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned};
+use crate::logging::human;
 
 /// How many recently seen objects of each lease are kept for
 /// read-modify-write.
@@ -566,7 +567,7 @@ impl Inner {
             .await
             .map_err(|_| StoreError::Unavailable {
                 lease: ANY_LEASE.into(),
-                detail: format!("listing leases timed out after {OWN_REQUEST_TIMEOUT:?}"),
+                detail: format!("listing leases timed out after {}", human(OWN_REQUEST_TIMEOUT)),
             })?
             .map_err(|e| map_error(ANY_LEASE, "list", e))?;
         Ok(list.items)
