@@ -126,10 +126,21 @@ impl Drop for Logging {
     }
 }
 
+/// The default filter of commands that only report (`baton status`):
+/// their errors are printed as the command's own, so only baton's
+/// warnings are logged (not the Kubernetes client's account of a failed
+/// connection, for one).
+pub const QUIET_FILTER: &str = "warn,kube_client=off";
+
 /// Sets up the global subscriber: `BATON_LOG` (an `EnvFilter`) or
 /// [`DEFAULT_FILTER`], the given format, standard error through the queue,
 /// its writer thread, and the thread that reports dropped lines.
 pub fn init(format: LogFormat) -> Logging {
+    init_with(format, DEFAULT_FILTER)
+}
+
+/// As [`init`], with `default` as the filter when `BATON_LOG` is not set.
+pub fn init_with(format: LogFormat, default: &str) -> Logging {
     let (queue, lines) = crossbeam_channel::bounded(LOG_QUEUE_LINES);
     let dropped = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
@@ -143,7 +154,7 @@ pub fn init(format: LogFormat) -> Logging {
         exiting: exiting.clone(),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("BATON_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
