@@ -544,7 +544,7 @@ impl Report {
         };
         if self.spreading && !self.live_hosts.is_empty() {
             out.push_str(&format!(
-                "Leads spread over {live}: PREFERRED is the host each lease goes to under them,\n\
+                "Leads spread over {live}: PREFERRED is the host each lease goes to under that membership,\n\
                  by the hosts' own assignment.\n"
             ));
         } else if self.spreading {
