@@ -75,8 +75,7 @@ struct RawConfig {
     cache_dir: Option<PathBuf>,
     coredump_dir: Option<PathBuf>,
     instance_pool: Option<bool>,
-    #[serde(default)]
-    store: RawStore,
+    store: Option<RawStore>,
     #[serde(default)]
     defaults: RawTimings,
     #[serde(default, rename = "lease")]
@@ -301,6 +300,9 @@ pub struct Config {
     pub instance_pool: bool,
     /// Where leases are kept.
     pub store: StoreConfig,
+    /// Whether the file has a `[store]` section (without one, the store is
+    /// the default: an embedded store beside the file).
+    pub store_declared: bool,
     /// The leases this host contends for.
     pub leases: Vec<LeaseConfig>,
     /// The plugins it runs.
@@ -428,7 +430,7 @@ impl Config {
             timings
                 .validate()
                 .map_err(|e| err_at(at, format!("lease {name:?}: unsafe timings: {e}")))?;
-            if matches!(raw.store, RawStore::Kubernetes { .. }) {
+            if matches!(raw.store, Some(RawStore::Kubernetes { .. })) {
                 let d = timings.lease_duration;
                 if d.subsec_nanos() != 0 || d.as_secs() > i32::MAX as u64 {
                     return Err(err_at(
@@ -644,7 +646,8 @@ impl Config {
             });
         }
 
-        let store = match raw.store {
+        let store_declared = raw.store.is_some();
+        let store = match raw.store.unwrap_or_default() {
             RawStore::Embedded { dir } => StoreConfig::Embedded {
                 dir: dir
                     .map(|d| resolve(&d))
@@ -727,6 +730,7 @@ impl Config {
             coredump_dir: raw.coredump_dir.map(|d| resolve(&d)),
             instance_pool: raw.instance_pool.unwrap_or(true),
             store,
+            store_declared,
             leases,
             plugins,
         })
@@ -773,6 +777,19 @@ env = { A = "1" }
         assert_eq!(c.plugins[0].spec.memory_limit, 64 * 1024 * 1024);
         assert_eq!(c.plugins[0].spec.env, vec![("A".to_owned(), "1".to_owned())]);
         assert!(c.instance_pool, "the instance pool is on by default");
+        assert!(c.store_declared);
+        let bare = Config::parse(
+            "[[lease]]\nname = \"demo\"\n",
+            Some(Path::new("/etc/baton/b.toml")),
+        )
+        .unwrap();
+        assert!(!bare.store_declared, "no [store] section");
+        assert_eq!(
+            bare.store,
+            StoreConfig::Embedded {
+                dir: "/etc/baton/.baton/leases".into()
+            }
+        );
         let off = Config::parse(&format!("instance-pool = false\n{GOOD}"), None).unwrap();
         assert!(!off.instance_pool);
     }

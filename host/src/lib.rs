@@ -9,5 +9,6 @@ pub mod recurring;
 pub mod runtime;
 pub mod scaffold;
 pub mod serve;
+pub mod status;
 pub mod store;
 pub mod supervisor;

@@ -13,6 +13,10 @@
 //! At exit the host reports what was dropped and waits up to [`EXIT_WAIT`]
 //! for the queue to be written out; lines that stderr does not take by then
 //! are lost.
+//!
+//! Figures are rounded for people here, in one place: [`ms`] for the
+//! `_ms` fields, [`human`] for durations in fields and messages, [`secs`]
+//! for `baton status`.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -122,10 +126,21 @@ impl Drop for Logging {
     }
 }
 
+/// The default filter of commands that only report (`baton status`):
+/// their errors are printed as the command's own, so only baton's
+/// warnings are logged (not the Kubernetes client's account of a failed
+/// connection, for one).
+pub const QUIET_FILTER: &str = "warn,kube_client=off";
+
 /// Sets up the global subscriber: `BATON_LOG` (an `EnvFilter`) or
 /// [`DEFAULT_FILTER`], the given format, standard error through the queue,
 /// its writer thread, and the thread that reports dropped lines.
 pub fn init(format: LogFormat) -> Logging {
+    init_with(format, DEFAULT_FILTER)
+}
+
+/// As [`init`], with `default` as the filter when `BATON_LOG` is not set.
+pub fn init_with(format: LogFormat, default: &str) -> Logging {
     let (queue, lines) = crossbeam_channel::bounded(LOG_QUEUE_LINES);
     let dropped = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
@@ -139,7 +154,7 @@ pub fn init(format: LogFormat) -> Logging {
         exiting: exiting.clone(),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("BATON_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
@@ -200,6 +215,98 @@ fn report(dropped: &AtomicUsize, reported: &Reported, now: bool) {
         );
         if dropped.load(Ordering::SeqCst) == count {
             reported.reported.store(count, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A duration in milliseconds, rounded to a tenth: the value of every
+/// `_ms` log field (`after_ms=1.3`, not `1.3040770000000002`). A number,
+/// so JSON logs keep a number.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(baton::logging::ms(Duration::from_nanos(1_304_077)), 1.3);
+/// assert_eq!(baton::logging::ms(Duration::from_micros(1_690_133)), 1690.1);
+/// ```
+pub fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e4).round() / 10.0
+}
+
+/// A duration in seconds, rounded to a hundredth: the seconds figures of
+/// `baton status`.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(baton::logging::secs(Duration::from_millis(3_717)), 3.72);
+/// ```
+pub fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 100.0).round() / 100.0
+}
+
+/// A duration written for people: under a second in milliseconds with at
+/// most one decimal (`850ms`, `12.3ms`), from a second on in seconds with
+/// at most two (`1s`, `1.5s`, `2.34s`). The same for `{}` and `{:?}`, so
+/// a log field keeps its name and reads the same whether it is recorded
+/// with `%` or `?`; also used in error messages that name a duration.
+///
+/// ```
+/// use std::time::Duration;
+/// use baton::logging::human;
+/// assert_eq!(human(Duration::from_nanos(1_234_567_891)).to_string(), "1.23s");
+/// assert_eq!(human(Duration::from_micros(12_345)).to_string(), "12.3ms");
+/// assert_eq!(human(Duration::from_millis(500)).to_string(), "500ms");
+/// assert_eq!(human(Duration::from_micros(999_960)).to_string(), "1s");
+/// assert_eq!(human(Duration::ZERO).to_string(), "0ms");
+/// ```
+pub fn human(d: Duration) -> Human {
+    Human(d)
+}
+
+/// See [`human`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Human(pub Duration);
+
+impl std::fmt::Display for Human {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tenths_of_ms = (self.0.as_secs_f64() * 1e4).round();
+        if tenths_of_ms < 10_000.0 {
+            return write!(f, "{}ms", tenths_of_ms / 10.0);
+        }
+        write!(f, "{}s", secs(self.0))
+    }
+}
+
+impl std::fmt::Debug for Human {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_are_rounded_for_people() {
+        assert_eq!(ms(Duration::from_nanos(1_304_077)), 1.3);
+        assert_eq!(ms(Duration::from_nanos(1_015_229)).to_string(), "1");
+        assert_eq!(format!("{:?}", ms(Duration::from_nanos(1_690_133))), "1.7");
+        assert_eq!(secs(Duration::from_millis(3_717)), 3.72);
+        assert_eq!(secs(Duration::from_millis(3_700)).to_string(), "3.7");
+        for (d, text) in [
+            (Duration::ZERO, "0ms"),
+            (Duration::from_nanos(40_000), "0ms"),
+            (Duration::from_nanos(1_015_229), "1ms"),
+            (Duration::from_micros(12_345), "12.3ms"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::from_micros(999_940), "999.9ms"),
+            (Duration::from_micros(999_960), "1s"),
+            (Duration::from_millis(1_500), "1.5s"),
+            (Duration::from_nanos(1_234_567_891), "1.23s"),
+            (Duration::from_secs(300), "300s"),
+        ] {
+            assert_eq!(human(d).to_string(), text, "{d:?}");
+            assert_eq!(format!("{:?}", human(d)), text, "{d:?}");
         }
     }
 }

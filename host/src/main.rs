@@ -1,9 +1,8 @@
-//! The `baton` command: run leases and plugins, check a plugin, show the
-//! leases of the embedded store.
+//! The `baton` command: run leases and plugins, check a plugin, create
+//! one, show the leases of a store.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -69,20 +68,34 @@ enum Command {
         #[arg(long, default_value = ".")]
         dir: PathBuf,
     },
-    /// Show each lease of the embedded store: holder, term, time to expiry.
+    /// Show each lease of the store (embedded or kubernetes): holder, term,
+    /// expiry, the preferred holder while the leads are spread, and the
+    /// hosts' membership records.
     Status {
         /// Take the store from this configuration file.
         #[arg(long, short, env = "BATON_CONFIG")]
         config: Option<PathBuf>,
-        /// The embedded store's directory.
+        /// An embedded store's directory (overrides the file).
         #[arg(long, env = "BATON_STORE_DIR")]
         store_dir: Option<PathBuf>,
+        /// The kubeconfig of a kubernetes store (overrides the file, KUBECONFIG
+        /// and ~/.kube/config).
+        #[arg(long, env = "BATON_KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// Tables for people, or one JSON document (its shape is in
+        /// docs/configuration.md).
+        #[arg(long, short, value_enum, default_value_t)]
+        output: baton::status::OutputFormat,
     },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let logging = baton::logging::init(cli.log_format);
+    let filter = match cli.command {
+        Command::Status { .. } => baton::logging::QUIET_FILTER,
+        _ => baton::logging::DEFAULT_FILTER,
+    };
+    let logging = baton::logging::init_with(cli.log_format, filter);
     let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
     let code = match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => code,
@@ -154,20 +167,19 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { config, store_dir } => {
-            let dir = match (config, store_dir) {
-                (_, Some(dir)) => dir,
-                (Some(config), None) => match Config::load(&config)?.store {
-                    StoreConfig::Embedded { dir } => dir,
-                    StoreConfig::Kubernetes { namespace, .. } => anyhow::bail!(
-                        "baton status reads only the embedded store; for a kubernetes store use \
-                         `kubectl get leases -n {}`",
-                        namespace.as_deref().unwrap_or("NAMESPACE")
-                    ),
-                },
-                (None, None) => anyhow::bail!("say which store: --config FILE or --store-dir DIR"),
-            };
-            status(dir).await
+        Command::Status {
+            config,
+            store_dir,
+            kubeconfig,
+            output,
+        } => {
+            let target = baton::status::open(config.as_deref(), store_dir, kubeconfig).await?;
+            let report = baton::status::collect(&target).await?;
+            match output {
+                baton::status::OutputFormat::Text => print!("{}", report.text()),
+                baton::status::OutputFormat::Json => print!("{}", report.json()),
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }
@@ -223,63 +235,4 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
-}
-
-async fn status(dir: PathBuf) -> Result<ExitCode> {
-    use baton::store::LeaseStore;
-    anyhow::ensure!(dir.is_dir(), "no embedded store at {}", dir.display());
-    let store = baton::store::embedded::EmbeddedStore::open(&dir)?;
-    let mut leases = store.list().await?;
-    leases.sort_by(|a, b| a.0.cmp(&b.0));
-    if leases.is_empty() {
-        println!("no leases in {}", store.describe());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let (members, leases): (Vec<_>, Vec<_>) = leases
-        .into_iter()
-        .partition(|(name, _)| name.starts_with(baton::election::spread::MEMBER_PREFIX));
-    let now = SystemTime::now();
-    let expires = |r: &baton::store::LeaseRecord| match (r.holder(), r.renew_time) {
-        (None, _) => "released".to_owned(),
-        (Some(_), Some(renewed)) => {
-            let at = renewed + r.lease_duration;
-            match at.duration_since(now) {
-                Ok(left) => format!("in {:.1}s", left.as_secs_f64()),
-                Err(past) => format!("expired {:.1}s ago", past.duration().as_secs_f64()),
-            }
-        }
-        (Some(_), None) => "unknown".to_owned(),
-    };
-    if !leases.is_empty() {
-        println!("{:<24} {:<40} {:>6}  EXPIRES", "LEASE", "HOLDER", "TERM");
-    }
-    for (name, v) in &leases {
-        let r = &v.record;
-        println!(
-            "{:<24} {:<40} {:>6}  {}",
-            name,
-            r.holder().unwrap_or("-"),
-            r.term,
-            expires(r)
-        );
-    }
-    if !members.is_empty() {
-        if !leases.is_empty() {
-            println!();
-        }
-        println!("{:<40} {:>6}  EXPIRES", "HOST (membership record)", "LEADS");
-    }
-    for (name, v) in &members {
-        let r = &v.record;
-        // A released record has no holder; its name tells the host.
-        let prefix = baton::election::spread::MEMBER_PREFIX;
-        let host = r.holder().unwrap_or(&name[prefix.len()..]);
-        let leads = leases
-            .iter()
-            .filter(|(_, l)| l.record.holder() == Some(host))
-            .count();
-        println!("{:<40} {:>6}  {}", host, leads, expires(r));
-    }
-    println!("(expiry from the record's wall-clock renew time; candidates judge it by their own clocks)");
-    Ok(ExitCode::SUCCESS)
 }

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, StoreConfig};
 use crate::election::spread::{Spreader, SteeredLease};
 use crate::election::{DRAIN_ALLOWANCE, Elector, ElectorConfig, Intent, LeaseView, TermClock, Timings};
+use crate::logging::human;
 use crate::runtime::{
     EngineOptions, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
 };
@@ -189,7 +190,7 @@ pub async fn serve_with(
                     lease = %p.lease,
                     world = plugin.wit_world(),
                     grants = %p.spec.grants(),
-                    load_ms = took.as_secs_f64() * 1e3,
+                    load_ms = crate::logging::ms(took),
                     "plugin loaded"
                 );
                 loaded.push((p.lease.clone(), Arc::new(plugin)));
@@ -350,7 +351,7 @@ pub async fn serve_with(
             Ok(None) => break,
             Err(_) => {
                 for (lease, run) in runs.iter_mut().filter(|(_, r)| !r.ended) {
-                    let reason = format!("it did not hand the lease over within {bound:?}");
+                    let reason = format!("it did not hand the lease over within {}", human(bound));
                     run.failed(lease, &reason, &clock);
                     failures.push((lease.clone(), reason));
                 }

@@ -54,7 +54,7 @@ pub async fn run_leader_tasks(plugin: Arc<Plugin>, mut view: watch::Receiver<Lea
 async fn run_term(plugin: &Arc<Plugin>, term: &Arc<Term>, view: &watch::Receiver<LeaseView>) {
     let name = plugin.name();
     let (lease, number) = (term.lease(), term.number());
-    let after_ms = || (term.clock().now() - term.over_at()).as_secs_f64() * 1e3;
+    let after_ms = || crate::logging::ms(term.clock().now() - term.over_at());
     let mut backoff = INITIAL_BACKOFF;
     for attempt in 1u32.. {
         if term.is_over() {
@@ -101,7 +101,7 @@ async fn run_term(plugin: &Arc<Plugin>, term: &Arc<Term>, view: &watch::Receiver
             tracing::info!(plugin = name, term = number, after_ms = after_ms(), how, outcome = %outcome, force_stop_at = %term.stop_at_wall(), "leader task stopped");
             return;
         }
-        let ran_ms = (term.clock().now() - started).as_secs_f64() * 1e3;
+        let ran_ms = crate::logging::ms(term.clock().now() - started);
         match outcome {
             TaskOutcome::Finished | TaskOutcome::NotStarted => {
                 tracing::info!(

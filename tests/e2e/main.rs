@@ -9,10 +9,12 @@ mod http;
 mod http_server;
 mod misbehaving;
 mod spread;
+mod status;
 mod support;
 mod terms;
 mod witness;
 
+use std::ffi::OsStr;
 use std::time::{Duration, SystemTime};
 
 use support::*;
@@ -478,6 +480,136 @@ fn status_shows_holder_and_term() {
     assert_eq!(cols[1], "host-status", "{row}");
     assert_eq!(cols[2], "1", "{row}");
     assert!(row.contains("in "), "{row}");
+}
+
+#[test]
+fn status_shows_two_hosts_spreading_leases_as_json_and_text() {
+    let s = Scratch::new();
+    let head = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
+         retry-period = \"200ms\"\ngrace = \"500ms\"\n",
+        s.store().display().to_string()
+    );
+    let cfg = s.write("baton.toml", &status::status_config(&head));
+    status::two_hosts_as_status_shows_them(&cfg, &[], &[], SECS(2), "embedded");
+}
+
+#[test]
+fn status_errors_name_the_file_field_or_server_at_fault() {
+    let s = Scratch::new();
+    let fails = |args: &[&std::ffi::OsStr]| -> String {
+        let out = baton()
+            .arg("status")
+            .args(args)
+            .env_remove("BATON_CONFIG")
+            .env_remove("BATON_STORE_DIR")
+            .env_remove("BATON_KUBECONFIG")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+        stderr
+    };
+    let os = |p: &std::path::Path| p.as_os_str().to_owned();
+
+    // No [store] section and no default store beside the file.
+    let bare = s.write("bare.toml", "[[lease]]\nname = \"demo\"\n");
+    let e = fails(&[OsStr::new("--config"), &os(&bare)]);
+    let default = s.dir.path().join(".baton/leases");
+    assert!(
+        e.contains(&format!("{}: no [store] section", bare.display()))
+            && e.contains(&default.display().to_string()),
+        "{e}"
+    );
+    // With the default store there, it is shown.
+    std::fs::create_dir_all(&default).unwrap();
+    let out = baton().args(["status", "--config"]).arg(&bare).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no leases"));
+
+    // An embedded store's directory that does not exist.
+    let missing = s.dir.path().join("nowhere");
+    let e = fails(&[OsStr::new("--store-dir"), &os(&missing)]);
+    assert!(
+        e.contains("--store-dir") && e.contains(&missing.display().to_string()),
+        "{e}"
+    );
+    let declared = s.write("declared.toml", &config(&missing, &[]));
+    let e = fails(&[OsStr::new("--config"), &os(&declared)]);
+    assert!(
+        e.contains(&format!("{}: [store]", declared.display())) && e.contains("nowhere"),
+        "{e}"
+    );
+    // --kubeconfig with an embedded store.
+    let e = fails(&[
+        OsStr::new("--config"),
+        &os(&declared),
+        OsStr::new("--kubeconfig"),
+        &os(&missing),
+    ]);
+    assert!(e.contains("--kubeconfig") && e.contains("embedded"), "{e}");
+    // No store at all.
+    let e = fails(&[]);
+    assert!(
+        e.contains("--config FILE") && e.contains("--store-dir DIR"),
+        "{e}"
+    );
+
+    // A kubernetes store whose kubeconfig is missing: the file's field, or
+    // the flag.
+    let kube = |kubeconfig: &std::path::Path| {
+        format!(
+            "[store]\nkind = \"kubernetes\"\nnamespace = \"baton\"\nkubeconfig = {:?}\n\n[[lease]]\nname = \"demo\"\n",
+            kubeconfig.display().to_string()
+        )
+    };
+    let no_kubeconfig = s.dir.path().join("no.kubeconfig");
+    let k = s.write("kube.toml", &kube(&no_kubeconfig));
+    let e = fails(&[OsStr::new("--config"), &os(&k)]);
+    assert!(
+        e.contains(&format!("{}: [store]", k.display()))
+            && e.contains("field `kubeconfig`")
+            && e.contains(&no_kubeconfig.display().to_string()),
+        "{e}"
+    );
+    let other = s.dir.path().join("other.kubeconfig");
+    let e = fails(&[
+        OsStr::new("--config"),
+        &os(&k),
+        OsStr::new("--kubeconfig"),
+        &os(&other),
+    ]);
+    assert!(
+        e.contains("--kubeconfig") && e.contains(&other.display().to_string()),
+        "{e}"
+    );
+
+    // An API server nobody answers at: a port just freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let unreachable = s.write(
+        "unreachable.kubeconfig",
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n\
+             \x20   insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n\
+             \x20 context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ),
+    );
+    let k = s.write("unreachable.toml", &kube(&unreachable));
+    let started = std::time::Instant::now();
+    let e = fails(&[OsStr::new("--config"), &os(&k)]);
+    assert!(
+        e.contains(&format!("127.0.0.1:{port}"))
+            && e.contains("cannot list its leases")
+            && e.contains("baton"),
+        "{e}"
+    );
+    assert!(e.contains(&k.display().to_string()), "names the file: {e}");
+    assert!(started.elapsed() < SECS(15), "took {:?}", started.elapsed());
 }
 
 #[test]

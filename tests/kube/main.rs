@@ -14,6 +14,9 @@ mod env;
 #[path = "../e2e/spread.rs"]
 mod spread;
 #[allow(dead_code)]
+#[path = "../e2e/status.rs"]
+mod status;
+#[allow(dead_code)]
 #[path = "../e2e/support.rs"]
 mod support;
 #[allow(dead_code)]
@@ -451,6 +454,66 @@ fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
         })
         .count();
     assert_eq!(members, 3, "one membership Lease per host identity");
+}
+
+#[test]
+fn status_shows_two_hosts_spreading_leases_as_json_and_text() {
+    // As the end-to-end test of the same name, on Leases, the kubeconfig
+    // given to `baton run` and `baton status` alike by --kubeconfig (the
+    // file names none). A membership Lease without baton's labels, as a
+    // baton from before them wrote, is shown but not counted, as the hosts
+    // do not count it.
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "status"));
+    let ghost = Lease {
+        metadata: ObjectMeta {
+            name: Some("baton-member.ghost".into()),
+            labels: Some([("app".to_owned(), "baton-test".to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(held_by("ghost", 1, 60)),
+    };
+    rt.block_on(ns.leases().create(&PostParams::default(), &ghost))
+        .unwrap();
+    let s = Scratch::new();
+    let head = format!(
+        "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\nlabels = {{ app = \"baton-test\" }}\n\n[defaults]\n\
+         lease-duration = \"4s\"\nrenew-deadline = \"2s\"\nretry-period = \"500ms\"\ngrace = \"1s\"\n\
+         request-timeout = \"500ms\"\n",
+        ns.name
+    );
+    let cfg = s.write("baton.toml", &status::status_config(&head));
+    let args = [OsStr::new("--kubeconfig"), env.admin_kubeconfig.as_os_str()];
+    status::two_hosts_as_status_shows_them(&cfg, &args, &args, LD, "kubernetes");
+    let json_args = [args[0], args[1], OsStr::new("-o"), OsStr::new("json")];
+    let json: serde_json::Value = serde_json::from_str(&status::status(&cfg, &json_args)).unwrap();
+    assert!(
+        json["store"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains(&ns.name)),
+        "{json:#}"
+    );
+    let ghost = json["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["identity"] == "ghost")
+        .unwrap_or_else(|| panic!("{json:#}"));
+    assert_eq!(
+        (&ghost["counted"], &ghost["live"]),
+        (&false.into(), &false.into()),
+        "{json:#}"
+    );
+    // Both hosts have stopped and released their records.
+    assert_eq!(json["live_hosts"], serde_json::json!([]), "{json:#}");
+    let text = status::status(&cfg, &args);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("ghost ") && l.contains("not counted")),
+        "{text}"
+    );
 }
 
 #[test]

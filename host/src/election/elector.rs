@@ -36,6 +36,7 @@ use super::clock::{Moment, TermClock};
 use super::status::{LeaseView, Role, Status};
 use super::term::Term;
 use super::timing::Timings;
+use crate::logging::human;
 use crate::recurring::{Note, Recurring};
 use crate::store::subscription::{Cadence, Sighting, Subscription};
 use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, StoreError, Versioned};
@@ -684,7 +685,7 @@ impl Elector {
                 None
             }
             Err(_) => {
-                tracing::warn!(lease = %self.cfg.lease, timeout = ?limit, "reading the lease timed out");
+                tracing::warn!(lease = %self.cfg.lease, timeout = %human(limit), "reading the lease timed out");
                 None
             }
         }
@@ -698,7 +699,7 @@ impl Elector {
         match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
             Note::First => tracing::warn!(lease = %lease, error = %e, "cannot {doing} the lease"),
             Note::Reminder { repeats, since } => {
-                tracing::warn!(lease = %lease, error = %e, repeats, since = ?since, "still cannot {doing} the lease")
+                tracing::warn!(lease = %lease, error = %e, repeats, since = %human(since), "still cannot {doing} the lease")
             }
             Note::Quiet => tracing::debug!(lease = %lease, error = %e, "cannot {doing} the lease"),
         }
@@ -707,7 +708,7 @@ impl Elector {
     /// The store answered: a lasting fault, if there was one, is over.
     fn trouble_over(&mut self) {
         if let Some(lasted) = self.trouble.clear(Instant::now().into_std()) {
-            tracing::info!(lease = %self.cfg.lease, lasted = ?lasted, "the lease's store answers again");
+            tracing::info!(lease = %self.cfg.lease, lasted = %human(lasted), "the lease's store answers again");
         }
     }
 
@@ -803,7 +804,7 @@ impl Elector {
                 self.backoff()
             }
             Err(_) => {
-                tracing::warn!(lease = %self.cfg.lease, timeout = ?t.request_timeout, "acquiring the lease timed out");
+                tracing::warn!(lease = %self.cfg.lease, timeout = %human(t.request_timeout), "acquiring the lease timed out");
                 // The write may have landed: read again before the next
                 // attempt (which then conflicts if the read fails too).
                 let _ = self.read(t.request_timeout).await;
@@ -883,17 +884,17 @@ impl Elector {
                 let remaining = until - self.clock.now();
                 match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
                     Note::Quiet => {
-                        tracing::debug!(lease = %self.cfg.lease, error = %e, remaining = ?remaining, "renewal failed; still leading until the renew deadline")
+                        tracing::debug!(lease = %self.cfg.lease, error = %e, remaining = %human(remaining), "renewal failed; still leading until the renew deadline")
                     }
                     _ => {
-                        tracing::warn!(lease = %self.cfg.lease, error = %e, remaining = ?remaining, "renewal failed; still leading until the renew deadline")
+                        tracing::warn!(lease = %self.cfg.lease, error = %e, remaining = %human(remaining), "renewal failed; still leading until the renew deadline")
                     }
                 }
                 l.next_renew = retry_soon(&self.clock);
                 Ok(())
             }
             Err(_) => {
-                tracing::warn!(lease = %self.cfg.lease, remaining = ?(until - self.clock.now()), "renewal timed out; still leading until the renew deadline");
+                tracing::warn!(lease = %self.cfg.lease, remaining = %human(until - self.clock.now()), "renewal timed out; still leading until the renew deadline");
                 l.next_renew = retry_soon(&self.clock);
                 Ok(())
             }

@@ -187,6 +187,7 @@ use super::deleted::{DeletedRecords, Found};
 use super::{
     ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned, validate_lease_name,
 };
+use crate::logging::human;
 
 mod watch;
 
@@ -663,8 +664,9 @@ fn observe(files: &LeaseFiles) -> Result<Found, StoreError> {
     take_lock(files, &lock, true, &|| {
         (Instant::now() >= deadline).then(|| {
             format!(
-                "{} stayed locked by a create or delete for {SHARED_LOCK_WAIT:?}",
-                files.lock.display()
+                "{} stayed locked by a create or delete for {}",
+                files.lock.display(),
+                human(SHARED_LOCK_WAIT)
             )
         })
     })?;

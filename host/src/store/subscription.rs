@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use super::{LeaseStore, StoreError, Versioned};
+use crate::logging::human;
 use crate::recurring::{Note, Recurring};
 
 /// A record as a store reported it, and when the answer arrived.
@@ -140,7 +141,7 @@ impl Feed {
                                 events += 1;
                                 self.publish(record);
                                 if let Some(lasted) = unreadable.clear(std::time::Instant::now()) {
-                                    tracing::info!(lease = %self.lease, lasted = ?lasted, "the lease's record can be read again");
+                                    tracing::info!(lease = %self.lease, lasted = %human(lasted), "the lease's record can be read again");
                                 }
                             }
                             // The record is there but cannot be read (a file
@@ -155,7 +156,7 @@ impl Feed {
                                         tracing::warn!(lease = %self.lease, error = %e, "the lease's record cannot be read; it is left as it is until someone fixes or deletes it")
                                     }
                                     Note::Reminder { repeats, since } => {
-                                        tracing::warn!(lease = %self.lease, error = %e, repeats, since = ?since, "the lease's record still cannot be read")
+                                        tracing::warn!(lease = %self.lease, error = %e, repeats, since = %human(since), "the lease's record still cannot be read")
                                     }
                                     Note::Quiet => {}
                                 }
@@ -191,7 +192,7 @@ impl Feed {
                 }
                 Err(_) => {
                     if !polling {
-                        tracing::warn!(lease = %self.lease, timeout = ?self.cadence.request_timeout, "watching the lease timed out; polling instead");
+                        tracing::warn!(lease = %self.lease, timeout = %human(self.cadence.request_timeout), "watching the lease timed out; polling instead");
                         polling = true;
                     }
                 }

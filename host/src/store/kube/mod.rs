@@ -177,6 +177,7 @@ use self::floor::{Floors, Raised};
 use self::watch::{LeaseStream, SharedWatch, WatchConfig};
 use super::deleted::{DeletedRecords, Found};
 use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned};
+use crate::logging::human;
 
 /// How many recently seen objects of each lease are kept for
 /// read-modify-write.
@@ -566,7 +567,7 @@ impl Inner {
             .await
             .map_err(|_| StoreError::Unavailable {
                 lease: ANY_LEASE.into(),
-                detail: format!("listing leases timed out after {OWN_REQUEST_TIMEOUT:?}"),
+                detail: format!("listing leases timed out after {}", human(OWN_REQUEST_TIMEOUT)),
             })?
             .map_err(|e| map_error(ANY_LEASE, "list", e))?;
         Ok(list.items)
@@ -796,9 +797,26 @@ pub fn map_error(lease: &str, verb: &str, err: kube::Error) -> StoreError {
         },
         other => StoreError::Unavailable {
             lease,
-            detail: format!("{verb}: {other}"),
+            detail: format!("{verb}: {}", with_causes(&other)),
         },
     }
+}
+
+/// An error and its causes, `: `-separated, each said once (a connection
+/// error reads `... client error (Connect): tcp connect error: Connection
+/// refused (os error 111)`, not only `client error (Connect)`).
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !said.is_empty() && !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Writes are recorded in `metadata.managedFields` under the manager

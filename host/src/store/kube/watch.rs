@@ -34,6 +34,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{Inner, field_selector, map_error, rv_number};
+use crate::logging::human;
 use crate::store::{ANY_LEASE, StoreError, Versioned};
 
 /// A watch the server ended sooner than this after it started, without a
@@ -190,7 +191,7 @@ impl Follower {
             .await
             .map_err(|_| StoreError::Unavailable {
                 lease: self.lease.clone(),
-                detail: format!("starting {} timed out after {bound:?}", self.what),
+                detail: format!("starting {} timed out after {}", self.what, human(bound)),
             })?
             .map_err(|e| map_error(&self.lease, "watch", e))?;
         self.current = Some(Request {
@@ -231,8 +232,9 @@ impl Follower {
                 Err(_) => {
                     let limit = request.limit;
                     return Err(unavailable(format!(
-                        "{} was silent past its {limit:?} timeout",
-                        self.what
+                        "{} was silent past its {} timeout",
+                        self.what,
+                        human(limit)
                     )));
                 }
                 Ok(event) => event,
@@ -433,7 +435,8 @@ impl std::fmt::Display for Unserved {
             Unserved::Lagging { rv, lag } => write!(
                 f,
                 "the namespace's shared watch has not delivered this host's write at \
-                 resourceVersion {rv} for {lag:?}"
+                 resourceVersion {rv} for {}",
+                human(*lag)
             ),
         }
     }
@@ -672,7 +675,10 @@ impl SharedWatch {
             Err(_) => {
                 return StoreError::Unavailable {
                     lease: ANY_LEASE.into(),
-                    detail: format!("listing the namespace's Leases ({selector}) timed out after {bound:?}"),
+                    detail: format!(
+                        "listing the namespace's Leases ({selector}) timed out after {}",
+                        human(bound)
+                    ),
                 };
             }
             Ok(Err(e)) => return map_error(ANY_LEASE, "list", e),
@@ -867,7 +873,7 @@ impl LeaseStream {
         let params = ListParams::default().fields(&field_selector(&self.lease));
         let list = tokio::time::timeout(bound, inner.api.list(&params))
             .await
-            .map_err(|_| self.unavailable(format!("listing the Lease timed out after {bound:?}")))?
+            .map_err(|_| self.unavailable(format!("listing the Lease timed out after {}", human(bound))))?
             .map_err(|e| map_error(&self.lease, "list", e))?;
         let list_rv = list.metadata.resource_version.clone().unwrap_or_default();
         let found = list
@@ -901,7 +907,7 @@ impl LeaseStream {
                 )
                 .await
                 .unwrap_or_else(|_| {
-                    Err(self.unavailable(format!("reading the term floor timed out after {bound:?}")))
+                    Err(self.unavailable(format!("reading the term floor timed out after {}", human(bound))))
                 });
                 self.first = Some((last, list_rv.clone()));
                 self.mode = own(&self.lease);
@@ -951,7 +957,7 @@ impl LeaseStream {
         tokio::time::timeout(bound, self.inner.deleted(&self.lease, Some(last), Some(&rv)))
             .await
             .unwrap_or_else(|_| {
-                Err(self.unavailable(format!("reading the term floor timed out after {bound:?}")))
+                Err(self.unavailable(format!("reading the term floor timed out after {}", human(bound))))
             })
     }
 }

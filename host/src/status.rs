@@ -1,0 +1,694 @@
+//! `baton status`: what a lease store holds, for people (`text`) and
+//! for scripts (`json`), on either store.
+//!
+//! [`open`] finds the store the way `baton run` does (the configuration's
+//! `[store]`, `--store-dir`, `--kubeconfig`), with errors that name the
+//! file, field or server at fault. [`collect`] lists it once and makes a
+//! [`Report`]: each lease with its holder, term and expiry, apart from the
+//! hosts' membership records (names starting with
+//! [`MEMBER_PREFIX`]), and, while the leads are spread, each lease's
+//! *preferred holder*: the spreader's own assignment
+//! ([`assign`]) of the spread leases over the live hosts.
+//!
+//! Expiry here is judged by the wall clock: the record's renew time plus
+//! its duration, against this machine's clock. The hosts themselves judge
+//! by when they saw a record change, on their own clocks (see
+//! [`crate::election`]), so a figure may differ from theirs by the clock
+//! offset between the machines; the text output says so. A host is *live*
+//! while its membership record is held and not expired by that rule (and,
+//! on Kubernetes, carries baton's labels, as the hosts count only those).
+//!
+//! The JSON document's shape is stable; fields may be added, never
+//! renamed or removed without raising `version`. It is described in
+//! `docs/configuration.md` (`baton status`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::config::{Config, StoreConfig};
+use crate::election::spread::{MEMBER_PREFIX, assign};
+use crate::logging::{human, secs};
+use crate::store::embedded::EmbeddedStore;
+use crate::store::{LeaseRecord, LeaseStore, StoreError, Versioned};
+
+/// The version of the JSON document's shape.
+pub const JSON_VERSION: u32 = 1;
+
+/// How `baton status` prints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Tables for people.
+    #[default]
+    Text,
+    /// One JSON document (see the module documentation).
+    Json,
+}
+
+/// Whether the leads are spread, and over which leases.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Spreading {
+    /// Not spread (the configuration turns it off, or has one lease): no
+    /// preferred holders.
+    Off,
+    /// Spread over these leases: the configuration's, as each of its hosts
+    /// spreads them.
+    Leases(Vec<String>),
+    /// No configuration: spread as by default, over the leases the store
+    /// holds when there are more than one.
+    Default,
+}
+
+/// A store opened for `baton status`, and what is known of its spreading.
+pub struct Target {
+    /// The store.
+    pub store: Arc<dyn LeaseStore>,
+    /// `embedded` or `kubernetes`.
+    pub kind: &'static str,
+    /// Whether the leads are spread, and over which leases.
+    pub spreading: Spreading,
+    /// Where the store came from, for errors: the file and field, or the
+    /// flag.
+    pub origin: String,
+}
+
+/// Opens the store that `baton status` reads: `--store-dir` if given,
+/// else the configuration's `[store]`, with `--kubeconfig` over its
+/// `kubeconfig`. Makes no request. Every error names the file and field,
+/// or the flag, at fault.
+pub async fn open(
+    config: Option<&Path>,
+    store_dir: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+) -> anyhow::Result<Target> {
+    let loaded = config.map(Config::load).transpose()?;
+    let file = config.map_or_else(String::new, |p| p.display().to_string());
+    let spreading = match &loaded {
+        None => Spreading::Default,
+        Some(cfg) if cfg.spread.is_some() => {
+            Spreading::Leases(cfg.leases.iter().map(|l| l.name.clone()).collect())
+        }
+        Some(_) => Spreading::Off,
+    };
+    if let Some(dir) = store_dir {
+        let origin = "--store-dir (or BATON_STORE_DIR)".to_owned();
+        anyhow::ensure!(
+            kubeconfig.is_none(),
+            "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {origin} names an \
+             embedded store"
+        );
+        return open_embedded(&dir, origin, spreading);
+    }
+    let Some(mut cfg) = loaded else {
+        anyhow::bail!(
+            "say which store to show: --config FILE (its [store] section) or --store-dir DIR (an embedded store)"
+        );
+    };
+    let origin = format!("{file}: [store]");
+    match &mut cfg.store {
+        StoreConfig::Embedded { dir } => {
+            let dir = dir.clone();
+            if kubeconfig.is_some() {
+                anyhow::bail!(
+                    "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {file} uses the \
+                     embedded store"
+                );
+            }
+            if !cfg.store_declared && !dir.is_dir() {
+                anyhow::bail!(
+                    "{file}: no [store] section, so its store is the default embedded one at {}, which does \
+                     not exist: add the [store] section its hosts use, or pass --store-dir DIR",
+                    dir.display()
+                );
+            }
+            open_embedded(&dir, origin, spreading)
+        }
+        StoreConfig::Kubernetes {
+            kubeconfig: field, ..
+        } => {
+            let which = match (&kubeconfig, &*field) {
+                (Some(path), _) => format!(
+                    "the kubeconfig {} (--kubeconfig or BATON_KUBECONFIG)",
+                    path.display()
+                ),
+                (None, Some(path)) => format!("the kubeconfig {} (field `kubeconfig`)", path.display()),
+                (None, None) => {
+                    "no kubeconfig named (field `kubeconfig`): KUBECONFIG, ~/.kube/config or the pod's \
+                     service account"
+                        .to_owned()
+                }
+            };
+            if let Some(path) = kubeconfig {
+                *field = Some(path);
+            }
+            let origin = format!("{origin}, with {which}");
+            let store = crate::serve::open_store(&cfg)
+                .await
+                .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+            Ok(Target {
+                store,
+                kind: "kubernetes",
+                spreading,
+                origin,
+            })
+        }
+    }
+}
+
+fn open_embedded(dir: &Path, origin: String, spreading: Spreading) -> anyhow::Result<Target> {
+    anyhow::ensure!(
+        dir.is_dir(),
+        "{origin}: no embedded store at {}: no such directory",
+        dir.display()
+    );
+    let store = EmbeddedStore::open(dir)
+        .map_err(|e| anyhow::anyhow!("{origin}: embedded store at {}: {e}", dir.display()))?;
+    Ok(Target {
+        store: Arc::new(store),
+        kind: "embedded",
+        spreading,
+        origin,
+    })
+}
+
+/// What a record's expiry says at a given time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Held and not expired.
+    Held,
+    /// Held, but its holder has not renewed it within its duration.
+    Expired,
+    /// Nobody holds it.
+    Released,
+    /// Held, with no renew time to judge it by (a foreign writer's).
+    Unknown,
+}
+
+/// One lease.
+#[derive(Clone, Debug, Serialize)]
+pub struct LeaseStatus {
+    /// Its name.
+    pub name: String,
+    /// Who holds it; `None`: nobody.
+    pub holder: Option<String>,
+    /// Its term.
+    pub term: u64,
+    /// Held, expired, released or unknown.
+    pub state: State,
+    /// When it was last renewed (RFC 3339), if the record says.
+    #[serde(serialize_with = "rfc3339")]
+    pub renewed: Option<SystemTime>,
+    /// When it expires or expired (RFC 3339): renewed plus its duration;
+    /// `None` when released or without a renew time.
+    #[serde(serialize_with = "rfc3339")]
+    pub expires: Option<SystemTime>,
+    /// Seconds from now to `expires` (negative once expired), to 0.01 s.
+    pub seconds_left: Option<f64>,
+    /// The duration written in the record, in seconds.
+    pub duration_seconds: f64,
+    /// The host it goes to under the current membership while the leads
+    /// are spread; `None` when they are not, or no host is live, or the
+    /// lease is not one of the spread leases.
+    pub preferred_holder: Option<String>,
+}
+
+/// One host's membership record.
+#[derive(Clone, Debug, Serialize)]
+pub struct HostStatus {
+    /// The host's identity (the record's holder; for a released record,
+    /// the name after [`MEMBER_PREFIX`]).
+    pub identity: String,
+    /// The record's lease name.
+    pub record: String,
+    /// Whether the hosts count it as live: held, not expired, and counted.
+    pub live: bool,
+    /// Whether the hosts count such a record at all (on Kubernetes, only
+    /// a membership Lease with baton's labels).
+    pub counted: bool,
+    /// The record's state.
+    pub state: State,
+    /// As for a lease.
+    #[serde(serialize_with = "rfc3339")]
+    pub renewed: Option<SystemTime>,
+    /// As for a lease.
+    #[serde(serialize_with = "rfc3339")]
+    pub expires: Option<SystemTime>,
+    /// As for a lease.
+    pub seconds_left: Option<f64>,
+    /// How many leases it holds, not expired.
+    pub leads: usize,
+    /// How many leases it is the preferred holder of (`None` when the
+    /// leads are not spread).
+    pub preferred: Option<usize>,
+}
+
+/// What a store holds, at one time.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// [`JSON_VERSION`].
+    pub version: u32,
+    /// The store.
+    pub store: StoreSummary,
+    /// When it was read (RFC 3339): what `seconds_left` counts from.
+    #[serde(serialize_with = "rfc3339_at")]
+    pub now: SystemTime,
+    /// Whether the leads are spread (and so preferred holders given).
+    pub spreading: bool,
+    /// The leases, by name.
+    pub leases: Vec<LeaseStatus>,
+    /// The membership records, by identity.
+    pub hosts: Vec<HostStatus>,
+    /// The live hosts' identities, sorted: the membership the preferred
+    /// holders are computed under.
+    pub live_hosts: Vec<String>,
+}
+
+/// Which store a report is of.
+#[derive(Clone, Debug, Serialize)]
+pub struct StoreSummary {
+    /// `embedded` or `kubernetes`.
+    pub kind: &'static str,
+    /// Where it is: its directory, or its namespace and API server.
+    pub description: String,
+}
+
+fn rfc3339<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => rfc3339_at(t, s),
+        None => s.serialize_none(),
+    }
+}
+
+fn rfc3339_at<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_rfc3339_millis(*t))
+}
+
+/// A record's state, expiry and seconds left at `now`.
+fn expiry(r: &LeaseRecord, now: SystemTime) -> (State, Option<SystemTime>, Option<f64>) {
+    match (r.holder(), r.renew_time) {
+        (None, _) => (State::Released, None, None),
+        (Some(_), None) => (State::Unknown, None, None),
+        (Some(_), Some(renewed)) => {
+            let at = renewed + r.lease_duration;
+            match at.duration_since(now) {
+                Ok(left) if !left.is_zero() => (State::Held, Some(at), Some(secs(left))),
+                Ok(_) => (State::Expired, Some(at), Some(0.0)),
+                Err(past) => (State::Expired, Some(at), Some(-secs(past.duration()))),
+            }
+        }
+    }
+}
+
+/// Lists `target`'s store once and makes the report; `now` is taken after
+/// the listing. A store that cannot be listed is an error naming it.
+pub async fn collect(target: &Target) -> anyhow::Result<Report> {
+    let store = &target.store;
+    let failed = |e: StoreError| {
+        let detail = match e {
+            StoreError::Unavailable { detail, .. } => format!("unavailable: {detail}"),
+            StoreError::Conflict { detail, .. }
+            | StoreError::Malformed { detail, .. }
+            | StoreError::Refused { detail, .. } => detail,
+        };
+        anyhow::anyhow!(
+            "{}: {}: cannot list its leases: {detail}",
+            target.origin,
+            store.describe()
+        )
+    };
+    let all = store.list().await.map_err(failed)?;
+    // The records the hosts count, read as they read them.
+    let counted: BTreeSet<String> = store
+        .list_prefixed(MEMBER_PREFIX)
+        .await
+        .map_err(failed)?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    Ok(report(
+        target.kind,
+        store.describe(),
+        &target.spreading,
+        all,
+        &counted,
+        SystemTime::now(),
+    ))
+}
+
+/// The report of a listing (`all`: every record, membership records
+/// included; `counted`: the names of the membership records the hosts
+/// count), at `now`.
+pub fn report(
+    kind: &'static str,
+    description: String,
+    spreading: &Spreading,
+    all: Vec<(String, Versioned)>,
+    counted: &BTreeSet<String>,
+    now: SystemTime,
+) -> Report {
+    let (members, leases): (Vec<_>, Vec<_>) = all
+        .into_iter()
+        .partition(|(name, _)| name.starts_with(MEMBER_PREFIX));
+    let identity =
+        |name: &str, r: &LeaseRecord| r.holder().unwrap_or(&name[MEMBER_PREFIX.len()..]).to_owned();
+    let mut live_hosts: Vec<String> = members
+        .iter()
+        .filter(|(name, v)| {
+            counted.contains(name) && matches!(expiry(&v.record, now).0, State::Held | State::Unknown)
+        })
+        .map(|(name, v)| identity(name, &v.record))
+        .collect();
+    live_hosts.sort();
+    live_hosts.dedup();
+    let spread: Option<Vec<String>> = match spreading {
+        Spreading::Off => None,
+        Spreading::Leases(names) => Some(names.clone()),
+        Spreading::Default => (leases.len() > 1).then(|| leases.iter().map(|(n, _)| n.clone()).collect()),
+    };
+    let preferred: BTreeMap<String, String> = spread
+        .as_ref()
+        .map(|names| assign(names, &live_hosts))
+        .unwrap_or_default();
+    let mut leases: Vec<LeaseStatus> = leases
+        .into_iter()
+        .map(|(name, v)| {
+            let r = &v.record;
+            let (state, expires, seconds_left) = expiry(r, now);
+            LeaseStatus {
+                preferred_holder: preferred.get(&name).cloned(),
+                name,
+                holder: r.holder().map(str::to_owned),
+                term: r.term,
+                state,
+                renewed: r.renew_time,
+                expires,
+                seconds_left,
+                duration_seconds: secs(r.lease_duration),
+            }
+        })
+        .collect();
+    leases.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut hosts: Vec<HostStatus> = members
+        .into_iter()
+        .map(|(name, v)| {
+            let r = &v.record;
+            let id = identity(&name, r);
+            let (state, expires, seconds_left) = expiry(r, now);
+            let is_counted = counted.contains(&name);
+            HostStatus {
+                live: is_counted && matches!(state, State::Held | State::Unknown),
+                counted: is_counted,
+                leads: leases
+                    .iter()
+                    .filter(|l| {
+                        l.holder.as_deref() == Some(id.as_str())
+                            && matches!(l.state, State::Held | State::Unknown)
+                    })
+                    .count(),
+                preferred: spread
+                    .as_ref()
+                    .map(|_| preferred.values().filter(|h| **h == id).count()),
+                identity: id,
+                record: name,
+                state,
+                renewed: r.renew_time,
+                expires,
+                seconds_left,
+            }
+        })
+        .collect();
+    hosts.sort_by(|a, b| (&a.identity, &a.record).cmp(&(&b.identity, &b.record)));
+    Report {
+        version: JSON_VERSION,
+        store: StoreSummary { kind, description },
+        now,
+        spreading: spread.is_some(),
+        leases,
+        hosts,
+        live_hosts,
+    }
+}
+
+/// `in 3.72s`, `expired 1.5s ago`, `released`, `unknown`.
+fn expires_text(state: State, seconds_left: Option<f64>) -> String {
+    let d = |s: f64| human(std::time::Duration::from_secs_f64(s.abs()));
+    match (state, seconds_left) {
+        (State::Released, _) => "released".to_owned(),
+        (State::Held, Some(s)) => format!("in {}", d(s)),
+        (State::Expired, Some(s)) => format!("expired {} ago", d(s)),
+        _ => "unknown".to_owned(),
+    }
+}
+
+/// Rows of columns, padded to the widest cell; the columns in `right` are
+/// aligned right. No trailing spaces.
+fn table(rows: &[Vec<String>], right: &[usize]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c > 0 {
+                line.push_str("  ");
+            }
+            let pad = widths[c] - cell.chars().count();
+            let last = c + 1 == row.len();
+            if right.contains(&c) {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                if !last {
+                    line.push_str(&" ".repeat(pad));
+                }
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+impl Report {
+    /// The report as tables: the store, its leases (with the preferred
+    /// holder while spread), the hosts' membership records, and how the
+    /// preferred holders were found.
+    pub fn text(&self) -> String {
+        let mut out = format!("{}\n", self.store.description);
+        if self.leases.is_empty() && self.hosts.is_empty() {
+            out.push_str("no leases\n");
+            return out;
+        }
+        if !self.leases.is_empty() {
+            let mut header = vec!["LEASE", "HOLDER", "TERM"];
+            if self.spreading {
+                header.push("PREFERRED");
+            }
+            header.push("EXPIRES");
+            let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
+            for l in &self.leases {
+                let mut row = vec![
+                    l.name.clone(),
+                    l.holder.clone().unwrap_or_else(|| "-".into()),
+                    l.term.to_string(),
+                ];
+                if self.spreading {
+                    row.push(l.preferred_holder.clone().unwrap_or_else(|| "-".into()));
+                }
+                row.push(expires_text(l.state, l.seconds_left));
+                rows.push(row);
+            }
+            out.push('\n');
+            out.push_str(&table(&rows, &[2]));
+        }
+        if !self.hosts.is_empty() {
+            let mut header = vec!["HOST (membership record)", "LEADS"];
+            if self.spreading {
+                header.push("PREFERRED");
+            }
+            header.push("EXPIRES");
+            let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
+            for h in &self.hosts {
+                let mut row = vec![h.identity.clone(), h.leads.to_string()];
+                if let Some(n) = h.preferred.filter(|_| self.spreading) {
+                    row.push(n.to_string());
+                }
+                let mut expires = expires_text(h.state, h.seconds_left);
+                if !h.counted {
+                    expires.push_str(" (not counted: the hosts count only records with baton's labels)");
+                }
+                row.push(expires);
+                rows.push(row);
+            }
+            out.push('\n');
+            out.push_str(&table(&rows, &[1, 2]));
+        }
+        out.push('\n');
+        let live = match self.live_hosts.len() {
+            0 => "no live hosts".to_owned(),
+            1 => format!("1 live host ({})", self.live_hosts[0]),
+            n => format!("{n} live hosts ({})", self.live_hosts.join(", ")),
+        };
+        if self.spreading && !self.live_hosts.is_empty() {
+            out.push_str(&format!(
+                "Leads spread over {live}: PREFERRED is the host each lease goes to under that membership,\n\
+                 by the hosts' own assignment.\n"
+            ));
+        } else if self.spreading {
+            out.push_str("Leads spread, but no live hosts: no lease has a preferred host.\n");
+        } else if !self.hosts.is_empty() {
+            out.push_str(&format!("Leads not spread; {live}.\n"));
+        }
+        out.push_str(
+            "(expiry from each record's wall-clock renew time and this machine's clock; the hosts\n\
+             judge it by when they saw the record change, on their own clocks)\n",
+        );
+        out
+    }
+
+    /// The report as one JSON document (see the module documentation).
+    pub fn json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).expect("a report serializes");
+        text.push('\n');
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn held(holder: Option<&str>, term: u64, renewed: SystemTime, secs: u64) -> Versioned {
+        Versioned {
+            record: LeaseRecord {
+                holder: holder.map(str::to_owned),
+                lease_duration: Duration::from_secs(secs),
+                acquire_time: Some(renewed),
+                renew_time: Some(renewed),
+                term,
+                instance: None,
+            },
+            version: "1".into(),
+        }
+    }
+
+    #[test]
+    fn a_report_spreads_over_the_live_hosts_only_and_tells_members_from_leases() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let ago = |s: u64| now - Duration::from_secs(s);
+        let names: Vec<String> = (0..6).map(|i| format!("lease-{i}")).collect();
+        let mut all: Vec<(String, Versioned)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), held(Some(["a", "b"][i % 2]), i as u64 + 1, ago(1), 4)))
+            .collect();
+        all.push(("lease-x".into(), held(None, 9, ago(20), 1)));
+        all.push(("lease-y".into(), held(Some("c"), 2, ago(10), 4)));
+        all.push(("baton-member.a".into(), held(Some("a"), 1, ago(1), 2)));
+        all.push(("baton-member.b".into(), held(Some("b"), 1, ago(1), 2)));
+        // Dead: expired 3 s ago.
+        all.push(("baton-member.c".into(), held(Some("c"), 1, ago(5), 2)));
+        // Live by its times, but the hosts do not count it.
+        all.push(("baton-member.d".into(), held(Some("d"), 1, ago(1), 2)));
+        let counted: BTreeSet<String> = ["a", "b", "c"]
+            .iter()
+            .map(|h| format!("baton-member.{h}"))
+            .collect();
+        let r = report(
+            "embedded",
+            "embedded store at /x".into(),
+            &Spreading::Leases(names.clone()),
+            all,
+            &counted,
+            now,
+        );
+        assert_eq!(r.live_hosts, ["a", "b"]);
+        let want = assign(&names, &r.live_hosts);
+        for l in &r.leases {
+            assert_eq!(l.preferred_holder.as_ref(), want.get(&l.name), "{}", l.name);
+        }
+        assert_eq!(r.leases.len(), 8, "membership records are not leases");
+        let x = r.leases.iter().find(|l| l.name == "lease-x").unwrap();
+        assert_eq!(
+            (x.state, x.holder.as_deref(), x.seconds_left),
+            (State::Released, None, None)
+        );
+        let y = r.leases.iter().find(|l| l.name == "lease-y").unwrap();
+        assert_eq!((y.state, y.seconds_left), (State::Expired, Some(-6.0)));
+        let a = r.hosts.iter().find(|h| h.identity == "a").unwrap();
+        assert!(a.live && a.counted);
+        assert_eq!((a.leads, a.preferred), (3, Some(3)));
+        let c = r.hosts.iter().find(|h| h.identity == "c").unwrap();
+        assert!(!c.live);
+        assert_eq!(
+            (c.leads, c.state),
+            (0, State::Expired),
+            "an expired lease is not led"
+        );
+        let d = r.hosts.iter().find(|h| h.identity == "d").unwrap();
+        assert!(!d.live && !d.counted);
+
+        let text = r.text();
+        let row = text.lines().find(|l| l.starts_with("lease-0 ")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            &cols[..4],
+            ["lease-0", "a", "1", want["lease-0"].as_str()],
+            "{text}"
+        );
+        assert!(row.ends_with("in 3s"), "{text}");
+        assert!(text.contains("expired 6s ago"), "{text}");
+        assert!(text.contains("2 live hosts (a, b)"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("d ") && l.contains("not counted")),
+            "{text}"
+        );
+
+        let json: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(json["version"], 1);
+        assert_eq!(json["store"]["kind"], "embedded");
+        assert_eq!(json["live_hosts"], serde_json::json!(["a", "b"]));
+        let l0 = &json["leases"][0];
+        assert_eq!(l0["name"], "lease-0");
+        assert_eq!(l0["renewed"], "2027-01-15T07:59:59.000Z");
+        assert_eq!(l0["expires"], "2027-01-15T08:00:03.000Z");
+        assert_eq!(l0["seconds_left"], 3.0);
+        assert_eq!(l0["state"], "held");
+        assert_eq!(l0["preferred_holder"], want["lease-0"].as_str());
+        assert_eq!(json["leases"][6]["expires"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn without_spreading_or_live_hosts_there_is_no_preferred_holder() {
+        let now = SystemTime::now();
+        let all = vec![
+            ("one".to_owned(), held(Some("a"), 1, now, 4)),
+            ("two".to_owned(), held(Some("a"), 1, now, 4)),
+        ];
+        let none = BTreeSet::new();
+        let r = report("embedded", "x".into(), &Spreading::Off, all.clone(), &none, now);
+        assert!(!r.spreading && r.leases.iter().all(|l| l.preferred_holder.is_none()));
+        assert!(!r.text().contains("PREFERRED"));
+        // Spread by default (two leases), but no host is live.
+        let r = report("embedded", "x".into(), &Spreading::Default, all, &none, now);
+        assert!(r.spreading && r.leases.iter().all(|l| l.preferred_holder.is_none()));
+        let one = vec![("one".to_owned(), held(Some("a"), 1, now, 4))];
+        let r = report("embedded", "x".into(), &Spreading::Default, one, &none, now);
+        assert!(!r.spreading, "one lease is not spread by default");
+    }
+}
