@@ -10,7 +10,10 @@
 #      and update Leases in the namespace, and may not delete or patch them,
 #      read Secrets, or touch Leases in another namespace; user nobody may
 #      do nothing with Leases;
-#   3. baton-a really creates and updates a Lease, and is refused its deletion.
+#   3. baton-a really creates and updates a Lease, and is refused its deletion;
+#   4. the admin port agrees everywhere: the ConfigMap's admin-address, the
+#      container port, the prometheus.io/port annotation, and the liveness
+#      (/healthz) and readiness (/readyz) probes on it.
 #
 # Usage: deploy/kubernetes/verify.sh [ENV_FILE]
 #   ENV_FILE: the file `kube-testenv.sh start` wrote (default: $BATON_KUBE_ENV,
@@ -188,6 +191,25 @@ else
     fail "nobody's create failed, but not as forbidden: $out"
 fi
 as_admin delete "$leases" "$lease" -n "$ns" --ignore-not-found >/dev/null 2>&1 || true
+
+# ---- 4. the admin port
+admin_port="$(sed -n 's/^ *admin-address *= *"[^"]*:\([0-9][0-9]*\)".*/\1/p' "$here/configmap.yaml")"
+container_port="$(awk '$1 == "-" && $2 == "name:" && $3 == "admin" { on = 1; next } on && $1 == "containerPort:" { print $2; exit }' "$here/deployment.yaml")"
+annotated_port="$(sed -n 's/^ *prometheus.io\/port: *"\([0-9]*\)".*/\1/p' "$here/deployment.yaml")"
+if [ -n "$admin_port" ] && [ "$admin_port" = "$container_port" ] && [ "$admin_port" = "$annotated_port" ]; then
+    ok "admin port $admin_port: the ConfigMap's admin-address, the container port and the prometheus.io/port annotation agree"
+else
+    fail "admin port: ConfigMap admin-address '${admin_port:-none}', container port 'admin' '${container_port:-none}', prometheus.io/port '${annotated_port:-none}'"
+fi
+for probe in "livenessProbe /healthz" "readinessProbe /readyz"; do
+    set -- $probe
+    if awk -v p="$1:" -v path="$2" '$1 == p { on = 1; next } on && $1 == "path:" { found = ($2 == path); exit } END { exit !found }' "$here/deployment.yaml" &&
+        awk -v p="$1:" '$1 == p { on = 1; next } on && $1 == "port:" { found = ($2 == "admin"); exit } END { exit !found }' "$here/deployment.yaml"; then
+        ok "$1: GET $2 on port admin"
+    else
+        fail "$1: expected an httpGet of $2 on port admin in deployment.yaml"
+    fi
+done
 
 if [ ${#failures[@]} -gt 0 ]; then
     echo "verify: ${#failures[@]} check(s) failed for $here:" >&2

@@ -7,6 +7,7 @@
 //! ```toml
 //! # identity = "node-a"          # default: <host name>-<pid>-<random>
 //! # instance-pool = false        # default: true (instances from a pool sized at start)
+//! # admin-address = "127.0.0.1:9090"  # default: none (no /metrics, /healthz, /readyz)
 //!
 //! [store]
 //! kind = "embedded"              # a directory of lease files
@@ -47,6 +48,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -75,6 +77,7 @@ struct RawConfig {
     cache_dir: Option<PathBuf>,
     coredump_dir: Option<PathBuf>,
     instance_pool: Option<bool>,
+    admin_address: Option<Spanned<toml::Value>>,
     store: Option<RawStore>,
     #[serde(default)]
     defaults: RawTimings,
@@ -298,6 +301,10 @@ pub struct Config {
     /// default; see [`crate::runtime::PoolLimits`]) rather than being
     /// allocated on demand.
     pub instance_pool: bool,
+    /// Where the admin endpoints (`/metrics`, `/healthz`, `/readyz`) are
+    /// served; `None`: nowhere (the default). Port 0 picks a free port,
+    /// logged at start.
+    pub admin_address: Option<SocketAddr>,
     /// Where leases are kept.
     pub store: StoreConfig,
     /// Whether the file has a `[store]` section (without one, the store is
@@ -368,6 +375,18 @@ fn validate_namespace(ns: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Reads an admin address: an IP address and a port, such as
+/// `127.0.0.1:9090` or `[::]:9090` (port 0: any free port). The error says
+/// what is wrong (no host names: the address is bound as given).
+pub fn parse_admin_address(text: &str) -> Result<SocketAddr, String> {
+    text.trim().parse::<SocketAddr>().map_err(|_| {
+        format!(
+            "{text:?} is not an IP address and port: write it like \"127.0.0.1:9090\" (this host only), \
+             \"0.0.0.0:9090\" (every IPv4 interface) or \"[::]:9090\"; host names are not resolved"
+        )
+    })
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -713,7 +732,21 @@ impl Config {
             Err(_) => None,
         };
         let spread = membership.filter(|_| spreading);
+        let admin_address = match &raw.admin_address {
+            None => None,
+            Some(a) => {
+                let parsed = match a.get_ref() {
+                    toml::Value::String(text) => parse_admin_address(text),
+                    other => Err(format!(
+                        "must be a string like \"127.0.0.1:9090\" (found: {})",
+                        other.type_str()
+                    )),
+                };
+                Some(parsed.map_err(|e| err_at(a.span().start, format!("field `admin-address`: {e}")))?)
+            }
+        };
         Ok(Config {
+            admin_address,
             spread,
             membership,
             source: source.map(Path::to_path_buf),
@@ -878,6 +911,32 @@ env = { A = "1" }
         .to_string();
         assert!(e.contains("m.toml:2: lease \"baton-member.x\""), "{e}");
         assert!(e.contains("membership records"), "{e}");
+    }
+
+    #[test]
+    fn the_admin_address_is_off_by_default_and_checked_naming_the_field() {
+        assert_eq!(Config::parse("", None).unwrap().admin_address, None);
+        let c = Config::parse("admin-address = \"127.0.0.1:9090\"\n", None).unwrap();
+        assert_eq!(c.admin_address, Some("127.0.0.1:9090".parse().unwrap()));
+        let c = Config::parse("admin-address = \"[::]:0\"\n", None).unwrap();
+        assert_eq!(c.admin_address, Some("[::]:0".parse().unwrap()));
+        for bad in ["localhost:9090", "127.0.0.1", ":9090", "127.0.0.1:99999"] {
+            let e = Config::parse(
+                &format!("identity = \"a\"\nadmin-address = {bad:?}\n"),
+                Some(Path::new("a.toml")),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with("a.toml:2: field `admin-address`: "), "{e}");
+            assert!(e.contains("is not an IP address and port"), "{e}");
+        }
+        let e = Config::parse("admin-address = 9090\n", Some(Path::new("a.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("a.toml:1: field `admin-address`: must be a string"),
+            "{e}"
+        );
     }
 
     #[test]

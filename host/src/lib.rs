@@ -2,9 +2,12 @@
 //! lease.
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod config;
 pub mod election;
+pub mod health;
 pub mod logging;
+pub mod metrics;
 pub mod recurring;
 pub mod runtime;
 pub mod scaffold;

@@ -132,6 +132,16 @@ impl Drop for Logging {
 /// connection, for one).
 pub const QUIET_FILTER: &str = "warn,kube_client=off";
 
+/// The count of dropped lines of the log that [`init`] set up (the
+/// subscriber is global, so is its count).
+static DROPPED: std::sync::OnceLock<Arc<AtomicUsize>> = std::sync::OnceLock::new();
+
+/// How many log lines were dropped since the process started because
+/// standard error did not keep up (0 if [`init`] was not called).
+pub fn dropped_lines() -> u64 {
+    DROPPED.get().map_or(0, |d| d.load(Ordering::Relaxed) as u64)
+}
+
 /// Sets up the global subscriber: `BATON_LOG` (an `EnvFilter`) or
 /// [`DEFAULT_FILTER`], the given format, standard error through the queue,
 /// its writer thread, and the thread that reports dropped lines.
@@ -143,6 +153,7 @@ pub fn init(format: LogFormat) -> Logging {
 pub fn init_with(format: LogFormat, default: &str) -> Logging {
     let (queue, lines) = crossbeam_channel::bounded(LOG_QUEUE_LINES);
     let dropped = Arc::new(AtomicUsize::new(0));
+    let _ = DROPPED.set(dropped.clone());
     std::thread::Builder::new()
         .name("baton-log".into())
         .spawn(move || write_out(lines))

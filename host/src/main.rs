@@ -47,6 +47,15 @@ enum Command {
         /// and ~/.kube/config).
         #[arg(long, env = "BATON_KUBECONFIG")]
         kubeconfig: Option<PathBuf>,
+        /// Serve /metrics, /healthz and /readyz on this address, such as
+        /// 127.0.0.1:9090 (overrides the file; off by default).
+        #[arg(long, env = "BATON_ADMIN_ADDRESS")]
+        admin_address: Option<String>,
+        /// Test hook: block the election runtime's thread this long after
+        /// start (a stalled runtime, for tests of /healthz). Never in
+        /// production: the host stops renewing its leases.
+        #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+        test_stall_election_runtime: Option<std::time::Duration>,
     },
     /// Say which world each component targets, or exactly why it cannot run.
     Check {
@@ -120,6 +129,8 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             cache_dir,
             coredump_dir,
             kubeconfig,
+            admin_address,
+            test_stall_election_runtime,
         } => {
             let mut cfg = Config::load(&config)?;
             if let Some(identity) = identity {
@@ -147,9 +158,19 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                     ),
                 }
             }
+            if let Some(address) = admin_address {
+                cfg.admin_address = Some(
+                    baton::config::parse_admin_address(&address)
+                        .map_err(|e| anyhow::anyhow!("--admin-address (or BATON_ADMIN_ADDRESS): {e}"))?,
+                );
+            }
             let shutdown = CancellationToken::new();
             tokio::spawn(wait_for_signal(shutdown.clone()));
-            baton::serve::serve(cfg, shutdown).await?;
+            let options = baton::serve::ServeOptions {
+                stall_election_after: test_stall_election_runtime,
+                ..Default::default()
+            };
+            baton::serve::serve_opts(cfg, options, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { plugins } => check(plugins).await,

@@ -12,27 +12,40 @@
 //! its lease's tasks are stopped, the other leases are handed over as in a
 //! shutdown, and [`serve`] fails, without releasing that lease (so it
 //! expires normally).
+//!
+//! With an admin address configured, it also serves `/metrics`,
+//! `/healthz` and `/readyz` from a thread of its own ([`admin`](crate::admin)):
+//! the electors and supervisors report to [`Metrics`], and [`Health`]
+//! watches both runtimes, every elector's heartbeat and what it publishes.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::AdminServer;
 use crate::config::{Config, StoreConfig};
 use crate::election::spread::{Spreader, SteeredLease};
-use crate::election::{DRAIN_ALLOWANCE, Elector, ElectorConfig, Intent, LeaseView, TermClock, Timings};
+use crate::election::{
+    DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Intent, LeaseView, NoObserver, TermClock,
+    Timings,
+};
+use crate::health::Health;
 use crate::logging::human;
+use crate::metrics::Metrics;
 use crate::runtime::{
     EngineOptions, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
 };
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
 use crate::store::{LeaseStore, StoreError};
-use crate::supervisor::run_leader_tasks;
+use crate::supervisor::{NoTaskObserver, TaskObserver, run_leader_tasks};
 
 /// Why the host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +82,47 @@ pub enum ServeError {
     /// The election's runtime could not be started.
     #[error("cannot start the election runtime: {0}")]
     ElectionRuntime(String),
+    /// The admin endpoints could not listen on the configured address.
+    #[error("admin-address {address}: cannot serve /metrics, /healthz and /readyz there: {error}")]
+    Admin {
+        /// The configured address.
+        address: SocketAddr,
+        /// Why not.
+        error: String,
+    },
+}
+
+/// How [`serve_opts`] runs, beyond the configuration.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// The lease store to use instead of the configured one (tests that
+    /// inject store faults).
+    pub store: Option<Arc<dyn LeaseStore>>,
+    /// The clock of term deadlines.
+    pub clock: TermClock,
+    /// Test hook (`baton run --test-stall-election-runtime DELAY`, hidden):
+    /// this long after start, the election runtime's only thread blocks
+    /// for an hour, as a runtime whose worker hangs would. Only for tests
+    /// of `/healthz`: the process is not usable afterwards.
+    pub stall_election_after: Option<Duration>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            store: None,
+            clock: TermClock::system(),
+            stall_election_after: None,
+        }
+    }
+}
+
+/// The admin endpoints of one run, when configured.
+struct Ops {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    /// Serves until dropped, at the end of [`serve_opts`].
+    _server: AdminServer,
 }
 
 /// Opens the configured lease store. For a Kubernetes store this builds
@@ -137,6 +191,55 @@ pub async fn serve_with(
     clock: TermClock,
     shutdown: CancellationToken,
 ) -> Result<usize, ServeError> {
+    let options = ServeOptions {
+        store,
+        clock,
+        ..ServeOptions::default()
+    };
+    serve_opts(config, options, shutdown).await
+}
+
+/// [`serve`], with [`ServeOptions`].
+pub async fn serve_opts(
+    config: Config,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) -> Result<usize, ServeError> {
+    let ServeOptions {
+        store,
+        clock,
+        stall_election_after,
+    } = options;
+    // First, so that liveness answers while the plugins compile.
+    let ops = match config.admin_address {
+        Some(address) => {
+            let metrics = Arc::new(Metrics::new());
+            let health = Arc::new(Health::new());
+            health.loading(config.plugins.len());
+            let server = crate::admin::start(address, metrics.clone(), health.clone()).map_err(|e| {
+                ServeError::Admin {
+                    address,
+                    error: e.to_string(),
+                }
+            })?;
+            tracing::info!(address = %server.address(), "admin endpoints listening: /metrics, /healthz, /readyz");
+            health.watch_runtime("guest", &tokio::runtime::Handle::current());
+            Some(Ops {
+                metrics,
+                health,
+                _server: server,
+            })
+        }
+        None => None,
+    };
+    let election_observer: Arc<dyn ElectionObserver> = match &ops {
+        Some(ops) => ops.metrics.clone(),
+        None => Arc::new(NoObserver),
+    };
+    let task_observer: Arc<dyn TaskObserver> = match &ops {
+        Some(ops) => ops.metrics.clone(),
+        None => Arc::new(NoTaskObserver),
+    };
     let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let engine = PluginEngine::new(EngineOptions {
         cache_dir: Some(cache_dir.clone()),
@@ -148,6 +251,16 @@ pub async fn serve_with(
     })?;
     let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
     let election = ElectionRuntime::start()?;
+    if let Some(ops) = &ops {
+        ops.health.watch_runtime("election", election.handle());
+    }
+    if let Some(after) = stall_election_after {
+        election.handle().spawn(async move {
+            tokio::time::sleep(after).await;
+            tracing::warn!("test hook: the election runtime's thread blocks for an hour now");
+            std::thread::sleep(Duration::from_secs(3600));
+        });
+    }
     let store = match store {
         Some(store) => store,
         None => {
@@ -166,6 +279,7 @@ pub async fn serve_with(
     // wasmtime also compiles a component's functions in parallel), each
     // distinct component once however many plugins name it.
     let mut failed = 0;
+    let mut refusals = Vec::new();
     let mut loaded = Vec::new();
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let specs: Vec<_> = config.plugins.iter().map(|p| p.spec.clone()).collect();
@@ -197,15 +311,21 @@ pub async fn serve_with(
             }
             Ok((Err(e), _)) => {
                 failed += 1;
+                refusals.push(format!("{}: {}", p.spec.name, e.reason));
                 tracing::error!(plugin = %p.spec.name, error = %e, "plugin cannot run; the others go on");
             }
             Err(e) => {
                 failed += 1;
+                refusals.push(format!("{}: loading it panicked: {e}", p.spec.name));
                 tracing::error!(plugin = %p.spec.name, error = %e, "loading the plugin panicked; the others go on");
             }
         }
     }
     drop(loads);
+    if let Some(ops) = &ops {
+        ops.metrics.loaded(&loaded, failed, &engine);
+        ops.health.loaded(refusals);
+    }
     if let Some((hits, misses)) = engine.cache_stats() {
         tracing::info!(
             hits,
@@ -233,10 +353,15 @@ pub async fn serve_with(
         };
         // Built inside the election runtime: its subscription's task runs
         // there.
-        let (elector, view, intent) = {
+        let (mut elector, view, intent) = {
             let _inside = election.handle().enter();
             Elector::new(cfg, store.clone(), clock.clone())
         };
+        elector.set_observer(election_observer.clone());
+        if let Some(ops) = &ops {
+            ops.health
+                .watch_lease(&lease.name, elector.heartbeat(), view.clone(), clock.clone());
+        }
         let (name, ended_tx) = (lease.name.clone(), ended_tx.clone());
         election.handle().spawn(async move {
             // Ok: it returned as told; Err: why it failed (its own error or
@@ -250,7 +375,11 @@ pub async fn serve_with(
         });
         let mut supervisors = JoinSet::new();
         for (_, plugin) in loaded.iter().filter(|(l, _)| l == &lease.name) {
-            supervisors.spawn(run_leader_tasks(plugin.clone(), view.clone()));
+            supervisors.spawn(run_leader_tasks(
+                plugin.clone(),
+                view.clone(),
+                task_observer.clone(),
+            ));
         }
         runs.insert(
             lease.name.clone(),

@@ -13,6 +13,9 @@
 //! lease is not released while an instance of the term exists. The forced
 //! stop is armed from the term itself ([`Term::stop_due`]), not from the
 //! elector's news: a stuck elector cannot delay it.
+//!
+//! What happens to each task is told to a [`TaskObserver`] (metrics, at
+//! the edge); the supervisor itself keeps no counts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,18 +34,110 @@ pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// flood the logs, short enough to recover soon after a dependency does.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// Where a plugin's leader task is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TaskState {
+    /// No term to run in: this host does not lead the lease (or the task
+    /// is done with the last term and waits for the next).
+    Waiting,
+    /// An instance runs in a term that lasts.
+    Running,
+    /// Its term is over: the task was told and has until the term's
+    /// force-stop time to return.
+    Stopping,
+    /// It failed or trapped, and waits out its back-off before a retry.
+    Backoff,
+    /// It returned `ok`: done for this term.
+    Finished,
+}
+
+impl TaskState {
+    /// Every state, in order.
+    pub const ALL: [TaskState; 5] = [
+        TaskState::Waiting,
+        TaskState::Running,
+        TaskState::Stopping,
+        TaskState::Backoff,
+        TaskState::Finished,
+    ];
+
+    /// Its name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Waiting => "waiting",
+            TaskState::Running => "running",
+            TaskState::Stopping => "stopping",
+            TaskState::Backoff => "backoff",
+            TaskState::Finished => "finished",
+        }
+    }
+}
+
+/// How one run of a task ended, for counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskEnd {
+    /// It returned `ok`.
+    Finished,
+    /// It returned an error.
+    Failed,
+    /// It trapped (not stopped by the host).
+    Trapped,
+    /// The host stopped it at its term's force-stop time (its instance
+    /// dropped, or trapped by the fence or the epoch check).
+    Forced,
+    /// Its term was over before its instance was ready.
+    NotStarted,
+}
+
+/// What a supervisor reports as it goes. Called on the supervisor's task:
+/// cheap, never blocking. Every method has an empty default.
+pub trait TaskObserver: Send + Sync + 'static {
+    /// `plugin`'s task is now in `state`.
+    fn state(&self, plugin: &str, state: TaskState) {
+        let _ = (plugin, state);
+    }
+
+    /// An instance of `plugin` was started in a term.
+    fn started(&self, plugin: &str) {
+        let _ = plugin;
+    }
+
+    /// A run of `plugin`'s task ended so.
+    fn ended(&self, plugin: &str, end: TaskEnd) {
+        let _ = (plugin, end);
+    }
+
+    /// A run of `plugin`'s task was gone `after` the end of its term (by
+    /// itself, or stopped by the host if `forced`).
+    fn stopped(&self, plugin: &str, forced: bool, after: Duration) {
+        let _ = (plugin, forced, after);
+    }
+}
+
+/// A task observer that ignores everything.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoTaskObserver;
+
+impl TaskObserver for NoTaskObserver {}
+
 /// Runs `plugin`'s leader task in every term in which this host leads the
 /// lease behind `view`. Returns once the elector is gone (its sender
-/// dropped) and no task of the plugin runs.
-pub async fn run_leader_tasks(plugin: Arc<Plugin>, mut view: watch::Receiver<LeaseView>) {
+/// dropped) and no task of the plugin runs. Tells `observer` what happens.
+pub async fn run_leader_tasks(
+    plugin: Arc<Plugin>,
+    mut view: watch::Receiver<LeaseView>,
+    observer: Arc<dyn TaskObserver>,
+) {
+    let name = plugin.name().to_owned();
     loop {
+        observer.state(&name, TaskState::Waiting);
         let term = match view.wait_for(|v| v.leading_term().is_some()).await {
             Ok(v) => v.leading_term().cloned(),
             Err(_) => return, // the elector is gone: no term will come
         };
         let Some(term) = term else { continue };
         if let Some(_entry) = term.enter() {
-            run_term(&plugin, &term, &view).await;
+            run_term(&plugin, &term, &view, &*observer).await;
         }
         // Not again in this term.
         term.over().await;
@@ -51,10 +146,16 @@ pub async fn run_leader_tasks(plugin: Arc<Plugin>, mut view: watch::Receiver<Lea
 
 /// Runs one term: tries the task until it finishes or the term is over,
 /// and returns once no instance of this plugin runs in it any more.
-async fn run_term(plugin: &Arc<Plugin>, term: &Arc<Term>, view: &watch::Receiver<LeaseView>) {
+async fn run_term(
+    plugin: &Arc<Plugin>,
+    term: &Arc<Term>,
+    view: &watch::Receiver<LeaseView>,
+    observer: &dyn TaskObserver,
+) {
     let name = plugin.name();
     let (lease, number) = (term.lease(), term.number());
-    let after_ms = || crate::logging::ms(term.clock().now() - term.over_at());
+    let after = || term.clock().now().since(term.over_at());
+    let after_ms = || crate::logging::ms(after());
     let mut backoff = INITIAL_BACKOFF;
     for attempt in 1u32.. {
         if term.is_over() {
@@ -68,20 +169,42 @@ async fn run_term(plugin: &Arc<Plugin>, term: &Arc<Term>, view: &watch::Receiver
             "leader task started"
         );
         let started = term.clock().now();
+        observer.started(name);
+        observer.state(name, TaskState::Running);
         let mut task = Box::pin(plugin.run_task(term.clone(), view.clone()));
-        let outcome = tokio::select! {
-            biased;
-            _ = term.stop_due() => None,
-            outcome = &mut task => Some(outcome),
+        let mut told = false;
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                _ = term.stop_due() => break None,
+                outcome = &mut task => break Some(outcome),
+                // Only reported: the task learns of it through its status.
+                _ = term.over(), if !told => {
+                    told = true;
+                    observer.state(name, TaskState::Stopping);
+                }
+            }
         };
         let Some(outcome) = outcome else {
             // Dropping the task drops its Store: the instance ends
             // wherever it is, even inside a host call.
             drop(task);
+            observer.ended(name, TaskEnd::Forced);
+            observer.stopped(name, true, after());
             tracing::warn!(plugin = name, term = number, after_ms = after_ms(), how = "forced", force_stop_at = %term.stop_at_wall(), "leader task stopped");
             return;
         };
         drop(task);
+        observer.ended(
+            name,
+            match &outcome {
+                TaskOutcome::Finished => TaskEnd::Finished,
+                TaskOutcome::NotStarted => TaskEnd::NotStarted,
+                TaskOutcome::Failed(_) => TaskEnd::Failed,
+                o if o.stopped_by_host() => TaskEnd::Forced,
+                TaskOutcome::Trapped(_) => TaskEnd::Trapped,
+            },
+        );
         if let TaskOutcome::NotStarted = outcome {
             tracing::info!(
                 plugin = name,
@@ -98,6 +221,7 @@ async fn run_term(plugin: &Arc<Plugin>, term: &Arc<Term>, view: &watch::Receiver
             } else {
                 "cooperative"
             };
+            observer.stopped(name, outcome.stopped_by_host(), after());
             tracing::info!(plugin = name, term = number, after_ms = after_ms(), how, outcome = %outcome, force_stop_at = %term.stop_at_wall(), "leader task stopped");
             return;
         }
@@ -110,6 +234,7 @@ async fn run_term(plugin: &Arc<Plugin>, term: &Arc<Term>, view: &watch::Receiver
                     ran_ms,
                     "leader task finished for this term"
                 );
+                observer.state(name, TaskState::Finished);
                 return;
             }
             TaskOutcome::Failed(error) => {
@@ -131,6 +256,7 @@ async fn run_term(plugin: &Arc<Plugin>, term: &Arc<Term>, view: &watch::Receiver
                 );
             }
         }
+        observer.state(name, TaskState::Backoff);
         tokio::select! {
             _ = sleep(backoff) => {}
             _ = term.over() => return,

@@ -295,3 +295,78 @@ async fn a_slow_store_delays_the_release_until_after_every_guest_is_gone() {
     }
     assert_eq!(s.store.peek("slow").unwrap().record.holder(), None);
 }
+
+/// A port on loopback that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn get(addr: &str, path: &'static str) -> (u16, String) {
+    let addr = addr.to_owned();
+    tokio::task::spawn_blocking(move || support::http_get(&addr, path).expect("an answer"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_stops_answering_never_fails_liveness_and_its_errors_are_counted() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut cfg = config("unanswered", &[("unanswered-coop", "pollable", "cooperative")]);
+    cfg.admin_address = Some(addr.parse().unwrap());
+    let s = serve(cfg);
+    started(&["unanswered-coop"]).await;
+    assert_eq!(get(&addr, "/readyz").await, (200, "ready\n".to_owned()));
+    assert_eq!(get(&addr, "/healthz").await, (200, "ok\n".to_owned()));
+
+    // The store hangs for longer than the lease: the leader steps down and
+    // its guest stops, and liveness never fails (a restart cures nothing).
+    s.store.hang(true);
+    let hung = std::time::Instant::now();
+    let mut polls = 0;
+    while hung.elapsed() < Duration::from_secs(3) {
+        let (status, body) = get(&addr, "/healthz").await;
+        assert_eq!(status, 200, "after {:?} of a hung store: {body}", hung.elapsed());
+        polls += 1;
+        sleep(Duration::from_millis(100)).await;
+    }
+    wait_for_event(&["unanswered-coop"], "the guest's stop", |e| {
+        stopped(e, "unanswered-coop")
+    })
+    .await;
+    let (_, text) = get(&addr, "/metrics").await;
+    let leading = support::metric(&text, "baton_lease_role{lease=\"unanswered\",role=\"leading\"}");
+    assert_eq!(leading, Some(0.0), "stepped down:\n{text}");
+    let timeouts = support::metric(
+        &text,
+        "baton_lease_store_errors_total{lease=\"unanswered\",kind=\"timeout\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(timeouts >= 1.0, "the timed-out requests are counted:\n{text}");
+    // Unavailable instead of hanging: the same.
+    s.store.hang(false);
+    s.store.set_unavailable(true);
+    for _ in 0..10 {
+        assert_eq!(get(&addr, "/healthz").await.0, 200);
+        sleep(Duration::from_millis(100)).await;
+    }
+    let (_, text) = get(&addr, "/metrics").await;
+    assert!(
+        support::metric_sum(&text, "baton_lease_store_errors_total", &["kind=\"unavailable\""]) >= 1.0,
+        "{text}"
+    );
+    println!("/healthz answered 200 {polls} times while the store hung, and while it refused");
+    s.store.set_unavailable(false);
+    s.shutdown.cancel();
+    let result = timeout(Duration::from_secs(10), s.task)
+        .await
+        .expect("serve returned")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
+    // The admin endpoints are gone with serve.
+    sleep(Duration::from_millis(100)).await;
+    assert!(support::http_get(&addr, "/healthz").is_err());
+}

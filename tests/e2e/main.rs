@@ -8,6 +8,7 @@ mod chaos;
 mod http;
 mod http_server;
 mod misbehaving;
+mod ops;
 mod spread;
 mod status;
 mod support;

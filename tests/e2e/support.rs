@@ -440,3 +440,83 @@ pub fn led(h: &Host) -> std::collections::BTreeSet<String> {
     }
     last.into_iter().filter(|(_, l)| *l).map(|(n, _)| n).collect()
 }
+
+/// `GET path` from the HTTP server at `addr` (`host:port`): the status code
+/// and the body. One request per connection, bounded by five seconds.
+#[allow(dead_code)] // not every test binary uses it
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {head:?}")))?;
+    // Bodies come whole (Content-Length) from baton's admin server.
+    Ok((status, body.to_owned()))
+}
+
+/// The value of one series in a Prometheus text body: `series` is the name
+/// with its labels as written (`baton_lease_term{lease="demo"}`). `None` if
+/// it is not there.
+#[allow(dead_code)]
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The sum of every series of `name` whose labels contain all of `labels`
+/// (each `key="value"`); 0 if none.
+#[allow(dead_code)]
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let rest = series.strip_prefix(name)?;
+            if !(rest.is_empty() || rest.starts_with('{')) {
+                return None;
+            }
+            labels
+                .iter()
+                .all(|want| rest.contains(want))
+                .then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+#[allow(dead_code)]
+impl Host {
+    /// The address of its admin endpoints, from its log (started with
+    /// `--admin-address`).
+    pub fn admin_address(&self) -> String {
+        self.wait_for(Duration::from_secs(30), "the admin endpoints", |e| {
+            e.message().starts_with("admin endpoints listening")
+        })
+        .str("address")
+        .expect("address")
+        .to_owned()
+    }
+
+    /// `GET path` from its admin endpoints: (status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        let addr = self.admin_address();
+        http_get(&addr, path).unwrap_or_else(|e| panic!("host {}: GET {path}: {e}", self.name))
+    }
+
+    /// Its metrics, as text.
+    pub fn scrape(&self) -> String {
+        let (status, body) = self.admin_get("/metrics");
+        assert_eq!(status, 200, "host {}: /metrics: {body}", self.name);
+        body
+    }
+}

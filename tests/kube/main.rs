@@ -869,11 +869,14 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
             &[probe("probe", "pollable", "block")],
         ),
     );
+    // With their admin endpoints: liveness must hold through the outage.
+    let admin_args = [OsStr::new("--admin-address"), OsStr::new("127.0.0.1:0")];
     let hosts: Vec<Host> = ["host-a", "host-b", "host-c"]
         .iter()
-        .map(|n| Host::start(n, &cfg))
+        .map(|n| Host::start_with_args(n, &cfg, &shared_cache_dir(), &admin_args))
         .collect();
     settled(&hosts);
+    let addresses: Vec<String> = hosts.iter().map(Host::admin_address).collect();
     std::thread::sleep(Duration::from_millis(1500));
     let leader = hosts
         .iter()
@@ -887,8 +890,19 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
     // SAFETY: kill(2) on the test API server's pid.
     assert_eq!(unsafe { libc::kill(env.apiserver_pid, libc::SIGSTOP) }, 0);
     let resume = Resume(env.apiserver_pid);
-    std::thread::sleep(outage);
+    // /healthz answers 200 on every host throughout: an unreachable store
+    // is no reason to restart a host.
+    let mut polls = 0;
+    while SystemTime::now().duration_since(stopped_at).unwrap() < outage {
+        for (h, addr) in hosts.iter().zip(&addresses) {
+            let (status, body) = http_get(addr, "/healthz").unwrap();
+            assert_eq!(status, 200, "{} during the outage: {body}", h.name);
+            polls += 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     drop(resume);
+    println!("/healthz answered 200 {polls} times on the three hosts during the outage");
     let resumed_at = SystemTime::now();
 
     // The leader's guest was stopped (by force) before the lease could have
@@ -960,6 +974,16 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
     );
     let spec = spec_of(&lease_of(&rt, &ns, "demo").unwrap());
     assert_eq!(spec.holder_identity.as_deref(), Some(hosts[idx].name.as_str()));
+    // And after it; the leader counted what failed meanwhile.
+    for (h, addr) in hosts.iter().zip(&addresses) {
+        assert_eq!(http_get(addr, "/healthz").unwrap().0, 200, "{}", h.name);
+    }
+    let errors = metric_sum(
+        &hosts[leader].scrape(),
+        "baton_lease_store_errors_total",
+        &["lease=\"demo\""],
+    );
+    assert!(errors >= 1.0, "the old leader's failed requests are counted");
 }
 
 #[test]

@@ -33,6 +33,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use super::clock::{Moment, TermClock};
+use super::observe::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
 use super::status::{LeaseView, Role, Status};
 use super::term::Term;
 use super::timing::Timings;
@@ -137,6 +138,22 @@ pub enum Intent {
 /// milliseconds; a task still not gone by then is stuck in a host call, so
 /// the lease is not released and expires normally instead.
 pub const DRAIN_ALLOWANCE: Duration = Duration::from_secs(2);
+
+/// The longest one step of an elector with timings `t` lasts when its
+/// store, its runtime and its tasks behave (see [`Heartbeat`]), with a
+/// second to spare: a follower with nothing to do wakes once a lease
+/// duration; a leader renews every retry period, each request and the read
+/// after a conflict bounded by the request timeout; a resigning host waits
+/// at most for its term's force-stop time (at most renew-deadline + grace
+/// away) and [`DRAIN_ALLOWANCE`], and releases before its renew deadline.
+pub fn longest_step(t: &Timings) -> Duration {
+    t.lease_duration
+        + t.renew_deadline * 2
+        + t.grace
+        + t.request_timeout * 2
+        + DRAIN_ALLOWANCE
+        + Duration::from_secs(1)
+}
 
 /// What a host that does not lead should do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,6 +288,10 @@ pub struct Elector {
     me: Me,
     /// Why the elector stops on its own, once it must.
     failure: Option<ElectorError>,
+    /// Told of status changes, renewals and store errors (metrics).
+    observer: Arc<dyn ElectionObserver>,
+    /// When the current step began (health checks).
+    heartbeat: Arc<Heartbeat>,
 }
 
 /// Why a leader steps down.
@@ -314,6 +335,7 @@ impl Elector {
         };
         let feed = Subscription::start(store.clone(), &cfg.lease, cadence);
         let cfg_identity = cfg.identity.clone();
+        let heartbeat = Arc::new(Heartbeat::new(longest_step(&cfg.timings)));
         let elector = Elector {
             cfg,
             store,
@@ -327,8 +349,22 @@ impl Elector {
             trouble: Recurring::default(),
             me: Me::new(&cfg_identity),
             failure: None,
+            observer: Arc::new(NoObserver),
+            heartbeat,
         };
         (elector, rx, intent_tx)
+    }
+
+    /// Tells `observer` of status changes, renewals and store errors from
+    /// now on (instead of nobody).
+    pub fn set_observer(&mut self, observer: Arc<dyn ElectionObserver>) {
+        self.observer = observer;
+    }
+
+    /// Its heartbeat: when its current step began, and whether the store
+    /// has answered it.
+    pub fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.heartbeat.clone()
     }
 
     /// Runs the election until the intent is [`Intent::Stop`] and the lead,
@@ -338,6 +374,7 @@ impl Elector {
             not_before: Instant::now(),
         });
         loop {
+            self.heartbeat.beat();
             state = match state {
                 State::Following(f) => self.follow(f).await,
                 State::Leading(l) => self.lead(l).await,
@@ -407,12 +444,12 @@ impl Elector {
                 Decision::WaitUntil(t) => Some(t.max(not_before)),
             },
         };
-        let timer = async {
-            match wake {
-                Some(t) => sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
+        // At least once a lease duration, even with nothing to wait for:
+        // the heartbeat shows a follower alive (nothing else changes).
+        let wake = wake.map_or(now + self.cfg.timings.lease_duration, |t| {
+            t.min(now + self.cfg.timings.lease_duration)
+        });
+        let timer = sleep_until(wake);
         tokio::select! {
             alive = self.feed.changed() => {
                 if !alive {
@@ -605,6 +642,7 @@ impl Elector {
     /// Records what this host learned of the record; the time it was seen
     /// only moves when the version changed.
     fn observe(&mut self, record: Option<Versioned>, at: Instant) {
+        self.heartbeat.answer();
         if let Some(r) = &record {
             self.known_term = self.known_term.max(r.record.term);
         }
@@ -647,11 +685,13 @@ impl Elector {
     fn publish(&self, status: Status, term: Option<Arc<Term>>) {
         let lease = &self.cfg.lease;
         let since = self.clock.now();
+        let observer = &self.observer;
         self.tx.send_if_modified(|view| {
             if view.status == status {
                 view.term = term;
                 return false;
             }
+            observer.status_changed(&view.status, &status);
             tracing::info!(
                 lease = %lease,
                 role = %status.role,
@@ -685,6 +725,7 @@ impl Elector {
                 None
             }
             Err(_) => {
+                self.failed_request(StoreErrorKind::Timeout);
                 tracing::warn!(lease = %self.cfg.lease, timeout = %human(limit), "reading the lease timed out");
                 None
             }
@@ -695,6 +736,7 @@ impl Elector {
     /// attempt while it lasts (a record that cannot be read is never
     /// overwritten, a refusal stays): said once, then recalled now and then.
     fn store_fault(&mut self, doing: &str, e: &StoreError) {
+        self.failed_request(StoreErrorKind::of(e));
         let lease = &self.cfg.lease;
         match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
             Note::First => tracing::warn!(lease = %lease, error = %e, "cannot {doing} the lease"),
@@ -703,6 +745,11 @@ impl Elector {
             }
             Note::Quiet => tracing::debug!(lease = %lease, error = %e, "cannot {doing} the lease"),
         }
+    }
+
+    /// A store request failed: the observer counts it.
+    fn failed_request(&self, kind: StoreErrorKind) {
+        self.observer.store_error(&self.cfg.lease, kind);
     }
 
     /// The store answered: a lasting fault, if there was one, is over.
@@ -776,6 +823,7 @@ impl Elector {
                 })
             }
             Ok(Err(e)) if e.is_conflict() => {
+                self.failed_request(StoreErrorKind::Conflict);
                 tracing::debug!(lease = %self.cfg.lease, "another host wrote first; reading the lease again");
                 let read = self.read(t.request_timeout).await;
                 self.publish_follower();
@@ -804,6 +852,7 @@ impl Elector {
                 self.backoff()
             }
             Err(_) => {
+                self.failed_request(StoreErrorKind::Timeout);
                 tracing::warn!(lease = %self.cfg.lease, timeout = %human(t.request_timeout), "acquiring the lease timed out");
                 // The write may have landed: read again before the next
                 // attempt (which then conflicts if the read fails too).
@@ -836,6 +885,8 @@ impl Elector {
         match result {
             Ok(Ok(written)) => {
                 self.trouble_over();
+                self.observer
+                    .renewed(&self.cfg.lease, self.clock.now().since(started));
                 if !l.term.extend(started + t.renew_deadline) {
                     return Err(Loss::Deadline(
                         "the renewal was confirmed only after the renew deadline",
@@ -847,6 +898,7 @@ impl Elector {
                 Ok(())
             }
             Ok(Err(e)) if e.is_conflict() => {
+                self.failed_request(StoreErrorKind::Conflict);
                 // Someone wrote after our last write. If it is still ours
                 // (a write whose answer we missed), adopt it; otherwise the
                 // lease was taken: stop at once. The read is bounded by the
@@ -881,6 +933,7 @@ impl Elector {
                 }
             }
             Ok(Err(e)) => {
+                self.failed_request(StoreErrorKind::of(&e));
                 let remaining = until - self.clock.now();
                 match self.trouble.note(&e.to_string(), Instant::now().into_std()) {
                     Note::Quiet => {
@@ -894,6 +947,7 @@ impl Elector {
                 Ok(())
             }
             Err(_) => {
+                self.failed_request(StoreErrorKind::Timeout);
                 tracing::warn!(lease = %self.cfg.lease, remaining = %human(until - self.clock.now()), "renewal timed out; still leading until the renew deadline");
                 l.next_renew = retry_soon(&self.clock);
                 Ok(())
@@ -966,6 +1020,7 @@ impl Elector {
                     return;
                 }
                 Ok(Err(e)) if e.is_conflict() => {
+                    self.failed_request(StoreErrorKind::Conflict);
                     let left = l.term.lead_until() - self.clock.now();
                     match self.read(t.request_timeout.min(left)).await {
                         Some(read) => match judge_sighting(read.as_ref(), &current, &self.me, term) {
@@ -980,10 +1035,12 @@ impl Elector {
                     }
                 }
                 Ok(Err(e)) => {
+                    self.failed_request(StoreErrorKind::of(&e));
                     tracing::warn!(lease = %self.cfg.lease, error = %e, "releasing the lease failed; retrying");
                     self.pause(t.retry_period / 4).await;
                 }
                 Err(_) => {
+                    self.failed_request(StoreErrorKind::Timeout);
                     tracing::warn!(lease = %self.cfg.lease, "releasing the lease timed out; retrying");
                 }
             }

@@ -14,11 +14,14 @@
 //!   term's code must stop.
 //! - [`LeaseView`], [`Status`]: what the elector publishes.
 //! - [`Elector`]: following, leading, resigning.
+//! - [`ElectionObserver`], [`Heartbeat`]: what an elector reports besides
+//!   its status, for metrics and health checks at the edge.
 //! - [`spread`]: which host prefers which lease, and the [`Spreader`]
 //!   that steers this host's electors by it.
 
 mod clock;
 mod elector;
+mod observe;
 pub mod spread;
 mod status;
 mod term;
@@ -28,8 +31,9 @@ pub use crate::store::RELEASED_LEASE_DURATION;
 pub use clock::{Moment, TermClock};
 pub use elector::{
     DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, ElectorError, Intent, Me, Verdict, follower_decision,
-    follower_status, judge_sighting,
+    follower_status, judge_sighting, longest_step,
 };
+pub use observe::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
 pub use spread::{Hosts, Spreader, assign, member_lease};
 pub use status::{LeaseView, Role, Status};
 pub use term::{Term, TermTask};

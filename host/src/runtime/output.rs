@@ -71,6 +71,9 @@ pub struct OutputBudget {
     plugin: Arc<str>,
     limits: OutputLimits,
     bucket: Mutex<Bucket>,
+    /// Lines dropped by the rate limit since the plugin was loaded (for
+    /// metrics; the reports count since the last report).
+    dropped_lines_total: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -105,12 +108,19 @@ impl OutputBudget {
                 dropped: Dropped::default(),
             }),
             limits,
+            dropped_lines_total: Default::default(),
         })
     }
 
     /// The limits.
     pub fn limits(&self) -> OutputLimits {
         self.limits
+    }
+
+    /// How many lines the rate limit dropped since the plugin was loaded.
+    pub fn dropped_lines_total(&self) -> u64 {
+        self.dropped_lines_total
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn capacity(limits: &OutputLimits) -> f64 {
@@ -136,6 +146,8 @@ impl OutputBudget {
         } else {
             b.dropped.lines += 1;
             b.dropped.bytes += len as u64;
+            self.dropped_lines_total
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             false
         }
     }
@@ -378,6 +390,7 @@ mod tests {
         }
         let dropped = budget.bucket().dropped;
         assert_eq!(dropped.lines, 5, "{dropped:?}");
+        assert_eq!(budget.dropped_lines_total(), 5);
         assert_eq!(dropped.bytes, 50);
         budget.report(true);
         assert_eq!(budget.bucket().dropped, Dropped::default(), "reported");

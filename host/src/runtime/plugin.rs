@@ -429,6 +429,7 @@ impl PluginRuntime {
             pre: compiled.pre,
             spec: None,
             engine: self.engine.clone(),
+            memory: Default::default(),
         }
     }
 
@@ -608,6 +609,8 @@ pub struct Plugin {
     output: Arc<OutputBudget>,
     /// What it imports that only a grant makes useful.
     capabilities: Vec<Capability>,
+    /// The linear memory of its running instances, in bytes.
+    memory: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Something a component imports that does nothing without a grant of its
@@ -722,6 +725,12 @@ impl Plugin {
         &self.output
     }
 
+    /// The linear memory its running instances use now, in bytes (0 while
+    /// none runs).
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A fresh Store for one run in `term`: WASI with the plugin's grants,
     /// its memory limit, and the fence (see [`fence`]).
     fn new_store(
@@ -760,7 +769,7 @@ impl Plugin {
         let state = GuestState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limits: GuestLimits::new(memory_limit),
+            limits: GuestLimits::new(memory_limit).counting(self.memory.clone()),
             term: term.clone(),
             view,
             hosts: self.hosts.clone(),

@@ -12,6 +12,8 @@
 //! resolving its symbols takes a good part of a second.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmtime::{ResourceLimiter, StoreLimits};
 
@@ -48,6 +50,11 @@ pub struct GuestLimits {
     inner: StoreLimits,
     limit: u64,
     refused: Option<usize>,
+    /// The linear memory of all running instances of its plugin, which
+    /// this instance's memory is counted in while it lives.
+    usage: Option<Arc<AtomicU64>>,
+    /// This instance's linear memory (every memory it created), in bytes.
+    mine: u64,
 }
 
 impl GuestLimits {
@@ -59,6 +66,22 @@ impl GuestLimits {
                 .build(),
             limit,
             refused: None,
+            usage: None,
+            mine: 0,
+        }
+    }
+
+    /// Counts this instance's linear memory in `usage` while it lives.
+    pub fn counting(mut self, usage: Arc<AtomicU64>) -> GuestLimits {
+        self.usage = Some(usage);
+        self
+    }
+}
+
+impl Drop for GuestLimits {
+    fn drop(&mut self) {
+        if let Some(usage) = &self.usage {
+            usage.fetch_sub(self.mine, Ordering::Relaxed);
         }
     }
 }
@@ -73,6 +96,11 @@ impl ResourceLimiter for GuestLimits {
         let allowed = self.inner.memory_growing(current, desired, maximum)?;
         if !allowed {
             self.refused = Some(desired);
+        } else if let Some(usage) = &self.usage {
+            // Also called when a memory is created (from zero).
+            let grown = desired.saturating_sub(current) as u64;
+            self.mine += grown;
+            usage.fetch_add(grown, Ordering::Relaxed);
         }
         Ok(allowed)
     }

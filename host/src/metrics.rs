@@ -1,0 +1,541 @@
+//! Prometheus metrics, served at `/metrics` on the admin address (see
+//! [`admin`](crate::admin)); every name and its meaning is listed in
+//! `docs/operations.md`.
+//!
+//! One [`Metrics`] per `baton run`, made only when an admin address is
+//! configured. It holds its own registry (no global one) and is the
+//! observer the inner layers report to: the electors'
+//! ([`ElectionObserver`]: status changes, renewals, store errors) and the
+//! supervisors' ([`TaskObserver`]: task states, starts, ends, stops).
+//! What the inner layers only count (the compiled-code cache, each
+//! plugin's dropped output and memory, the log's dropped lines) is read
+//! when scraped.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::election::{ElectionObserver, Role, Status, StoreErrorKind};
+use crate::runtime::{Plugin, PluginEngine};
+use crate::supervisor::{TaskEnd, TaskObserver, TaskState};
+
+/// The `Content-Type` of what [`Metrics::encode`] writes: the Prometheus
+/// text format, 0.0.4.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    lease: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabels {
+    lease: String,
+    role: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChangeLabels {
+    lease: String,
+    change: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    lease: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginLabels {
+    plugin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    plugin: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StopLabels {
+    plugin: String,
+    how: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InfoLabels {
+    plugin: String,
+    lease: String,
+    world: &'static str,
+}
+
+const ROLES: [Role; 3] = [Role::Pending, Role::Leading, Role::Following];
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Pending => "pending",
+        Role::Leading => "leading",
+        Role::Following => "following",
+    }
+}
+
+/// Renewal latencies: 1 ms to about 16 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// Stop latencies after the end of a term: 1 ms to about 32 s, doubling
+/// (a forced stop comes after the grace).
+fn stop_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The metrics of one `baton run`; see the [module documentation](self).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    role: Family<RoleLabels, Gauge>,
+    term: Family<LeaseLabels, Gauge>,
+    changes: Family<ChangeLabels, Counter>,
+    renewals: Family<LeaseLabels, Histogram, fn() -> Histogram>,
+    store_errors: Family<ErrorLabels, Counter>,
+    task_state: Family<StateLabels, Gauge>,
+    starts: Family<PluginLabels, Counter>,
+    failures: Family<PluginLabels, Counter>,
+    traps: Family<PluginLabels, Counter>,
+    forced: Family<PluginLabels, Counter>,
+    stops: Family<StopLabels, Histogram, fn() -> Histogram>,
+    read: Arc<Read>,
+}
+
+/// What is read when scraped.
+#[derive(Debug, Default)]
+struct Read {
+    inner: Mutex<ReadInner>,
+}
+
+#[derive(Default)]
+struct ReadInner {
+    /// Leases this host leads now, and when the store last confirmed it
+    /// (the acquisition or a renewal).
+    confirmed: BTreeMap<String, Instant>,
+    /// The loaded plugins and their leases.
+    plugins: Vec<(Arc<Plugin>, String)>,
+    /// Plugins configured but not loaded.
+    refused: usize,
+    engine: Option<PluginEngine>,
+}
+
+impl std::fmt::Debug for ReadInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadInner")
+            .field("confirmed", &self.confirmed)
+            .field("plugins", &self.plugins.len())
+            .finish()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Every metric registered, none with a value yet.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("baton");
+        let m = Metrics {
+            role: Family::default(),
+            term: Family::default(),
+            changes: Family::default(),
+            renewals: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            store_errors: Family::default(),
+            task_state: Family::default(),
+            starts: Family::default(),
+            failures: Family::default(),
+            traps: Family::default(),
+            forced: Family::default(),
+            stops: Family::new_with_constructor(stop_histogram as fn() -> Histogram),
+            read: Arc::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "lease_role",
+            "This host's role for the lease: 1 for the current role (pending, leading or following), 0 for the others",
+            m.role.clone(),
+        );
+        registry.register(
+            "lease_term",
+            "The newest term of the lease this host knows of (the fencing token); 0 if none",
+            m.term.clone(),
+        );
+        registry.register(
+            "lease_leadership_changes",
+            "Times this host started leading the lease (change=\"gained\") or stopped (change=\"lost\")",
+            m.changes.clone(),
+        );
+        registry.register(
+            "lease_renewal_seconds",
+            "How long the store took to confirm each renewal of the lease by this host",
+            m.renewals.clone(),
+        );
+        registry.register(
+            "lease_store_errors",
+            "Failed requests of the lease's elector to the store (reads, acquisitions, renewals, releases), by kind: conflict, unavailable, malformed, refused, timeout",
+            m.store_errors.clone(),
+        );
+        registry.register(
+            "plugin_task_state",
+            "Where the plugin's leader task is: 1 for the current state (waiting, running, stopping, backoff, finished), 0 for the others",
+            m.task_state.clone(),
+        );
+        registry.register(
+            "plugin_task_starts",
+            "Instances of the plugin started in a term (first runs and retries)",
+            m.starts.clone(),
+        );
+        registry.register(
+            "plugin_task_failures",
+            "Runs of the plugin's task that returned an error",
+            m.failures.clone(),
+        );
+        registry.register(
+            "plugin_task_traps",
+            "Runs of the plugin's task that trapped (not counting stops by the host)",
+            m.traps.clone(),
+        );
+        registry.register(
+            "plugin_forced_stops",
+            "Runs of the plugin's task stopped by the host at their term's force-stop time (they did not return within the grace)",
+            m.forced.clone(),
+        );
+        registry.register(
+            "plugin_stop_seconds",
+            "How long after the end of its term each run of the plugin's task was gone, by how: cooperative (it returned) or forced",
+            m.stops.clone(),
+        );
+        registry.register_collector(Box::new(m.read.clone()));
+        Metrics { registry, ..m }
+    }
+
+    /// The plugins `baton run` loaded (with their leases), how many it
+    /// refused, and its engine (for the compiled-code cache).
+    pub fn loaded(&self, plugins: &[(String, Arc<Plugin>)], refused: usize, engine: &PluginEngine) {
+        let mut read = self.read.inner.lock().unwrap_or_else(|e| e.into_inner());
+        read.plugins = plugins.iter().map(|(l, p)| (p.clone(), l.clone())).collect();
+        read.refused = refused;
+        read.engine = Some(engine.clone());
+    }
+
+    /// Every metric in the Prometheus text format ([`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String does not fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+
+    fn set_task_state(&self, plugin: &str, state: TaskState) {
+        for s in TaskState::ALL {
+            self.task_state
+                .get_or_create(&StateLabels {
+                    plugin: plugin.to_owned(),
+                    state: s.as_str(),
+                })
+                .set(i64::from(s == state));
+        }
+    }
+}
+
+impl ElectionObserver for Metrics {
+    fn status_changed(&self, before: &Status, after: &Status) {
+        let lease = &after.lease;
+        for r in ROLES {
+            self.role
+                .get_or_create(&RoleLabels {
+                    lease: lease.clone(),
+                    role: role_name(r),
+                })
+                .set(i64::from(r == after.role));
+        }
+        self.term
+            .get_or_create(&LeaseLabels { lease: lease.clone() })
+            .set(i64::try_from(after.term).unwrap_or(i64::MAX));
+        let change = match (before.is_leading(), after.is_leading()) {
+            (false, true) => Some("gained"),
+            (true, false) => Some("lost"),
+            // A new term straight after the last (not published so today).
+            (true, true) if before.term != after.term => Some("gained"),
+            _ => None,
+        };
+        if let Some(change) = change {
+            self.changes
+                .get_or_create(&ChangeLabels {
+                    lease: lease.clone(),
+                    change,
+                })
+                .inc();
+        }
+        let mut read = self.read.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if after.is_leading() {
+            read.confirmed.insert(lease.clone(), Instant::now());
+        } else {
+            read.confirmed.remove(lease);
+        }
+    }
+
+    fn renewed(&self, lease: &str, latency: Duration) {
+        self.renewals
+            .get_or_create(&LeaseLabels {
+                lease: lease.to_owned(),
+            })
+            .observe(latency.as_secs_f64());
+        let mut read = self.read.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = read.confirmed.get_mut(lease) {
+            *at = Instant::now();
+        }
+    }
+
+    fn store_error(&self, lease: &str, kind: StoreErrorKind) {
+        self.store_errors
+            .get_or_create(&ErrorLabels {
+                lease: lease.to_owned(),
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+}
+
+impl TaskObserver for Metrics {
+    fn state(&self, plugin: &str, state: TaskState) {
+        self.set_task_state(plugin, state);
+    }
+
+    fn started(&self, plugin: &str) {
+        self.starts
+            .get_or_create(&PluginLabels {
+                plugin: plugin.to_owned(),
+            })
+            .inc();
+    }
+
+    fn ended(&self, plugin: &str, end: TaskEnd) {
+        let family = match end {
+            TaskEnd::Failed => &self.failures,
+            TaskEnd::Trapped => &self.traps,
+            TaskEnd::Forced => &self.forced,
+            TaskEnd::Finished | TaskEnd::NotStarted => return,
+        };
+        family
+            .get_or_create(&PluginLabels {
+                plugin: plugin.to_owned(),
+            })
+            .inc();
+    }
+
+    fn stopped(&self, plugin: &str, forced: bool, after: Duration) {
+        self.stops
+            .get_or_create(&StopLabels {
+                plugin: plugin.to_owned(),
+                how: if forced { "forced" } else { "cooperative" },
+            })
+            .observe(after.as_secs_f64());
+    }
+}
+
+/// Encodes `family` under `name` (the registry adds the prefix).
+fn emit<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &M,
+) -> std::fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+impl Collector for Read {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let read = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let since = Family::<LeaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        for (lease, at) in &read.confirmed {
+            since
+                .get_or_create(&LeaseLabels { lease: lease.clone() })
+                .set(at.elapsed().as_secs_f64());
+        }
+        emit(
+            &mut encoder,
+            "lease_seconds_since_renewal",
+            "Seconds since the store last confirmed this host's hold on the lease (its acquisition or a renewal); only while this host leads it",
+            &since,
+        )?;
+        let info = Family::<InfoLabels, Gauge>::default();
+        let dropped = Family::<PluginLabels, Counter>::default();
+        let memory = Family::<PluginLabels, Gauge>::default();
+        for (p, lease) in &read.plugins {
+            let plugin = PluginLabels {
+                plugin: p.name().to_owned(),
+            };
+            info.get_or_create(&InfoLabels {
+                plugin: p.name().to_owned(),
+                lease: lease.clone(),
+                world: p.wit_world(),
+            })
+            .set(1);
+            dropped
+                .get_or_create(&plugin)
+                .inc_by(p.output().dropped_lines_total());
+            memory
+                .get_or_create(&plugin)
+                .set(i64::try_from(p.memory_bytes()).unwrap_or(i64::MAX));
+        }
+        emit(
+            &mut encoder,
+            "plugin_info",
+            "1 for each loaded plugin, with its lease and the world it targets",
+            &info,
+        )?;
+        emit(
+            &mut encoder,
+            "plugin_output_dropped_lines",
+            "Lines of the plugin's output dropped by its output-rate limit",
+            &dropped,
+        )?;
+        emit(
+            &mut encoder,
+            "plugin_memory_bytes",
+            "Linear memory of the plugin's running instances, in bytes (0 while none runs)",
+            &memory,
+        )?;
+        emit(
+            &mut encoder,
+            "plugins_loaded",
+            "Plugins loaded and ready to run",
+            &Gauge::<i64>::default().tap(read.plugins.len() as i64),
+        )?;
+        emit(
+            &mut encoder,
+            "plugins_refused",
+            "Configured plugins that could not be loaded (each is named in the log and on /readyz)",
+            &Gauge::<i64>::default().tap(read.refused as i64),
+        )?;
+        if let Some((hits, misses)) = read.engine.as_ref().and_then(PluginEngine::cache_stats) {
+            emit(
+                &mut encoder,
+                "compiled_cache_hits",
+                "Components whose compiled code was found in the compiled-code cache",
+                &ConstCounter::new(hits as u64),
+            )?;
+            emit(
+                &mut encoder,
+                "compiled_cache_misses",
+                "Components compiled because the compiled-code cache did not hold them",
+                &ConstCounter::new(misses as u64),
+            )?;
+        }
+        emit(
+            &mut encoder,
+            "log_dropped_lines",
+            "Log lines dropped because standard error did not keep up",
+            &ConstCounter::new(crate::logging::dropped_lines()),
+        )
+    }
+}
+
+/// Sets a gauge and hands it back.
+trait Tap {
+    fn tap(self, v: i64) -> Self;
+}
+
+impl Tap for Gauge<i64> {
+    fn tap(self, v: i64) -> Self {
+        self.set(v);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(role: Role, term: u64) -> Status {
+        Status {
+            role,
+            holder: None,
+            lease: "demo".into(),
+            term,
+        }
+    }
+
+    /// The line of `metric` (name and labels as written), if any.
+    fn value(text: &str, metric: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(metric)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn lease_and_task_events_are_counted_under_their_names() {
+        let m = Metrics::new();
+        m.status_changed(&status(Role::Pending, 0), &status(Role::Following, 4));
+        m.status_changed(&status(Role::Following, 4), &status(Role::Leading, 5));
+        m.renewed("demo", Duration::from_millis(3));
+        m.store_error("demo", StoreErrorKind::Timeout);
+        m.store_error("demo", StoreErrorKind::Timeout);
+        m.state("p", TaskState::Running);
+        m.started("p");
+        m.ended("p", TaskEnd::Trapped);
+        m.ended("p", TaskEnd::Forced);
+        m.stopped("p", true, Duration::from_millis(510));
+        let text = m.encode();
+        let v = |metric: &str| value(&text, metric).unwrap_or_else(|| panic!("no {metric} in:\n{text}"));
+        assert_eq!(v("baton_lease_role{lease=\"demo\",role=\"leading\"}"), 1.0);
+        assert_eq!(v("baton_lease_role{lease=\"demo\",role=\"following\"}"), 0.0);
+        assert_eq!(v("baton_lease_term{lease=\"demo\"}"), 5.0);
+        assert_eq!(
+            v("baton_lease_leadership_changes_total{lease=\"demo\",change=\"gained\"}"),
+            1.0
+        );
+        assert_eq!(v("baton_lease_renewal_seconds_count{lease=\"demo\"}"), 1.0);
+        assert_eq!(
+            v("baton_lease_store_errors_total{lease=\"demo\",kind=\"timeout\"}"),
+            2.0
+        );
+        assert!(v("baton_lease_seconds_since_renewal{lease=\"demo\"}") < 5.0);
+        assert_eq!(v("baton_plugin_task_state{plugin=\"p\",state=\"running\"}"), 1.0);
+        assert_eq!(v("baton_plugin_task_state{plugin=\"p\",state=\"waiting\"}"), 0.0);
+        assert_eq!(v("baton_plugin_task_starts_total{plugin=\"p\"}"), 1.0);
+        assert_eq!(v("baton_plugin_task_traps_total{plugin=\"p\"}"), 1.0);
+        assert_eq!(v("baton_plugin_forced_stops_total{plugin=\"p\"}"), 1.0);
+        assert_eq!(
+            v("baton_plugin_stop_seconds_count{plugin=\"p\",how=\"forced\"}"),
+            1.0
+        );
+        assert_eq!(v("baton_plugins_loaded"), 0.0);
+        assert_eq!(v("baton_log_dropped_lines_total"), 0.0);
+        assert!(
+            text.contains("# TYPE baton_lease_renewal_seconds histogram"),
+            "{text}"
+        );
+
+        // Losing the lead: counted, and no time since a renewal any more.
+        m.status_changed(&status(Role::Leading, 5), &status(Role::Pending, 5));
+        let text = m.encode();
+        assert_eq!(
+            value(
+                &text,
+                "baton_lease_leadership_changes_total{lease=\"demo\",change=\"lost\"}"
+            ),
+            Some(1.0)
+        );
+        assert!(!text.contains("baton_lease_seconds_since_renewal{"), "{text}");
+    }
+}
