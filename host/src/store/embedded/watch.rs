@@ -833,6 +833,7 @@ mod tests {
             seen: Arc::default(),
             watcher: Arc::default(),
             unnamed_temps: Arc::default(),
+            last_writes: Arc::default(),
         };
         (watcher, signal, fd, store.files("demo").unwrap())
     }
@@ -922,6 +923,7 @@ mod tests {
             seen: Arc::default(),
             watcher: Arc::default(),
             unnamed_temps: Arc::default(),
+            last_writes: Arc::default(),
         };
         watcher.expect_own(&store.files("other").unwrap(), 1).confirmed();
         assert!(!watcher.routes().leases.contains_key(&b"other.lease"[..]));
