@@ -1392,7 +1392,7 @@ fn commit(
     // [`confirm`]), and the lease's directory is still the one it was in.
     let confirmed = over.is_some_and(|last| {
         file_id(rustix::fs::CWD, &files.versions) == Some(last.dir)
-            && file_id(dir, &version_name(last.stored.counter)) == Some(last.file)
+            && file_id(dir, version_name(last.stored.counter)) == Some(last.file)
     });
     let listing = match confirmed {
         true => None,
