@@ -1367,6 +1367,7 @@ fn store(client: kube::Client, ns: &str, labels: &[(&str, &str)]) -> KubeStore {
 
 fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
     LeaseRecord {
+        yielded: None,
         instance: None,
         holder: holder.map(str::to_owned),
         lease_duration: Duration::from_secs(4),
@@ -1462,6 +1463,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
 
         // A release: empty holder, 1 s.
         let released = LeaseRecord {
+            yielded: None,
             instance: None,
             holder: None,
             lease_duration: Duration::from_secs(1),
@@ -1613,6 +1615,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         assert_eq!(
             tombstone.record,
             LeaseRecord {
+                yielded: None,
                 term: reserved,
                 ..current.record.clone()
             }
@@ -1625,6 +1628,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         // Created again above it, released, deleted again: released at its
         // term floor, so the next term is above it.
         let released = LeaseRecord {
+            yielded: None,
             instance: None,
             holder: None,
             ..record(None, reserved + 1)
@@ -1980,6 +1984,7 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         let ns = TestNamespace::create(admin.clone(), "floor").await;
         let fresh = || store(admin.clone(), &ns.name, &[]);
         let held = |holder: &str, term| LeaseRecord {
+            yielded: None,
             instance: Some(format!("{holder}-instance")),
             ..record(Some(holder), term)
         };

@@ -1657,6 +1657,7 @@ mod tests {
 
     fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
         LeaseRecord {
+            yielded: None,
             instance: None,
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(15),
@@ -2971,6 +2972,7 @@ mod tests {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let marked = |counter: u64| LeaseRecord {
+            yielded: None,
             lease_duration: Duration::from_millis(counter),
             ..record(Some("a"), 1)
         };
