@@ -7,6 +7,7 @@
 //! ```toml
 //! # identity = "node-a"          # default: <host name>-<pid>-<random>
 //! # instance-pool = false        # default: true (instances from a pool sized at start)
+//! # control-socket = "/run/baton/node-a.sock"  # default: .baton/control/<identity>.sock beside this file
 //!
 //! [store]
 //! kind = "embedded"              # a directory of lease files
@@ -75,6 +76,7 @@ struct RawConfig {
     cache_dir: Option<PathBuf>,
     coredump_dir: Option<PathBuf>,
     instance_pool: Option<bool>,
+    control_socket: Option<PathBuf>,
     store: Option<RawStore>,
     #[serde(default)]
     defaults: RawTimings,
@@ -298,6 +300,10 @@ pub struct Config {
     /// default; see [`crate::runtime::PoolLimits`]) rather than being
     /// allocated on demand.
     pub instance_pool: bool,
+    /// The control socket (`baton yield`) as the file sets it
+    /// (`control-socket`); `None`: the default, see
+    /// [`crate::control::socket_path`].
+    pub control_socket: Option<PathBuf>,
     /// Where leases are kept.
     pub store: StoreConfig,
     /// Whether the file has a `[store]` section (without one, the store is
@@ -729,6 +735,7 @@ impl Config {
             cache_dir: raw.cache_dir.map(|d| resolve(&d)),
             coredump_dir: raw.coredump_dir.map(|d| resolve(&d)),
             instance_pool: raw.instance_pool.unwrap_or(true),
+            control_socket: raw.control_socket.map(|p| resolve(&p)),
             store,
             store_declared,
             leases,
@@ -792,6 +799,13 @@ env = { A = "1" }
         );
         let off = Config::parse(&format!("instance-pool = false\n{GOOD}"), None).unwrap();
         assert!(!off.instance_pool);
+        assert_eq!(c.control_socket, None, "the default");
+        let set = Config::parse(
+            &format!("control-socket = \"run/a.sock\"\n{GOOD}"),
+            Some(Path::new("/etc/baton/baton.toml")),
+        )
+        .unwrap();
+        assert_eq!(set.control_socket, Some(PathBuf::from("/etc/baton/run/a.sock")));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod control;
 pub mod election;
 pub mod logging;
 pub mod recurring;
