@@ -302,7 +302,7 @@ pub struct Config {
     pub instance_pool: bool,
     /// The control socket (`baton yield`) as the file sets it
     /// (`control-socket`); `None`: the default, see
-    /// [`crate::control::socket_path`].
+    /// [`crate::control::ControlSocket::bind_default`].
     pub control_socket: Option<PathBuf>,
     /// Where leases are kept.
     pub store: StoreConfig,

@@ -166,7 +166,10 @@ pub struct Reply {
     /// A yield: how long it does not contend, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contend_again_in_ms: Option<u64>,
-    /// Leases: the configuration file the host runs (absolute).
+    /// Leases: the configuration file the host runs, as an absolute path
+    /// (symbolic links not resolved: a client resolves both when it
+    /// compares, so a file behind a link that changed since, as a
+    /// Kubernetes ConfigMap's is, still matches).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<String>,
     /// Leases: each of its leases.
@@ -820,7 +823,12 @@ pub async fn find_socket(
     for path in candidates {
         if let Ok(reply) = request(&path, &Request::Leases, Duration::from_secs(5)).await
             && reply.ok
-            && reply.config.as_deref().map(Path::new) == Some(want.as_path())
+            && reply
+                .config
+                .as_deref()
+                .map(|c| std::fs::canonicalize(c).unwrap_or_else(|_| PathBuf::from(c)))
+                .as_deref()
+                == Some(want.as_path())
         {
             found.push((path, reply));
         }

@@ -328,7 +328,7 @@ pub async fn serve_with(
             config: config
                 .source
                 .as_ref()
-                .map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.clone())),
+                .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
             leases: runs
                 .iter()
                 .map(|(name, run)| {

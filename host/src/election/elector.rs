@@ -105,7 +105,8 @@ pub enum Intent {
     Contend,
     /// Another host is preferred (see [`spread`](super::spread)): lead on
     /// if this host leads; take the lease when it is released or absent
-    /// only `head_start` after that was seen, and when it expires after
+    /// only `head_start` after that was seen (at once if another host
+    /// yielded it: [`LeaseRecord::yielded`]), and when it expires after
     /// `head_start` or half a retry period, whichever is shorter.
     Defer {
         /// The preferred host's head start after a release.

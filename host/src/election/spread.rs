@@ -26,6 +26,14 @@
 //! within a listing or two: every host lists the same records every retry
 //! period, and the settle time is two of them.
 //!
+//! A yield (`baton yield`: [`Intent::StandBy`]) wins over spreading for
+//! its duration: the spreader leaves a standing-by elector alone, and does
+//! not hand a lease back to a preferred host that yielded it (as the
+//! release said, [`LeaseView::yielded`]) until that host's stand-by is
+//! over; then the lease goes to its preferred host once, the graceful way.
+//! The others take a yielded lease at once, without the head start (the
+//! elector's rule, see [`Intent::Defer`]).
+//!
 //! The same listing gives the live hosts that guests of
 //! `baton:leader@0.2.0` see ([`Hosts`]). A host whose spreading is off keeps
 //! its membership record (and lists) only when one of its plugins asks for
