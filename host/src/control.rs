@@ -6,7 +6,10 @@
 //! connection's peer credentials (`SO_PEERCRED`) are checked: the process's
 //! own user, or root. The socket is removed on exit. A socket file left by
 //! a dead process is replaced; one on which a live process answers is not:
-//! the host refuses to start, naming the path. A lock file beside it
+//! the host refuses to start, naming the path (a default socket is per
+//! identity, so a live process there runs under this host's identity: the
+//! host says so and runs without, leaving the duplicate identity to the
+//! electors, as before there were sockets). A lock file beside it
 //! (`PATH.lock`, `flock`ed for the process's lifetime) settles two hosts
 //! starting at once on one path.
 //!
@@ -407,8 +410,9 @@ impl ControlSocket {
 
     /// The default socket of `identity` (see the [module
     /// documentation](self)): in the first of the [`default_dirs`] where it
-    /// can be created. An error if a live process answers on it; `Ok(None)`
-    /// (each failure logged) if it can be created nowhere.
+    /// can be created. `Ok(None)` (logged) if a live process answers on
+    /// it (it runs under the same identity) or if it can be created
+    /// nowhere.
     pub fn bind_default(
         config: Option<&Path>,
         identity: &str,
@@ -433,7 +437,19 @@ impl ControlSocket {
             }
             match ControlSocket::bind(&path) {
                 Ok(s) => return Ok(Some(s)),
-                Err(e @ ControlError::InUse { .. }) => return Err(e),
+                // Another process beside this configuration under this
+                // identity: it is not this host's to take. The electors
+                // deal with the duplicate identity (the second process to
+                // see the other renew a lease stops, saying why).
+                Err(e @ ControlError::InUse { .. }) => {
+                    tracing::warn!(
+                        identity,
+                        error = %e,
+                        "another live process runs under this host's identity beside this configuration \
+                         (identities must be unique per process): this host runs without a control socket"
+                    );
+                    return Ok(None);
+                }
                 Err(e) => failures.push(e.to_string()),
             }
         }
@@ -1014,6 +1030,8 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
+        // Taken (by a process under the same identity): none, not another.
+        assert!(ControlSocket::bind_default(Some(&cfg), &id).unwrap().is_none());
         drop(s);
         // Others may write to it: not used; the runtime folder is.
         std::fs::set_permissions(
