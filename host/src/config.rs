@@ -8,6 +8,7 @@
 //! # identity = "node-a"          # default: <host name>-<pid>-<random>
 //! # instance-pool = false        # default: true (instances from a pool sized at start)
 //! # admin-address = "127.0.0.1:9090"  # default: none (no /metrics, /healthz, /readyz)
+//! # control-socket = "/run/baton/node-a.sock"  # default: .baton/control/<identity>.sock beside this file
 //!
 //! [store]
 //! kind = "embedded"              # a directory of lease files
@@ -78,6 +79,7 @@ struct RawConfig {
     coredump_dir: Option<PathBuf>,
     instance_pool: Option<bool>,
     admin_address: Option<Spanned<toml::Value>>,
+    control_socket: Option<PathBuf>,
     store: Option<RawStore>,
     #[serde(default)]
     defaults: RawTimings,
@@ -305,6 +307,10 @@ pub struct Config {
     /// served; `None`: nowhere (the default). Port 0 picks a free port,
     /// logged at start.
     pub admin_address: Option<SocketAddr>,
+    /// The control socket (`baton yield`) as the file sets it
+    /// (`control-socket`); `None`: the default, see
+    /// [`crate::control::ControlSocket::bind_default`].
+    pub control_socket: Option<PathBuf>,
     /// Where leases are kept.
     pub store: StoreConfig,
     /// Whether the file has a `[store]` section (without one, the store is
@@ -762,6 +768,7 @@ impl Config {
             cache_dir: raw.cache_dir.map(|d| resolve(&d)),
             coredump_dir: raw.coredump_dir.map(|d| resolve(&d)),
             instance_pool: raw.instance_pool.unwrap_or(true),
+            control_socket: raw.control_socket.map(|p| resolve(&p)),
             store,
             store_declared,
             leases,
@@ -825,6 +832,13 @@ env = { A = "1" }
         );
         let off = Config::parse(&format!("instance-pool = false\n{GOOD}"), None).unwrap();
         assert!(!off.instance_pool);
+        assert_eq!(c.control_socket, None, "the default");
+        let set = Config::parse(
+            &format!("control-socket = \"run/a.sock\"\n{GOOD}"),
+            Some(Path::new("/etc/baton/baton.toml")),
+        )
+        .unwrap();
+        assert_eq!(set.control_socket, Some(PathBuf::from("/etc/baton/run/a.sock")));
     }
 
     #[test]

@@ -326,6 +326,7 @@ mod tests {
             status: status.clone(),
             term: Some(term),
             since: now,
+            yielded: None,
         });
         let h = Health::new();
         h.watch_lease(
@@ -348,6 +349,7 @@ mod tests {
             status,
             term: Some(old),
             since: now,
+            yielded: None,
         });
         let stuck = Arc::new(Heartbeat::new(Duration::ZERO));
         std::thread::sleep(Duration::from_millis(5));

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod control;
 pub mod election;
 pub mod health;
 pub mod logging;

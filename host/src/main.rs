@@ -1,5 +1,5 @@
 //! The `baton` command: run leases and plugins, check a plugin, create
-//! one, show the leases of a store.
+//! one, show the leases of a store, make a host yield a lease.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,6 +56,30 @@ enum Command {
         /// production: the host stops renewing its leases.
         #[arg(long, hide = true, value_parser = humantime::parse_duration)]
         test_stall_election_runtime: Option<std::time::Duration>,
+        /// This host's control socket, for `baton yield` (overrides the file).
+        #[arg(long, env = "BATON_CONTROL_SOCKET")]
+        control_socket: Option<PathBuf>,
+    },
+    /// Make the host that leads LEASE hand it over (drain its tasks, then
+    /// release it) and not contend for it for a while; reached through its
+    /// control socket.
+    Yield {
+        /// The lease.
+        lease: String,
+        /// How long the host does not contend for the lease (default: one
+        /// lease duration of that lease).
+        #[arg(long = "for", value_name = "DURATION", value_parser = humantime::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Find the host's control socket from its configuration file.
+        #[arg(long, short, env = "BATON_CONFIG")]
+        config: Option<PathBuf>,
+        /// With --config: the host of this identity (default: the one of
+        /// the file's hosts on this machine that leads the lease).
+        #[arg(long, env = "BATON_IDENTITY")]
+        identity: Option<String>,
+        /// The host's control socket (over --config).
+        #[arg(long)]
+        socket: Option<PathBuf>,
     },
     /// Say which world each component targets, or exactly why it cannot run.
     Check {
@@ -101,7 +125,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = match cli.command {
-        Command::Status { .. } => baton::logging::QUIET_FILTER,
+        Command::Status { .. } | Command::Yield { .. } => baton::logging::QUIET_FILTER,
         _ => baton::logging::DEFAULT_FILTER,
     };
     let logging = baton::logging::init_with(cli.log_format, filter);
@@ -131,8 +155,12 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             kubeconfig,
             admin_address,
             test_stall_election_runtime,
+            control_socket,
         } => {
             let mut cfg = Config::load(&config)?;
+            if let Some(path) = control_socket {
+                cfg.control_socket = Some(path);
+            }
             if let Some(identity) = identity {
                 anyhow::ensure!(
                     !identity.trim().is_empty(),
@@ -174,6 +202,13 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { plugins } => check(plugins).await,
+        Command::Yield {
+            lease,
+            duration,
+            config,
+            identity,
+            socket,
+        } => yield_lease(lease, duration, config, identity, socket).await,
         Command::New {
             lang,
             world,
@@ -214,6 +249,43 @@ async fn wait_for_signal(shutdown: CancellationToken) {
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
     shutdown.cancel();
+}
+
+/// `baton yield`: asks the host's control socket, prints its answer.
+async fn yield_lease(
+    lease: String,
+    duration: Option<std::time::Duration>,
+    config: Option<PathBuf>,
+    identity: Option<String>,
+    socket: Option<PathBuf>,
+) -> Result<ExitCode> {
+    use baton::control::{Request, find_socket, request};
+    let path = match (socket, config) {
+        (Some(socket), _) => socket,
+        (None, Some(file)) => {
+            let cfg = Config::load(&file)?;
+            find_socket(&file, cfg.control_socket.as_deref(), identity.as_deref(), &lease)
+                .await
+                .map_err(anyhow::Error::msg)?
+        }
+        (None, None) => {
+            anyhow::bail!("give --config FILE (or BATON_CONFIG) or --socket PATH to reach the host")
+        }
+    };
+    let for_ms = duration.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    // The host answers once the tasks are gone (within its grace) and
+    // another host took the lease.
+    let reply = request(
+        &path,
+        &Request::Yield { lease, for_ms },
+        std::time::Duration::from_secs(300),
+    )
+    .await?;
+    if !reply.ok {
+        anyhow::bail!("{}", reply.message);
+    }
+    println!("{}", reply.message);
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminServer;
 use crate::config::{Config, StoreConfig};
+use crate::control::{ControlSocket, ControlledHost, ControlledLease};
 use crate::election::spread::{Spreader, SteeredLease};
 use crate::election::{
     DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Intent, LeaseView, NoObserver, TermClock,
@@ -90,6 +91,9 @@ pub enum ServeError {
         /// Why not.
         error: String,
     },
+    /// The control socket could not be set up.
+    #[error("{0}")]
+    Control(String),
 }
 
 /// How [`serve_opts`] runs, beyond the configuration.
@@ -115,6 +119,18 @@ impl Default for ServeOptions {
             stall_election_after: None,
         }
     }
+}
+
+/// The control socket of `config` (see [`crate::control`]): the one it
+/// sets, or the default one beside its file; none for a configuration
+/// without a file that sets none.
+fn bind_control(config: &Config) -> Result<Option<ControlSocket>, ServeError> {
+    match (&config.control_socket, &config.source) {
+        (Some(path), _) => ControlSocket::bind(path).map(Some),
+        (None, Some(file)) => ControlSocket::bind_default(Some(file), &config.identity),
+        (None, None) => Ok(None),
+    }
+    .map_err(|e| ServeError::Control(e.to_string()))
 }
 
 /// The admin endpoints of one run, when configured.
@@ -250,6 +266,9 @@ pub async fn serve_opts(
             .then(|| PoolLimits::slots_for(config.plugins.len())),
     })?;
     let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
+    // Before anything contends: a host that would share another's socket
+    // does not start.
+    let control = bind_control(&config)?;
     let election = ElectionRuntime::start()?;
     if let Some(ops) = &ops {
         ops.health.watch_runtime("election", election.handle());
@@ -430,6 +449,30 @@ pub async fn serve_opts(
             .spawn(spreader.run(clock.clone(), spread_stop.clone()))
     });
 
+    // `baton yield` reaches the electors through the control socket.
+    let control_stop = CancellationToken::new();
+    let control = control.map(|socket| {
+        let host = ControlledHost {
+            identity: config.identity.clone(),
+            config: config
+                .source
+                .as_ref()
+                .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
+            leases: runs
+                .iter()
+                .map(|(name, run)| {
+                    let lease = ControlledLease {
+                        intent: run.intent.clone(),
+                        view: run.view.clone(),
+                        timings: run.timings,
+                    };
+                    (name.clone(), lease)
+                })
+                .collect(),
+        };
+        tokio::spawn(socket.serve(host, control_stop.clone()))
+    });
+
     // Until shutdown, an elector that ends (it never does on its own) or
     // panics has failed.
     let mut failures: Vec<(String, String)> = Vec::new();
@@ -452,6 +495,7 @@ pub async fn serve_opts(
         }
     }
     tracing::info!("shutting down: stopping leader tasks, then releasing leases");
+    control_stop.cancel();
     // The membership record goes first, so that the other hosts prefer
     // this host's leases for themselves by the time they are released.
     spread_stop.cancel();
@@ -495,6 +539,10 @@ pub async fn serve_opts(
     }
     if let Some(spreader) = spreader {
         let _ = spreader.await;
+    }
+    if let Some(control) = control {
+        // The socket is removed.
+        let _ = control.await;
     }
     tracing::info!("baton stopped");
     if let Some((lease, reason)) = failures.into_iter().next() {

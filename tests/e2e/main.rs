@@ -14,6 +14,7 @@ mod status;
 mod support;
 mod terms;
 mod witness;
+mod yielding;
 
 use std::ffi::OsStr;
 use std::time::{Duration, SystemTime};
@@ -1210,5 +1211,61 @@ fn two_hosts_under_one_identity_never_both_lead_and_the_second_says_why() {
     println!(
         "two hosts under one identity: the second stopped with status 1, the first kept term {}",
         first.guest_term().unwrap()
+    );
+}
+
+#[test]
+fn yield_hands_the_lease_over_in_milliseconds_and_the_yielder_stays_out_for_its_time() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    yielding::two_hosts_yield(&cfg, &|name| Host::start(name, &cfg), "embedded store", 500.0);
+}
+
+#[test]
+fn a_host_refuses_a_control_socket_a_live_host_answers_on_and_replaces_a_dead_ones() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    let ready = |e: &Event| e.message() == "control socket ready (baton yield)";
+    let mut a = Host::start("host-a", &cfg);
+    a.wait_for(SECS(30), "a's control socket", ready);
+    let sock = yielding::socket_of(&cfg, "host-a");
+    let mut c = Host::start_opts(
+        "host-c",
+        &cfg,
+        Opts {
+            args: &["--control-socket".as_ref(), sock.as_os_str()],
+            ..Opts::default()
+        },
+    );
+    assert!(!c.wait_exit(SECS(30)).success());
+    let want = format!(
+        "control socket {} is in use by a live process (pid {})",
+        sock.display(),
+        a.pid()
+    );
+    assert!(c.output().contains(&want), "{}", c.output());
+    // Killed, host-a leaves its socket behind; started again, it replaces it.
+    a.sigkill();
+    assert!(sock.exists());
+    let a = Host::start("host-a", &cfg);
+    a.wait_for(SECS(30), "a's control socket", ready);
+    assert_eq!(
+        a.all(|e| e.message() == "replacing a control socket left by a process that is gone")
+            .len(),
+        1
+    );
+    let out = yielding::yield_cmd(&["demo".as_ref(), "--socket".as_ref(), sock.as_os_str()]);
+    // It answers (it waits out its killed predecessor's lease: not leading yet,
+    // or leading: either way it answers).
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("host host-a") || said.contains("host-a yielded"),
+        "{said}"
     );
 }

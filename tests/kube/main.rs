@@ -22,6 +22,9 @@ mod support;
 #[allow(dead_code)]
 #[path = "../e2e/witness.rs"]
 mod witness;
+#[allow(dead_code)]
+#[path = "../e2e/yielding.rs"]
+mod yielding;
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -30,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime};
 use baton::store::TOMBSTONE;
 use baton::store::kube::floor::RESERVED_TERMS;
 use baton::store::kube::{KubeOptions, KubeStore};
-use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned};
+use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned, Yielded};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -1391,6 +1394,7 @@ fn store(client: kube::Client, ns: &str, labels: &[(&str, &str)]) -> KubeStore {
 
 fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
     LeaseRecord {
+        yielded: None,
         instance: None,
         holder: holder.map(str::to_owned),
         lease_duration: Duration::from_secs(4),
@@ -1486,6 +1490,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
 
         // A release: empty holder, 1 s.
         let released = LeaseRecord {
+            yielded: None,
             instance: None,
             holder: None,
             lease_duration: Duration::from_secs(1),
@@ -1637,6 +1642,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         assert_eq!(
             tombstone.record,
             LeaseRecord {
+                yielded: None,
                 term: reserved,
                 ..current.record.clone()
             }
@@ -1649,6 +1655,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         // Created again above it, released, deleted again: released at its
         // term floor, so the next term is above it.
         let released = LeaseRecord {
+            yielded: None,
             instance: None,
             holder: None,
             ..record(None, reserved + 1)
@@ -2004,6 +2011,7 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         let ns = TestNamespace::create(admin.clone(), "floor").await;
         let fresh = || store(admin.clone(), &ns.name, &[]);
         let held = |holder: &str, term| LeaseRecord {
+            yielded: None,
             instance: Some(format!("{holder}-instance")),
             ..record(Some(holder), term)
         };
@@ -2485,4 +2493,71 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
         assert!(holds(seen), "the dump lacks {seen:?}: not the guest's memory?");
     }
     assert!(!holds(token), "the token is in the guest's memory");
+}
+
+#[test]
+fn yield_hands_the_lease_over_through_the_api_server_and_the_yielder_stays_out_for_its_time() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "yield"));
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &kube_config(
+            &ns.name,
+            Some(&env.admin_kubeconfig),
+            "demo",
+            &[probe("probe", "pollable", "cooperative")],
+        ),
+    );
+    yielding::two_hosts_yield(&cfg, &|name| Host::start(name, &cfg), "kubernetes store", 1000.0);
+    // The yield's annotations went with the write that took the Lease over.
+    let lease = lease_of(&rt, &ns, "demo").expect("the Lease");
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(baton::store::kube::YIELDED_BY),
+        "{annotations:?}"
+    );
+
+    // The store: a release that says it was a yield reads back so, as
+    // annotations beside any other; the next write drops them.
+    rt.block_on(async {
+        let store = store(admin.clone(), &ns.name, &[]);
+        let held = store.create("yielded", &record(Some("a"), 1)).await.unwrap();
+        let released = LeaseRecord {
+            holder: None,
+            lease_duration: Duration::from_secs(1),
+            yielded: Some(Yielded {
+                by: "a".into(),
+                duration: Duration::from_millis(12_500),
+            }),
+            ..record(None, 1)
+        };
+        let r = store.update("yielded", &held.version, &released).await.unwrap();
+        let read = store.get("yielded").await.unwrap().unwrap();
+        assert_eq!(read.record.yielded, released.yielded);
+        let object = ns.leases().get("yielded").await.unwrap();
+        let a = object.metadata.annotations.unwrap_or_default();
+        assert_eq!(a.get("baton.dev/yielded-by").map(String::as_str), Some("a"));
+        assert_eq!(
+            a.get("baton.dev/yielded-for").map(String::as_str),
+            Some("12500ms")
+        );
+        store
+            .update("yielded", &r.version, &record(Some("b"), 2))
+            .await
+            .unwrap();
+        let read = store.get("yielded").await.unwrap().unwrap();
+        assert_eq!(read.record.yielded, None);
+        let a = ns
+            .leases()
+            .get("yielded")
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert!(!a.keys().any(|k| k.starts_with("baton.dev/yielded")), "{a:?}");
+    });
 }

@@ -34,13 +34,13 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use super::clock::{Moment, TermClock};
 use super::observe::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
-use super::status::{LeaseView, Role, Status};
+use super::status::{LeaseView, Role, Status, YieldSeen};
 use super::term::Term;
 use super::timing::Timings;
 use crate::logging::human;
 use crate::recurring::{Note, Recurring};
 use crate::store::subscription::{Cadence, Sighting, Subscription};
-use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, StoreError, Versioned};
+use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, StoreError, Versioned, Yielded};
 
 /// What an elector needs to know about itself.
 #[derive(Clone, Debug)]
@@ -106,7 +106,8 @@ pub enum Intent {
     Contend,
     /// Another host is preferred (see [`spread`](super::spread)): lead on
     /// if this host leads; take the lease when it is released or absent
-    /// only `head_start` after that was seen, and when it expires after
+    /// only `head_start` after that was seen (at once if another host
+    /// yielded it: [`LeaseRecord::yielded`]), and when it expires after
     /// `head_start` or half a retry period, whichever is shorter.
     Defer {
         /// The preferred host's head start after a release.
@@ -121,9 +122,10 @@ pub enum Intent {
         /// The preferred host's head start after the release.
         head_start: Duration,
     },
-    /// Hand the lead over if this host has it (end the term, wait until
-    /// its tasks are gone, release), then follow without contending until
-    /// `until`.
+    /// A yield (`baton yield`): hand the lead over if this host has it
+    /// (end the term, wait until its tasks are gone, release, the release
+    /// saying who yielded and for how long: [`LeaseRecord::yielded`]), then
+    /// follow without contending until `until`.
     StandBy {
         /// When to contend again.
         until: Instant,
@@ -327,6 +329,7 @@ impl Elector {
             status: Status::initial(&cfg.lease),
             term: None,
             since: clock.now(),
+            yielded: None,
         });
         let (intent_tx, intent) = watch::channel(Intent::Contend);
         let cadence = Cadence {
@@ -416,6 +419,17 @@ impl Elector {
             Intent::Contend => f.not_before,
             Intent::Defer { head_start } | Intent::HandOver { head_start, .. } => match &self.known {
                 Some(k) => match k.record.as_ref().filter(|v| v.record.holder().is_some()) {
+                    // Yielded by another host: it does not want the lease
+                    // now, so nobody waits for it.
+                    None if k.record.as_ref().is_some_and(|v| {
+                        v.record
+                            .yielded
+                            .as_ref()
+                            .is_some_and(|y| y.by != self.me.identity)
+                    }) =>
+                    {
+                        f.not_before
+                    }
                     // Released or absent: the preferred host goes first.
                     None => f.not_before.max(k.at + head_start),
                     Some(v) if v.record.held_by(&self.me.identity, &self.me.instance) => f.not_before,
@@ -677,6 +691,16 @@ impl Elector {
                     );
                 }
             }
+            if let Some(y) = record.as_ref().and_then(|v| v.record.yielded.as_ref()) {
+                let seen = YieldSeen {
+                    by: y.by.clone(),
+                    until: at + y.duration,
+                };
+                self.tx.send_if_modified(|view| {
+                    view.yielded = Some(seen);
+                    false
+                });
+            }
             self.known = Some(Sighting { record, at });
         }
     }
@@ -699,7 +723,9 @@ impl Elector {
                 term = status.term,
                 "lease status changed"
             );
-            *view = LeaseView { status, term, since };
+            view.status = status;
+            view.term = term;
+            view.since = since;
             true
         });
     }
@@ -782,6 +808,7 @@ impl Elector {
             + 1;
         let wall = SystemTime::now();
         let record = LeaseRecord {
+            yielded: None,
             instance: Some(self.me.instance.clone()),
             holder: Some(self.cfg.identity.clone()),
             lease_duration: t.lease_duration,
@@ -877,6 +904,7 @@ impl Elector {
         let limit = t.request_timeout.min(until - started);
         let version = l.current.version.clone();
         let record = LeaseRecord {
+            yielded: None,
             renew_time: Some(SystemTime::now()),
             ..l.current.record.clone()
         };
@@ -999,7 +1027,17 @@ impl Elector {
                 tracing::warn!(lease = %self.cfg.lease, term, "could not release the lease before the renew deadline; it will expire");
                 return;
             }
+            // A release standing by is a yield: the others take the lease
+            // at once, and know this host stays out until then.
+            let yielded = match self.intent() {
+                Intent::StandBy { until } if until > Instant::now() => Some(Yielded {
+                    by: self.cfg.identity.clone(),
+                    duration: until - Instant::now(),
+                }),
+                _ => None,
+            };
             let record = LeaseRecord {
+                yielded,
                 instance: None,
                 holder: None,
                 lease_duration: RELEASED_LEASE_DURATION,

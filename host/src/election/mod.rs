@@ -35,7 +35,7 @@ pub use elector::{
 };
 pub use observe::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
 pub use spread::{Hosts, Spreader, assign, member_lease};
-pub use status::{LeaseView, Role, Status};
+pub use status::{LeaseView, Role, Status, YieldSeen};
 pub use term::{Term, TermTask};
 pub use timing::{CLOCK_SKEW_DIVISOR, FORCED_STOP_ALLOWANCE, RENEW_ATTEMPTS_FACTOR, TimingError, Timings};
 

@@ -26,6 +26,14 @@
 //! within a listing or two: every host lists the same records every retry
 //! period, and the settle time is two of them.
 //!
+//! A yield (`baton yield`: [`Intent::StandBy`]) wins over spreading for
+//! its duration: the spreader leaves a standing-by elector alone, and does
+//! not hand a lease back to a preferred host that yielded it (as the
+//! release said, [`LeaseView::yielded`]) until that host's stand-by is
+//! over; then the lease goes to its preferred host once, the graceful way.
+//! The others take a yielded lease at once, without the head start (the
+//! elector's rule, see [`Intent::Defer`]).
+//!
 //! The same listing gives the live hosts that guests of
 //! `baton:leader@0.2.0` see ([`Hosts`]). A host whose spreading is off keeps
 //! its membership record (and lists) only when one of its plugins asks for
@@ -255,10 +263,12 @@ pub struct SteeredLease {
 }
 
 /// Sets an elector's intent unless it was told to stop (a stop is never
-/// taken back).
+/// taken back) or stands by after a yield (`baton yield` wins over
+/// spreading until its time is up).
 fn steer(intent: &watch::Sender<Intent>, to: Intent) {
     intent.send_if_modified(|now| {
-        if *now == Intent::Stop || *now == to {
+        let yielding = matches!(*now, Intent::StandBy { until } if Instant::now() < until);
+        if *now == Intent::Stop || yielding || *now == to {
             return false;
         }
         *now = to;
@@ -419,7 +429,13 @@ impl Spreader {
             let Some(host) = preferred.get(&lease.name) else {
                 continue;
             };
-            let status = lease.view.borrow().status.clone();
+            let (status, yielded) = {
+                let view = lease.view.borrow();
+                (view.status.clone(), view.yielded.clone())
+            };
+            // The preferred host yielded this lease (`baton yield`) and does
+            // not contend for it yet: it is not handed back before then.
+            let preferred_yields = yielded.is_some_and(|y| y.by == *host && now < y.until);
             let current = *lease.intent.borrow();
             let head_start = self.cfg.head_start;
             let to = match current {
@@ -431,7 +447,11 @@ impl Spreader {
                 }
                 // Led here, preferred elsewhere, the view steady, and not
                 // handed over lately under this view: hand it over.
-                _ if status.role == Role::Leading && settled && self.may_hand_over(&lease.name, now) => {
+                _ if status.role == Role::Leading
+                    && settled
+                    && !preferred_yields
+                    && self.may_hand_over(&lease.name, now) =>
+                {
                     tracing::info!(lease = %lease.name, term = status.term, to = %host, "handing the lease over to the host that prefers it");
                     let epoch = self.epoch;
                     let h = self.handed.entry(lease.name.clone()).or_default();
@@ -540,6 +560,7 @@ mod tests {
     /// A host: its electors and its spreader, on its own client of one store.
     struct Host {
         views: Vec<(String, watch::Receiver<LeaseView>)>,
+        intents: Vec<watch::Sender<Intent>>,
         tasks: Vec<JoinHandle<()>>,
         hosts: watch::Receiver<Hosts>,
     }
@@ -550,6 +571,7 @@ mod tests {
             let mut tasks = Vec::new();
             let mut steered = Vec::new();
             let mut views = Vec::new();
+            let mut intents = Vec::new();
             for name in leases {
                 let cfg = ElectorConfig {
                     lease: name.clone(),
@@ -561,6 +583,7 @@ mod tests {
                     let _ = elector.run().await;
                 }));
                 views.push((name.clone(), view.clone()));
+                intents.push(intent.clone());
                 steered.push(SteeredLease {
                     name: name.clone(),
                     intent,
@@ -576,7 +599,12 @@ mod tests {
             let spreader = Spreader::new(identity, client, cfg, steered, hosts_tx);
             let (clock, stop) = (clock.clone(), CancellationToken::new());
             tasks.push(tokio::spawn(spreader.run(clock, stop)));
-            Host { views, tasks, hosts }
+            Host {
+                views,
+                intents,
+                tasks,
+                hosts,
+            }
         }
 
         /// Waits until this host counts `live` hosts, itself among them.
@@ -697,5 +725,60 @@ mod tests {
             );
         }
         assert_eq!(a.leading(), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_yield_wins_over_spreading_for_its_time_then_the_lease_goes_back_once() {
+        let store = MemoryStore::new();
+        let clock = TermClock::paused();
+        let leases = names("lease-", 2);
+        let a = Host::start(&store, &clock, "a", &leases);
+        let b = Host::start(&store, &clock, "b", &leases);
+        settle(&[&a, &b], &leases, &[1, 1], Duration::from_secs(20)).await;
+        let i = a
+            .views
+            .iter()
+            .position(|(_, v)| v.borrow().status.is_leading())
+            .unwrap();
+        let (lease, a_view) = &a.views[i];
+        let b_view = &b.views[i].1;
+        let term = a_view.borrow().status.term;
+        // a yields its lease for 30 s: b takes it at once, although a is
+        // its preferred host (no head start: a does not want it).
+        let yielded = Instant::now();
+        a.intents[i].send_replace(Intent::StandBy {
+            until: yielded + Duration::from_secs(30),
+        });
+        let mut rx = b_view.clone();
+        rx.wait_for(|v| v.status.is_leading()).await.unwrap();
+        assert!(
+            yielded.elapsed() < Duration::from_millis(100),
+            "b took {lease} {:?} after the yield",
+            yielded.elapsed()
+        );
+        let b_term = b_view.borrow().status.term;
+        assert_eq!(b_term, term + 1);
+        // For the yield's time neither spreader moves it: a's does not make
+        // a contend, b's does not hand it back to a (which would not take
+        // it), in a loop or at all.
+        for _ in 0..28 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            no_overlap(&[&a, &b], &leases);
+            let now = b_view.borrow().status.clone();
+            assert!(now.is_leading() && now.term == b_term, "{lease} moved: {now:?}");
+            assert!(matches!(*a.intents[i].borrow(), Intent::StandBy { .. }));
+        }
+        // Then it goes back to a, which prefers it, once, and stays.
+        let mut rx = a_view.clone();
+        timeout(Duration::from_secs(10), rx.wait_for(|v| v.status.is_leading()))
+            .await
+            .expect("the lease goes back to a after the yield")
+            .unwrap();
+        assert!(yielded.elapsed() >= Duration::from_secs(30));
+        assert_eq!(a_view.borrow().status.term, b_term + 1);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let now = a_view.borrow().status.clone();
+        assert!(now.is_leading() && now.term == b_term + 1, "{now:?}");
+        assert_eq!(leads(&[&a, &b]), [1, 1]);
     }
 }

@@ -4,13 +4,14 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use super::clock::Moment;
 use super::term::Term;
 
 /// This host's role for one lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// No holder is known (before the first round, after giving up without
@@ -74,6 +75,20 @@ pub struct LeaseView {
     pub term: Option<Arc<Term>>,
     /// When this status was published, on the term clock.
     pub since: Moment,
+    /// The last yield this host saw in the lease's record (a release by
+    /// `baton yield`): changing it wakes nobody.
+    pub yielded: Option<YieldSeen>,
+}
+
+/// A yield seen in a lease's record: which host yielded the lease, and
+/// until when (on this host's clock, from when it saw the release) that
+/// host does not contend for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct YieldSeen {
+    /// The identity of the host that yielded.
+    pub by: String,
+    /// When it contends again.
+    pub until: Instant,
 }
 
 impl LeaseView {

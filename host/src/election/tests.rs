@@ -99,6 +99,7 @@ impl Candidate {
 
 fn record(holder: Option<&str>, term: u64, lease_secs: u64) -> LeaseRecord {
     LeaseRecord {
+        yielded: None,
         instance: None,
         holder: holder.map(str::to_owned),
         lease_duration: secs(lease_secs),
@@ -445,6 +446,7 @@ fn expiry_is_judged_from_local_observation_and_the_records_duration() {
     };
     let versioned = |holder: Option<&str>, secs| Versioned {
         record: LeaseRecord {
+            yielded: None,
             // "me" with this process's instance; "namesake": another
             // process under the same identity.
             instance: (holder == Some("me")).then(|| "i1".to_owned()),
@@ -858,4 +860,42 @@ async fn a_deferring_leader_leads_on() {
     sleep(secs(30)).await;
     let now = a.rx.borrow().status.clone();
     assert!(now.is_leading() && now.term == 1, "{now:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_yield_says_so_in_its_release_and_a_deferring_host_takes_it_at_once() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    let mut b = c.start("b");
+    b.until_following().await;
+    // b defers to a (a long head start): after a plain release it would
+    // wait; after a yield nobody waits for a.
+    b.intent.send_replace(Intent::Defer { head_start: secs(5) });
+    let yielded_at = Instant::now();
+    a.intent.send_replace(Intent::StandBy {
+        until: yielded_at + secs(20),
+    });
+    let s = b.until_leading().await;
+    assert_eq!(s.term, 2);
+    assert!(
+        yielded_at.elapsed() < Duration::from_millis(100),
+        "took {:?}",
+        yielded_at.elapsed()
+    );
+    // Both saw the yield, with a's time to stand by from when they saw it.
+    for v in [&a.rx, &b.rx] {
+        let seen = v.borrow().yielded.clone().expect("the yield was seen");
+        assert_eq!(seen.by, "a");
+        assert!(seen.until >= yielded_at + secs(20) - Duration::from_millis(100));
+        assert!(seen.until <= yielded_at + secs(20) + Duration::from_millis(100));
+    }
+    // b's own record no longer carries it.
+    assert_eq!(c.store.peek(LEASE).unwrap().record.yielded, None);
+    // A plain release says nothing of a yield.
+    b.intent.send_replace(Intent::Stop);
+    b.task.await.unwrap().unwrap();
+    let released = c.store.peek(LEASE).unwrap().record;
+    assert_eq!(released.holder(), None);
+    assert_eq!(released.yielded, None);
 }

@@ -231,6 +231,7 @@ pub fn floor_record(floor: u64) -> Versioned {
     Versioned {
         version: format!("{TOMBSTONE}{FLOOR_VERSION}{floor}"),
         record: LeaseRecord {
+            yielded: None,
             instance: None,
             holder: None,
             lease_duration: RELEASED_LEASE_DURATION,
@@ -251,6 +252,7 @@ mod tests {
         Versioned {
             version: version.into(),
             record: LeaseRecord {
+                yielded: None,
                 instance: None,
                 holder: holder.map(str::to_owned),
                 lease_duration: Duration::from_secs(10),

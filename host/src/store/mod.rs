@@ -163,6 +163,28 @@ pub struct LeaseRecord {
     /// for its own.
     #[serde(default, rename = "holderInstance", skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// Set on a release that `baton yield` made: who yielded the lease and
+    /// for how long it keeps out of contention for it. Only on a record
+    /// without holder (any write that takes the lease drops it). Stored as
+    /// `yielded` (the embedded store's files: `{"by": "node-a", "for":
+    /// "15s"}`) and the annotations `baton.dev/yielded-by` and
+    /// `baton.dev/yielded-for` (a Kubernetes Lease); other writers and
+    /// older baton versions ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yielded: Option<Yielded>,
+}
+
+/// A yield, as a release record carries it; see [`LeaseRecord::yielded`].
+///
+/// The duration counts from when a reader sees the release, on its own
+/// monotonic clock (as a lease's duration does), never from a timestamp.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Yielded {
+    /// The identity of the host that yielded.
+    pub by: String,
+    /// How long that host does not contend for the lease.
+    #[serde(rename = "for", with = "humantime_serde")]
+    pub duration: Duration,
 }
 
 impl LeaseRecord {

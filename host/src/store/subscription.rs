@@ -254,6 +254,7 @@ mod tests {
 
     fn record(holder: &str, term: u64) -> LeaseRecord {
         LeaseRecord {
+            yielded: None,
             instance: None,
             holder: Some(holder.into()),
             lease_duration: Duration::from_secs(10),

@@ -10,6 +10,7 @@
 //! | `acquire_time`, `renew_time` | `spec.acquireTime`, `spec.renewTime` (MicroTime; unreadable or missing: `None`, they are informational) |
 //! | `transitions` (the term) | `spec.leaseTransitions` (an int32; missing or negative: 0; a term above `i32::MAX` is refused) |
 //! | `instance` | the annotation `baton.dev/holder-instance` ([`HOLDER_INSTANCE`]; read only with a holder) |
+//! | `yielded` | the annotations `baton.dev/yielded-by` and `baton.dev/yielded-for` ([`YIELDED_BY`]; a release by `baton yield`; read only without a holder) |
 //! | version | `metadata.resourceVersion` |
 //!
 //! A Lease whose holder is set but whose duration is missing (or zero, which
@@ -176,7 +177,7 @@ pub use floor::{FLOOR_LEASE_ANNOTATION, FLOOR_PREFIX, floor_name};
 use self::floor::{Floors, Raised};
 use self::watch::{LeaseStream, SharedWatch, WatchConfig};
 use super::deleted::{DeletedRecords, Found};
-use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned};
+use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned, Yielded};
 use crate::logging::human;
 
 /// How many recently seen objects of each lease are kept for
@@ -608,6 +609,19 @@ impl Inner {
                 }
             }
         }
+        match record.yielded.as_ref().filter(|_| record.holder().is_none()) {
+            Some(y) => {
+                let annotations = obj.metadata.annotations.get_or_insert_with(BTreeMap::new);
+                annotations.insert(YIELDED_BY.into(), y.by.clone());
+                annotations.insert(YIELDED_FOR.into(), format!("{}ms", y.duration.as_millis()));
+            }
+            None => {
+                if let Some(annotations) = &mut obj.metadata.annotations {
+                    annotations.remove(YIELDED_BY);
+                    annotations.remove(YIELDED_FOR);
+                }
+            }
+        }
         write_spec(lease, &mut obj.data, record)
     }
 }
@@ -618,6 +632,14 @@ impl Inner {
 /// writers leave it alone or drop it, and a record without it is nobody's
 /// own (see [`LeaseRecord::held_by`]).
 pub const HOLDER_INSTANCE: &str = "baton.dev/holder-instance";
+
+/// The annotations that carry [`LeaseRecord::yielded`]: the identity of the
+/// host that yielded the lease, and for how long (milliseconds, as `15000ms`).
+/// Written on a release by `baton yield`, removed by every other write of
+/// baton's; read only on a Lease without holder.
+pub const YIELDED_BY: &str = "baton.dev/yielded-by";
+/// See [`YIELDED_BY`].
+pub const YIELDED_FOR: &str = "baton.dev/yielded-for";
 
 /// Reads a Lease object as a record. Lenient with everything a foreign
 /// writer may leave out; strict only where a value has the wrong JSON type
@@ -686,6 +708,18 @@ pub fn to_versioned(
                     .and_then(|a| a.get(HOLDER_INSTANCE))
                     .cloned()
             }),
+            // Only without a holder: a release by `baton yield`.
+            yielded: match &holder {
+                Some(_) => None,
+                None => obj.metadata.annotations.as_ref().and_then(|a| {
+                    let by = a.get(YIELDED_BY).filter(|b| !b.is_empty())?;
+                    let duration = humantime::parse_duration(a.get(YIELDED_FOR)?).ok()?;
+                    Some(Yielded {
+                        by: by.clone(),
+                        duration,
+                    })
+                }),
+            },
             holder,
             lease_duration,
             acquire_time: time("acquireTime"),
@@ -1123,6 +1157,7 @@ mod tests {
     #[test]
     fn writes_refuse_what_a_lease_cannot_hold_and_keep_other_fields() {
         let record = |d: Duration, t: u64| LeaseRecord {
+            yielded: None,
             instance: None,
             holder: None,
             lease_duration: d,
