@@ -14,6 +14,9 @@
 //! for the queue to be written out; lines that stderr does not take by then
 //! are lost.
 //!
+//! On a terminal, the start-up's progress is drawn below the log lines by
+//! the same writer thread (see [`crate::progress`]).
+//!
 //! Figures are rounded for people here, in one place: [`ms`] for the
 //! `_ms` fields, [`human`] for durations in fields and messages, [`secs`]
 //! for `baton status`.
@@ -23,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// How many formatted lines wait for a slow standard error before lines
@@ -43,6 +46,23 @@ pub const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// of wasmtime and cranelift.
 pub const DEFAULT_FILTER: &str = "info,wasmtime=warn,cranelift=warn";
 
+/// Whether the start-up's progress is drawn on a terminal (see
+/// [`crate::progress`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressMode {
+    /// When standard error is a terminal (`TERM` set, not `dumb`) and the
+    /// log is text.
+    #[default]
+    Auto,
+    /// Never: log lines only.
+    Never,
+}
+
+/// How many bytes of queued lines the writer writes at once (lines that
+/// wait behind the first, up to this, go in the same write, and in the
+/// same pause of the progress display).
+const BATCH_BYTES: usize = 64 << 10;
+
 /// How log lines look.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -54,8 +74,13 @@ pub enum LogFormat {
 
 enum Message {
     Line(Vec<u8>),
-    /// Answer once everything queued before has been written.
+    /// Answer once everything queued before has been written (and clear
+    /// the progress display for good: the process exits).
     Flush(Sender<()>),
+    /// The progress display changed.
+    Wake,
+    /// Answer once everything queued before has been written.
+    Sync(Sender<()>),
 }
 
 /// The writer the `tracing` subscriber formats into: each event becomes one
@@ -142,21 +167,59 @@ pub fn dropped_lines() -> u64 {
     DROPPED.get().map_or(0, |d| d.load(Ordering::Relaxed) as u64)
 }
 
+/// The log's queue, once [`init`] set it up.
+static QUEUE: std::sync::OnceLock<Sender<Message>> = std::sync::OnceLock::new();
+
+/// Waits until the lines logged so far are written to standard error, at
+/// most `timeout` (a command's output on standard output then comes after
+/// its log lines on a terminal). Returns at once if [`init`] was not called.
+pub fn written(timeout: Duration) {
+    let Some(queue) = QUEUE.get() else {
+        return;
+    };
+    let deadline = Instant::now() + timeout;
+    let (done, written) = crossbeam_channel::bounded(1);
+    if queue.send_deadline(Message::Sync(done), deadline).is_ok() {
+        let _ = written.recv_deadline(deadline);
+    }
+}
+
+/// The progress display's board, if [`init`] set one up.
+static BOARD: std::sync::OnceLock<Arc<crate::progress::Board>> = std::sync::OnceLock::new();
+
+/// The progress of a start-up of `total` plugins: drawn on a terminal if
+/// [`init`] found one (see [`crate::progress`]), nothing otherwise.
+pub fn progress(total: usize) -> crate::progress::Progress {
+    crate::progress::Progress::start(BOARD.get().cloned(), total)
+}
+
 /// Sets up the global subscriber: `BATON_LOG` (an `EnvFilter`) or
 /// [`DEFAULT_FILTER`], the given format, standard error through the queue,
 /// its writer thread, and the thread that reports dropped lines.
 pub fn init(format: LogFormat) -> Logging {
-    init_with(format, DEFAULT_FILTER)
+    init_with(format, DEFAULT_FILTER, ProgressMode::Auto)
 }
 
-/// As [`init`], with `default` as the filter when `BATON_LOG` is not set.
-pub fn init_with(format: LogFormat, default: &str) -> Logging {
+/// As [`init`], with `default` as the filter when `BATON_LOG` is not set,
+/// and the progress display as `progress` says.
+pub fn init_with(format: LogFormat, default: &str, progress: ProgressMode) -> Logging {
     let (queue, lines) = crossbeam_channel::bounded(LOG_QUEUE_LINES);
     let dropped = Arc::new(AtomicUsize::new(0));
     let _ = DROPPED.set(dropped.clone());
+    let _ = QUEUE.set(queue.clone());
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let painter =
+        draws_progress(progress, format, terminal, std::env::var_os("TERM").as_deref()).then(|| {
+            let waker = queue.clone();
+            let board = Arc::new(crate::progress::Board::new(move || {
+                let _ = waker.try_send(Message::Wake);
+            }));
+            let _ = BOARD.set(board.clone());
+            crate::progress::Painter::new(board)
+        });
     std::thread::Builder::new()
         .name("baton-log".into())
-        .spawn(move || write_out(lines))
+        .spawn(move || write_out(lines, painter))
         .expect("spawn the log writer thread");
     let exiting = Arc::new(std::sync::OnceLock::new());
     let writer = QueueWriter {
@@ -192,20 +255,80 @@ pub fn init_with(format: LogFormat, default: &str) -> Logging {
     }
 }
 
-/// The writer thread: writes each queued line to stderr, blocking as long as
-/// stderr does (only this thread waits).
-/// (stderr is locked per line, not for good: others, a panic message or
+/// Whether the progress display is drawn: `auto`, a text log, standard
+/// error a terminal, and `TERM` set and not `dumb` (such a terminal cannot
+/// move the cursor). `NO_COLOR` does not matter: the display has no
+/// colours.
+fn draws_progress(
+    mode: ProgressMode,
+    format: LogFormat,
+    terminal: bool,
+    term: Option<&std::ffi::OsStr>,
+) -> bool {
+    mode == ProgressMode::Auto
+        && format == LogFormat::Text
+        && terminal
+        && term.is_some_and(|t| !t.is_empty() && t != "dumb")
+}
+
+/// The writer thread: writes the queued lines to stderr, blocking as long
+/// as stderr does (only this thread waits), and draws the progress display
+/// if there is one.
+/// (stderr is locked per write, not for good: others, a panic message or
 /// `main`'s last error, may write to it too.)
-fn write_out(lines: Receiver<Message>) {
-    for message in lines {
+fn write_out(lines: Receiver<Message>, mut painter: Option<crate::progress::Painter>) {
+    loop {
+        let message = match painter.as_ref().and_then(|p| p.wait()) {
+            Some(wait) => match lines.recv_timeout(wait) {
+                Ok(message) => Some(message),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+            None => match lines.recv() {
+                Ok(message) => Some(message),
+                Err(_) => break,
+            },
+        };
+        // A message that came after a batch of lines.
+        let mut next = None;
         match message {
-            Message::Line(line) => {
-                let _ = std::io::stderr().write_all(&line);
+            Some(Message::Line(mut batch)) => {
+                while batch.len() < BATCH_BYTES {
+                    match lines.try_recv() {
+                        Ok(Message::Line(line)) => batch.extend_from_slice(&line),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                match &mut painter {
+                    Some(painter) => painter.write(&batch),
+                    None => {
+                        let _ = std::io::stderr().write_all(&batch);
+                    }
+                }
             }
-            Message::Flush(done) => {
+            other => next = other,
+        }
+        match next {
+            Some(Message::Flush(done)) => {
+                if let Some(painter) = &mut painter {
+                    painter.close();
+                }
                 let _ = std::io::stderr().flush();
                 let _ = done.send(());
             }
+            Some(Message::Sync(done)) => {
+                let _ = std::io::stderr().flush();
+                let _ = done.send(());
+            }
+            _ => {}
+        }
+        // Woken or not, the display follows the board.
+        if let Some(painter) = &mut painter {
+            painter.update();
         }
     }
 }
@@ -296,6 +419,33 @@ impl std::fmt::Debug for Human {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_is_drawn_only_on_a_terminal_that_can_draw_it_under_a_text_log() {
+        use std::ffi::OsStr;
+        let xterm = Some(OsStr::new("xterm-256color"));
+        assert!(draws_progress(ProgressMode::Auto, LogFormat::Text, true, xterm));
+        // Not a terminal (a pipe, a file, journald).
+        assert!(!draws_progress(ProgressMode::Auto, LogFormat::Text, false, xterm));
+        // JSON lines are for machines.
+        assert!(!draws_progress(ProgressMode::Auto, LogFormat::Json, true, xterm));
+        // Turned off.
+        assert!(!draws_progress(ProgressMode::Never, LogFormat::Text, true, xterm));
+        // A terminal that cannot move the cursor, or an unknown one.
+        assert!(!draws_progress(
+            ProgressMode::Auto,
+            LogFormat::Text,
+            true,
+            Some(OsStr::new("dumb"))
+        ));
+        assert!(!draws_progress(
+            ProgressMode::Auto,
+            LogFormat::Text,
+            true,
+            Some(OsStr::new(""))
+        ));
+        assert!(!draws_progress(ProgressMode::Auto, LogFormat::Text, true, None));
+    }
 
     #[test]
     fn figures_are_rounded_for_people() {

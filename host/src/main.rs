@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use baton::config::{Config, StoreConfig};
-use baton::logging::LogFormat;
+use baton::logging::{LogFormat, ProgressMode};
 use baton::runtime::{EngineOptions, PluginEngine, PluginRuntime, default_cache_dir};
 
 /// Runs WebAssembly plugin leader tasks only while this host holds a lease.
@@ -19,6 +19,11 @@ struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "BATON_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+    /// The start-up's progress below the log lines (plugins loaded, each
+    /// compilation in flight): `auto` draws it when standard error is a
+    /// terminal and the log is text; `never` does not.
+    #[arg(long, global = true, env = "BATON_PROGRESS", value_enum, default_value_t)]
+    progress: ProgressMode,
     #[command(subcommand)]
     command: Command,
 }
@@ -128,7 +133,14 @@ fn main() -> ExitCode {
         Command::Status { .. } | Command::Yield { .. } => baton::logging::QUIET_FILTER,
         _ => baton::logging::DEFAULT_FILTER,
     };
-    let logging = baton::logging::init_with(cli.log_format, filter);
+    // Only `baton run` draws progress: the other commands print their
+    // results on standard output, where a display on the same terminal
+    // would be in the way.
+    let progress = match cli.command {
+        Command::Run { .. } => cli.progress,
+        _ => ProgressMode::Never,
+    };
+    let logging = baton::logging::init_with(cli.log_format, filter, progress);
     let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
     let code = match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => code,
@@ -309,6 +321,8 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
             .unwrap_or_default();
         let p = path.clone();
         let result = tokio::task::block_in_place(|| runtime.check(&name, &p));
+        // Its log lines (compiling, compiled) before its result.
+        baton::logging::written(std::time::Duration::from_millis(500));
         match result {
             Ok(plugin) => {
                 println!("{}: ok: targets {}", path.display(), plugin.wit_world());

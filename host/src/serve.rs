@@ -265,7 +265,6 @@ pub async fn serve_opts(
             .instance_pool
             .then(|| PoolLimits::slots_for(config.plugins.len())),
     })?;
-    let runtime = Arc::new(PluginRuntime::new(engine.clone())?);
     // Before anything contends: a host that would share another's socket
     // does not start.
     let control = bind_control(&config)?;
@@ -292,6 +291,12 @@ pub async fn serve_opts(
         }
     };
     tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), "baton starting");
+    // On a terminal, the plugins loaded out of all and a spinner per
+    // compilation in flight, until the loop below is done.
+    let progress = Arc::new(crate::logging::progress(config.plugins.len()));
+    let mut runtime = PluginRuntime::new(engine.clone())?;
+    runtime.set_compile_observer(progress.clone());
+    let runtime = Arc::new(runtime);
 
     // Compile every plugin before contending, so that winning a lease costs
     // an instantiation, not a compilation: several at once (one per core;
@@ -316,6 +321,7 @@ pub async fn serve_opts(
         let Some(result) = loads.next().await else {
             break;
         };
+        progress.step();
         match result {
             Ok((Ok(plugin), took)) => {
                 tracing::info!(
@@ -341,6 +347,7 @@ pub async fn serve_opts(
         }
     }
     drop(loads);
+    progress.end();
     if let Some(ops) = &ops {
         ops.metrics.loaded(&loaded, failed, &engine);
         ops.health.loaded(refusals);

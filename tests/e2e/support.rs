@@ -520,3 +520,129 @@ impl Host {
         body
     }
 }
+
+/// A pseudo-terminal (`openpty`): a host gets its terminal side as
+/// standard error, as on a terminal; the test keeps the other side, the
+/// master, and reads it ([`Pty::record`]) or never does (a terminal on
+/// hold: once its buffer is full, every write to the terminal blocks).
+#[allow(dead_code)]
+pub struct Pty {
+    pub master: std::fs::File,
+    pub terminal: std::fs::File,
+}
+
+#[allow(dead_code)]
+impl Pty {
+    /// A terminal of `cols` columns and `rows` rows.
+    pub fn open(cols: u16, rows: u16) -> Pty {
+        use std::os::fd::FromRawFd;
+        let (mut master, mut terminal) = (0, 0);
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: openpty writes the two descriptors; the name and the
+        // terminal settings are not asked for.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut terminal,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                &size,
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: both descriptors are new and owned by nobody else.
+        unsafe {
+            Pty {
+                master: std::fs::File::from_raw_fd(master),
+                terminal: std::fs::File::from_raw_fd(terminal),
+            }
+        }
+    }
+
+    /// `baton` with the terminal as standard error, `TERM=xterm`, no
+    /// `NO_COLOR`, and standard input and output elsewhere.
+    pub fn baton(&self) -> Command {
+        let mut command = baton();
+        command
+            .env("TERM", "xterm")
+            .env_remove("NO_COLOR")
+            .env_remove("BATON_PROGRESS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(self.terminal.try_clone().unwrap());
+        command
+    }
+
+    /// Writes to the terminal until its buffer is full: from then on a
+    /// write blocks until the master is read, which it never is. Returns
+    /// how many bytes it took.
+    pub fn fill(&self) -> usize {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let fd = self.terminal.as_raw_fd();
+        let set_blocking = |blocking: bool| {
+            // SAFETY: fcntl on a descriptor this Pty owns.
+            unsafe {
+                let flags = libc::fcntl(fd, libc::F_GETFL);
+                let flags = if blocking {
+                    flags & !libc::O_NONBLOCK
+                } else {
+                    flags | libc::O_NONBLOCK
+                };
+                assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags), 0);
+            }
+        };
+        set_blocking(false);
+        let mut total = 0;
+        let chunk = [b'.'; 1024];
+        loop {
+            match (&self.terminal).write(&chunk) {
+                Ok(n) => total += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("filling the terminal: {e}"),
+            }
+        }
+        // The file status flags are shared with the host's copy: blocking
+        // again, as a terminal is.
+        set_blocking(true);
+        total
+    }
+
+    /// Reads everything written to the terminal into the returned buffer,
+    /// until the hosts started on it have exited (this Pty's own copy of
+    /// the terminal side is closed here: start them first).
+    pub fn record(self) -> Arc<Mutex<Vec<u8>>> {
+        use std::io::Read;
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let Pty { mut master, terminal } = self;
+        drop(terminal);
+        let sink = out.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            // EIO once the terminal side is closed everywhere.
+            while let Ok(n) = master.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        out
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (free when asked; for an admin address
+/// whose log line cannot be read).
+#[allow(dead_code)]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

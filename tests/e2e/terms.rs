@@ -177,6 +177,135 @@ fn a_host_whose_stderr_is_not_read_keeps_its_lease_and_stops_its_guests_on_time(
 }
 
 #[test]
+fn a_terminal_nobody_reads_stalls_neither_the_start_up_and_its_progress_nor_the_guests() {
+    // The host's standard error is a terminal (so it draws the start-up's
+    // progress) whose buffer is full before the host starts, and which is
+    // never read: its first log line blocks the log's writer thread for
+    // good. Nothing else may wait for it: the compilations, the progress
+    // they report, the election, the guests (which flood the log), the exit.
+    let s = Scratch::new();
+    let port = free_port();
+    let text = config(
+        &s.store(),
+        &[
+            probe("chatty-1", "pollable", "cooperative"),
+            probe("chatty-2", "future", "cooperative"),
+        ],
+    )
+    .replace(
+        "env = { PROBE_MODE = \"cooperative\" }",
+        "env = { PROBE_MODE = \"cooperative\", PROBE_TICK_MS = \"0\" }",
+    );
+    let cfg = s.write(
+        "baton.toml",
+        &format!("admin-address = \"127.0.0.1:{port}\"\n{text}"),
+    );
+    // An empty compiled-code cache: both components are compiled, with
+    // the progress display's spinners.
+    let cache = tempfile::tempdir().unwrap();
+    let pty = Pty::open(120, 40);
+    let filled = pty.fill();
+    let started = std::time::Instant::now();
+    let mut child = pty
+        .baton()
+        .args(["--log-format", "text", "run", "--config"])
+        .arg(&cfg)
+        .args(["--identity", "host-a", "--cache-dir"])
+        .arg(cache.path())
+        .env("BATON_LOG", "info")
+        .spawn()
+        .unwrap();
+    let killer = KillOnDrop(child.id());
+    let addr = format!("127.0.0.1:{port}");
+    let get = |path: &str| http_get(&addr, path).ok();
+    let until = |what: &str, timeout: Duration, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + timeout;
+        while !ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: not within {timeout:?} (the terminal holds {filled} bytes nobody reads)"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // Ready: every plugin compiled, and the store answered.
+    until("ready", SECS(60), &|| {
+        get("/readyz").is_some_and(|(status, _)| status == 200)
+    });
+    let ready = started.elapsed();
+    let scrape = || get("/metrics").map(|(_, body)| body).unwrap_or_default();
+    until("both guests running", SECS(10), &|| {
+        let m = scrape();
+        ["chatty-1", "chatty-2"].iter().all(|p| {
+            metric(
+                &m,
+                &format!("baton_plugin_task_state{{plugin=\"{p}\",state=\"running\"}}"),
+            ) == Some(1.0)
+        })
+    });
+    // Their flood is dropped, not waited for, and the lease is renewed on
+    // time meanwhile.
+    until("log lines dropped", SECS(10), &|| {
+        metric(&scrape(), "baton_log_dropped_lines_total").is_some_and(|n| n > 0.0)
+    });
+    let renew_time =
+        || read_lease(&s.store(), "demo").and_then(|j| j["record"]["renewTime"].as_str().map(str::to_owned));
+    let watched = std::time::Instant::now();
+    let (mut last, mut since, mut longest) = (renew_time(), std::time::Instant::now(), Duration::ZERO);
+    while watched.elapsed() < SECS(3) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = renew_time();
+        if now != last {
+            longest = longest.max(since.elapsed());
+            (last, since) = (now, std::time::Instant::now());
+        }
+    }
+    longest = longest.max(since.elapsed());
+    assert!(
+        longest < RENEW_DEADLINE,
+        "renewals stalled for {longest:?} behind a terminal nobody reads"
+    );
+    let lease = read_lease(&s.store(), "demo").unwrap();
+    assert_eq!(lease["record"]["holder"], "host-a", "{lease}");
+    // SIGTERM: it exits on time, the terminal still not read.
+    // SAFETY: kill(2) of the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let stopping = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopping.elapsed() < SECS(10),
+            "no exit within 10 s of SIGTERM behind a terminal nobody reads"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(killer);
+    println!(
+        "terminal not read ({filled} bytes waiting): ready {} ms after start, renewals at most {} ms \
+         apart, exit {} ms after SIGTERM",
+        ready.as_millis(),
+        longest.as_millis(),
+        stopping.elapsed().as_millis()
+    );
+    assert!(status.success(), "exited with {status}");
+}
+
+/// Kills the process `pid` if dropped by a failing test (a failed
+/// assertion must not leave it running).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // SAFETY: kill(2) of a child this test started.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+#[test]
 fn a_flooding_guest_is_held_to_its_output_rate_and_its_neighbour_keeps_time() {
     let s = Scratch::new();
     let mut text = config(

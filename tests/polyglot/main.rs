@@ -190,6 +190,201 @@ fn a_warm_standby_runs_a_python_guest_within_50ms_of_winning_the_lease() {
     assert!(took[2] < 200.0, "{took:?}");
 }
 
+/// A duration as the log writes it for people (`took=8.41s`, `230.7ms`).
+fn human_duration(text: &str) -> Duration {
+    match text.strip_suffix("ms") {
+        Some(ms) => Duration::from_secs_f64(ms.parse::<f64>().unwrap() / 1e3),
+        None => Duration::from_secs_f64(text.strip_suffix('s').unwrap().parse().unwrap()),
+    }
+}
+
+/// A size as the log writes it, for a file of a few MiB.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+#[test]
+fn a_big_plugin_says_it_is_compiling_and_how_long_it_took_and_a_restart_takes_it_from_the_cache() {
+    // An 18 MB Python component, an empty compiled-code cache: seconds of
+    // compiling, said as it starts (plugin, file, size) and when it is done.
+    let file = guest_file("python_pollable_ticker.wasm");
+    let size = mib(std::fs::metadata(&file).unwrap().len());
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(
+            &s.store(),
+            &[plugin("py", "python_pollable_ticker.wasm", "cooperative")],
+        ),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let mut a = Host::start_with("host-a", &cfg, cache.path());
+    let compiling = a.wait_for(SECS(10), "compiling", |e| e.message() == "compiling plugin");
+    assert_eq!(compiling.str("plugin"), Some("py"), "{}", a.output());
+    assert_eq!(compiling.str("path"), file.to_str(), "{}", a.output());
+    assert_eq!(compiling.str("size"), Some(size.as_str()), "{}", a.output());
+    let compiled = a.wait_for(SECS(180), "compiled", |e| e.message() == "plugin compiled");
+    let took = human_duration(compiled.str("took").unwrap());
+    assert_eq!(compiled.str("plugin"), Some("py"));
+    assert_eq!(compiled.str("cache"), Some("miss"), "{}", a.output());
+    let between = compiled.at.duration_since(compiling.at).unwrap();
+    println!("python, empty cache: compiled in {took:?} ({between:?} between the two lines)");
+    assert!(
+        took > Duration::from_millis(500),
+        "an 18 MB compile took {took:?}"
+    );
+    assert!(
+        between.abs_diff(took) < Duration::from_millis(200),
+        "took={took:?}, but the lines are {between:?} apart"
+    );
+    let loaded = a.wait_for(SECS(10), "loaded", |e| e.is("plugin loaded", Some("py")));
+    assert!(loaded.at >= compiled.at);
+    a.wait_for(SECS(30), "the guest's start", |e| {
+        e.guest_line("py", "start term=")
+    });
+    a.sigterm();
+    assert!(a.wait_exit(SECS(10)).success());
+
+    // Started again: the same lines, the code from the cache.
+    let mut b = Host::start_with("host-b", &cfg, cache.path());
+    b.wait_for(SECS(10), "compiling", |e| e.is("compiling plugin", Some("py")));
+    let again = b.wait_for(SECS(60), "compiled", |e| e.message() == "plugin compiled");
+    let warm = human_duration(again.str("took").unwrap());
+    println!("python, from the cache: {warm:?}");
+    assert_eq!(again.str("cache"), Some("hit"), "{}", b.output());
+    assert!(
+        warm < took / 4,
+        "from the cache in {warm:?}, compiled in {took:?}"
+    );
+    b.sigterm();
+    assert!(b.wait_exit(SECS(10)).success());
+}
+
+#[test]
+fn baton_check_says_it_is_compiling_a_component_that_is_not_in_the_cache() {
+    let file = guest_file("js_future_ticker.wasm");
+    let size = mib(std::fs::metadata(&file).unwrap().len());
+    let cache = tempfile::tempdir().unwrap();
+    let check = || {
+        let out = baton()
+            .arg("check")
+            .arg(&file)
+            .env("BATON_CACHE_DIR", cache.path())
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            stdout.contains("ok: targets baton:leader/future-plugin@0.1.0"),
+            "{stdout}"
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let cold = check();
+    println!("{cold}");
+    assert!(
+        cold.contains(&format!(
+            "compiling plugin plugin=\"js_future_ticker\" path={} size={size}",
+            file.display()
+        )),
+        "{cold}"
+    );
+    let done = cold
+        .lines()
+        .find(|l| l.contains("plugin compiled plugin=\"js_future_ticker\" took="))
+        .unwrap_or_else(|| panic!("no 'plugin compiled' line: {cold}"));
+    assert!(done.ends_with("cache=miss"), "{done}");
+    let warm = check();
+    assert!(warm.contains("cache=hit"), "{warm}");
+}
+
+#[test]
+fn on_a_terminal_the_start_up_draws_its_progress_below_the_log_lines_then_clears_it() {
+    // A terminal as standard error: while the plugins compile, the count
+    // of plugins loaded and a spinner per compilation, below the log lines;
+    // cleared once the start-up is over.
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(
+            &s.store(),
+            &[
+                plugin("js", "js_future_ticker.wasm", "cooperative"),
+                plugin("c", "c_pollable_ticker.wasm", "cooperative"),
+            ],
+        ),
+    );
+    let size = mib(std::fs::metadata(guest_file("js_future_ticker.wasm"))
+        .unwrap()
+        .len());
+    let cache = tempfile::tempdir().unwrap();
+    // Wide enough for every log line: a wrapped line would read as two.
+    let (cols, rows) = (400, 300);
+    let pty = Pty::open(cols, rows);
+    let mut child = pty
+        .baton()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .args(["--identity", "host-a", "--cache-dir"])
+        .arg(cache.path())
+        .env("BATON_LOG", "info")
+        // Plain log lines, to look for in the raw output; the display has
+        // no colours either way.
+        .env("NO_COLOR", "1")
+        .spawn()
+        .unwrap();
+    let output = pty.record();
+    let text = || String::from_utf8_lossy(&output.lock().unwrap()).into_owned();
+    let started = std::time::Instant::now();
+    while !text().contains("tick term=1 n=1 plugin=\"js\"") {
+        if started.elapsed() > SECS(120) || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            panic!("the guests did not tick; the terminal got:\n{}", text());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) of the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(child.wait().unwrap().success());
+    // The reader ends once the terminal is closed.
+    std::thread::sleep(Duration::from_millis(200));
+    let raw = text();
+    // Drawn while compiling: the count, and a spinner per compilation
+    // naming the plugin, the file and its size.
+    assert!(raw.contains("baton starting: 0/2 plugins loaded ["), "{raw}");
+    assert!(
+        raw.contains(&format!("js: compiling js_future_ticker.wasm ({size}) ")),
+        "{raw}"
+    );
+    // As the terminal shows it at the end: log lines only, each whole (no
+    // piece of the display left in or between them), in order.
+    let nonzero = |n: u16| std::num::NonZero::new(n).unwrap();
+    let mut terminal = vt100::Parser::new(nonzero(rows), nonzero(cols), 0);
+    terminal.process(&output.lock().unwrap());
+    let screen = terminal.screen().contents();
+    let lines: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
+    for line in &lines {
+        assert!(
+            line.starts_with("20") && line.contains("Z  INFO ") || line.contains("Z  WARN "),
+            "not a whole log line: {line:?}; the screen:\n{screen}"
+        );
+    }
+    assert!(!screen.contains("plugins loaded ["), "{screen}");
+    let at = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} on the screen:\n{screen}"))
+    };
+    assert!(at("baton starting") < at("compiling plugin plugin=\"js\""));
+    assert!(at("compiling plugin plugin=\"js\"") < at("plugin compiled plugin=\"js\""));
+    assert!(at("plugin compiled plugin=\"js\"") < at("plugin loaded plugin=\"js\""));
+    assert!(at("plugin loaded plugin=\"js\"") < at("leader task started plugin=\"js\""));
+    assert!(at("baton stopped") == lines.len() - 1, "{screen}");
+    println!("{screen}");
+}
+
 fn baton_check(path: &Path) -> (bool, String) {
     let out = baton().arg("check").arg(path).output().unwrap();
     (

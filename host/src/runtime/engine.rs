@@ -8,6 +8,7 @@ use std::time::Duration;
 use wasmtime::{Cache, CacheConfig, Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::RuntimeError;
+use super::compile::CacheUse;
 
 /// How often the engine's epoch advances. Every running guest yields to the
 /// host's scheduler once per tick and is checked against its term deadline,
@@ -32,6 +33,9 @@ pub fn default_cache_dir() -> PathBuf {
 pub struct PluginEngine {
     engine: Engine,
     cache: Option<Cache>,
+    /// The cache's hits and misses already told to a compilation (see
+    /// [`PluginEngine::cache_use`]).
+    claimed: Arc<Mutex<(usize, usize)>>,
     coredump_dir: Option<Arc<Path>>,
     _ticker: Arc<EpochTicker>,
 }
@@ -187,6 +191,7 @@ impl PluginEngine {
         Ok(PluginEngine {
             engine,
             cache,
+            claimed: Arc::default(),
             coredump_dir: coredump_dir.map(Arc::from),
             _ticker: Arc::new(ticker),
         })
@@ -224,6 +229,33 @@ impl PluginEngine {
     /// Compiled-code cache hits and misses so far, if a cache is in use.
     pub fn cache_stats(&self) -> Option<(usize, usize)> {
         self.cache.as_ref().map(|c| (c.cache_hits(), c.cache_misses()))
+    }
+
+    /// Where the code of the component just made (call it right after
+    /// `Component::new` returned it) came from.
+    ///
+    /// wasmtime counts the cache's hits and misses, not whose they were, so
+    /// each compilation claims one of those not claimed yet: a hit if only
+    /// hits are left, else a miss. wasmtime counts a compilation's hit or
+    /// miss as it returns the component, so what is left is almost always
+    /// the caller's own; only two compilations, one hit and one miss, that
+    /// return within the same instant can be told apart wrongly (the totals
+    /// stay exact). A miss whose code could not be written to the cache is
+    /// not counted by wasmtime: with nothing left to claim, a miss.
+    pub(crate) fn cache_use(&self) -> CacheUse {
+        let Some(cache) = &self.cache else {
+            return CacheUse::Off;
+        };
+        let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        let (hits, misses) = (cache.cache_hits(), cache.cache_misses());
+        if hits > claimed.0 && misses <= claimed.1 {
+            claimed.0 += 1;
+            return CacheUse::Hit;
+        }
+        if misses > claimed.1 {
+            claimed.1 += 1;
+        }
+        CacheUse::Miss
     }
 }
 

@@ -1,6 +1,7 @@
 //! The WebAssembly side: one engine per host, linkers for both worlds, and
 //! one fresh Store per leader-task run.
 //!
+//! - [`compile`]: what compiling a component says (the log, an observer).
 //! - [`engine`]: wasmtime configuration, the compiled-code cache and the
 //!   epoch ticker.
 //! - [`bindings`]: `bindgen!` output for `future-plugin` and
@@ -23,6 +24,7 @@
 use std::path::{Path, PathBuf};
 
 pub mod bindings;
+pub mod compile;
 pub mod engine;
 pub mod fence;
 pub mod http;
@@ -33,6 +35,7 @@ pub mod plugin;
 pub mod state;
 pub mod trap;
 
+pub use compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
 pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, PoolLimits, default_cache_dir};
 pub use http::{HttpGrant, HttpLimits, HttpPolicy};
 pub use kubernetes::{KubeGrant, KubeRule};

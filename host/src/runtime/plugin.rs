@@ -14,6 +14,7 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 use wasmtime_wasi_http::WasiHttpCtx;
 
 use super::bindings::{WitStatus, v0_1, v0_2};
+use super::compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
 use super::engine::PluginEngine;
 use super::fence;
 use super::http::{GuestHttp, HttpPolicy};
@@ -23,6 +24,7 @@ use super::state::{CurrentStatus, GuestState, shown_status};
 use super::trap::{GuestLimits, Trap};
 use super::{PluginError, RuntimeError};
 use crate::election::{Hosts, LeaseView, Term};
+use crate::logging::human;
 
 /// The memory limit of one plugin instance unless configured otherwise
 /// (and of `baton check`): room for the Python and JavaScript runtimes,
@@ -208,6 +210,8 @@ pub struct PluginRuntime {
     /// The live hosts, as the host's membership keeps them; every plugin's
     /// instances read them (`current-hosts`).
     hosts: watch::Sender<Hosts>,
+    /// Told of each compilation (see [`super::compile`]).
+    observer: Arc<dyn CompileObserver>,
 }
 
 /// A file's identity and version: device, inode, length and modification
@@ -321,7 +325,14 @@ impl PluginRuntime {
             compiled: Mutex::default(),
             files: Mutex::default(),
             hosts: watch::Sender::new(Hosts::default()),
+            observer: Arc::new(NoCompileObserver),
         })
+    }
+
+    /// Tells `observer` of each compilation from now on, as it starts and
+    /// ends (the log says so anyway; see [`super::compile`]).
+    pub fn set_compile_observer(&mut self, observer: Arc<dyn CompileObserver>) {
+        self.observer = observer;
     }
 
     /// How many distinct components this runtime has compiled (or taken
@@ -410,7 +421,10 @@ impl PluginRuntime {
             .entry(ContentKey::of(bytes))
             .or_default()
             .clone();
-        let compiled = slot.get_or_init(|| self.compile(bytes)).clone().map_err(fail)?;
+        let compiled = slot
+            .get_or_init(|| self.compile_announced(name, path, bytes))
+            .clone()
+            .map_err(fail)?;
         Ok(self.plugin(name, path, compiled))
     }
 
@@ -433,11 +447,30 @@ impl PluginRuntime {
         }
     }
 
+    /// [`compile`](Self::compile), said in the log and to the observer as
+    /// it starts and when it is done (see [`super::compile`]).
+    fn compile_announced(&self, name: &str, path: &Path, bytes: &[u8]) -> Result<Compiled, String> {
+        let compile = Compile::new(name, path, bytes.len());
+        tracing::info!(plugin = name, path = %path.display(), size = %compile.size(), "compiling plugin");
+        self.observer.compiling(&compile);
+        let mut cache = None;
+        let result = self.compile(bytes, &mut cache);
+        let took = compile.started.elapsed();
+        let cache = cache.filter(|_| result.is_ok());
+        if let Some(cache) = cache {
+            tracing::info!(plugin = name, took = %human(took), %cache, "plugin compiled");
+        }
+        self.observer.compiled(&compile, took, cache);
+        result
+    }
+
     /// Compiles a component and checks its world and imports; the error
     /// says why it cannot run (the caller names the plugin and file).
-    fn compile(&self, bytes: &[u8]) -> Result<Compiled, String> {
+    /// `cache` is set to where its code came from once it is compiled.
+    fn compile(&self, bytes: &[u8], cache: &mut Option<CacheUse>) -> Result<Compiled, String> {
         let component = Component::new(self.engine.engine(), bytes)
             .map_err(|e| format!("not a valid component: {}", error_chain(&e)))?;
+        *cache = Some(self.engine.cache_use());
         let ty = component.component_type();
         let exports: Vec<String> = ty
             .exports(self.engine.engine())
@@ -918,6 +951,77 @@ mod tests {
         std::fs::copy(guest("probe_future.wasm"), &path).unwrap();
         assert_eq!(runtime.check("d", &path).unwrap().world(), World::Future);
         assert_eq!(runtime.components(), 2);
+    }
+
+    /// One thing a [`CompileObserver`] was told: the plugin, the size, and
+    /// `None` for a start or `Some` with the end's cache use.
+    type Event = (String, u64, Option<Option<CacheUse>>);
+
+    /// What a [`CompileObserver`] was told, in order.
+    #[derive(Default)]
+    struct Told(Mutex<Vec<Event>>);
+
+    impl CompileObserver for Told {
+        fn compiling(&self, c: &Compile) {
+            self.0.lock().unwrap().push((c.plugin.to_string(), c.bytes, None));
+        }
+        fn compiled(&self, c: &Compile, _: std::time::Duration, cache: Option<CacheUse>) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((c.plugin.to_string(), c.bytes, Some(cache)));
+        }
+    }
+
+    #[test]
+    fn each_compilation_is_announced_with_where_its_code_came_from() {
+        let cache = tempfile::tempdir().unwrap();
+        let runtime = |cache_dir: Option<&Path>| {
+            let engine = PluginEngine::new(EngineOptions {
+                cache_dir: cache_dir.map(Path::to_owned),
+                ..EngineOptions::default()
+            })
+            .unwrap();
+            let mut runtime = PluginRuntime::new(engine).unwrap();
+            let told = Arc::new(Told::default());
+            runtime.set_compile_observer(told.clone());
+            (runtime, told)
+        };
+        let file = guest("probe_pollable.wasm");
+        let bytes = std::fs::metadata(&file).unwrap().len();
+        let (first, told) = runtime(Some(cache.path()));
+        first.check("a", &file).unwrap();
+        // Named again, or by another plugin: compiled once.
+        first.check("b", &file).unwrap();
+        let miss = vec![
+            ("a".to_owned(), bytes, None),
+            ("a".to_owned(), bytes, Some(Some(CacheUse::Miss))),
+        ];
+        assert_eq!(*told.0.lock().unwrap(), miss);
+        // Another process (engine) on the same cache: from the cache.
+        let (second, told) = runtime(Some(cache.path()));
+        second.check("c", &file).unwrap();
+        assert_eq!(
+            told.0.lock().unwrap().last(),
+            Some(&("c".to_owned(), bytes, Some(Some(CacheUse::Hit))))
+        );
+        // Without a cache.
+        let (third, told) = runtime(None);
+        third.check("d", &file).unwrap();
+        assert_eq!(
+            told.0.lock().unwrap().last(),
+            Some(&("d".to_owned(), bytes, Some(Some(CacheUse::Off))))
+        );
+        // A component that does not compile: announced, and ended without
+        // a cache use (its error says why).
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad.wasm");
+        std::fs::write(&bad, b"\0asm\x0d\x00\x01\x00garbage").unwrap();
+        assert!(third.check("e", &bad).is_err());
+        assert_eq!(
+            told.0.lock().unwrap().last(),
+            Some(&("e".to_owned(), 15, Some(None)))
+        );
     }
 
     #[test]
