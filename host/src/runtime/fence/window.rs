@@ -120,7 +120,7 @@ impl ThreadTimer {
                 tv_nsec: 0,
             },
             it_value: libc::timespec {
-                tv_sec: (at / 1_000_000_000) as libc::time_t,
+                tv_sec: (at / 1_000_000_000) as _, // time_t, deprecated by name on musl
                 tv_nsec: (at % 1_000_000_000) as libc::c_long,
             },
         };
