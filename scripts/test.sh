@@ -38,3 +38,11 @@ cargo test --no-run -p baton "$@"
 sync
 cargo test --no-fail-fast -p baton "$@" -- --test-threads=1 --nocapture
 cargo test -p baton-guest --all-features "$@" -- --test-threads=1
+# The container image, only when asked (BATON_TEST_IMAGE=1): its static build
+# compiles wasmtime once more, for the musl target (about 20 minutes on a
+# cold 2-core machine, cached in the target directory after), then
+# scripts/image-test.sh runs it against an API server of its own.
+if [ "${BATON_TEST_IMAGE:-}" = 1 ]; then
+    archive="$(scripts/image.sh)"
+    BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-image-$$.env" scripts/image-test.sh "$archive"
+fi

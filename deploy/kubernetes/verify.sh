@@ -14,6 +14,8 @@
 #   4. the admin port agrees everywhere: the ConfigMap's admin-address, the
 #      container port, the prometheus.io/port annotation, and the liveness
 #      (/healthz) and readiness (/readyz) probes on it.
+#   5. the image is the one scripts/image.sh builds: <registry>/baton:<the
+#      workspace's version>, the only image of the Deployment.
 #
 # Usage: deploy/kubernetes/verify.sh [ENV_FILE]
 #   ENV_FILE: the file `kube-testenv.sh start` wrote (default: $BATON_KUBE_ENV,
@@ -210,6 +212,16 @@ for probe in "livenessProbe /healthz" "readinessProbe /readyz"; do
         fail "$1: expected an httpGet of $2 on port admin in deployment.yaml"
     fi
 done
+
+# ---- 5. the image
+version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' "$repo/Cargo.toml")"
+images="$(awk '$1 == "image:" || ($1 == "-" && $2 == "image:") { print $NF }' "$here/deployment.yaml" | sort -u | tr '\n' ' ')"
+n_images="$(wc -w <<<"$images")"
+if [ "$n_images" -eq 1 ] && [[ "${images% }" == */baton:"$version" ]]; then
+    ok "the Deployment runs one image, ${images% }: scripts/image.sh's baton:$version"
+else
+    fail "the Deployment's images are [${images% }], expected one, <registry>/baton:$version (scripts/image.sh)"
+fi
 
 if [ ${#failures[@]} -gt 0 ]; then
     echo "verify: ${#failures[@]} check(s) failed for $here:" >&2
