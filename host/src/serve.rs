@@ -607,6 +607,10 @@ impl LeaseRun {
     }
 }
 
+/// The most threads of the election runtime's blocking pool (see
+/// [`ElectionRuntime::start`]).
+const ELECTION_BLOCKING_THREADS: usize = 8;
+
 /// The runtime of the electors and the store; see the [module
 /// documentation](self). Shut down in the background when dropped (an
 /// elector stuck in a request does not hold up the exit).
@@ -616,6 +620,15 @@ impl ElectionRuntime {
     fn start() -> Result<ElectionRuntime, ServeError> {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
+            // The embedded store's file work runs on the blocking pool, a
+            // request at a time per lease, each well under a millisecond on
+            // a healthy disk: a host with 100 leases has about one in
+            // flight. Without a cap, the pool kept the thread per lease it
+            // grew to at start (every lease acquired at once), each woken
+            // cold every few seconds. A request stuck in a hung file system
+            // holds a thread; its elector's timeout does not wait for it,
+            // so a full pool delays requests, never a step-down.
+            .max_blocking_threads(ELECTION_BLOCKING_THREADS)
             .thread_name("baton-election")
             .enable_all()
             .build()
