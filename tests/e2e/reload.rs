@@ -27,11 +27,16 @@ fn base(store: &Path, plugin: &Path, extra: &str) -> String {
 }
 
 fn refused(h: &Host, n: usize) -> Event {
-    h.wait_for(SECS(30), "a refusal", |e| {
-        e.message().starts_with("reload refused")
-            && h.all(|e| e.message().starts_with("reload refused")).len() >= n
-    });
-    h.all(|e| e.message().starts_with("reload refused"))[n - 1].clone()
+    // Not inside a wait_for predicate: that holds the log's lock.
+    let deadline = std::time::Instant::now() + SECS(30);
+    loop {
+        let all = h.all(|e| e.message().starts_with("reload refused"));
+        if all.len() >= n {
+            return all[n - 1].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no refusal {n}:\n{}", tail(&h.output(), 30));
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
