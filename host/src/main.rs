@@ -175,6 +175,9 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             control_socket,
             watch,
         } => {
+            // First: from here on SIGHUP reloads (its default action would
+            // end the process), and SIGTERM/SIGINT shut down gracefully.
+            let signals = Signals::install();
             let overrides = Overrides {
                 identity,
                 store_dir,
@@ -195,7 +198,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 watch: (watch || cfg.watch).then(|| reload_tx.clone()),
             };
             let shutdown = CancellationToken::new();
-            tokio::spawn(wait_for_signal(shutdown.clone(), reload_tx));
+            tokio::spawn(wait_for_signal(signals, shutdown.clone(), reload_tx));
             let options = baton::serve::ServeOptions {
                 stall_election_after: test_stall_election_runtime,
                 reload: Some(reload),
@@ -243,21 +246,36 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
     }
 }
 
+/// The signals `baton run` handles, installed at its start.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals {
+            term: signal(SignalKind::terminate()).expect("install the SIGTERM handler"),
+            int: signal(SignalKind::interrupt()).expect("install the SIGINT handler"),
+            hup: signal(SignalKind::hangup()).expect("install the SIGHUP handler"),
+        }
+    }
+}
+
 /// Until SIGTERM or SIGINT (then `shutdown` is cancelled), each SIGHUP
 /// asks for a reload: SIGHUP never ends the process.
 async fn wait_for_signal(
+    mut signals: Signals,
     shutdown: CancellationToken,
     reload: tokio::sync::mpsc::UnboundedSender<baton::reload::Cause>,
 ) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
-    let mut hup = signal(SignalKind::hangup()).expect("install the SIGHUP handler");
     loop {
         tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-            _ = hup.recv() => {
+            _ = signals.term.recv() => tracing::info!("SIGTERM received"),
+            _ = signals.int.recv() => tracing::info!("SIGINT received"),
+            _ = signals.hup.recv() => {
                 tracing::info!("SIGHUP received: reloading");
                 let _ = reload.send(baton::reload::Cause::Signal);
                 continue;

@@ -372,6 +372,10 @@ pub async fn serve_opts(
     let (ended_tx, mut ended) = mpsc::unbounded_channel();
     let mut runs: BTreeMap<String, LeaseRun> = BTreeMap::new();
     let mut plugins: BTreeMap<String, PluginRun> = BTreeMap::new();
+    // Plugins a reload removed, until their supervisor has returned (no
+    // task of them runs any more): a plugin of the same name added again
+    // waits for it.
+    let mut retired: BTreeMap<String, CancellationToken> = BTreeMap::new();
     let started = Started {
         store: store.clone(),
         clock: clock.clone(),
@@ -399,7 +403,13 @@ pub async fn serve_opts(
                 .expect("a loaded plugin is configured");
             plugins.insert(
                 p.spec.name.clone(),
-                started.plugin(&mut run, p, plugin.clone(), reload::content_hash(&p.spec.path)),
+                started.plugin(
+                    &mut run,
+                    p,
+                    plugin.clone(),
+                    reload::content_hash(&p.spec.path),
+                    None,
+                ),
             );
         }
         runs.insert(lease.name.clone(), run);
@@ -524,7 +534,7 @@ pub async fn serve_opts(
                 let outcome = tokio::select! {
                     _ = shutdown.cancelled() => break,
                     outcome = reload_once(
-                        &cause, &load, &config, &fixed, &runtime, &started, &mut runs, &mut plugins,
+                        &cause, &load, &config, &fixed, &runtime, &started, &mut runs, &mut plugins, &mut retired,
                     ) => outcome,
                 };
                 let ok = match outcome {
@@ -766,18 +776,27 @@ impl Started {
         p: &PluginConfig,
         plugin: Arc<Plugin>,
         hash: Option<u64>,
+        after: Option<CancellationToken>,
     ) -> PluginRun {
         let (version, versions) = watch::channel(plugin);
-        run.supervisors.spawn(run_leader_tasks_of(
-            versions,
-            run.view.clone(),
-            self.task_observer.clone(),
-        ));
+        let gone = CancellationToken::new();
+        let (view, observer, done) = (run.view.clone(), self.task_observer.clone(), gone.clone());
+        run.supervisors.spawn(async move {
+            let _done = done.drop_guard();
+            // A plugin of this name that a reload removed (or moved from
+            // another lease) may still run its task in a term that is
+            // being handed over: never beside it.
+            if let Some(before) = after {
+                before.cancelled().await;
+            }
+            run_leader_tasks_of(versions, view, observer).await
+        });
         PluginRun {
             lease: p.lease.clone(),
             version,
             spec: spec_key(p),
             hash,
+            gone,
         }
     }
 }
@@ -792,6 +811,8 @@ struct PluginRun {
     spec: String,
     /// Its file's content hash when loaded.
     hash: Option<u64>,
+    /// Cancelled once its supervisor has returned: no task of it runs.
+    gone: CancellationToken,
 }
 
 /// A plugin's settings, compared by reloads: every field of its spec.
@@ -839,6 +860,7 @@ async fn reload_once(
     started: &Started,
     runs: &mut BTreeMap<String, LeaseRun>,
     plugins: &mut BTreeMap<String, PluginRun>,
+    retired: &mut BTreeMap<String, CancellationToken>,
 ) -> Result<Option<Config>, String> {
     tracing::info!(cause = %cause, "reloading: reading the configuration and plugin files again");
     let mut new = {
@@ -851,7 +873,18 @@ async fn reload_once(
         // Made up at random each time it is read: the running one stays.
         new.identity = old.identity.clone();
     }
-    let why = reload::needs_restart(old, &new, fixed);
+    let mut why = reload::needs_restart(old, &new, fixed);
+    // A lease a reload removed is contended for again only once its
+    // elector has handed it over and returned.
+    for lease in &new.leases {
+        if runs.get(&lease.name).is_some_and(|r| r.retiring) {
+            why.push(format!(
+                "lease {:?} is still being handed over after a reload removed it; reload again once \
+                 \"lease removed by a reload\" is logged",
+                lease.name
+            ));
+        }
+    }
     if !why.is_empty() {
         let file = new
             .source
@@ -912,8 +945,10 @@ async fn reload_once(
         })
         .map(|(name, _)| name.clone())
         .collect();
+    retired.retain(|_, gone| !gone.is_cancelled());
     for name in moved {
         let r = plugins.remove(&name).expect("present");
+        retired.insert(name.clone(), r.gone.clone());
         handover.insert(r.lease.clone());
         summary.push(format!("plugin {name} removed from lease {}", r.lease));
     }
@@ -956,7 +991,8 @@ async fn reload_once(
                 let Some(run) = runs.get_mut(&p.lease) else {
                     continue;
                 };
-                plugins.insert(name.clone(), started.plugin(run, &p, plugin, hash));
+                let after = retired.get(&name).filter(|g| !g.is_cancelled()).cloned();
+                plugins.insert(name.clone(), started.plugin(run, &p, plugin, hash, after));
                 summary.push(format!("plugin {name} added to lease {}", p.lease));
             }
         }
