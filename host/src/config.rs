@@ -9,6 +9,7 @@
 //! # instance-pool = false        # default: true (instances from a pool sized at start)
 //! # admin-address = "127.0.0.1:9090"  # default: none (no /metrics, /healthz, /readyz)
 //! # control-socket = "/run/baton/node-a.sock"  # default: .baton/control/<identity>.sock beside this file
+//! # watch = true                 # default: false (reload on SIGHUP only)
 //!
 //! [store]
 //! kind = "embedded"              # a directory of lease files
@@ -41,6 +42,7 @@
 //! kubernetes = { allow = [{ verbs = ["get", "update"], groups = [""], resources = ["configmaps"], namespaces = ["apps"] }] }
 //! output-rate = "64 KiB"         # guest output per second; the rest is dropped
 //! output-line = "4 KiB"          # the longest line; the rest is cut
+//! reload = "next-term"           # or "now": a new version hands the lease over at once
 //!
 //! [spread]                       # spreading the leads over the hosts
 //! enabled = true                 # default: on when the host has more than one lease
@@ -80,6 +82,7 @@ struct RawConfig {
     instance_pool: Option<bool>,
     admin_address: Option<Spanned<toml::Value>>,
     control_socket: Option<PathBuf>,
+    watch: Option<bool>,
     store: Option<RawStore>,
     #[serde(default)]
     defaults: RawTimings,
@@ -194,6 +197,23 @@ struct RawPlugin {
     kubernetes: Option<RawKubeGrant>,
     output_rate: Option<ByteSize>,
     output_line: Option<ByteSize>,
+    #[serde(default)]
+    reload: ReloadMode,
+}
+
+/// When a new version of a plugin (its file or its settings changed, seen
+/// by a reload) runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum ReloadMode {
+    /// From the lease's next term (the default): the running task is left
+    /// alone.
+    #[default]
+    #[serde(rename = "next-term")]
+    NextTerm,
+    /// At once: a host that leads the lease hands it over (its tasks are
+    /// told, then drained; the lease released) and contends again.
+    #[serde(rename = "now")]
+    Now,
 }
 
 /// An `http` grant: an origin, or a table with options.
@@ -286,6 +306,8 @@ pub struct PluginConfig {
     pub spec: PluginSpec,
     /// The lease that gates it.
     pub lease: String,
+    /// When a new version of it runs after a reload.
+    pub reload: ReloadMode,
 }
 
 /// A validated configuration.
@@ -295,6 +317,9 @@ pub struct Config {
     pub source: Option<PathBuf>,
     /// This host's identity, unique per process.
     pub identity: String,
+    /// Whether the identity was set (in the file or on the command line),
+    /// rather than made up at random.
+    pub identity_declared: bool,
     /// Where compiled code is cached.
     pub cache_dir: Option<PathBuf>,
     /// Where a core dump of each trapping instance is written, if anywhere.
@@ -328,6 +353,9 @@ pub struct Config {
     /// the same settings as `spread`. `None` only when the `[defaults]`
     /// timings are unsafe and spreading is off.
     pub membership: Option<SpreadConfig>,
+    /// Whether the host watches its configuration file and plugin files
+    /// and reloads when they change (`watch = true`, or `--watch`).
+    pub watch: bool,
 }
 
 /// The timings of a host's membership record, from the `[defaults]`
@@ -668,6 +696,7 @@ impl Config {
                     output,
                 },
                 lease: lease.clone(),
+                reload: p.reload,
             });
         }
 
@@ -756,6 +785,7 @@ impl Config {
             spread,
             membership,
             source: source.map(Path::to_path_buf),
+            identity_declared: raw.identity.is_some(),
             identity: match raw.identity {
                 Some(i) if i.trim().is_empty() => {
                     return Err(ConfigError(format!(
@@ -768,6 +798,7 @@ impl Config {
             cache_dir: raw.cache_dir.map(|d| resolve(&d)),
             coredump_dir: raw.coredump_dir.map(|d| resolve(&d)),
             instance_pool: raw.instance_pool.unwrap_or(true),
+            watch: raw.watch.unwrap_or(false),
             control_socket: raw.control_socket.map(|p| resolve(&p)),
             store,
             store_declared,

@@ -508,6 +508,7 @@ impl Drop for ControlSocket {
 }
 
 /// One lease as the control channel reaches it.
+#[derive(Clone)]
 pub struct ControlledLease {
     /// Its elector's intent.
     pub intent: watch::Sender<Intent>,
@@ -523,9 +524,12 @@ pub struct ControlledHost {
     pub identity: String,
     /// The configuration file it runs.
     pub config: Option<PathBuf>,
-    /// Its leases, by name.
-    pub leases: BTreeMap<String, ControlledLease>,
+    /// Its leases, by name (a reload adds and removes some).
+    pub leases: SharedLeases,
 }
+
+/// A host's leases as its control channel reaches them, updated by reloads.
+pub type SharedLeases = std::sync::Arc<std::sync::RwLock<BTreeMap<String, ControlledLease>>>;
 
 impl ControlledHost {
     async fn answer(&self, mut stream: UnixStream) {
@@ -583,8 +587,8 @@ impl ControlledHost {
     }
 
     fn leases(&self) -> Reply {
-        let leases = self
-            .leases
+        let all = self.leases.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let leases = all
             .iter()
             .map(|(name, l)| {
                 let status = l.view.borrow().status.clone();
@@ -599,7 +603,7 @@ impl ControlledHost {
             .collect();
         Reply {
             ok: true,
-            message: format!("host {} serves {} lease(s)", self.identity, self.leases.len()),
+            message: format!("host {} serves {} lease(s)", self.identity, all.len()),
             config: self.config.as_ref().map(|c| c.display().to_string()),
             leases,
             ..Reply::new(&self.identity)
@@ -608,8 +612,9 @@ impl ControlledHost {
 
     async fn yield_lease(&self, lease: &str, duration: Option<Duration>) -> Reply {
         let id = &self.identity;
-        let Some(l) = self.leases.get(lease) else {
-            let names: Vec<&str> = self.leases.keys().map(String::as_str).collect();
+        let all = self.leases.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(l) = all.get(lease) else {
+            let names: Vec<&str> = all.keys().map(String::as_str).collect();
             return Reply {
                 lease: Some(lease.to_owned()),
                 ..Reply::failed(
@@ -967,7 +972,7 @@ mod tests {
         let host = ControlledHost {
             identity: "h".into(),
             config: None,
-            leases: BTreeMap::new(),
+            leases: SharedLeases::default(),
         };
         let served = tokio::spawn(first.serve(host, stop.clone()));
         // A second host on the same path is refused, naming it and the pid.

@@ -154,6 +154,11 @@ impl Health {
         });
     }
 
+    /// Stops watching `lease` (a reload removed it).
+    pub fn unwatch_lease(&self, lease: &str) {
+        lock(&self.leases).retain(|l| l.lease != lease);
+    }
+
     /// `configured` plugins are being loaded.
     pub fn loading(&self, configured: usize) {
         lock(&self.readiness).configured = configured;

@@ -11,6 +11,7 @@ pub mod logging;
 pub mod metrics;
 pub mod progress;
 pub mod recurring;
+pub mod reload;
 pub mod runtime;
 pub mod scaffold;
 pub mod serve;

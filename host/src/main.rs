@@ -30,7 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the configured leases and plugins until SIGTERM or SIGINT.
+    /// Run the configured leases and plugins until SIGTERM or SIGINT;
+    /// reload on SIGHUP.
     Run {
         /// The configuration file.
         #[arg(long, short, env = "BATON_CONFIG")]
@@ -64,6 +65,10 @@ enum Command {
         /// This host's control socket, for `baton yield` (overrides the file).
         #[arg(long, env = "BATON_CONTROL_SOCKET")]
         control_socket: Option<PathBuf>,
+        /// Reload when the configuration file or a plugin file changes (as
+        /// on SIGHUP; `watch = true` in the file does the same).
+        #[arg(long, env = "BATON_WATCH")]
+        watch: bool,
     },
     /// Make the host that leads LEASE hand it over (drain its tasks, then
     /// release it) and not contend for it for a while; reached through its
@@ -168,46 +173,35 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             admin_address,
             test_stall_election_runtime,
             control_socket,
+            watch,
         } => {
-            let mut cfg = Config::load(&config)?;
-            if let Some(path) = control_socket {
-                cfg.control_socket = Some(path);
-            }
-            if let Some(identity) = identity {
-                anyhow::ensure!(
-                    !identity.trim().is_empty(),
-                    "--identity (or BATON_IDENTITY) is empty"
-                );
-                cfg.identity = identity;
-            }
-            if let Some(dir) = store_dir {
-                cfg.store = StoreConfig::Embedded { dir };
-            }
-            if let Some(dir) = cache_dir {
-                cfg.cache_dir = Some(dir);
-            }
-            if let Some(dir) = coredump_dir {
-                cfg.coredump_dir = Some(dir);
-            }
-            if let Some(path) = kubeconfig {
-                match &mut cfg.store {
-                    StoreConfig::Kubernetes { kubeconfig, .. } => *kubeconfig = Some(path),
-                    StoreConfig::Embedded { .. } => anyhow::bail!(
-                        "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but the \
-                         configuration uses the embedded store"
-                    ),
-                }
-            }
-            if let Some(address) = admin_address {
-                cfg.admin_address = Some(
-                    baton::config::parse_admin_address(&address)
-                        .map_err(|e| anyhow::anyhow!("--admin-address (or BATON_ADMIN_ADDRESS): {e}"))?,
-                );
-            }
+            // First: from here on SIGHUP reloads (its default action would
+            // end the process), and SIGTERM/SIGINT shut down gracefully.
+            let signals = Signals::install();
+            let overrides = Overrides {
+                identity,
+                store_dir,
+                cache_dir,
+                coredump_dir,
+                kubeconfig,
+                admin_address,
+                control_socket,
+            };
+            let cfg = load_config(&config, &overrides)?;
+            let (reload_tx, requests) = tokio::sync::mpsc::unbounded_channel();
+            let file = config.clone();
+            let load: baton::reload::Loader =
+                std::sync::Arc::new(move || load_config(&file, &overrides).map_err(|e| format!("{e:#}")));
+            let reload = baton::reload::Reload {
+                load,
+                requests,
+                watch: (watch || cfg.watch).then(|| reload_tx.clone()),
+            };
             let shutdown = CancellationToken::new();
-            tokio::spawn(wait_for_signal(shutdown.clone()));
+            tokio::spawn(wait_for_signal(signals, shutdown.clone(), reload_tx));
             let options = baton::serve::ServeOptions {
                 stall_election_after: test_stall_election_runtime,
+                reload: Some(reload),
                 ..Default::default()
             };
             baton::serve::serve_opts(cfg, options, shutdown).await?;
@@ -252,15 +246,97 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
     }
 }
 
-async fn wait_for_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
+/// The signals `baton run` handles, installed at its start.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals {
+            term: signal(SignalKind::terminate()).expect("install the SIGTERM handler"),
+            int: signal(SignalKind::interrupt()).expect("install the SIGINT handler"),
+            hup: signal(SignalKind::hangup()).expect("install the SIGHUP handler"),
+        }
+    }
+}
+
+/// Until SIGTERM or SIGINT (then `shutdown` is cancelled), each SIGHUP
+/// asks for a reload: SIGHUP never ends the process.
+async fn wait_for_signal(
+    mut signals: Signals,
+    shutdown: CancellationToken,
+    reload: tokio::sync::mpsc::UnboundedSender<baton::reload::Cause>,
+) {
+    loop {
+        tokio::select! {
+            _ = signals.term.recv() => tracing::info!("SIGTERM received"),
+            _ = signals.int.recv() => tracing::info!("SIGINT received"),
+            _ = signals.hup.recv() => {
+                tracing::info!("SIGHUP received: reloading");
+                let _ = reload.send(baton::reload::Cause::Signal);
+                continue;
+            }
+        }
+        break;
     }
     shutdown.cancel();
+}
+
+/// `baton run`'s command-line settings over the file's.
+struct Overrides {
+    identity: Option<String>,
+    store_dir: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
+    coredump_dir: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    admin_address: Option<String>,
+    control_socket: Option<PathBuf>,
+}
+
+/// Reads the configuration file, then applies `o` (at start, and at each
+/// reload: the command line still wins).
+fn load_config(config: &std::path::Path, o: &Overrides) -> Result<Config> {
+    let mut cfg = Config::load(config)?;
+    if let Some(path) = &o.control_socket {
+        cfg.control_socket = Some(path.clone());
+    }
+    if let Some(identity) = &o.identity {
+        anyhow::ensure!(
+            !identity.trim().is_empty(),
+            "--identity (or BATON_IDENTITY) is empty"
+        );
+        cfg.identity = identity.clone();
+        cfg.identity_declared = true;
+    }
+    if let Some(dir) = &o.store_dir {
+        cfg.store = StoreConfig::Embedded { dir: dir.clone() };
+    }
+    if let Some(dir) = &o.cache_dir {
+        cfg.cache_dir = Some(dir.clone());
+    }
+    if let Some(dir) = &o.coredump_dir {
+        cfg.coredump_dir = Some(dir.clone());
+    }
+    if let Some(path) = &o.kubeconfig {
+        match &mut cfg.store {
+            StoreConfig::Kubernetes { kubeconfig, .. } => *kubeconfig = Some(path.clone()),
+            StoreConfig::Embedded { .. } => anyhow::bail!(
+                "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but the \
+                 configuration uses the embedded store"
+            ),
+        }
+    }
+    if let Some(address) = &o.admin_address {
+        cfg.admin_address = Some(
+            baton::config::parse_admin_address(address)
+                .map_err(|e| anyhow::anyhow!("--admin-address (or BATON_ADMIN_ADDRESS): {e}"))?,
+        );
+    }
+    Ok(cfg)
 }
 
 /// `baton yield`: asks the host's control socket, prints its answer.

@@ -72,6 +72,11 @@ struct StopLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InfoLabels {
     plugin: String,
     lease: String,
@@ -114,6 +119,7 @@ pub struct Metrics {
     traps: Family<PluginLabels, Counter>,
     forced: Family<PluginLabels, Counter>,
     stops: Family<StopLabels, Histogram, fn() -> Histogram>,
+    reloads: Family<ReloadLabels, Counter>,
     read: Arc<Read>,
 }
 
@@ -166,6 +172,7 @@ impl Metrics {
             traps: Family::default(),
             forced: Family::default(),
             stops: Family::new_with_constructor(stop_histogram as fn() -> Histogram),
+            reloads: Family::default(),
             read: Arc::default(),
             registry: Registry::default(),
         };
@@ -224,6 +231,14 @@ impl Metrics {
             "How long after the end of its term each run of the plugin's task was gone, by how: cooperative (it returned) or forced",
             m.stops.clone(),
         );
+        registry.register(
+            "reloads",
+            "Reloads (SIGHUP, or a watched file that changed), by result: ok (applied, or nothing changed) or refused (a broken file, a plugin that cannot run, or a change that needs a restart; nothing was changed)",
+            m.reloads.clone(),
+        );
+        for result in ["ok", "refused"] {
+            let _ = m.reloads.get_or_create(&ReloadLabels { result });
+        }
         registry.register_collector(Box::new(m.read.clone()));
         Metrics { registry, ..m }
     }
@@ -235,6 +250,12 @@ impl Metrics {
         read.plugins = plugins.iter().map(|(l, p)| (p.clone(), l.clone())).collect();
         read.refused = refused;
         read.engine = Some(engine.clone());
+    }
+
+    /// A reload ended so: applied (`true`) or refused.
+    pub fn reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "refused" };
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
     /// Every metric in the Prometheus text format ([`CONTENT_TYPE`]).

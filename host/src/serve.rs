@@ -31,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminServer;
 use crate::config::{Config, StoreConfig};
-use crate::control::{ControlSocket, ControlledHost, ControlledLease};
+use crate::config::{LeaseConfig, PluginConfig, ReloadMode};
+use crate::control::{ControlSocket, ControlledHost, ControlledLease, SharedLeases};
 use crate::election::spread::{Spreader, SteeredLease};
 use crate::election::{
     DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Intent, LeaseView, NoObserver, TermClock,
@@ -40,13 +41,15 @@ use crate::election::{
 use crate::health::Health;
 use crate::logging::human;
 use crate::metrics::Metrics;
+use crate::reload;
+use crate::runtime::Plugin;
 use crate::runtime::{
     EngineOptions, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
 };
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
 use crate::store::{LeaseStore, StoreError};
-use crate::supervisor::{NoTaskObserver, TaskObserver, run_leader_tasks};
+use crate::supervisor::{NoTaskObserver, TaskObserver, run_leader_tasks_of};
 
 /// Why the host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +100,6 @@ pub enum ServeError {
 }
 
 /// How [`serve_opts`] runs, beyond the configuration.
-#[derive(Clone)]
 pub struct ServeOptions {
     /// The lease store to use instead of the configured one (tests that
     /// inject store faults).
@@ -109,6 +111,9 @@ pub struct ServeOptions {
     /// for an hour, as a runtime whose worker hangs would. Only for tests
     /// of `/healthz`: the process is not usable afterwards.
     pub stall_election_after: Option<Duration>,
+    /// Reloads (SIGHUP, a watched file): see [`crate::reload`]. `None`:
+    /// none.
+    pub reload: Option<crate::reload::Reload>,
 }
 
 impl Default for ServeOptions {
@@ -117,6 +122,7 @@ impl Default for ServeOptions {
             store: None,
             clock: TermClock::system(),
             stall_election_after: None,
+            reload: None,
         }
     }
 }
@@ -225,6 +231,7 @@ pub async fn serve_opts(
         store,
         clock,
         stall_election_after,
+        reload,
     } = options;
     // First, so that liveness answers while the plugins compile.
     let ops = match config.admin_address {
@@ -364,6 +371,21 @@ pub async fn serve_opts(
 
     let (ended_tx, mut ended) = mpsc::unbounded_channel();
     let mut runs: BTreeMap<String, LeaseRun> = BTreeMap::new();
+    let mut plugins: BTreeMap<String, PluginRun> = BTreeMap::new();
+    // Plugins a reload removed, until their supervisor has returned (no
+    // task of them runs any more): a plugin of the same name added again
+    // waits for it.
+    let mut retired: BTreeMap<String, CancellationToken> = BTreeMap::new();
+    let started = Started {
+        store: store.clone(),
+        clock: clock.clone(),
+        election: election.handle().clone(),
+        election_observer: election_observer.clone(),
+        task_observer: task_observer.clone(),
+        health: ops.as_ref().map(|o| o.health.clone()),
+        identity: config.identity.clone(),
+        ended: ended_tx.clone(),
+    };
     for lease in &config.leases {
         let configured = config.plugins.iter().filter(|p| p.lease == lease.name).count();
         if configured > 0 && !loaded.iter().any(|(l, _)| l == &lease.name) {
@@ -372,51 +394,25 @@ pub async fn serve_opts(
             tracing::error!(lease = %lease.name, "no plugin of this lease could be loaded; not contending for it");
             continue;
         }
-        let cfg = ElectorConfig {
-            lease: lease.name.clone(),
-            identity: config.identity.clone(),
-            timings: lease.timings,
-        };
-        // Built inside the election runtime: its subscription's task runs
-        // there.
-        let (mut elector, view, intent) = {
-            let _inside = election.handle().enter();
-            Elector::new(cfg, store.clone(), clock.clone())
-        };
-        elector.set_observer(election_observer.clone());
-        if let Some(ops) = &ops {
-            ops.health
-                .watch_lease(&lease.name, elector.heartbeat(), view.clone(), clock.clone());
-        }
-        let (name, ended_tx) = (lease.name.clone(), ended_tx.clone());
-        election.handle().spawn(async move {
-            // Ok: it returned as told; Err: why it failed (its own error or
-            // a panic).
-            let result = match AssertUnwindSafe(elector.run()).catch_unwind().await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(panic) => Err(format!("it panicked: {}", panic_message(panic))),
-            };
-            let _ = ended_tx.send((name, result));
-        });
-        let mut supervisors = JoinSet::new();
+        let mut run = started.lease(lease);
         for (_, plugin) in loaded.iter().filter(|(l, _)| l == &lease.name) {
-            supervisors.spawn(run_leader_tasks(
-                plugin.clone(),
-                view.clone(),
-                task_observer.clone(),
-            ));
+            let p = config
+                .plugins
+                .iter()
+                .find(|p| p.spec.name == plugin.name())
+                .expect("a loaded plugin is configured");
+            plugins.insert(
+                p.spec.name.clone(),
+                started.plugin(
+                    &mut run,
+                    p,
+                    plugin.clone(),
+                    reload::content_hash(&p.spec.path),
+                    None,
+                ),
+            );
         }
-        runs.insert(
-            lease.name.clone(),
-            LeaseRun {
-                intent,
-                view,
-                supervisors,
-                timings: lease.timings,
-                ended: false,
-            },
-        );
+        runs.insert(lease.name.clone(), run);
     }
     drop(ended_tx);
 
@@ -457,6 +453,8 @@ pub async fn serve_opts(
     });
 
     // `baton yield` reaches the electors through the control socket.
+    let controlled = SharedLeases::default();
+    sync_controlled(&controlled, &runs);
     let control_stop = CancellationToken::new();
     let control = control.map(|socket| {
         let host = ControlledHost {
@@ -465,42 +463,108 @@ pub async fn serve_opts(
                 .source
                 .as_ref()
                 .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
-            leases: runs
-                .iter()
-                .map(|(name, run)| {
-                    let lease = ControlledLease {
-                        intent: run.intent.clone(),
-                        view: run.view.clone(),
-                        timings: run.timings,
-                    };
-                    (name.clone(), lease)
-                })
-                .collect(),
+            leases: controlled.clone(),
         };
         tokio::spawn(socket.serve(host, control_stop.clone()))
     });
 
+    // Reloads: SIGHUP, and the watcher of the files when asked for.
+    let mut reloads = reload;
+    let watch_stop = CancellationToken::new();
+    let (files_tx, files_rx) = watch::channel(reload::watched_files(&config));
+    if let Some(tx) = reloads.as_mut().and_then(|r| r.watch.take()) {
+        tracing::info!(
+            files = files_rx.borrow().len(),
+            "watching the configuration and plugin files for changes"
+        );
+        tokio::spawn(reload::watch_files(files_rx, tx, watch_stop.clone()));
+    }
+    let fixed = reload::Fixed {
+        memory_reservation: config.instance_pool.then(|| {
+            config
+                .plugins
+                .iter()
+                .map(|p| p.spec.memory_limit)
+                .max()
+                .unwrap_or(crate::runtime::DEFAULT_MEMORY_LIMIT)
+                .max(1 << 20)
+                .next_power_of_two()
+        }),
+        pool_slots: config
+            .instance_pool
+            .then(|| PoolLimits::slots_for(config.plugins.len())),
+    };
+    let mut config = config;
+
     // Until shutdown, an elector that ends (it never does on its own) or
-    // panics has failed.
+    // panics has failed; one told to stop by a reload has handed its lease
+    // over.
     let mut failures: Vec<(String, String)> = Vec::new();
     let mut unconfirmed = Vec::new();
-    tokio::select! {
-        _ = shutdown.cancelled() => {}
-        Some((lease, result)) = ended.recv() => {
-            let reason = match result {
-                Ok(()) => "it stopped on its own".to_owned(),
-                Err(reason) => reason,
-            };
-            if let Some(run) = runs.get_mut(&lease) {
-                run.failed(&lease, &reason, &clock);
-                // Its guests are stopped before anything else is done.
-                if !run.wait_for_tasks(&lease, &clock).await {
-                    unconfirmed.push(lease.clone());
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some((lease, result)) = ended.recv() => {
+                if let Some(run) = runs.get_mut(&lease).filter(|r| r.retiring && result.is_ok()) {
+                    run.ended = true;
+                    let mut run = runs.remove(&lease).expect("present");
+                    let clock = clock.clone();
+                    tokio::spawn(async move {
+                        run.wait_for_tasks(&lease, &clock).await;
+                        tracing::info!(lease, "lease removed by a reload: handed over, no longer contended for");
+                    });
+                    continue;
+                }
+                let reason = match result {
+                    Ok(()) => "it stopped on its own".to_owned(),
+                    Err(reason) => reason,
+                };
+                if let Some(run) = runs.get_mut(&lease) {
+                    run.failed(&lease, &reason, &clock);
+                    // Its guests are stopped before anything else is done.
+                    if !run.wait_for_tasks(&lease, &clock).await {
+                        unconfirmed.push(lease.clone());
+                    }
+                }
+                failures.push((lease, reason));
+                break;
+            }
+            Some(cause) = next_reload(&mut reloads) => {
+                let load = reloads.as_ref().expect("a reload came").load.clone();
+                let outcome = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    outcome = reload_once(
+                        &cause, &load, &config, &fixed, &runtime, &started, &mut runs, &mut plugins, &mut retired,
+                    ) => outcome,
+                };
+                let ok = match outcome {
+                    Ok(Some(new)) => {
+                        config = new;
+                        files_tx.send_replace(reload::watched_files(&config));
+                        sync_controlled(&controlled, &runs);
+                        if let Some(ops) = &ops {
+                            let all: Vec<_> = plugins
+                                .values()
+                                .map(|p| (p.lease.clone(), p.version.borrow().clone()))
+                                .collect();
+                            ops.metrics.loaded(&all, 0, &engine);
+                        }
+                        true
+                    }
+                    Ok(None) => true,
+                    Err(why) => {
+                        tracing::error!(cause = %cause, error = %why, "reload refused: nothing was changed; the running configuration and plugins go on");
+                        false
+                    }
+                };
+                if let Some(ops) = &ops {
+                    ops.metrics.reloaded(ok);
                 }
             }
-            failures.push((lease, reason));
         }
     }
+    watch_stop.cancel();
+    drop(plugins);
     tracing::info!("shutting down: stopping leader tasks, then releasing leases");
     control_stop.cancel();
     // The membership record goes first, so that the other hosts prefer
@@ -567,8 +631,12 @@ struct LeaseRun {
     view: watch::Receiver<LeaseView>,
     supervisors: JoinSet<()>,
     timings: Timings,
+    /// Where a reload sends new timings (for the next term).
+    new_timings: watch::Sender<Timings>,
     /// Its elector has returned.
     ended: bool,
+    /// A reload removed it: its elector hands it over and returns.
+    retiring: bool,
 }
 
 impl LeaseRun {
@@ -656,4 +724,315 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+/// What starting a lease or a plugin needs, kept for reloads.
+struct Started {
+    store: Arc<dyn LeaseStore>,
+    clock: TermClock,
+    election: tokio::runtime::Handle,
+    election_observer: Arc<dyn ElectionObserver>,
+    task_observer: Arc<dyn TaskObserver>,
+    health: Option<Arc<Health>>,
+    identity: String,
+    ended: mpsc::UnboundedSender<(String, Result<(), String>)>,
+}
+
+impl Started {
+    /// Starts contending for `lease` (its plugins are added with
+    /// [`Started::plugin`]).
+    fn lease(&self, lease: &LeaseConfig) -> LeaseRun {
+        let cfg = ElectorConfig {
+            lease: lease.name.clone(),
+            identity: self.identity.clone(),
+            timings: lease.timings,
+        };
+        // Built inside the election runtime: its subscription's task runs
+        // there.
+        let (mut elector, view, intent) = {
+            let _inside = self.election.enter();
+            Elector::new(cfg, self.store.clone(), self.clock.clone())
+        };
+        elector.set_observer(self.election_observer.clone());
+        let (new_timings, timings_rx) = watch::channel(lease.timings);
+        elector.set_timings_source(timings_rx);
+        if let Some(health) = &self.health {
+            health.watch_lease(&lease.name, elector.heartbeat(), view.clone(), self.clock.clone());
+        }
+        let (name, ended_tx) = (lease.name.clone(), self.ended.clone());
+        self.election.spawn(async move {
+            // Ok: it returned as told; Err: why it failed (its own error or
+            // a panic).
+            let result = match AssertUnwindSafe(elector.run()).catch_unwind().await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(panic) => Err(format!("it panicked: {}", panic_message(panic))),
+            };
+            let _ = ended_tx.send((name, result));
+        });
+        LeaseRun {
+            intent,
+            view,
+            supervisors: JoinSet::new(),
+            timings: lease.timings,
+            new_timings,
+            ended: false,
+            retiring: false,
+        }
+    }
+
+    /// Runs `plugin` (configured as `p`, its file's content hash `hash`)
+    /// in every term of `run`.
+    fn plugin(
+        &self,
+        run: &mut LeaseRun,
+        p: &PluginConfig,
+        plugin: Arc<Plugin>,
+        hash: Option<u64>,
+        after: Option<CancellationToken>,
+    ) -> PluginRun {
+        let (version, versions) = watch::channel(plugin);
+        let gone = CancellationToken::new();
+        let (view, observer, done) = (run.view.clone(), self.task_observer.clone(), gone.clone());
+        run.supervisors.spawn(async move {
+            let _done = done.drop_guard();
+            // A plugin of this name that a reload removed (or moved from
+            // another lease) may still run its task in a term that is
+            // being handed over: never beside it.
+            if let Some(before) = after {
+                before.cancelled().await;
+            }
+            run_leader_tasks_of(versions, view, observer).await
+        });
+        PluginRun {
+            lease: p.lease.clone(),
+            version,
+            spec: spec_key(p),
+            hash,
+            gone,
+        }
+    }
+}
+
+/// One plugin being served.
+struct PluginRun {
+    lease: String,
+    /// Its current version; dropped, its supervisor returns once its task
+    /// is gone.
+    version: watch::Sender<Arc<Plugin>>,
+    /// Its settings as configured (see [`spec_key`]).
+    spec: String,
+    /// Its file's content hash when loaded.
+    hash: Option<u64>,
+    /// Cancelled once its supervisor has returned: no task of it runs.
+    gone: CancellationToken,
+}
+
+/// A plugin's settings, compared by reloads: every field of its spec.
+fn spec_key(p: &PluginConfig) -> String {
+    format!("{:?}", p.spec)
+}
+
+/// The control socket's leases: those of `runs` not being removed.
+fn sync_controlled(controlled: &SharedLeases, runs: &BTreeMap<String, LeaseRun>) {
+    let leases = runs
+        .iter()
+        .filter(|(_, r)| !r.retiring)
+        .map(|(name, run)| {
+            let lease = ControlledLease {
+                intent: run.intent.clone(),
+                view: run.view.clone(),
+                timings: run.timings,
+            };
+            (name.clone(), lease)
+        })
+        .collect();
+    *controlled.write().unwrap_or_else(|e| e.into_inner()) = leases;
+}
+
+/// The next reload request; pending forever without reloads.
+async fn next_reload(reloads: &mut Option<reload::Reload>) -> Option<reload::Cause> {
+    match reloads {
+        Some(r) => r.requests.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One reload (see [`crate::reload`]): reads the configuration, checks it
+/// against the running one, compiles every new or changed plugin, and only
+/// if all of that succeeds applies the changes. `Ok(None)`: nothing
+/// changed; `Ok(Some(new))`: applied; `Err`: refused (nothing changed), and
+/// why.
+#[allow(clippy::too_many_arguments)]
+async fn reload_once(
+    cause: &reload::Cause,
+    load: &reload::Loader,
+    old: &Config,
+    fixed: &reload::Fixed,
+    runtime: &Arc<PluginRuntime>,
+    started: &Started,
+    runs: &mut BTreeMap<String, LeaseRun>,
+    plugins: &mut BTreeMap<String, PluginRun>,
+    retired: &mut BTreeMap<String, CancellationToken>,
+) -> Result<Option<Config>, String> {
+    tracing::info!(cause = %cause, "reloading: reading the configuration and plugin files again");
+    let mut new = {
+        let load = load.clone();
+        tokio::task::spawn_blocking(move || load())
+            .await
+            .map_err(|e| format!("reading the configuration panicked: {e}"))??
+    };
+    if !new.identity_declared && !old.identity_declared {
+        // Made up at random each time it is read: the running one stays.
+        new.identity = old.identity.clone();
+    }
+    let mut why = reload::needs_restart(old, &new, fixed);
+    // A lease a reload removed is contended for again only once its
+    // elector has handed it over and returned.
+    for lease in &new.leases {
+        if runs.get(&lease.name).is_some_and(|r| r.retiring) {
+            why.push(format!(
+                "lease {:?} is still being handed over after a reload removed it; reload again once \
+                 \"lease removed by a reload\" is logged",
+                lease.name
+            ));
+        }
+    }
+    if !why.is_empty() {
+        let file = new
+            .source
+            .as_ref()
+            .map(|f| f.display().to_string())
+            .unwrap_or_default();
+        return Err(format!("{file}: {}", why.join("; ")));
+    }
+    // New and changed plugins, compiled before anything changes.
+    let mut fresh: Vec<(PluginConfig, Option<u64>, Arc<Plugin>)> = Vec::new();
+    for p in &new.plugins {
+        let hash = reload::content_hash(&p.spec.path);
+        if let Some(r) = plugins.get(&p.spec.name)
+            && r.lease == p.lease
+            && r.spec == spec_key(p)
+            && hash.is_some()
+            && r.hash == hash
+        {
+            continue;
+        }
+        let (rt, spec) = (runtime.clone(), p.spec.clone());
+        let started_at = std::time::Instant::now();
+        let plugin = tokio::task::spawn_blocking(move || rt.load(&spec))
+            .await
+            .map_err(|e| format!("plugin {:?}: loading it panicked: {e}", p.spec.name))?
+            .map_err(|e| e.to_string())?;
+        tracing::info!(plugin = %p.spec.name, lease = %p.lease, world = plugin.wit_world(), load_ms = crate::logging::ms(started_at.elapsed()), "new plugin version loaded");
+        fresh.push((p.clone(), hash, Arc::new(plugin)));
+    }
+    let lease_changes = old.leases != new.leases;
+    if fresh.is_empty() && !lease_changes && plugins.len() == new.plugins.len() {
+        tracing::info!(cause = %cause, "reload: nothing changed");
+        return Ok(Some(new));
+    }
+
+    // Applying: nothing below fails.
+    let mut handover: std::collections::BTreeSet<String> = Default::default();
+    let mut summary: Vec<String> = Vec::new();
+    // Removed leases: handed over (drain, release), then no longer contended for.
+    for (name, run) in runs.iter_mut() {
+        if !run.retiring && !new.leases.iter().any(|l| &l.name == name) {
+            run.retiring = true;
+            run.intent.send_replace(Intent::Stop);
+            if let Some(h) = &started.health {
+                h.unwatch_lease(name);
+            }
+            summary.push(format!("lease {name} removed"));
+        }
+    }
+    // Removed plugins (or moved to another lease): no new term of them;
+    // a lease that runs one now is handed over so that it stops.
+    let moved: Vec<String> = plugins
+        .iter()
+        .filter(|(name, r)| {
+            !new.plugins
+                .iter()
+                .any(|p| &p.spec.name == *name && p.lease == r.lease)
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    retired.retain(|_, gone| !gone.is_cancelled());
+    for name in moved {
+        let r = plugins.remove(&name).expect("present");
+        retired.insert(name.clone(), r.gone.clone());
+        handover.insert(r.lease.clone());
+        summary.push(format!("plugin {name} removed from lease {}", r.lease));
+    }
+    // Timings: from each lease's next term.
+    for lease in &new.leases {
+        if let Some(run) = runs.get_mut(&lease.name).filter(|r| !r.retiring)
+            && run.timings != lease.timings
+        {
+            run.timings = lease.timings;
+            run.new_timings.send_replace(lease.timings);
+            summary.push(format!("lease {}: new timings from its next term", lease.name));
+        }
+    }
+    // New leases.
+    for lease in &new.leases {
+        if !runs.contains_key(&lease.name) {
+            runs.insert(lease.name.clone(), started.lease(lease));
+            summary.push(format!("lease {} added", lease.name));
+        }
+    }
+    // New and changed plugins.
+    for (p, hash, plugin) in fresh {
+        let name = p.spec.name.clone();
+        match plugins.get_mut(&name) {
+            Some(r) => {
+                r.version.send_replace(plugin);
+                r.spec = spec_key(&p);
+                r.hash = hash;
+                let when = match p.reload {
+                    ReloadMode::NextTerm => "from the lease's next term",
+                    ReloadMode::Now => {
+                        handover.insert(p.lease.clone());
+                        "at once (reload = \"now\": the lease is handed over and contended for again)"
+                    }
+                };
+                tracing::info!(plugin = %name, lease = %p.lease, reload = ?p.reload, "plugin changed: its new version runs {when}");
+                summary.push(format!("plugin {name} changed"));
+            }
+            None => {
+                let Some(run) = runs.get_mut(&p.lease) else {
+                    continue;
+                };
+                let after = retired.get(&name).filter(|g| !g.is_cancelled()).cloned();
+                plugins.insert(name.clone(), started.plugin(run, &p, plugin, hash, after));
+                summary.push(format!("plugin {name} added to lease {}", p.lease));
+            }
+        }
+    }
+    for lease in handover {
+        let Some(run) = runs.get(&lease).filter(|r| !r.retiring) else {
+            continue;
+        };
+        let Some(term) = run.view.borrow().leading_term().map(|t| t.number()) else {
+            continue;
+        };
+        let until = tokio::time::Instant::now() + run.timings.retry_period;
+        let set = run.intent.send_if_modified(|intent| {
+            if *intent == Intent::Stop {
+                return false;
+            }
+            *intent = Intent::StandBy { until };
+            true
+        });
+        if set {
+            tracing::info!(
+                lease,
+                term,
+                "reload: handing the lease over (its tasks are told, then drained; the lease released) and contending for it again"
+            );
+        }
+    }
+    tracing::info!(cause = %cause, changes = %summary.join("; "), "reload applied");
+    Ok(Some(new))
 }

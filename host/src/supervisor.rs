@@ -125,17 +125,41 @@ impl TaskObserver for NoTaskObserver {}
 /// dropped) and no task of the plugin runs. Tells `observer` what happens.
 pub async fn run_leader_tasks(
     plugin: Arc<Plugin>,
+    view: watch::Receiver<LeaseView>,
+    observer: Arc<dyn TaskObserver>,
+) {
+    let (_keep, versions) = watch::channel(plugin);
+    run_leader_tasks_of(versions, view, observer).await
+}
+
+/// [`run_leader_tasks`], for a plugin whose version may change (a reload):
+/// each term runs the version current when it starts, so a new version
+/// runs from the next term and never beside the old one. Returns, too,
+/// once the versions' sender is dropped (the plugin was removed) and no
+/// task of it runs.
+pub async fn run_leader_tasks_of(
+    mut versions: watch::Receiver<Arc<Plugin>>,
     mut view: watch::Receiver<LeaseView>,
     observer: Arc<dyn TaskObserver>,
 ) {
-    let name = plugin.name().to_owned();
+    let name = versions.borrow().name().to_owned();
     loop {
         observer.state(&name, TaskState::Waiting);
-        let term = match view.wait_for(|v| v.leading_term().is_some()).await {
-            Ok(v) => v.leading_term().cloned(),
-            Err(_) => return, // the elector is gone: no term will come
+        let term = tokio::select! {
+            v = view.wait_for(|v| v.leading_term().is_some()) => match v {
+                Ok(v) => v.leading_term().cloned(),
+                Err(_) => return, // the elector is gone: no term will come
+            },
+            changed = versions.changed() => match changed {
+                Ok(()) => continue,
+                Err(_) => return, // removed: no term of it will come
+            },
         };
         let Some(term) = term else { continue };
+        if versions.has_changed().is_err() {
+            return;
+        }
+        let plugin = versions.borrow_and_update().clone();
         if let Some(_entry) = term.enter() {
             run_term(&plugin, &term, &view, &*observer).await;
         }
@@ -166,6 +190,7 @@ async fn run_term(
             lease,
             term = number,
             attempt,
+            world = plugin.wit_world(),
             "leader task started"
         );
         let started = term.clock().now();

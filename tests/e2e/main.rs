@@ -9,6 +9,7 @@ mod http;
 mod http_server;
 mod misbehaving;
 mod ops;
+mod reload;
 mod spread;
 mod status;
 mod support;

@@ -165,6 +165,8 @@ pub struct Opts<'a> {
     pub args: &'a [&'a std::ffi::OsStr],
     /// Environment variables of the process.
     pub env: &'a [(&'a str, &'a str)],
+    /// Its identity from the configuration file, not `--identity`.
+    pub identity_from_file: bool,
 }
 
 /// The `baton` binary: the one built with the tests, or `BATON_BIN` (for
@@ -194,7 +196,7 @@ impl Host {
             Opts {
                 cache_dir: Some(cache_dir),
                 args,
-                env: &[],
+                ..Opts::default()
             },
         )
     }
@@ -204,7 +206,16 @@ impl Host {
         let mut child = baton()
             .args(["--log-format", "json", "run", "--config"])
             .arg(config)
-            .args(["--identity", name, "--cache-dir"])
+            .args(
+                if opts.identity_from_file {
+                    None
+                } else {
+                    Some(["--identity", name])
+                }
+                .into_iter()
+                .flatten(),
+            )
+            .arg("--cache-dir")
             .arg(cache_dir)
             .args(opts.args)
             .env("BATON_LOG", "info")

@@ -294,6 +294,9 @@ pub struct Elector {
     observer: Arc<dyn ElectionObserver>,
     /// When the current step began (health checks).
     heartbeat: Arc<Heartbeat>,
+    /// New timings (a reload), taken while following: they apply from the
+    /// next term.
+    timings: Option<watch::Receiver<Timings>>,
 }
 
 /// Why a leader steps down.
@@ -354,6 +357,7 @@ impl Elector {
             failure: None,
             observer: Arc::new(NoObserver),
             heartbeat,
+            timings: None,
         };
         (elector, rx, intent_tx)
     }
@@ -362,6 +366,13 @@ impl Elector {
     /// now on (instead of nobody).
     pub fn set_observer(&mut self, observer: Arc<dyn ElectionObserver>) {
         self.observer = observer;
+    }
+
+    /// Takes new timings (validated by the sender) from `timings` whenever
+    /// it follows, so that they apply from its next term; the current term
+    /// keeps the timings it began with.
+    pub fn set_timings_source(&mut self, timings: watch::Receiver<Timings>) {
+        self.timings = Some(timings);
     }
 
     /// Its heartbeat: when its current step began, and whether the store
@@ -409,6 +420,14 @@ impl Elector {
     /// Following: wait for the lease to be free, then try to take it.
     async fn follow(&mut self, f: Following) -> State {
         self.take_sighting();
+        if let Some(t) = self.timings.as_mut().filter(|t| t.has_changed().unwrap_or(false)) {
+            let timings = *t.borrow_and_update();
+            if timings != self.cfg.timings {
+                tracing::info!(lease = %self.cfg.lease, ?timings, "new timings apply from the next term");
+                self.cfg.timings = timings;
+                self.heartbeat.set_longest_step(longest_step(&timings));
+            }
+        }
         if self.failure.is_some() {
             return State::Stopped;
         }

@@ -106,7 +106,8 @@ pub struct Heartbeat {
     /// machine's sleep does not count, so a resume is no stall).
     last_step: Mutex<Instant>,
     answered: AtomicBool,
-    longest_step: Duration,
+    /// In nanoseconds: a reload may change the lease's timings.
+    longest_step: std::sync::atomic::AtomicU64,
 }
 
 impl Heartbeat {
@@ -114,8 +115,12 @@ impl Heartbeat {
         Heartbeat {
             last_step: Mutex::new(Instant::now()),
             answered: AtomicBool::new(false),
-            longest_step,
+            longest_step: std::sync::atomic::AtomicU64::new(nanos(longest_step)),
         }
+    }
+
+    pub(crate) fn set_longest_step(&self, longest_step: Duration) {
+        self.longest_step.store(nanos(longest_step), Ordering::Relaxed);
     }
 
     pub(crate) fn beat(&self) {
@@ -140,6 +145,10 @@ impl Heartbeat {
     /// The longest a step lasts when nothing is wrong; see the [type
     /// documentation](Heartbeat).
     pub fn longest_step(&self) -> Duration {
-        self.longest_step
+        Duration::from_nanos(self.longest_step.load(Ordering::Relaxed))
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

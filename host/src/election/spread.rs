@@ -237,7 +237,7 @@ impl Hosts {
 }
 
 /// How a [`Spreader`] works.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpreadConfig {
     /// The timings of this host's membership record; its retry period is
     /// also how often the store is listed.

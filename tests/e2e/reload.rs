@@ -1,0 +1,370 @@
+//! Reloads (SIGHUP, `--watch`): an unchanged configuration restarts
+//! nothing and the process goes on; broken files and restart-only changes
+//! are refused, naming what is wrong, while the old version keeps running
+//! (and `baton_reloads_total` counts both); a changed plugin runs from the
+//! lease's next term (forced by `baton yield` to the other host), or, with
+//! `reload = "now"`, from a new term at once, never beside the old one
+//! (the guests' records show it); a plugin moved to another lease starts
+//! there only once its old task is gone; a ConfigMap-style symlink swap
+//! adds and removes a lease and a plugin.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::support::*;
+use crate::witness::{Record, check_records, records_dir};
+use crate::yielding::{socket_of, yield_cmd};
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+fn starts(h: &Host, plugin: &str) -> Vec<Event> {
+    h.all(|e| e.is("leader task started", Some(plugin)))
+}
+
+fn base(store: &Path, plugin: &Path, extra: &str) -> String {
+    format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n[spread]\nenabled = false\n[defaults]\nlease-duration = \"2s\"\n\
+         renew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n[[lease]]\nname = \"demo\"\n\
+         [[plugin]]\nname = \"probe\"\npath = {:?}\nlease = \"demo\"\n{extra}",
+        store.display().to_string(),
+        plugin.display().to_string()
+    )
+}
+
+fn refused(h: &Host, n: usize) -> Event {
+    // Not inside a wait_for predicate: that holds the log's lock.
+    let deadline = std::time::Instant::now() + SECS(30);
+    loop {
+        let all = h.all(|e| e.message().starts_with("reload refused"));
+        if all.len() >= n {
+            return all[n - 1].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refusal {n}:\n{}",
+            tail(&h.output(), 30)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn sighup_restarts_nothing_and_broken_or_restart_only_changes_are_refused() {
+    let s = Scratch::new();
+    let good = format!(
+        "identity = \"host-a\"\n{}",
+        base(&s.store(), &guest("probe_pollable.wasm"), "")
+    );
+    let cfg = s.write("baton.toml", &good);
+    // The identity from the file (a changed one must be refused), and
+    // the admin endpoints for the reloads' counter.
+    let mut h = Host::start_opts(
+        "host-a",
+        &cfg,
+        Opts {
+            args: &["--admin-address".as_ref(), "127.0.0.1:0".as_ref()],
+            identity_from_file: true,
+            ..Opts::default()
+        },
+    );
+    h.wait_for(SECS(60), "guest start", |e| e.guest_line("probe", "probe start"));
+    // Unchanged: nothing restarts, the process goes on.
+    h.signal(libc::SIGHUP);
+    h.wait_for(SECS(30), "nothing changed", |e| {
+        e.message() == "reload: nothing changed"
+    });
+    // A TOML error: file and line.
+    s.write("baton.toml", "[store]\nkind = \"embedded\"\n[[lease]\nname = 1\n");
+    h.signal(libc::SIGHUP);
+    let e = refused(&h, 1);
+    let err = e.str("error").unwrap();
+    assert!(err.contains("baton.toml:3"), "{err}");
+    // Not a component: the plugin and its file.
+    s.write(
+        "baton.toml",
+        &good.replace("probe_pollable.wasm", "not-a-plugin.wasm"),
+    );
+    h.signal(libc::SIGHUP);
+    let err = refused(&h, 2).str("error").unwrap().to_owned();
+    assert!(
+        err.contains("plugin \"probe\"") && err.contains("not-a-plugin.wasm"),
+        "{err}"
+    );
+    // A new identity and store: a restart.
+    let text = format!(
+        "identity = \"other\"\n{}",
+        base(&s.dir.path().join("l2"), &guest("probe_pollable.wasm"), "")
+    );
+    s.write("baton.toml", &text);
+    h.signal(libc::SIGHUP);
+    let err = refused(&h, 3).str("error").unwrap().to_owned();
+    assert!(err.contains("baton.toml"), "{err}");
+    assert!(err.contains("the identity changed (it needs a restart)"), "{err}");
+    assert!(err.contains("the lease store ([store]) changed"), "{err}");
+    // The old version still runs, in the same term, as if nothing had
+    // happened.
+    let refusal = refused(&h, 3).at;
+    h.wait_for(SECS(5), "a tick after the refusals", |e| {
+        e.guest_line("probe", "probe tick") && e.at > refusal
+    });
+    assert!(h.exited().is_none(), "SIGHUP never ends the process");
+    assert_eq!(starts(&h, "probe").len(), 1, "the task never restarted");
+    assert_eq!(h.all(|e| e.is("leader task stopped", Some("probe"))).len(), 0);
+    assert_eq!(h.all(|e| e.message() == "reload applied").len(), 0);
+    assert_eq!(led(&h), ["demo".to_owned()].into());
+    let metrics = h.scrape();
+    assert_eq!(
+        metric(&metrics, "baton_reloads_total{result=\"ok\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "baton_reloads_total{result=\"refused\"}"),
+        Some(3.0)
+    );
+    h.sigterm();
+    assert!(h.wait_exit(SECS(30)).success());
+}
+
+#[test]
+fn a_changed_plugin_runs_from_the_next_term_forced_by_a_yield() {
+    let s = Scratch::new();
+    let file = s.dir.path().join("p.wasm");
+    std::fs::copy(guest("probe_pollable.wasm"), &file).unwrap();
+    let cfg = s.write(
+        "baton.toml",
+        &base(&s.store(), &file, "env = { PROBE_TICK_MS = \"100\" }\n"),
+    );
+    let mut a = Host::start("host-a", &cfg);
+    let first = a.wait_for(SECS(60), "a's start", |e| {
+        e.is("leader task started", Some("probe"))
+    });
+    let mut b = Host::start("host-b", &cfg);
+    b.wait_for(SECS(60), "b loaded", |e| e.message() == "compiled-code cache");
+    // The new version, seen by both hosts; the running task is left alone.
+    std::fs::copy(guest("probe_future.wasm"), &file).unwrap();
+    for h in [&a, &b] {
+        h.signal(libc::SIGHUP);
+        h.wait_for(SECS(60), "reload applied", |e| e.message() == "reload applied");
+    }
+    let applied = a.wait_for(SECS(1), "a's reload", |e| {
+        e.message().starts_with("plugin changed")
+    });
+    assert!(
+        applied.message().contains("from the lease's next term"),
+        "{:?}",
+        applied.json
+    );
+    std::thread::sleep(SECS(1));
+    a.wait_for(SECS(5), "a tick after the reload", |e| {
+        e.guest_line("probe", "probe tick") && e.at > applied.at
+    });
+    assert_eq!(starts(&a, "probe").len(), 1, "the running term kept its version");
+    assert!(starts(&b, "probe").is_empty());
+    // The next term, on host-b: the new version.
+    let out = yield_cmd(&[
+        "demo".as_ref(),
+        "--socket".as_ref(),
+        socket_of(&cfg, "host-a").as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let second = b.wait_for(SECS(30), "b's start", |e| {
+        e.is("leader task started", Some("probe"))
+    });
+    assert!(
+        second.str("world").unwrap().contains("future"),
+        "{:?}",
+        second.json
+    );
+    assert!(first.str("world").unwrap().contains("pollable"));
+    assert!(second.u64("term").unwrap() > first.u64("term").unwrap());
+    let stopped = a.wait_for(SECS(5), "a's stop", |e| {
+        e.is("leader task stopped", Some("probe"))
+    });
+    assert!(
+        stopped.at <= second.at,
+        "the old version was gone before the new one started"
+    );
+    for h in [&mut a, &mut b] {
+        h.sigterm();
+        assert!(h.wait_exit(SECS(30)).success());
+    }
+}
+
+#[test]
+fn a_replaced_plugin_with_reload_now_runs_at_once_in_a_new_term_never_beside_the_old() {
+    let s = Scratch::new();
+    let file = s.dir.path().join("p.wasm");
+    std::fs::copy(guest("probe_pollable.wasm"), &file).unwrap();
+    let data = records_dir(&s);
+    // Its guests append records, stamped and tagged with their term.
+    let extra = format!(
+        "reload = \"now\"\nenv = {{ PROBE_MODE = \"append\", PROBE_TICK_MS = \"10\", PROBE_HOST = \"host-a\", \
+         PROBE_TAG = \"probe\" }}\ndirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
+        data.display().to_string()
+    );
+    let cfg = s.write("baton.toml", &base(&s.store(), &file, &extra));
+    let mut h = Host::start_with_args("host-a", &cfg, &shared_cache_dir(), &["--watch".as_ref()]);
+    let first = h.wait_for(SECS(60), "first start", |e| {
+        e.is("leader task started", Some("probe"))
+    });
+    assert!(
+        first.str("world").unwrap().contains("pollable"),
+        "{:?}",
+        first.json
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    // Replaced by a rename, as deploy tools do.
+    let tmp = s.dir.path().join("p.wasm.tmp");
+    std::fs::copy(guest("probe_future.wasm"), &tmp).unwrap();
+    let replaced = std::time::SystemTime::now();
+    std::fs::rename(&tmp, &file).unwrap();
+    let second = h.wait_for(SECS(60), "the new version", |e| {
+        e.is("leader task started", Some("probe")) && e.str("world").is_some_and(|w| w.contains("future"))
+    });
+    assert!(second.u64("term").unwrap() > first.u64("term").unwrap());
+    let applied = h.wait_for(SECS(1), "applied", |e| e.message() == "reload applied");
+    let stop = h.wait_for(SECS(5), "old stopped", |e| {
+        e.is("leader task stopped", Some("probe"))
+    });
+    assert!(
+        stop.at <= second.at,
+        "the old version was gone before the new one started"
+    );
+    assert_eq!(starts(&h, "probe").len(), 2, "one start per term");
+    // Let the new version write for a while, then stop.
+    std::thread::sleep(Duration::from_millis(500));
+    h.sigterm();
+    assert!(h.wait_exit(SECS(30)).success());
+    // Every record stamped before its term's force-stop time, no record
+    // of the old term after one of the new: never side by side.
+    let file = data.join("records");
+    let seen = check_records(&file, std::slice::from_ref(&h));
+    let (old, new) = (first.u64("term").unwrap(), second.u64("term").unwrap());
+    assert_eq!(seen.terms, [old, new].into(), "records of both versions");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let records: Vec<Record> = text
+        .lines()
+        .enumerate()
+        .map(|(n, l)| Record::parse(n, l))
+        .collect();
+    let last_old = records
+        .iter()
+        .filter(|r| r.term == old)
+        .map(|r| r.at)
+        .max()
+        .unwrap();
+    let first_new = records
+        .iter()
+        .filter(|r| r.term == new)
+        .map(|r| r.at)
+        .min()
+        .unwrap();
+    assert!(last_old < first_new, "the versions overlapped");
+    eprintln!(
+        "reload = now: {} records; reload applied {:.0} ms after the file was replaced (watcher: 250 ms \
+         polls, 500 ms settle); the old version's last record to the new one's first: {:.1} ms; the \
+         new version started {:.0} ms after the reload was applied",
+        seen.records,
+        ms_between(replaced, applied.at),
+        ms_between(last_old, first_new),
+        ms_between(applied.at, second.at)
+    );
+}
+
+#[test]
+fn a_configmap_swap_adds_and_removes_a_lease_and_a_plugin() {
+    let s = Scratch::new();
+    let d = s.dir.path();
+    let probe = guest("probe_pollable.wasm");
+    let extra = format!(
+        "[[lease]]\nname = \"extra\"\n[[plugin]]\nname = \"p2\"\npath = {:?}\nlease = \"extra\"\n",
+        probe.display().to_string()
+    );
+    let swap = |version: &str, text: &str| {
+        std::fs::create_dir(d.join(version)).unwrap();
+        std::fs::write(d.join(version).join("baton.toml"), text).unwrap();
+        std::os::unix::fs::symlink(version, d.join("..tmp")).unwrap();
+        std::fs::rename(d.join("..tmp"), d.join("..data")).unwrap();
+    };
+    swap("..v1", &base(&s.store(), &probe, ""));
+    std::os::unix::fs::symlink("..data/baton.toml", d.join("baton.toml")).unwrap();
+    let mut h = Host::start_with_args(
+        "host-a",
+        &d.join("baton.toml"),
+        &shared_cache_dir(),
+        &["--watch".as_ref()],
+    );
+    h.wait_for(SECS(60), "guest start", |e| e.guest_line("probe", "probe start"));
+    swap("..v2", &format!("{}{extra}", base(&s.store(), &probe, "")));
+    h.wait_for(SECS(30), "p2 start", |e| e.guest_line("p2", "probe start"));
+    assert!(led(&h).contains("extra"));
+    swap("..v3", &base(&s.store(), &probe, ""));
+    h.wait_for(SECS(30), "p2 stopped", |e| {
+        e.is("leader task stopped", Some("p2"))
+    });
+    h.wait_for(SECS(30), "extra removed", |e| {
+        e.message().starts_with("lease removed by a reload")
+    });
+    let record = read_lease(&s.store(), "extra").unwrap();
+    assert!(
+        record.get("holder").is_none_or(|v| v.is_null()),
+        "released: {record}"
+    );
+    assert_eq!(starts(&h, "probe").len(), 1, "the other plugin was left alone");
+    h.sigterm();
+    assert!(h.wait_exit(SECS(30)).success());
+}
+
+#[test]
+fn a_plugin_moved_to_another_lease_starts_there_only_once_its_old_task_is_gone() {
+    let s = Scratch::new();
+    let data = records_dir(&s);
+    // A task that ignores the end of its term: stopped by force, at the
+    // end of the grace period.
+    let x = |lease: &str| {
+        format!(
+            "[[lease]]\nname = \"other\"\n[[plugin]]\nname = \"x\"\npath = {:?}\nlease = {lease:?}\n\
+             env = {{ PROBE_MODE = \"append\", PROBE_IGNORE = \"1\", PROBE_TICK_MS = \"10\", PROBE_HOST = \
+             \"host-a\", PROBE_TAG = \"x\" }}\ndirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
+            guest("probe_future.wasm").display().to_string(),
+            data.display().to_string()
+        )
+    };
+    let probe = guest("probe_pollable.wasm");
+    let cfg = s.write("baton.toml", &base(&s.store(), &probe, &x("demo")));
+    let mut h = Host::start("host-a", &cfg);
+    h.wait_for(SECS(60), "x in demo", |e| {
+        e.is("leader task started", Some("x")) && e.str("lease") == Some("demo")
+    });
+    // Not inside a wait_for predicate: that holds the log's lock.
+    let deadline = std::time::Instant::now() + SECS(30);
+    while led(&h).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "both leases led");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.write("baton.toml", &base(&s.store(), &probe, &x("other")));
+    h.signal(libc::SIGHUP);
+    let applied = h.wait_for(SECS(30), "applied", |e| e.message() == "reload applied");
+    let changes = applied.str("changes").unwrap();
+    assert!(
+        changes.contains("plugin x removed from lease demo")
+            && changes.contains("plugin x added to lease other"),
+        "{changes}"
+    );
+    let moved = h.wait_for(SECS(30), "x in other", |e| {
+        e.is("leader task started", Some("x")) && e.str("lease") == Some("other")
+    });
+    // Its only stop before the shutdown: in demo.
+    let gone = h.wait_for(SECS(1), "x gone from demo", |e| {
+        e.is("leader task stopped", Some("x"))
+    });
+    assert_eq!(gone.str("how"), Some("forced"), "{:?}", gone.json);
+    assert!(gone.at <= moved.at, "x ran in two leases at once");
+    eprintln!(
+        "moved plugin: the old task was gone {:.1} ms before the new one started",
+        ms_between(gone.at, moved.at)
+    );
+    h.sigterm();
+    assert!(h.wait_exit(SECS(30)).success());
+}
