@@ -34,6 +34,15 @@
 //! The others take a yielded lease at once, without the head start (the
 //! elector's rule, see [`Intent::Defer`]).
 //!
+//! The leases a reload adds or removes reach the spreader as
+//! [`LeaseChange`]s: the assignment is computed again at once (a new view,
+//! so hand-overs wait for the settle time again and their waits start
+//! over), an added lease is steered from its start (its elector is created
+//! deferring, [`Intent::Defer`], and told to contend at once if this host
+//! prefers it), and a removed lease's elector is told to stop
+//! ([`Intent::Stop`]: drain, release) and no longer steered. Hosts that
+//! have not reloaded yet compute other assignments meanwhile (see below).
+//!
 //! The same listing gives the live hosts that guests of
 //! `baton:leader@0.2.0` see ([`Hosts`]). A host whose spreading is off keeps
 //! its membership record (and lists) only when one of its plugins asks for
@@ -56,7 +65,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
@@ -262,6 +271,17 @@ pub struct SteeredLease {
     pub view: watch::Receiver<LeaseView>,
 }
 
+/// A change of the leases a [`Spreader`] steers (a reload).
+pub enum LeaseChange {
+    /// Steer this lease too, from now on. Its elector should start
+    /// deferring ([`Intent::Defer`]): the spreader tells it to contend if
+    /// this host prefers the lease.
+    Add(SteeredLease),
+    /// Stop steering the lease of this name, and tell its elector to stop
+    /// ([`Intent::Stop`]: drain, release, return).
+    Remove(String),
+}
+
 /// Sets an elector's intent unless it was told to stop (a stop is never
 /// taken back) or stands by after a yield (`baton yield` wins over
 /// spreading until its time is up).
@@ -312,6 +332,8 @@ pub struct Spreader {
     handed: HashMap<String, HandOvers>,
     /// Where the live hosts are published (for guests).
     hosts: watch::Sender<Hosts>,
+    /// Leases added and removed at run time ([`Spreader::follow`]).
+    changes: Option<mpsc::UnboundedReceiver<LeaseChange>>,
 }
 
 impl Spreader {
@@ -337,7 +359,40 @@ impl Spreader {
             preferred: (u64::MAX, BTreeMap::new()),
             handed: HashMap::new(),
             hosts,
+            changes: None,
         }
+    }
+
+    /// Takes lease additions and removals from `changes` while it runs
+    /// (see the [module documentation](self)).
+    pub fn follow(mut self, changes: mpsc::UnboundedReceiver<LeaseChange>) -> Spreader {
+        self.changes = Some(changes);
+        self
+    }
+
+    /// Takes in a lease added or removed at `now`: the leases are spread
+    /// again at the next steering (a new view: hand-overs wait for the
+    /// settle time again, and their waits start over); a removed lease's
+    /// elector is told to stop.
+    pub fn change(&mut self, change: LeaseChange, now: Instant) {
+        match change {
+            LeaseChange::Add(lease) => {
+                tracing::info!(lease = %lease.name, "lease added: the leases are spread again");
+                self.leases.retain(|l| l.name != lease.name);
+                self.leases.push(lease);
+            }
+            LeaseChange::Remove(name) => {
+                let Some(i) = self.leases.iter().position(|l| l.name == name) else {
+                    return;
+                };
+                let lease = self.leases.remove(i);
+                lease.intent.send_replace(Intent::Stop);
+                self.handed.remove(&name);
+                tracing::info!(lease = %name, "lease removed: no longer steered; the leases are spread again");
+            }
+        }
+        self.view_since = now;
+        self.epoch += 1;
     }
 
     /// Runs until `stop` is cancelled: keeps the membership record (its
@@ -358,11 +413,19 @@ impl Spreader {
             _ = stop.cancelled() => {}
             _ = timeout(period, member_status.wait_for(|v| v.status.role != Role::Pending)) => {}
         }
+        let mut changes = self.changes.take();
         let mut next = Instant::now();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = sleep_until(next) => {}
+                change = next_change(&mut changes) => {
+                    // Steered at once, on the last listing.
+                    let now = Instant::now();
+                    self.change(change, now);
+                    self.steer_now(now);
+                    continue;
+                }
             }
             next = Instant::now() + period;
             match timeout(
@@ -386,6 +449,13 @@ impl Spreader {
         }
         member_intent.send_replace(Intent::Stop);
         let _ = timeout(self.cfg.member_timings.renew_deadline, membership).await;
+    }
+
+    /// Steers every lease at `now`, from the live hosts of the last
+    /// listing (taken in by [`Roster::observe`]).
+    pub fn steer_now(&mut self, now: Instant) {
+        let live = self.roster.live(now);
+        self.steer_all(now, live);
     }
 
     /// Whether a lease led here may be handed over now: not yet under this
@@ -476,6 +546,17 @@ impl Spreader {
     }
 }
 
+/// The next lease change; pending forever without (more of) them.
+async fn next_change(changes: &mut Option<mpsc::UnboundedReceiver<LeaseChange>>) -> LeaseChange {
+    if let Some(rx) = changes {
+        if let Some(change) = rx.recv().await {
+            return change;
+        }
+        *changes = None;
+    }
+    std::future::pending().await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,6 +644,40 @@ mod tests {
         intents: Vec<watch::Sender<Intent>>,
         tasks: Vec<JoinHandle<()>>,
         hosts: watch::Receiver<Hosts>,
+        identity: String,
+        client: Arc<dyn LeaseStore>,
+        clock: TermClock,
+        changes: mpsc::UnboundedSender<LeaseChange>,
+    }
+
+    const HEAD_START: Duration = Duration::from_millis(500);
+
+    /// An elector of `name` for `identity`, started with `initial`.
+    fn elector(
+        client: &Arc<dyn LeaseStore>,
+        clock: &TermClock,
+        identity: &str,
+        name: &str,
+        initial: Option<Intent>,
+    ) -> (JoinHandle<()>, SteeredLease) {
+        let cfg = ElectorConfig {
+            lease: name.to_owned(),
+            identity: identity.into(),
+            timings: timings(),
+        };
+        let (elector, view, intent) = Elector::new(cfg, client.clone(), clock.clone());
+        if let Some(initial) = initial {
+            intent.send_replace(initial);
+        }
+        let task = tokio::spawn(async move {
+            let _ = elector.run().await;
+        });
+        let lease = SteeredLease {
+            name: name.to_owned(),
+            intent,
+            view,
+        };
+        (task, lease)
     }
 
     impl Host {
@@ -573,38 +688,61 @@ mod tests {
             let mut views = Vec::new();
             let mut intents = Vec::new();
             for name in leases {
-                let cfg = ElectorConfig {
-                    lease: name.clone(),
-                    identity: identity.into(),
-                    timings: timings(),
-                };
-                let (elector, view, intent) = Elector::new(cfg, client.clone(), clock.clone());
-                tasks.push(tokio::spawn(async move {
-                    let _ = elector.run().await;
-                }));
-                views.push((name.clone(), view.clone()));
-                intents.push(intent.clone());
-                steered.push(SteeredLease {
-                    name: name.clone(),
-                    intent,
-                    view,
-                });
+                let (task, lease) = elector(&client, clock, identity, name, None);
+                tasks.push(task);
+                views.push((name.clone(), lease.view.clone()));
+                intents.push(lease.intent.clone());
+                steered.push(lease);
             }
             let cfg = SpreadConfig {
                 member_timings: timings(),
-                head_start: Duration::from_millis(500),
+                head_start: HEAD_START,
                 settle: Duration::from_secs(2),
             };
             let (hosts_tx, hosts) = watch::channel(Hosts::default());
-            let spreader = Spreader::new(identity, client, cfg, steered, hosts_tx);
-            let (clock, stop) = (clock.clone(), CancellationToken::new());
-            tasks.push(tokio::spawn(spreader.run(clock, stop)));
+            let (changes, changes_rx) = mpsc::unbounded_channel();
+            let spreader = Spreader::new(identity, client.clone(), cfg, steered, hosts_tx).follow(changes_rx);
+            let stop = CancellationToken::new();
+            tasks.push(tokio::spawn(spreader.run(clock.clone(), stop)));
             Host {
                 views,
                 intents,
                 tasks,
                 hosts,
+                identity: identity.to_owned(),
+                client,
+                clock: clock.clone(),
+                changes,
             }
+        }
+
+        /// A reload adds `name`: its elector starts deferring, as `baton
+        /// run` starts it, and the spreader steers it.
+        fn add(&mut self, name: &str) {
+            let initial = Intent::Defer {
+                head_start: HEAD_START,
+            };
+            let (task, lease) = elector(&self.client, &self.clock, &self.identity, name, Some(initial));
+            self.tasks.push(task);
+            self.views.push((name.to_owned(), lease.view.clone()));
+            self.intents.push(lease.intent.clone());
+            self.changes.send(LeaseChange::Add(lease)).unwrap();
+        }
+
+        /// A reload removes `name`.
+        fn remove(&self, name: &str) {
+            self.changes.send(LeaseChange::Remove(name.to_owned())).unwrap();
+        }
+
+        fn intent(&self, name: &str) -> Intent {
+            let i = self.views.iter().position(|(n, _)| n == name).unwrap();
+            *self.intents[i].borrow()
+        }
+
+        fn leads(&self, name: &str) -> bool {
+            self.views
+                .iter()
+                .any(|(n, v)| n == name && v.borrow().status.is_leading())
         }
 
         /// Waits until this host counts `live` hosts, itself among them.
@@ -780,5 +918,139 @@ mod tests {
         let now = a_view.borrow().status.clone();
         assert!(now.is_leading() && now.term == b_term + 1, "{now:?}");
         assert_eq!(leads(&[&a, &b]), [1, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_added_and_removed_at_run_time_are_spread_and_a_removed_one_is_released() {
+        let store = MemoryStore::new();
+        let clock = TermClock::paused();
+        let mut leases = names("lease-", 4);
+        let mut a = Host::start(&store, &clock, "a", &leases);
+        let mut b = Host::start(&store, &clock, "b", &leases);
+        settle(&[&a, &b], &leases, &[2, 2], Duration::from_secs(20)).await;
+        let ab = ["a".to_owned(), "b".to_owned()];
+        // Two leases added by a reload on a, then on b a second later:
+        // each is led once, by the host that prefers it, and the spread
+        // stays even.
+        let added = names("added-", 2);
+        for l in &added {
+            a.add(l);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let preferred = assign(&[leases.clone(), added.clone()].concat(), &ab);
+        for l in &added {
+            let want = if preferred[l] == "a" {
+                Intent::Contend
+            } else {
+                Intent::Defer {
+                    head_start: HEAD_START,
+                }
+            };
+            assert_eq!(a.intent(l), want, "{l} on a, steered from its start");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for l in &added {
+            b.add(l);
+        }
+        leases.extend(added.iter().cloned());
+        settle(&[&a, &b], &leases, &[3, 3], Duration::from_secs(30)).await;
+        for l in &leases {
+            let by = if a.leads(l) { "a" } else { "b" };
+            assert_eq!(preferred[l], by, "{l}");
+        }
+        // Steady: nothing moves any more.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        no_overlap(&[&a, &b], &leases);
+        assert_eq!(leads(&[&a, &b]), [3, 3]);
+        // Two leases removed, one led by each: on a first. a's elector is
+        // told to stop (drain, release); b, not reloaded yet, may take
+        // a's; once both reloaded nobody leads either, and the four left
+        // are spread evenly again.
+        let gone: Vec<String> = ["a", "b"]
+            .iter()
+            .map(|h| leases.iter().find(|l| preferred[*l] == *h).unwrap().clone())
+            .collect();
+        for l in &gone {
+            a.remove(l);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for l in &gone {
+            assert_eq!(a.intent(l), Intent::Stop);
+        }
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            no_overlap(&[&a, &b], &leases);
+        }
+        for l in &gone {
+            assert!(!a.leads(l), "{l} still led by a");
+            b.remove(l);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for l in &gone {
+            assert_eq!(b.intent(l), Intent::Stop);
+        }
+        leases.retain(|l| !gone.contains(l));
+        let all: Vec<String> = [leases.clone(), gone.clone()].concat();
+        let start = Instant::now();
+        loop {
+            no_overlap(&[&a, &b], &all);
+            let led = |h: &Host| leases.iter().filter(|l| h.leads(l)).count();
+            if !gone.iter().any(|l| a.leads(l) || b.leads(l)) && [led(&a), led(&b)] == [2, 2] {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "not spread again");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        no_overlap(&[&a, &b], &all);
+        for l in &gone {
+            assert!(!a.leads(l) && !b.leads(l), "{l} led after its removal");
+            let held = store.client().get(l).await.unwrap();
+            assert!(
+                held.is_none_or(|v| v.record.holder().is_none()),
+                "{l} not released"
+            );
+        }
+        let preferred = assign(&leases, &ab);
+        for l in &leases {
+            let by = if a.leads(l) { "a" } else { "b" };
+            assert_eq!(preferred[l], by, "{l}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_now_stand_by_is_not_overwritten_and_the_lease_comes_back_in_a_new_term() {
+        // reload = "now" stands a lease by for one retry period: the
+        // spreader leaves that alone, the lease is handed over, and it
+        // ends up led by its preferred host again, in a later term.
+        let store = MemoryStore::new();
+        let clock = TermClock::paused();
+        let leases = names("lease-", 2);
+        let a = Host::start(&store, &clock, "a", &leases);
+        let b = Host::start(&store, &clock, "b", &leases);
+        settle(&[&a, &b], &leases, &[1, 1], Duration::from_secs(20)).await;
+        let i = a
+            .views
+            .iter()
+            .position(|(_, v)| v.borrow().status.is_leading())
+            .unwrap();
+        let term = a.views[i].1.borrow().status.term;
+        let until = Instant::now() + timings().retry_period;
+        a.intents[i].send_replace(Intent::StandBy { until });
+        while Instant::now() < until {
+            assert_eq!(*a.intents[i].borrow(), Intent::StandBy { until });
+            no_overlap(&[&a, &b], &leases);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut rx = a.views[i].1.clone();
+        timeout(Duration::from_secs(30), rx.wait_for(|v| v.status.is_leading()))
+            .await
+            .expect("back to a")
+            .unwrap();
+        assert!(a.views[i].1.borrow().status.term > term);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        no_overlap(&[&a, &b], &leases);
+        assert_eq!(leads(&[&a, &b]), [1, 1]);
+        assert!(a.views[i].1.borrow().status.is_leading());
     }
 }
