@@ -216,14 +216,6 @@ pub fn needs_restart(old: &Config, new: &Config, fixed: &Fixed) -> Vec<String> {
         "spreading ([spread], or whether it is on: by default with more than one lease)",
         old.spread != new.spread,
     );
-    let names = |c: &Config| c.leases.iter().map(|l| l.name.clone()).collect::<Vec<_>>();
-    if old.spread.is_some() && names(old) != names(new) {
-        why.push(
-            "leases added or removed while spreading (the spreader steers the leases the host started \
-             with; it needs a restart)"
-                .into(),
-        );
-    }
     if let Some(reservation) = fixed.memory_reservation {
         for p in &new.plugins {
             if p.spec.memory_limit > reservation {
@@ -281,11 +273,15 @@ mod tests {
         );
         let why = needs_restart(&old, &cfg(&big), &fixed);
         assert!(why[0].contains("plugin \"p\": memory-limit"), "{why:?}");
-        // Two leases spread by default: one more is refused.
+        // Two leases spread by default: one more, or one fewer of three,
+        // is taken in by the spreader; down to one turns spreading off.
         let two = "identity = \"a\"\n[[lease]]\nname = \"x\"\n[[lease]]\nname = \"y\"\n";
         let three = format!("{two}[[lease]]\nname = \"z\"\n");
-        let why = needs_restart(&cfg(two), &cfg(&three), &fixed);
-        assert!(why[0].contains("while spreading"), "{why:?}");
+        assert!(needs_restart(&cfg(two), &cfg(&three), &fixed).is_empty());
+        assert!(needs_restart(&cfg(&three), &cfg(two), &fixed).is_empty());
+        let one = "identity = \"a\"\n[[lease]]\nname = \"x\"\n";
+        let why = needs_restart(&cfg(two), &cfg(one), &fixed);
+        assert!(why[0].contains("spreading"), "{why:?}");
     }
 
     #[tokio::test(start_paused = false)]

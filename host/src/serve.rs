@@ -33,7 +33,7 @@ use crate::admin::AdminServer;
 use crate::config::{Config, StoreConfig};
 use crate::config::{LeaseConfig, PluginConfig, ReloadMode};
 use crate::control::{ControlSocket, ControlledHost, ControlledLease, SharedLeases};
-use crate::election::spread::{Spreader, SteeredLease};
+use crate::election::spread::{LeaseChange, Spreader, SteeredLease};
 use crate::election::{
     DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Intent, LeaseView, NoObserver, TermClock,
     Timings,
@@ -385,6 +385,7 @@ pub async fn serve_opts(
         health: ops.as_ref().map(|o| o.health.clone()),
         identity: config.identity.clone(),
         ended: ended_tx.clone(),
+        spread: None,
     };
     for lease in &config.leases {
         let configured = config.plugins.iter().filter(|p| p.lease == lease.name).count();
@@ -394,7 +395,7 @@ pub async fn serve_opts(
             tracing::error!(lease = %lease.name, "no plugin of this lease could be loaded; not contending for it");
             continue;
         }
-        let mut run = started.lease(lease);
+        let mut run = started.lease(lease, None);
         for (_, plugin) in loaded.iter().filter(|(l, _)| l == &lease.name) {
             let p = config
                 .plugins
@@ -423,6 +424,7 @@ pub async fn serve_opts(
     // Spreading: this host's membership record, and its electors steered
     // so that each host leads its share.
     let spread_stop = CancellationToken::new();
+    let mut started = started;
     // Without spreading, the record is kept (and no lease steered) only if
     // a plugin asks for the live hosts.
     let wants_hosts = loaded.iter().any(|(_, p)| p.uses_hosts());
@@ -440,13 +442,22 @@ pub async fn serve_opts(
                 view: run.view.clone(),
             })
             .collect();
-        let spreader = Spreader::new(
+        let mut spreader = Spreader::new(
             &config.identity,
             store.clone(),
             cfg,
             leases,
             runtime.hosts().clone(),
         );
+        if steer {
+            // Leases a reload adds or removes.
+            let (changes, rx) = mpsc::unbounded_channel();
+            spreader = spreader.follow(rx);
+            started.spread = Some(Spreading {
+                head_start: cfg.head_start,
+                changes,
+            });
+        }
         election
             .handle()
             .spawn(spreader.run(clock.clone(), spread_stop.clone()))
@@ -736,12 +747,22 @@ struct Started {
     health: Option<Arc<Health>>,
     identity: String,
     ended: mpsc::UnboundedSender<(String, Result<(), String>)>,
+    /// The spreader, if it steers the leases.
+    spread: Option<Spreading>,
+}
+
+/// What a reload tells the spreader.
+struct Spreading {
+    /// How long a host that does not prefer a lease lets the one that does
+    /// go first: an added lease's elector starts so.
+    head_start: Duration,
+    changes: mpsc::UnboundedSender<LeaseChange>,
 }
 
 impl Started {
     /// Starts contending for `lease` (its plugins are added with
-    /// [`Started::plugin`]).
-    fn lease(&self, lease: &LeaseConfig) -> LeaseRun {
+    /// [`Started::plugin`]), with the intent `initial` if given.
+    fn lease(&self, lease: &LeaseConfig, initial: Option<Intent>) -> LeaseRun {
         let cfg = ElectorConfig {
             lease: lease.name.clone(),
             identity: self.identity.clone(),
@@ -753,6 +774,9 @@ impl Started {
             let _inside = self.election.enter();
             Elector::new(cfg, self.store.clone(), self.clock.clone())
         };
+        if let Some(initial) = initial {
+            intent.send_replace(initial);
+        }
         elector.set_observer(self.election_observer.clone());
         let (new_timings, timings_rx) = watch::channel(lease.timings);
         elector.set_timings_source(timings_rx);
@@ -778,6 +802,35 @@ impl Started {
             new_timings,
             ended: false,
             retiring: false,
+        }
+    }
+
+    /// Starts contending for `lease`, added by a reload: when spreading,
+    /// deferring at first and steered by the spreader from its start (it
+    /// is told to contend at once if this host prefers the lease).
+    fn added_lease(&self, lease: &LeaseConfig) -> LeaseRun {
+        let Some(spread) = &self.spread else {
+            return self.lease(lease, None);
+        };
+        let initial = Intent::Defer {
+            head_start: spread.head_start,
+        };
+        let run = self.lease(lease, Some(initial));
+        let steered = SteeredLease {
+            name: lease.name.clone(),
+            intent: run.intent.clone(),
+            view: run.view.clone(),
+        };
+        let _ = spread.changes.send(LeaseChange::Add(steered));
+        run
+    }
+
+    /// Stops contending for `lease`, removed by a reload: its elector hands
+    /// it over (drain, release) and returns; the spreader no longer steers it.
+    fn removed_lease(&self, lease: &str, run: &LeaseRun) {
+        run.intent.send_replace(Intent::Stop);
+        if let Some(spread) = &self.spread {
+            let _ = spread.changes.send(LeaseChange::Remove(lease.to_owned()));
         }
     }
 
@@ -940,7 +993,7 @@ async fn reload_once(
     for (name, run) in runs.iter_mut() {
         if !run.retiring && !new.leases.iter().any(|l| &l.name == name) {
             run.retiring = true;
-            run.intent.send_replace(Intent::Stop);
+            started.removed_lease(name, run);
             if let Some(h) = &started.health {
                 h.unwatch_lease(name);
             }
@@ -978,7 +1031,7 @@ async fn reload_once(
     // New leases.
     for lease in &new.leases {
         if !runs.contains_key(&lease.name) {
-            runs.insert(lease.name.clone(), started.lease(lease));
+            runs.insert(lease.name.clone(), started.added_lease(lease));
             summary.push(format!("lease {} added", lease.name));
         }
     }

@@ -6,11 +6,14 @@
 //! `reload = "now"`, from a new term at once, never beside the old one
 //! (the guests' records show it); a plugin moved to another lease starts
 //! there only once its old task is gone; a ConfigMap-style symlink swap
-//! adds and removes a lease and a plugin.
+//! adds and removes a lease and a plugin; with spreading on, two hosts
+//! spread the leases their reloads add, and hand over and leave the one
+//! they remove (the guests' records show no overlap).
 
 use std::path::Path;
 use std::time::Duration;
 
+use crate::spread::{Incarnation, STEADY, check_lease, lease_name};
 use crate::support::*;
 use crate::witness::{Record, check_records, records_dir};
 use crate::yielding::{socket_of, yield_cmd};
@@ -367,4 +370,190 @@ fn a_plugin_moved_to_another_lease_starts_there_only_once_its_old_task_is_gone()
     );
     h.sigterm();
     assert!(h.wait_exit(SECS(30)).success());
+}
+
+/// A configuration with spreading on and leases `lease-NN` of `leases`,
+/// each gating one guest that appends records to `data/lease-NN/records`
+/// (the layout of [`crate::spread`]'s scenario, so its check applies).
+fn spreading(store: &Path, data: &Path, leases: &[usize]) -> String {
+    let mut text = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n[spread]\nenabled = true\n[defaults]\nlease-duration = \"2s\"\n\
+         renew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n",
+        store.display().to_string()
+    );
+    let path = guest("probe_pollable.wasm").display().to_string();
+    for &i in leases {
+        let dir = data.join(lease_name(i));
+        std::fs::create_dir_all(&dir).unwrap();
+        text.push_str(&format!(
+            "[[lease]]\nname = \"lease-{i:02}\"\n[[plugin]]\nname = \"p-{i:02}\"\npath = {path:?}\nlease = \"lease-{i:02}\"\n\
+             inherit-env = [\"PROBE_HOST\"]\nenv = {{ PROBE_MODE = \"append\", PROBE_TAG = \"p-{i:02}\", PROBE_TICK_MS = \"50\" }}\n\
+             dirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
+            dir.display().to_string()
+        ));
+    }
+    text
+}
+
+/// Waits until each of `leases` is led by exactly one of `hosts`, no
+/// other lease is led, and the hosts' counts differ by one at most, and
+/// that holds for [`STEADY`]; a lease led by both for more than a moment
+/// (by their logs) fails. Returns each host's leases.
+fn wait_led(hosts: &[&Host], leases: &[usize], within: Duration) -> Vec<std::collections::BTreeSet<String>> {
+    let want: std::collections::BTreeSet<String> = leases.iter().map(|&i| lease_name(i)).collect();
+    let start = std::time::Instant::now();
+    let mut doubled: Option<std::time::Instant> = None;
+    let mut held: Option<std::time::Instant> = None;
+    loop {
+        let sets: Vec<_> = hosts.iter().map(|h| led(h)).collect();
+        let all: Vec<&String> = sets.iter().flatten().collect();
+        let unique: std::collections::BTreeSet<&String> = all.iter().copied().collect();
+        if unique.len() < all.len() {
+            let since = *doubled.get_or_insert_with(std::time::Instant::now);
+            assert!(since.elapsed() < SECS(1), "a lease led by two hosts: {sets:?}");
+        } else {
+            doubled = None;
+        }
+        let counts: Vec<usize> = sets.iter().map(|s| s.len()).collect();
+        let even = counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1;
+        if unique.len() == all.len()
+            && unique
+                .into_iter()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+                == want
+            && even
+        {
+            let since = *held.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= STEADY {
+                return sets;
+            }
+        } else {
+            held = None;
+        }
+        assert!(
+            start.elapsed() < within + STEADY,
+            "not spread: {sets:?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed_over_and_left() {
+    let s = Scratch::new();
+    let data = records_dir(&s);
+    let cfg = s.write("baton.toml", &spreading(&s.store(), &data, &[0]));
+    let start = |name: &str| {
+        Host::start_opts(
+            name,
+            &cfg,
+            Opts {
+                env: &[("PROBE_HOST", name)],
+                ..Opts::default()
+            },
+        )
+    };
+    let mut a = start("host-a");
+    let mut b = start("host-b");
+    for h in [&a, &b] {
+        h.wait_for(SECS(60), "loaded", |e| e.message() == "compiled-code cache");
+    }
+    wait_led(&[&a, &b], &[0], SECS(30));
+    // Two leases added, on a, then on b: spread, each led by one host.
+    s.write("baton.toml", &spreading(&s.store(), &data, &[0, 1, 2]));
+    for h in [&a, &b] {
+        h.signal(libc::SIGHUP);
+        let applied = h.wait_for(SECS(60), "reload applied", |e| e.message() == "reload applied");
+        let changes = applied.str("changes").unwrap();
+        assert!(
+            changes.contains("lease lease-01 added") && changes.contains("lease lease-02 added"),
+            "{changes}"
+        );
+    }
+    assert!(
+        a.all(|e| e.message().starts_with("reload refused")).is_empty(),
+        "not refused"
+    );
+    let sets = wait_led(&[&a, &b], &[0, 1, 2], SECS(30));
+    eprintln!("spread after adding two leases: a {:?}, b {:?}", sets[0], sets[1]);
+    let holder = if sets[0].contains("lease-02") { &a } else { &b };
+    let holder_name = holder.name.clone();
+    // lease-02 removed, on a, then on b: handed over (its task told and
+    // gone by itself), then led by nobody.
+    s.write("baton.toml", &spreading(&s.store(), &data, &[0, 1]));
+    for h in [&a, &b] {
+        h.signal(libc::SIGHUP);
+        let applied = h.wait_for(SECS(60), "reload applied", |e| {
+            e.message() == "reload applied"
+                && e.str("changes")
+                    .is_some_and(|c| c.contains("lease lease-02 removed"))
+        });
+        assert!(applied.str("changes").is_some());
+    }
+    for h in [&a, &b] {
+        h.wait_for(SECS(30), "lease-02 removed", |e| {
+            e.message().starts_with("lease removed by a reload") && e.str("lease") == Some("lease-02")
+        });
+    }
+    wait_led(&[&a, &b], &[0, 1], SECS(30));
+    let record = read_lease(&s.store(), "lease-02").unwrap();
+    assert!(
+        record.get("holder").is_none_or(|v| v.is_null()),
+        "released: {record}"
+    );
+    let stops: Vec<Event> = [&a, &b]
+        .iter()
+        .flat_map(|h| h.all(|e| e.is("leader task stopped", Some("p-02"))))
+        .collect();
+    assert!(!stops.is_empty(), "{holder_name}'s task of lease-02 stopped");
+    for e in &stops {
+        assert_ne!(
+            e.str("how"),
+            Some("forced"),
+            "handed over gracefully: {:?}",
+            e.json
+        );
+    }
+    std::thread::sleep(SECS(2));
+    for h in [&a, &b] {
+        assert!(
+            !led(h).contains("lease-02"),
+            "{} leads lease-02 after its removal",
+            h.name
+        );
+    }
+    let starts = |i: usize| -> usize {
+        [&a, &b]
+            .iter()
+            .map(|h| {
+                h.all(|e| e.is("leader task started", Some(&format!("p-{i:02}"))))
+                    .len()
+            })
+            .sum()
+    };
+    eprintln!(
+        "spread reload: leader task starts of lease-01: {}, of lease-02: {} (a start on a host that did not prefer it is moved once)",
+        starts(1),
+        starts(2)
+    );
+    for h in [&mut a, &mut b] {
+        h.sigterm();
+        assert!(h.wait_exit(SECS(30)).success());
+    }
+    let runs = [
+        Incarnation {
+            host: &a,
+            killed: None,
+        },
+        Incarnation {
+            host: &b,
+            killed: None,
+        },
+    ];
+    for i in 0..3 {
+        let (records, terms) = check_lease(&data, i, &runs);
+        assert!(records > 0, "lease-{i:02} has records");
+        eprintln!("lease-{i:02}: {records} records in {terms} terms, none overlapping");
+    }
 }
