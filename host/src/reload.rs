@@ -82,7 +82,10 @@ pub fn watched_files(config: &Config) -> Vec<PathBuf> {
 }
 
 /// A hash of a file's content (change detection, not security); `None`
-/// if it cannot be read.
+/// if it cannot be read. The same as [`Plugin::content_hash`] of a plugin
+/// compiled from the same bytes.
+///
+/// [`Plugin::content_hash`]: crate::runtime::Plugin::content_hash
 pub fn content_hash(path: &Path) -> Option<u64> {
     let bytes = std::fs::read(path).ok()?;
     let mut h = std::hash::DefaultHasher::new();

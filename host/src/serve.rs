@@ -404,13 +404,7 @@ pub async fn serve_opts(
                 .expect("a loaded plugin is configured");
             plugins.insert(
                 p.spec.name.clone(),
-                started.plugin(
-                    &mut run,
-                    p,
-                    plugin.clone(),
-                    reload::content_hash(&p.spec.path),
-                    None,
-                ),
+                started.plugin(&mut run, p, plugin.clone(), Some(plugin.content_hash()), None),
             );
         }
         runs.insert(lease.name.clone(), run);
@@ -978,6 +972,8 @@ async fn reload_once(
             .map_err(|e| format!("plugin {:?}: loading it panicked: {e}", p.spec.name))?
             .map_err(|e| e.to_string())?;
         tracing::info!(plugin = %p.spec.name, lease = %p.lease, world = plugin.wit_world(), load_ms = crate::logging::ms(started_at.elapsed()), "new plugin version loaded");
+        // What was compiled, which may be newer than what was hashed above.
+        let hash = Some(plugin.content_hash());
         fresh.push((p.clone(), hash, Arc::new(plugin)));
     }
     let lease_changes = old.leases != new.leases;

@@ -363,8 +363,8 @@ impl PluginRuntime {
     /// run.
     pub fn check(&self, name: &str, path: &Path) -> Result<Plugin, PluginError> {
         let id = FileId::of(path);
-        if let Some(compiled) = id.as_ref().and_then(|id| self.compiled_file(id)) {
-            return Ok(self.plugin(name, path, compiled));
+        if let Some((key, compiled)) = id.as_ref().and_then(|id| self.compiled_file(id)) {
+            return Ok(self.plugin(name, path, key, compiled));
         }
         let bytes = std::fs::read(path)
             .map_err(|e| PluginError::new(name, path, format!("cannot read the file: {e}")))?;
@@ -380,7 +380,7 @@ impl PluginRuntime {
 
     /// The compilation of a file read before and found fit to run, if it
     /// has not changed since.
-    fn compiled_file(&self, id: &FileId) -> Option<Compiled> {
+    fn compiled_file(&self, id: &FileId) -> Option<(ContentKey, Compiled)> {
         let key = *self.files.lock().unwrap_or_else(|e| e.into_inner()).get(id)?;
         let slot = self
             .compiled
@@ -388,7 +388,7 @@ impl PluginRuntime {
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)?
             .clone();
-        slot.get()?.as_ref().ok().cloned()
+        slot.get()?.as_ref().ok().cloned().map(|compiled| (key, compiled))
     }
 
     /// As [`check`](Self::check), for bytes already read from `path`.
@@ -414,24 +414,27 @@ impl PluginRuntime {
             }
             Binary::Component => {}
         }
+        let key = ContentKey::of(bytes);
         let slot = self
             .compiled
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(ContentKey::of(bytes))
+            .entry(key)
             .or_default()
             .clone();
         let compiled = slot
             .get_or_init(|| self.compile_announced(name, path, bytes))
             .clone()
             .map_err(fail)?;
-        Ok(self.plugin(name, path, compiled))
+        Ok(self.plugin(name, path, key, compiled))
     }
 
-    /// A plugin named `name` of the component at `path`, compiled.
-    fn plugin(&self, name: &str, path: &Path, compiled: Compiled) -> Plugin {
+    /// A plugin named `name` of the component at `path`, compiled from
+    /// the bytes of `key`.
+    fn plugin(&self, name: &str, path: &Path, key: ContentKey, compiled: Compiled) -> Plugin {
         let name: Arc<str> = Arc::from(name);
         Plugin {
+            content: key,
             capabilities: compiled.capabilities,
             output: OutputBudget::new(name.clone(), OutputLimits::default()),
             name,
@@ -644,6 +647,8 @@ pub struct Plugin {
     capabilities: Vec<Capability>,
     /// The linear memory of its running instances, in bytes.
     memory: Arc<std::sync::atomic::AtomicU64>,
+    /// The bytes it was compiled from.
+    content: ContentKey,
 }
 
 /// Something a component imports that does nothing without a grant of its
@@ -734,6 +739,14 @@ impl Plugin {
     /// The version of the contract it was built against.
     pub fn contract(&self) -> Contract {
         self.contract
+    }
+
+    /// A hash of the bytes it was compiled from (`std`'s `DefaultHasher`
+    /// over the file's bytes as a slice): what a reload compares a file's
+    /// content with, taken from the bytes compiled rather than read again,
+    /// so that a file replaced while it was being loaded is seen as changed.
+    pub fn content_hash(&self) -> u64 {
+        self.content.hash
     }
 
     /// The full WIT name of its world, version included.
