@@ -790,6 +790,21 @@ mod tests {
         }
     }
 
+    /// Hosts `a` and `b` spreading two leases, settled at one each; and the
+    /// index of the lease `a` leads.
+    async fn two_hosts_settled(store: &MemoryStore, clock: &TermClock) -> (Vec<String>, Host, Host, usize) {
+        let leases = names("lease-", 2);
+        let a = Host::start(store, clock, "a", &leases);
+        let b = Host::start(store, clock, "b", &leases);
+        settle(&[&a, &b], &leases, &[1, 1], Duration::from_secs(20)).await;
+        let i = a
+            .views
+            .iter()
+            .position(|(_, v)| v.borrow().status.is_leading())
+            .unwrap();
+        (leases, a, b, i)
+    }
+
     async fn settle(hosts: &[&Host], leases: &[String], want: &[usize], within: Duration) -> Duration {
         let start = Instant::now();
         loop {
@@ -869,15 +884,7 @@ mod tests {
     async fn a_yield_wins_over_spreading_for_its_time_then_the_lease_goes_back_once() {
         let store = MemoryStore::new();
         let clock = TermClock::paused();
-        let leases = names("lease-", 2);
-        let a = Host::start(&store, &clock, "a", &leases);
-        let b = Host::start(&store, &clock, "b", &leases);
-        settle(&[&a, &b], &leases, &[1, 1], Duration::from_secs(20)).await;
-        let i = a
-            .views
-            .iter()
-            .position(|(_, v)| v.borrow().status.is_leading())
-            .unwrap();
+        let (leases, a, b, i) = two_hosts_settled(&store, &clock).await;
         let (lease, a_view) = &a.views[i];
         let b_view = &b.views[i].1;
         let term = a_view.borrow().status.term;
@@ -1025,15 +1032,7 @@ mod tests {
         // ends up led by its preferred host again, in a later term.
         let store = MemoryStore::new();
         let clock = TermClock::paused();
-        let leases = names("lease-", 2);
-        let a = Host::start(&store, &clock, "a", &leases);
-        let b = Host::start(&store, &clock, "b", &leases);
-        settle(&[&a, &b], &leases, &[1, 1], Duration::from_secs(20)).await;
-        let i = a
-            .views
-            .iter()
-            .position(|(_, v)| v.borrow().status.is_leading())
-            .unwrap();
+        let (leases, a, b, i) = two_hosts_settled(&store, &clock).await;
         let term = a.views[i].1.borrow().status.term;
         let until = Instant::now() + timings().retry_period;
         a.intents[i].send_replace(Intent::StandBy { until });
