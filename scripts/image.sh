@@ -4,6 +4,7 @@
 # configuration of deploy/kubernetes/configmap.yaml, FROM scratch.
 #
 #   scripts/image.sh [ARCHIVE]
+#   scripts/image.sh --install-only   # installs what it needs, builds nothing
 #
 # ARCHIVE defaults to $BATON_CACHE/image/baton-<tag>.oci.tar. The image is
 # named baton:<tag> in it (BATON_IMAGE_NAME, BATON_IMAGE_TAG; the tag defaults
@@ -32,6 +33,11 @@ version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Ca
 name="${BATON_IMAGE_NAME:-baton}"
 tag="${BATON_IMAGE_TAG:-$version}"
 image_dir="$BATON_CACHE/image"
+install_only=
+if [ "${1:-}" = --install-only ]; then
+    install_only=1
+    shift
+fi
 archive="${1:-$image_dir/$name-$tag.oci.tar}"
 plugins=(rust_future_ticker rust_pollable_ticker)
 
@@ -54,6 +60,8 @@ fi
 if [ ! -d "$(rustc --print sysroot)/lib/rustlib/$target" ]; then
     rustup target add "$target" >&2
 fi
+
+[ -z "$install_only" ] || exit 0
 
 # ---- build
 t0=$SECONDS

@@ -1,14 +1,43 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs (the wasm32-wasip2 target),
 # builds every guest component from source, then runs the host's unit tests,
-# the end-to-end tests (real `baton` processes running real guests) and the
-# guest SDK's tests.
+# the end-to-end tests (real `baton` processes running real guests), the
+# guest SDK's tests, and the container image's test.
+#
+# BATON_TEST_IMAGE=0 leaves the container image out (for a quicker local
+# run; the suite is not whole then, and CI never sets it).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$repo/scripts/env.sh"
 cd "$repo"
 
 scripts/build-guests.sh >/dev/null
+# The container image (scripts/image.sh) is built beside the steps below, in
+# the background: its static release build for the musl target compiles
+# wasmtime once more (about 20 minutes on a cold 2-core machine, cached in
+# the target directory after; a change to the host rebuilds the host crate
+# alone, a few minutes), and beside the other builds it fills the time they
+# leave a core idle (one crate compiling alone, linking, downloads). Cargo
+# locks each profile's directory on its own, so the dev and the musl release
+# builds run at once. Its installs (apt-get) run first, so that no two
+# apt-get run at once; the tests wait for the build to end (a build beside
+# them would steal the CPU of tests that time reactions in milliseconds).
+# Its own session (setsid), so that an early exit stops the whole build.
+image=
+cleanup() {
+    if [ -n "$image" ]; then kill -- "-$image" 2>/dev/null || true; fi
+    if [ -n "${kube:-}" ]; then scripts/kube-testenv.sh stop; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+if [ "${BATON_TEST_IMAGE:-1}" != 0 ]; then
+    scripts/image.sh --install-only
+    image_log="$BATON_CACHE/image/build-$$.log"
+    mkdir -p "$(dirname "$image_log")"
+    setsid scripts/image.sh >"$image_log.out" 2>"$image_log" &
+    image=$!
+fi
 export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
 export BATON_POLYGLOT_DIR="${BATON_POLYGLOT_DIR:-$BATON_CACHE/polyglot}"
 scripts/build-polyglot-guests.sh >/dev/null
@@ -16,9 +45,7 @@ scripts/build-polyglot-guests.sh >/dev/null
 # cached on first use), for the kubernetes store's tests (the KUBE_TEST_*
 # variables) and the deploy manifests' check; stopped on exit.
 export BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-$$.env"
-trap 'scripts/kube-testenv.sh stop' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+kube=1
 scripts/kube-testenv.sh start >/dev/null
 . "$BATON_KUBE_ENV"
 deploy/kubernetes/verify.sh
@@ -35,14 +62,22 @@ cargo build -p baton
 # build leaves gigabytes of dirty pages, and in the first tests after one
 # the lease files' fsyncs took over 200 ms each for more than a second.
 cargo test --no-run -p baton "$@"
+if [ -n "$image" ]; then
+    if ! wait "$image"; then
+        echo "test: building the container image failed (scripts/image.sh):" >&2
+        tail -n 40 "$image_log" >&2
+        exit 1
+    fi
+    image=
+    archive="$(cat "$image_log.out")"
+    tail -n 1 "$image_log" >&2
+    rm -f "$image_log" "$image_log.out"
+fi
 sync
 cargo test --no-fail-fast -p baton "$@" -- --test-threads=1 --nocapture
 cargo test -p baton-guest --all-features "$@" -- --test-threads=1
-# The container image, only when asked (BATON_TEST_IMAGE=1): its static build
-# compiles wasmtime once more, for the musl target (about 20 minutes on a
-# cold 2-core machine, cached in the target directory after), then
-# scripts/image-test.sh runs it against an API server of its own.
-if [ "${BATON_TEST_IMAGE:-}" = 1 ]; then
-    archive="$(scripts/image.sh)"
+# The container image, built above: scripts/image-test.sh runs it against an
+# API server of its own, beside a host outside the image.
+if [ -n "${archive:-}" ]; then
     BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-image-$$.env" scripts/image-test.sh "$archive"
 fi
