@@ -48,7 +48,7 @@ use crate::runtime::{
 };
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
-use crate::store::{LeaseStore, StoreError};
+use crate::store::{LeaseStore, StoreError, StoreTimings};
 use crate::supervisor::{NoTaskObserver, TaskObserver, run_leader_tasks_of};
 
 /// Why the host could not start.
@@ -161,23 +161,13 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
             kubeconfig,
             labels,
         } => {
-            let defaults = crate::election::Timings::default();
+            let timings = store_timings(config);
             let options = KubeOptions {
                 namespace: namespace.clone(),
                 kubeconfig: kubeconfig.clone(),
                 labels: labels.clone(),
-                fallback_duration: config
-                    .leases
-                    .iter()
-                    .map(|l| l.timings.lease_duration)
-                    .max()
-                    .unwrap_or(defaults.lease_duration),
-                request_timeout: config
-                    .leases
-                    .iter()
-                    .map(|l| l.timings.request_timeout)
-                    .min()
-                    .unwrap_or(defaults.request_timeout),
+                fallback_duration: timings.fallback_duration,
+                request_timeout: timings.request_timeout,
                 watch_timeout_secs: None,
             };
             KubeStore::connect(options)
@@ -191,6 +181,25 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
                     other => ServeError::Store(format!("kubernetes store: {other}")),
                 })
         }
+    }
+}
+
+/// What the store derives from the configured leases' timings: the longest
+/// lease duration (read for a record with a holder but no duration) and
+/// the shortest request timeout; the defaults' without leases. Given to the
+/// store when it is opened, and again after every applied reload.
+pub fn store_timings(config: &Config) -> StoreTimings {
+    let defaults = crate::election::Timings::default();
+    let leases = || config.leases.iter().map(|l| l.timings);
+    StoreTimings {
+        fallback_duration: leases()
+            .map(|t| t.lease_duration)
+            .max()
+            .unwrap_or(defaults.lease_duration),
+        request_timeout: leases()
+            .map(|t| t.request_timeout)
+            .min()
+            .unwrap_or(defaults.request_timeout),
     }
 }
 
@@ -545,6 +554,7 @@ pub async fn serve_opts(
                 let ok = match outcome {
                     Ok(Some(new)) => {
                         config = new;
+                        store.set_timings(store_timings(&config));
                         files_tx.send_replace(reload::watched_files(&config));
                         sync_controlled(&controlled, &runs);
                         if let Some(ops) = &ops {
