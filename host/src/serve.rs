@@ -590,11 +590,7 @@ pub async fn serve_opts(
     }
     // Each elector hands its lease over (drain, then release) and returns;
     // it bounds its own wait. The bound here only guards against a bug.
-    let bound = runs
-        .values()
-        .map(|r| r.timings.grace + r.timings.renew_deadline + DRAIN_ALLOWANCE + r.timings.request_timeout * 2)
-        .max()
-        .unwrap_or_default();
+    let bound = runs.values().map(|r| r.handover_bound).max().unwrap_or_default();
     let deadline = tokio::time::Instant::now() + bound;
     while runs.values().any(|r| !r.ended) {
         match tokio::time::timeout_at(deadline, ended.recv()).await {
@@ -648,10 +644,21 @@ struct LeaseRun {
     timings: Timings,
     /// Where a reload sends new timings (for the next term).
     new_timings: watch::Sender<Timings>,
+    /// How long its elector may take to hand the lease over at shutdown,
+    /// by the longest timings it had: after a reload the current term
+    /// keeps the timings it began with, which may be the longer ones.
+    handover_bound: Duration,
     /// Its elector has returned.
     ended: bool,
     /// A reload removed it: its elector hands it over and returns.
     retiring: bool,
+}
+
+/// How long an elector with timings `t` may take to hand its lease over
+/// (drain, release); see [`DRAIN_ALLOWANCE`]. Only a bug makes one take
+/// longer.
+fn handover_bound(t: &Timings) -> Duration {
+    t.grace + t.renew_deadline + DRAIN_ALLOWANCE + t.request_timeout * 2
 }
 
 impl LeaseRun {
@@ -804,6 +811,7 @@ impl Started {
             supervisors: JoinSet::new(),
             timings: lease.timings,
             new_timings,
+            handover_bound: handover_bound(&lease.timings),
             ended: false,
             retiring: false,
         }
@@ -1031,6 +1039,7 @@ async fn reload_once(
         {
             run.timings = lease.timings;
             run.new_timings.send_replace(lease.timings);
+            run.handover_bound = run.handover_bound.max(handover_bound(&lease.timings));
             summary.push(format!("lease {}: new timings from its next term", lease.name));
         }
     }
