@@ -48,7 +48,7 @@ use crate::runtime::{
 };
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
-use crate::store::{LeaseStore, StoreError};
+use crate::store::{LeaseStore, StoreError, StoreTimings};
 use crate::supervisor::{NoTaskObserver, TaskObserver, run_leader_tasks_of};
 
 /// Why the host could not start.
@@ -161,23 +161,13 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
             kubeconfig,
             labels,
         } => {
-            let defaults = crate::election::Timings::default();
+            let timings = store_timings(config);
             let options = KubeOptions {
                 namespace: namespace.clone(),
                 kubeconfig: kubeconfig.clone(),
                 labels: labels.clone(),
-                fallback_duration: config
-                    .leases
-                    .iter()
-                    .map(|l| l.timings.lease_duration)
-                    .max()
-                    .unwrap_or(defaults.lease_duration),
-                request_timeout: config
-                    .leases
-                    .iter()
-                    .map(|l| l.timings.request_timeout)
-                    .min()
-                    .unwrap_or(defaults.request_timeout),
+                fallback_duration: timings.fallback_duration,
+                request_timeout: timings.request_timeout,
                 watch_timeout_secs: None,
             };
             KubeStore::connect(options)
@@ -191,6 +181,25 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
                     other => ServeError::Store(format!("kubernetes store: {other}")),
                 })
         }
+    }
+}
+
+/// What the store derives from the configured leases' timings: the longest
+/// lease duration (read for a record with a holder but no duration) and
+/// the shortest request timeout; the defaults' without leases. Given to the
+/// store when it is opened, and again after every applied reload.
+pub fn store_timings(config: &Config) -> StoreTimings {
+    let defaults = crate::election::Timings::default();
+    let leases = || config.leases.iter().map(|l| l.timings);
+    StoreTimings {
+        fallback_duration: leases()
+            .map(|t| t.lease_duration)
+            .max()
+            .unwrap_or(defaults.lease_duration),
+        request_timeout: leases()
+            .map(|t| t.request_timeout)
+            .min()
+            .unwrap_or(defaults.request_timeout),
     }
 }
 
@@ -545,6 +554,7 @@ pub async fn serve_opts(
                 let ok = match outcome {
                     Ok(Some(new)) => {
                         config = new;
+                        store.set_timings(store_timings(&config));
                         files_tx.send_replace(reload::watched_files(&config));
                         sync_controlled(&controlled, &runs);
                         if let Some(ops) = &ops {
@@ -580,11 +590,7 @@ pub async fn serve_opts(
     }
     // Each elector hands its lease over (drain, then release) and returns;
     // it bounds its own wait. The bound here only guards against a bug.
-    let bound = runs
-        .values()
-        .map(|r| r.timings.grace + r.timings.renew_deadline + DRAIN_ALLOWANCE + r.timings.request_timeout * 2)
-        .max()
-        .unwrap_or_default();
+    let bound = runs.values().map(|r| r.handover_bound).max().unwrap_or_default();
     let deadline = tokio::time::Instant::now() + bound;
     while runs.values().any(|r| !r.ended) {
         match tokio::time::timeout_at(deadline, ended.recv()).await {
@@ -638,10 +644,21 @@ struct LeaseRun {
     timings: Timings,
     /// Where a reload sends new timings (for the next term).
     new_timings: watch::Sender<Timings>,
+    /// How long its elector may take to hand the lease over at shutdown,
+    /// by the longest timings it had: after a reload the current term
+    /// keeps the timings it began with, which may be the longer ones.
+    handover_bound: Duration,
     /// Its elector has returned.
     ended: bool,
     /// A reload removed it: its elector hands it over and returns.
     retiring: bool,
+}
+
+/// How long an elector with timings `t` may take to hand its lease over
+/// (drain, release); see [`DRAIN_ALLOWANCE`]. Only a bug makes one take
+/// longer.
+fn handover_bound(t: &Timings) -> Duration {
+    t.grace + t.renew_deadline + DRAIN_ALLOWANCE + t.request_timeout * 2
 }
 
 impl LeaseRun {
@@ -794,6 +811,7 @@ impl Started {
             supervisors: JoinSet::new(),
             timings: lease.timings,
             new_timings,
+            handover_bound: handover_bound(&lease.timings),
             ended: false,
             retiring: false,
         }
@@ -1021,6 +1039,7 @@ async fn reload_once(
         {
             run.timings = lease.timings;
             run.new_timings.send_replace(lease.timings);
+            run.handover_bound = run.handover_bound.max(handover_bound(&lease.timings));
             summary.push(format!("lease {}: new timings from its next term", lease.name));
         }
     }

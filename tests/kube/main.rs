@@ -32,8 +32,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use baton::store::TOMBSTONE;
 use baton::store::kube::floor::RESERVED_TERMS;
-use baton::store::kube::{KubeOptions, KubeStore};
-use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, Versioned, Yielded};
+use baton::store::kube::{KubeOptions, KubeStore, LEASE_ROLE, ROLE_LABEL};
+use baton::store::{LeaseRecord, LeaseStore, LeaseWatch, StoreError, StoreTimings, Versioned, Yielded};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -1845,6 +1845,69 @@ fn held_by(holder: &str, transitions: i32, seconds: i32) -> LeaseSpec {
         lease_transitions: Some(transitions),
         ..LeaseSpec::default()
     }
+}
+
+#[test]
+fn a_lease_without_duration_reads_with_the_fallback_the_stores_timings_set_after_a_reload() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "fallback").await;
+        // Opened with a fallback of 15 s (the longest lease of a host).
+        let store = store(admin.clone(), &ns.name, &[("app", "baton")]);
+        let written = store.create("demo", &record(Some("a"), 1)).await.unwrap();
+        let mut watch = store.watch("demo").await.unwrap();
+        let first = next_within(&mut watch, 5).await.expect("the Lease");
+        assert_eq!(first.version, written.version);
+        // A foreign holder that promised no duration, in the shared watch's
+        // selection.
+        let labels = [(ROLE_LABEL, LEASE_ROLE), ("app", "baton")];
+        let foreign = |term| LeaseSpec {
+            holder_identity: Some("foreign".into()),
+            lease_transitions: Some(term),
+            ..LeaseSpec::default()
+        };
+        foreign_write(&ns, "demo", &labels, foreign(2)).await;
+        let seen = next_within(&mut watch, 5).await.expect("the foreign write");
+        assert_eq!(seen.record.holder(), Some("foreign"));
+        assert_eq!(seen.record.lease_duration, Duration::from_secs(15), "watched");
+        let read = store.get("demo").await.unwrap().unwrap();
+        assert_eq!(read.record.lease_duration, Duration::from_secs(15), "read");
+
+        // A reload made the longest lease 40 s: what is read from then on
+        // reads so, by get, list and the watch already open.
+        store.set_timings(StoreTimings {
+            fallback_duration: Duration::from_secs(40),
+            request_timeout: Duration::from_secs(1),
+        });
+        let read = store.get("demo").await.unwrap().unwrap();
+        assert_eq!(read.record.lease_duration, Duration::from_secs(40), "read after");
+        let listed = store.list().await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(
+            listed[0].1.record.lease_duration,
+            Duration::from_secs(40),
+            "listed after"
+        );
+        foreign_write(&ns, "demo", &labels, foreign(3)).await;
+        let seen = next_within(&mut watch, 5)
+            .await
+            .expect("the second foreign write");
+        assert_eq!(seen.record.term, 3);
+        assert_eq!(
+            seen.record.lease_duration,
+            Duration::from_secs(40),
+            "watched after"
+        );
+        // A Lease with a duration reads with its own, as ever.
+        store
+            .update("demo", &seen.version, &record(Some("b"), 4))
+            .await
+            .unwrap();
+        let read = store.get("demo").await.unwrap().unwrap();
+        assert_eq!(read.record.lease_duration, Duration::from_secs(4));
+    });
 }
 
 #[test]

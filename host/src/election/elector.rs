@@ -157,6 +157,26 @@ pub fn longest_step(t: &Timings) -> Duration {
         + Duration::from_secs(1)
 }
 
+/// How the subscription of a lease with timings `t` polls while it cannot
+/// watch, and bounds its requests.
+fn cadence(t: &Timings) -> Cadence {
+    Cadence {
+        retry_period: t.retry_period,
+        request_timeout: t.request_timeout,
+    }
+}
+
+/// Resolves when `timings` holds timings not taken yet; never without a
+/// source (or once its sender is gone).
+async fn timings_changed(timings: &mut Option<watch::Receiver<Timings>>) {
+    let Some(t) = timings else {
+        return std::future::pending().await;
+    };
+    if t.changed().await.is_err() {
+        std::future::pending().await
+    }
+}
+
 /// What a host that does not lead should do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -335,11 +355,7 @@ impl Elector {
             yielded: None,
         });
         let (intent_tx, intent) = watch::channel(Intent::Contend);
-        let cadence = Cadence {
-            retry_period: cfg.timings.retry_period,
-            request_timeout: cfg.timings.request_timeout,
-        };
-        let feed = Subscription::start(store.clone(), &cfg.lease, cadence);
+        let feed = Subscription::start(store.clone(), &cfg.lease, cadence(&cfg.timings));
         let cfg_identity = cfg.identity.clone();
         let heartbeat = Arc::new(Heartbeat::new(longest_step(&cfg.timings)));
         let elector = Elector {
@@ -420,12 +436,15 @@ impl Elector {
     /// Following: wait for the lease to be free, then try to take it.
     async fn follow(&mut self, f: Following) -> State {
         self.take_sighting();
-        if let Some(t) = self.timings.as_mut().filter(|t| t.has_changed().unwrap_or(false)) {
+        // Compared, not asked whether changed: waiting for a change (below)
+        // marks it seen.
+        if let Some(t) = self.timings.as_mut() {
             let timings = *t.borrow_and_update();
             if timings != self.cfg.timings {
                 tracing::info!(lease = %self.cfg.lease, ?timings, "new timings apply from the next term");
                 self.cfg.timings = timings;
                 self.heartbeat.set_longest_step(longest_step(&timings));
+                self.feed.set_cadence(cadence(&timings));
             }
         }
         if self.failure.is_some() {
@@ -494,6 +513,8 @@ impl Elector {
                     return State::Stopped;
                 }
             }
+            // Taken at the top of the next step.
+            _ = timings_changed(&mut self.timings) => {}
             _ = timer => {}
         }
         State::Following(f)

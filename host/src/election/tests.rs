@@ -552,6 +552,60 @@ fn a_leader_judges_what_it_sees_by_holder_and_term() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn new_timings_set_the_subscriptions_polling_period_once_adopted() {
+    // A follower of a foreign holder's long lease: every read it makes
+    // while the store is down is its subscription's poll.
+    let c = Cluster::new();
+    c.store.write_raw(LEASE, record(Some("x"), 1, 1000));
+    let cfg = ElectorConfig {
+        lease: LEASE.into(),
+        identity: "a".into(),
+        timings: timings(),
+    };
+    let (mut elector, mut rx, _intent) = Elector::new(cfg, Arc::new(c.store.client()), c.clock.clone());
+    let (new_timings, source) = watch::channel(timings());
+    elector.set_timings_source(source);
+    let heartbeat = elector.heartbeat();
+    let _task = tokio::spawn(elector.run());
+    rx.wait_for(|v| v.status.role == Role::Following).await.unwrap();
+
+    let reads_in_20s = || async {
+        c.store.set_unavailable(true);
+        c.store.reset_op_counts();
+        sleep(secs(20)).await;
+        c.store.set_unavailable(false);
+        let gets = c.store.op_counts().get;
+        // Watching again.
+        sleep(secs(10)).await;
+        gets
+    };
+    // Retry period 1 s: a read every 1 to 1.5 s.
+    let before = reads_in_20s().await;
+    assert!((13..=21).contains(&before), "{before} reads in 20 s");
+
+    let slower = Timings {
+        retry_period: secs(4),
+        ..timings()
+    };
+    slower.validate().unwrap();
+    new_timings.send_replace(slower);
+    // A follower takes them at once (it is woken for them).
+    timeout(Duration::from_millis(10), async {
+        while heartbeat.longest_step() != longest_step(&slower) {
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("adopted at once");
+    // Retry period 4 s: a read every 4 to 6 s.
+    let after = reads_in_20s().await;
+    assert!(
+        (3..=6).contains(&after),
+        "{after} reads in 20 s at the new retry period"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_unreachable_store_at_start_is_retried_with_back_off_not_hammered() {
     let c = Cluster::new();
     c.store.set_unavailable(true);

@@ -275,6 +275,20 @@ impl StoreError {
     }
 }
 
+/// What a store derives from the timings of the leases it serves (the
+/// configured ones, all together): set when it is opened, and again after
+/// a reload changed them ([`LeaseStore::set_timings`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreTimings {
+    /// The duration read for a record that names a holder but no usable
+    /// duration (written by another program): the longest lease duration,
+    /// so that such a holder gets at least as long as baton's own.
+    pub fallback_duration: Duration,
+    /// The shortest request timeout: the bound on the requests a store
+    /// makes by itself (the elector bounds all the others).
+    pub request_timeout: Duration,
+}
+
 /// A stream of observations of one lease: it yields the record as read after
 /// each change (`None` once the record is deleted, or a tombstone: see
 /// [Deleted records](self#deleted-records)). It may also yield when nothing
@@ -311,6 +325,14 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Starts watching a lease. The stream ends or yields an error when the
     /// watch breaks; the caller then re-reads and watches again.
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError>;
+
+    /// Takes new [`StoreTimings`] after a reload changed the configured
+    /// leases' timings (or the leases themselves). They apply to what
+    /// begins afterwards: records read from then on, requests started from
+    /// then on; a record already read keeps the duration it was read with,
+    /// a request in flight its bound. Only the Kubernetes store derives
+    /// anything from the timings; the default does nothing.
+    fn set_timings(&self, _timings: StoreTimings) {}
 
     /// Every lease in the store, for `baton status`.
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError>;

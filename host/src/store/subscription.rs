@@ -14,6 +14,11 @@
 //! namespace, each waking only the watches an event is about. A failure of
 //! the shared part ends the watch of every lease it serves, and each
 //! subscription polls and watches again on its own jittered schedule.
+//!
+//! Its [`Cadence`] (how often it polls, how long a request may take) comes
+//! from the lease's timings, which a reload may change: the elector hands
+//! it the new one with [`Subscription::set_cadence`] when it adopts them,
+//! and the task reads the current cadence at each use.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,7 +50,7 @@ impl Sighting {
 
 /// How often a subscription polls and retries, and how long one request
 /// may take.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cadence {
     /// A broken watch is retried after this times [1, 1.5], and the lease
     /// is read once in between.
@@ -58,6 +63,8 @@ pub struct Cadence {
 /// Dropping it stops its task.
 pub struct Subscription {
     latest: watch::Receiver<Option<Sighting>>,
+    /// The cadence its task reads at each use.
+    cadence: watch::Sender<Cadence>,
     /// [`Subscription::changed`] saw a sighting that was not taken yet.
     pending: bool,
     task: tokio::task::AbortHandle,
@@ -74,18 +81,29 @@ impl Subscription {
     /// sighting current (on the current tokio runtime).
     pub fn start(store: Arc<dyn LeaseStore>, lease: &str, cadence: Cadence) -> Subscription {
         let (tx, latest) = watch::channel(None);
+        let (cadence, cadence_rx) = watch::channel(cadence);
         let feed = Feed {
             store,
             lease: lease.to_owned(),
-            cadence,
+            cadence: cadence_rx,
             tx,
         };
         let task = tokio::spawn(feed.run()).abort_handle();
         Subscription {
             latest,
+            cadence,
             pending: false,
             task,
         }
+    }
+
+    /// Polls and bounds requests with `cadence` from now on (new timings of
+    /// the lease, after a reload). A poll that is waiting for its retry
+    /// time stops waiting and tries to watch again at once, so that a
+    /// shorter period does not wait out the longer one first.
+    pub fn set_cadence(&self, cadence: Cadence) {
+        self.cadence
+            .send_if_modified(|c| std::mem::replace(c, cadence) != cadence);
     }
 
     /// The newest sighting, if there is one that was not taken yet.
@@ -118,17 +136,23 @@ impl Subscription {
 struct Feed {
     store: Arc<dyn LeaseStore>,
     lease: String,
-    cadence: Cadence,
+    /// Read at each use: a reload may change it.
+    cadence: watch::Receiver<Cadence>,
     tx: watch::Sender<Option<Sighting>>,
 }
 
 impl Feed {
-    async fn run(self) {
+    /// The current cadence.
+    fn cadence(&self) -> Cadence {
+        *self.cadence.borrow()
+    }
+
+    async fn run(mut self) {
         let mut polling = false;
         let mut unreadable = Recurring::default();
         loop {
             let started = Instant::now();
-            match timeout(self.cadence.request_timeout, self.store.watch(&self.lease)).await {
+            match timeout(self.cadence().request_timeout, self.store.watch(&self.lease)).await {
                 Ok(Ok(mut watch)) => {
                     if polling {
                         tracing::info!(lease = %self.lease, "watching the lease again");
@@ -173,7 +197,7 @@ impl Feed {
                         // A watch that ended normally (a server-side
                         // timeout) is resumed at once, unless it ended as
                         // soon as it began: then no request storm.
-                        None if events > 1 || started.elapsed() >= self.cadence.retry_period => {
+                        None if events > 1 || started.elapsed() >= self.cadence().retry_period => {
                             tracing::debug!(lease = %self.lease, "the lease watch ended; watching again");
                             continue;
                         }
@@ -192,20 +216,24 @@ impl Feed {
                 }
                 Err(_) => {
                     if !polling {
-                        tracing::warn!(lease = %self.lease, timeout = %human(self.cadence.request_timeout), "watching the lease timed out; polling instead");
+                        tracing::warn!(lease = %self.lease, timeout = %human(self.cadence().request_timeout), "watching the lease timed out; polling instead");
                         polling = true;
                     }
                 }
             }
-            self.poll_until(Instant::now() + self.jittered(1.0, 1.5)).await;
+            self.poll().await;
         }
     }
 
-    /// Reads the lease once, then waits until `retry_at` (when the caller
-    /// tries to watch again): one read per retry period x [1, 1.5] while
-    /// there is no watch, as often as client-go's followers poll.
-    async fn poll_until(&self, retry_at: Instant) {
-        match timeout(self.cadence.request_timeout, self.store.get(&self.lease)).await {
+    /// Reads the lease once, then waits a retry period x [1, 1.5] (the
+    /// caller then tries to watch again), or until the cadence changes:
+    /// one read per retry period while there is no watch, as often as
+    /// client-go's followers poll.
+    async fn poll(&mut self) {
+        // Seen from here on: only a change made after this ends the wait.
+        let cadence = *self.cadence.borrow_and_update();
+        let retry_at = Instant::now() + cadence.retry_period.mul_f64(rand::rng().random_range(1.0..1.5));
+        match timeout(cadence.request_timeout, self.store.get(&self.lease)).await {
             Ok(Ok(record)) => self.publish(record),
             Ok(Err(e @ StoreError::Refused { .. })) => {
                 tracing::warn!(lease = %self.lease, error = %e, "cannot read the lease")
@@ -213,7 +241,12 @@ impl Feed {
             Ok(Err(e)) => tracing::debug!(lease = %self.lease, error = %e, "cannot read the lease"),
             Err(_) => tracing::debug!(lease = %self.lease, "reading the lease timed out"),
         }
-        sleep_until(retry_at).await;
+        tokio::select! {
+            _ = sleep_until(retry_at) => {}
+            // Gone (the subscription is being dropped, which aborts this
+            // task): the retry time, as before.
+            Ok(()) = self.cadence.changed() => {}
+        }
     }
 
     /// Publishes what the store said; a version already published is not
@@ -230,12 +263,6 @@ impl Feed {
             *latest = Some(Sighting { record, at });
             true
         });
-    }
-
-    fn jittered(&self, from: f64, to: f64) -> Duration {
-        self.cadence
-            .retry_period
-            .mul_f64(rand::rng().random_range(from..to))
     }
 }
 
@@ -300,5 +327,34 @@ mod tests {
         let watches = store.op_counts().watch;
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(store.op_counts().watch, watches, "watching again, steadily");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_cadence_sets_the_polling_period_at_once() {
+        let store = MemoryStore::new();
+        let sub = Subscription::start(Arc::new(store.clone()), "demo", cadence());
+        store.set_unavailable(true);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let gets = store.op_counts().get;
+        // One read per 1 to 1.5 s.
+        assert!((6..=11).contains(&gets), "{gets} reads in 10 s");
+        sub.set_cadence(Cadence {
+            retry_period: Duration::from_secs(4),
+            request_timeout: Duration::from_millis(500),
+        });
+        store.reset_op_counts();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let gets = store.op_counts().get;
+        // One read per 4 to 6 s, from the change on (the wait under way
+        // ends at the change: one read at once).
+        assert!((5..=9).contains(&gets), "{gets} reads in 30 s at the new period");
+        sub.set_cadence(cadence());
+        store.reset_op_counts();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let gets = store.op_counts().get;
+        assert!(
+            (6..=12).contains(&gets),
+            "{gets} reads in 10 s, back at the first period"
+        );
     }
 }

@@ -175,9 +175,11 @@ mod watch;
 pub use floor::{FLOOR_LEASE_ANNOTATION, FLOOR_PREFIX, floor_name};
 
 use self::floor::{Floors, Raised};
-use self::watch::{LeaseStream, SharedWatch, WatchConfig};
+use self::watch::{LeaseStream, LiveTimings, SharedWatch, WatchConfig};
 use super::deleted::{DeletedRecords, Found};
-use super::{ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, TOMBSTONE, Versioned, Yielded};
+use super::{
+    ANY_LEASE, LeaseRecord, LeaseStore, LeaseWatch, StoreError, StoreTimings, TOMBSTONE, Versioned, Yielded,
+};
 use crate::logging::human;
 
 /// How many recently seen objects of each lease are kept for
@@ -228,14 +230,19 @@ pub struct KubeOptions {
     pub labels: BTreeMap<String, String>,
     /// The duration read for a Lease that has a holder but no usable
     /// `leaseDurationSeconds`: the longest configured lease duration.
+    /// Replaced by [`LeaseStore::set_timings`].
     pub fallback_duration: Duration,
-    /// The shortest configured request timeout: the client's connect
-    /// timeout, and the bound on the requests this store makes by itself
-    /// (resuming a watch). The elector bounds all the others.
+    /// The shortest configured request timeout: the bound on the requests
+    /// this store makes by itself (listing, starting and resuming a watch,
+    /// reading a term floor for it); the elector bounds all the others.
+    /// Replaced by [`LeaseStore::set_timings`]. Also the client's connect
+    /// timeout, which is built into the client at [`KubeStore::connect`]
+    /// and never changes.
     pub request_timeout: Duration,
     /// The server-side timeout of each watch request, in seconds; `None`
-    /// (the default): chosen at random between 240 and 299 for each watch.
-    /// Tests shorten it to see watches resumed.
+    /// (the default): the fallback duration (capped at an hour) x 1 to
+    /// 1.25 at random for each watch request, as it is when the request
+    /// starts. Tests shorten it to see watches resumed.
     pub watch_timeout_secs: Option<u32>,
 }
 
@@ -262,8 +269,6 @@ struct Inner {
     /// The configured labels (without [`ROLE_LABEL`]): what
     /// [`LeaseStore::list`] selects.
     labels: BTreeMap<String, String>,
-    fallback_duration: Duration,
-    request_timeout: Duration,
     /// The recent objects of each lease.
     recent: Mutex<HashMap<String, Recent>>,
     /// What this store saw of each lease, for deleted Leases (see [Deleted
@@ -350,12 +355,14 @@ impl KubeStore {
     pub fn with_client(client: Client, namespace: &str, server: String, options: &KubeOptions) -> KubeStore {
         let resource = ApiResource::erase::<Lease>(&());
         let api = Api::namespaced_with(client.clone(), namespace, &resource);
-        let request_timeout = options.request_timeout.max(MIN_REQUEST_TIMEOUT);
+        let timings = StoreTimings {
+            fallback_duration: options.fallback_duration,
+            request_timeout: options.request_timeout,
+        };
         let watch = WatchConfig {
             api: api.clone(),
             selector: written_labels(&options.labels),
-            fallback_duration: options.fallback_duration,
-            request_timeout,
+            timings: Arc::new(LiveTimings::new(timings)),
             watch_timeout_secs: options.watch_timeout_secs,
         };
         KubeStore {
@@ -368,8 +375,6 @@ impl KubeStore {
                 namespace: namespace.to_owned(),
                 server,
                 labels: options.labels.clone(),
-                fallback_duration: options.fallback_duration,
-                request_timeout,
                 recent: Mutex::new(HashMap::new()),
                 seen: DeletedRecords::default(),
             }),
@@ -402,6 +407,12 @@ impl KubeStore {
 }
 
 impl Inner {
+    /// The duration read for a Lease with a holder but no usable
+    /// `leaseDurationSeconds`, now.
+    fn fallback_duration(&self) -> Duration {
+        self.watch.timings.fallback_duration()
+    }
+
     fn recent(&self) -> std::sync::MutexGuard<'_, HashMap<String, Recent>> {
         // Every change to the map is complete in one step: a poisoned lock
         // is used as is.
@@ -460,7 +471,7 @@ impl Inner {
     /// Reads an object as a record, with the term floor learned for its
     /// lease if that is higher than its `leaseTransitions`.
     fn versioned(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
-        let mut v = to_versioned(lease, obj, self.fallback_duration)?;
+        let mut v = to_versioned(lease, obj, self.fallback_duration())?;
         if let Some(floor) = self.recent().get(lease).map(|r| r.floor) {
             v.record.term = v.record.term.max(floor);
         }
@@ -490,7 +501,9 @@ impl Inner {
                 .raise_for_create(lease, base.as_deref(), record.term, own, instance)
                 .await;
         };
-        let written = to_versioned(lease, current, self.fallback_duration)?.record.term;
+        let written = to_versioned(lease, current, self.fallback_duration())?
+            .record
+            .term;
         if record.term <= written {
             return Ok(());
         }
@@ -875,6 +888,14 @@ impl LeaseStore for KubeStore {
         )
     }
 
+    /// The fallback duration (and with it the server-side timeout of the
+    /// watch requests started from then on) and the bound on the store's
+    /// own requests. The client's connect timeout stays the one it was
+    /// built with.
+    fn set_timings(&self, timings: StoreTimings) {
+        self.inner.watch.timings.set(timings);
+    }
+
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
         let inner = &self.inner;
         match inner
@@ -959,7 +980,7 @@ impl LeaseStore for KubeStore {
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError> {
         let inner = &self.inner;
         let objects = inner.list_objects(&watch::label_selector(&inner.labels)).await?;
-        listed("", &objects, inner.fallback_duration)
+        listed("", &objects, inner.fallback_duration())
     }
 
     /// The Leases carrying every label this store writes whose names start
@@ -976,7 +997,7 @@ impl LeaseStore for KubeStore {
                 inner.list_objects(&selector).await?
             }
         };
-        listed(prefix, &objects, inner.fallback_duration)
+        listed(prefix, &objects, inner.fallback_duration())
     }
 }
 

@@ -23,6 +23,7 @@
 //!   its name) while it does not, or does not exist.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +36,7 @@ use tokio::time::Instant;
 
 use super::{Inner, field_selector, map_error, rv_number};
 use crate::logging::human;
-use crate::store::{ANY_LEASE, StoreError, Versioned};
+use crate::store::{ANY_LEASE, StoreError, StoreTimings, Versioned};
 
 /// A watch the server ended sooner than this after it started, without a
 /// single event, is reported as an error (the elector then backs off)
@@ -64,12 +65,64 @@ pub(super) struct WatchConfig {
     /// The labels every Lease of this store carries (the store's constant
     /// one and the configured ones): the shared watch's selector.
     pub selector: BTreeMap<String, String>,
-    pub fallback_duration: Duration,
-    pub request_timeout: Duration,
+    /// Shared by every clone: a reload may change them.
+    pub timings: Arc<LiveTimings>,
     pub watch_timeout_secs: Option<u32>,
 }
 
+/// The store's [`StoreTimings`], read at each use (one relaxed atomic load
+/// each, cheap enough for every record read) and replaced after a reload
+/// ([`LeaseStore::set_timings`](crate::store::LeaseStore::set_timings)).
+/// The two values are independent: a reader that sees one new and the
+/// other old for a moment uses two valid settings.
+#[derive(Debug)]
+pub(super) struct LiveTimings {
+    fallback_nanos: AtomicU64,
+    request_timeout_nanos: AtomicU64,
+}
+
+impl LiveTimings {
+    pub(super) fn new(timings: StoreTimings) -> LiveTimings {
+        let live = LiveTimings {
+            fallback_nanos: AtomicU64::new(0),
+            request_timeout_nanos: AtomicU64::new(0),
+        };
+        live.set(timings);
+        live
+    }
+
+    pub(super) fn set(&self, timings: StoreTimings) {
+        let request_timeout = timings.request_timeout.max(super::MIN_REQUEST_TIMEOUT);
+        self.fallback_nanos
+            .store(nanos(timings.fallback_duration), Ordering::Relaxed);
+        self.request_timeout_nanos
+            .store(nanos(request_timeout), Ordering::Relaxed);
+    }
+
+    /// The duration read for a Lease with a holder but no usable
+    /// `leaseDurationSeconds`; also the base of a watch's server-side timeout.
+    pub(super) fn fallback_duration(&self) -> Duration {
+        Duration::from_nanos(self.fallback_nanos.load(Ordering::Relaxed))
+    }
+
+    /// The bound on the requests the store makes by itself (at least
+    /// [`MIN_REQUEST_TIMEOUT`](super::MIN_REQUEST_TIMEOUT)).
+    pub(super) fn request_timeout(&self) -> Duration {
+        Duration::from_nanos(self.request_timeout_nanos.load(Ordering::Relaxed))
+    }
+}
+
+/// A duration in nanoseconds; `u64::MAX` (584 years) for longer ones.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl WatchConfig {
+    /// The bound on the requests the store makes by itself, now.
+    pub(super) fn request_timeout(&self) -> Duration {
+        self.timings.request_timeout()
+    }
+
     /// The selector as the API server takes it: `k=v,k=v`.
     fn label_selector(&self) -> String {
         label_selector(&self.selector)
@@ -85,7 +138,7 @@ impl WatchConfig {
         self.watch_timeout_secs.unwrap_or_else(|| {
             // Capped at an hour: a longer lease would only delay finding a
             // dead connection.
-            let secs = self.fallback_duration.as_secs().clamp(1, 3600) as u32;
+            let secs = self.timings.fallback_duration().as_secs().clamp(1, 3600) as u32;
             rand::rng().random_range(secs..=secs + secs / 4)
         })
     }
@@ -186,7 +239,7 @@ impl Follower {
     async fn start(&mut self) -> Result<(), StoreError> {
         let secs = self.config.watch_timeout();
         let params = self.params.clone().timeout(secs);
-        let bound = self.config.request_timeout;
+        let bound = self.config.request_timeout();
         let events = tokio::time::timeout(bound, self.config.api.watch(&params, &self.resource_version))
             .await
             .map_err(|_| StoreError::Unavailable {
@@ -222,7 +275,7 @@ impl Follower {
             }
             let request = self.current.as_mut().expect("started above");
             let silence =
-                (request.started + request.limit + self.config.request_timeout + WATCH_SILENCE_ALLOWANCE)
+                (request.started + request.limit + self.config.request_timeout() + WATCH_SILENCE_ALLOWANCE)
                     .saturating_duration_since(Instant::now());
             let unavailable = |detail: String| StoreError::Unavailable {
                 lease: self.lease.clone(),
@@ -665,7 +718,7 @@ impl SharedWatch {
     /// Lists, then follows the watch until an error, which it returns.
     async fn follow(&self, generation: u64) -> StoreError {
         let selector = self.config.label_selector();
-        let bound = self.config.request_timeout;
+        let bound = self.config.request_timeout();
         let listed = tokio::time::timeout(
             bound,
             self.config.api.list(&ListParams::default().labels(&selector)),
@@ -869,7 +922,7 @@ impl LeaseStream {
     /// if it is gone.
     async fn confirm(&mut self, deleted: Option<DynamicObject>) -> Result<(), StoreError> {
         let inner = self.inner.clone();
-        let bound = inner.request_timeout;
+        let bound = inner.watch.request_timeout();
         let params = ListParams::default().fields(&field_selector(&self.lease));
         let list = tokio::time::timeout(bound, inner.api.list(&params))
             .await
@@ -953,7 +1006,7 @@ impl LeaseStream {
     /// A lease deleted (seen by the lease's own watch): reads its floor.
     async fn gone(&mut self, last: &DynamicObject) -> Result<Option<Versioned>, StoreError> {
         let rv = last.metadata.resource_version.clone().unwrap_or_default();
-        let bound = self.inner.request_timeout;
+        let bound = self.inner.watch.request_timeout();
         tokio::time::timeout(bound, self.inner.deleted(&self.lease, Some(last), Some(&rv)))
             .await
             .unwrap_or_else(|_| {
@@ -1377,8 +1430,10 @@ mod tests {
                 &kube::api::ApiResource::erase::<k8s_openapi::api::coordination::v1::Lease>(&()),
             ),
             selector: selector(),
-            fallback_duration: Duration::from_secs(4),
-            request_timeout: Duration::from_millis(500),
+            timings: Arc::new(LiveTimings::new(StoreTimings {
+                fallback_duration: Duration::from_secs(4),
+                request_timeout: Duration::from_millis(500),
+            })),
             watch_timeout_secs: None,
         }
     }
