@@ -13,6 +13,15 @@
 //! shutdown, and [`serve`] fails, without releasing that lease (so it
 //! expires normally).
 //!
+//! The spreader ([`Spreader`]) runs on the election runtime too, when the
+//! configuration calls for one (`spread_for`): it keeps this host's
+//! membership record and, with spreading on, steers the electors' intents.
+//! A reload that changes what it should do replaces it
+//! (`Started::respread`): the old one is stopped, the leases go back to
+//! contending if the new one does not steer, and the new one steers them
+//! from its first listing; later reloads tell it of added and removed
+//! leases.
+//!
 //! With an admin address configured, it also serves `/metrics`,
 //! `/healthz` and `/readyz` from a thread of its own ([`admin`](crate::admin)):
 //! the electors and supervisors report to [`Metrics`], and [`Health`]
