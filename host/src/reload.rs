@@ -8,7 +8,10 @@
 //! background, and only once all of them can run applies the changes: new
 //! versions run from their lease's next term (or at once, by a hand-over,
 //! for `reload = "now"`), new leases and plugins start, removed ones are
-//! handed over, new timings apply from each lease's next term. A refused
+//! handed over, new timings apply from each lease's next term, and a
+//! change of spreading (turned on or off, new `[spread]` settings or
+//! membership timings, a plugin counting the live hosts added or removed)
+//! replaces the spreader (`Started::respread` in `serve.rs`). A refused
 //! reload changes nothing.
 //!
 //! The watcher polls the files by path, following symlinks, so it sees a
@@ -215,10 +218,6 @@ pub fn needs_restart(old: &Config, new: &Config, fixed: &Fixed) -> Vec<String> {
     differs("cache-dir", old.cache_dir != new.cache_dir);
     differs("coredump-dir", old.coredump_dir != new.coredump_dir);
     differs("instance-pool", old.instance_pool != new.instance_pool);
-    differs(
-        "spreading ([spread], or whether it is on: by default with more than one lease)",
-        old.spread != new.spread,
-    );
     if let Some(reservation) = fixed.memory_reservation {
         for p in &new.plugins {
             if p.spec.memory_limit > reservation {
@@ -276,15 +275,29 @@ mod tests {
         );
         let why = needs_restart(&old, &cfg(&big), &fixed);
         assert!(why[0].contains("plugin \"p\": memory-limit"), "{why:?}");
-        // Two leases spread by default: one more, or one fewer of three,
-        // is taken in by the spreader; down to one turns spreading off.
-        let two = "identity = \"a\"\n[[lease]]\nname = \"x\"\n[[lease]]\nname = \"y\"\n";
-        let three = format!("{two}[[lease]]\nname = \"z\"\n");
-        assert!(needs_restart(&cfg(two), &cfg(&three), &fixed).is_empty());
-        assert!(needs_restart(&cfg(&three), &cfg(two), &fixed).is_empty());
-        let one = "identity = \"a\"\n[[lease]]\nname = \"x\"\n";
-        let why = needs_restart(&cfg(two), &cfg(one), &fixed);
-        assert!(why[0].contains("spreading"), "{why:?}");
+        // Spreading applies by reload (serve replaces the spreader): on by
+        // default from one lease to two, off from two to one or from none,
+        // `[spread]` settings and the membership record's timings changed.
+        let none = "identity = \"a\"\n";
+        let one = format!("{none}[[lease]]\nname = \"x\"\n");
+        let two = format!("{one}[[lease]]\nname = \"y\"\n");
+        let settled = format!("{two}[spread]\nsettle = \"9s\"\nhead-start = \"2s\"\n");
+        let off = format!("{two}[spread]\nenabled = false\n");
+        let slower = format!("{two}[defaults]\nlease-duration = \"30s\"\n");
+        for (a, b) in [
+            (&one, &two),
+            (&two, &one),
+            (&none.to_owned(), &two),
+            (&two, &settled),
+            (&two, &off),
+            (&off, &two),
+            (&two, &slower),
+        ] {
+            let (a, b) = (cfg(a), cfg(b));
+            assert_ne!((a.spread, a.membership), (b.spread, b.membership));
+            assert!(needs_restart(&a, &b, &fixed).is_empty(), "{a:?} -> {b:?}");
+            assert!(needs_restart(&b, &a, &fixed).is_empty(), "{b:?} -> {a:?}");
+        }
     }
 
     #[tokio::test(start_paused = false)]

@@ -13,6 +13,15 @@
 //! shutdown, and [`serve`] fails, without releasing that lease (so it
 //! expires normally).
 //!
+//! The spreader ([`Spreader`]) runs on the election runtime too, when the
+//! configuration calls for one (`spread_for`): it keeps this host's
+//! membership record and, with spreading on, steers the electors' intents.
+//! A reload that changes what it should do replaces it
+//! (`Started::respread`): the old one is stopped, the leases go back to
+//! contending if the new one does not steer, and the new one steers them
+//! from its first listing; later reloads tell it of added and removed
+//! leases.
+//!
 //! With an admin address configured, it also serves `/metrics`,
 //! `/healthz` and `/readyz` from a thread of its own ([`admin`](crate::admin)):
 //! the electors and supervisors report to [`Metrics`], and [`Health`]
@@ -33,10 +42,10 @@ use crate::admin::AdminServer;
 use crate::config::{Config, StoreConfig};
 use crate::config::{LeaseConfig, PluginConfig, ReloadMode};
 use crate::control::{ControlSocket, ControlledHost, ControlledLease, SharedLeases};
-use crate::election::spread::{LeaseChange, Spreader, SteeredLease};
+use crate::election::spread::{LeaseChange, SpreadConfig, Spreader, SteeredLease, unsteer};
 use crate::election::{
-    DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Intent, LeaseView, NoObserver, TermClock,
-    Timings,
+    DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Hosts, Intent, LeaseView, NoObserver,
+    TermClock, Timings,
 };
 use crate::health::Health;
 use crate::logging::human;
@@ -394,6 +403,7 @@ pub async fn serve_opts(
         health: ops.as_ref().map(|o| o.health.clone()),
         identity: config.identity.clone(),
         ended: ended_tx.clone(),
+        hosts: runtime.hosts().clone(),
         spread: None,
     };
     for lease in &config.leases {
@@ -425,46 +435,11 @@ pub async fn serve_opts(
     }
 
     // Spreading: this host's membership record, and its electors steered
-    // so that each host leads its share.
-    let spread_stop = CancellationToken::new();
+    // so that each host leads its share. Reloads replace the spreader when
+    // what it should do changes (`Started::respread`).
     let mut started = started;
-    // Without spreading, the record is kept (and no lease steered) only if
-    // a plugin asks for the live hosts.
-    let wants_hosts = loaded.iter().any(|(_, p)| p.uses_hosts());
-    let membership = match config.spread {
-        Some(cfg) => Some((cfg, true)),
-        None => config.membership.filter(|_| wants_hosts).map(|cfg| (cfg, false)),
-    };
-    let spreader = membership.filter(|_| !runs.is_empty()).map(|(cfg, steer)| {
-        let leases = runs
-            .iter()
-            .filter(|_| steer)
-            .map(|(name, run)| SteeredLease {
-                name: name.clone(),
-                intent: run.intent.clone(),
-                view: run.view.clone(),
-            })
-            .collect();
-        let mut spreader = Spreader::new(
-            &config.identity,
-            store.clone(),
-            cfg,
-            leases,
-            runtime.hosts().clone(),
-        );
-        if steer {
-            // Leases a reload adds or removes.
-            let (changes, rx) = mpsc::unbounded_channel();
-            spreader = spreader.follow(rx);
-            started.spread = Some(Spreading {
-                head_start: cfg.head_start,
-                changes,
-            });
-        }
-        election
-            .handle()
-            .spawn(spreader.run(clock.clone(), spread_stop.clone()))
-    });
+    let wanted = wanted_spread(&config, &runs, &plugins);
+    started.respread(wanted, &runs).await;
 
     // `baton yield` reaches the electors through the control socket.
     let controlled = SharedLeases::default();
@@ -548,7 +523,7 @@ pub async fn serve_opts(
                 let outcome = tokio::select! {
                     _ = shutdown.cancelled() => break,
                     outcome = reload_once(
-                        &cause, &load, &config, &fixed, &runtime, &started, &mut runs, &mut plugins, &mut retired,
+                        &cause, &load, &config, &fixed, &runtime, &mut started, &mut runs, &mut plugins, &mut retired,
                     ) => outcome,
                 };
                 let ok = match outcome {
@@ -584,7 +559,9 @@ pub async fn serve_opts(
     control_stop.cancel();
     // The membership record goes first, so that the other hosts prefer
     // this host's leases for themselves by the time they are released.
-    spread_stop.cancel();
+    if let Some(spread) = &started.spread {
+        spread.stop.cancel();
+    }
     for run in runs.values() {
         run.intent.send_replace(Intent::Stop);
     }
@@ -619,8 +596,8 @@ pub async fn serve_opts(
             unconfirmed.push(lease.clone());
         }
     }
-    if let Some(spreader) = spreader {
-        let _ = spreader.await;
+    if let Some(spread) = started.spread.take() {
+        let _ = spread.task.await;
     }
     if let Some(control) = control {
         // The socket is removed.
@@ -758,16 +735,58 @@ struct Started {
     health: Option<Arc<Health>>,
     identity: String,
     ended: mpsc::UnboundedSender<(String, Result<(), String>)>,
-    /// The spreader, if it steers the leases.
+    /// Where a spreader publishes the live hosts (for guests).
+    hosts: watch::Sender<Hosts>,
+    /// The running spreader, if any.
     spread: Option<Spreading>,
 }
 
-/// What a reload tells the spreader.
+/// A running spreader (see [`Started::respread`]).
 struct Spreading {
-    /// How long a host that does not prefer a lease lets the one that does
-    /// go first: an added lease's elector starts so.
-    head_start: Duration,
-    changes: mpsc::UnboundedSender<LeaseChange>,
+    /// Its settings.
+    cfg: SpreadConfig,
+    /// Where a reload sends the leases it adds and removes, if it steers
+    /// the leases (otherwise it only keeps the membership record, for
+    /// plugins that count the live hosts).
+    changes: Option<mpsc::UnboundedSender<LeaseChange>>,
+    /// Stops it: it releases the membership record and returns.
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Spreading {
+    /// What it does: its settings, and whether it steers the leases.
+    fn does(&self) -> (SpreadConfig, bool) {
+        (self.cfg, self.changes.is_some())
+    }
+}
+
+/// The spreader `config` calls for, for the leases of `runs` and the
+/// plugins of `plugins`: see [`spread_for`].
+fn wanted_spread(
+    config: &Config,
+    runs: &BTreeMap<String, LeaseRun>,
+    plugins: &BTreeMap<String, PluginRun>,
+) -> Option<(SpreadConfig, bool)> {
+    let serving = runs.values().any(|r| !r.retiring);
+    let wants_hosts = plugins.values().any(|p| p.version.borrow().uses_hosts());
+    spread_for(config, serving, wants_hosts)
+}
+
+/// The spreader `config` calls for, the same rule at start and after every
+/// reload: its settings and whether it steers the leases (spreading on:
+/// `[spread]`, by default with more than one lease), or, with spreading
+/// off, one that only keeps the membership record while a plugin counts
+/// the live hosts (`wants_hosts`); none while the host serves no lease
+/// (its record would count it among the hosts that share the leads).
+fn spread_for(config: &Config, serving: bool, wants_hosts: bool) -> Option<(SpreadConfig, bool)> {
+    if !serving {
+        return None;
+    }
+    match config.spread {
+        Some(cfg) => Some((cfg, true)),
+        None => config.membership.filter(|_| wants_hosts).map(|cfg| (cfg, false)),
+    }
 }
 
 impl Started {
@@ -817,32 +836,129 @@ impl Started {
         }
     }
 
-    /// Starts contending for `lease`, added by a reload: when spreading,
-    /// deferring at first and steered by the spreader from its start (it
-    /// is told to contend at once if this host prefers the lease).
-    fn added_lease(&self, lease: &LeaseConfig) -> LeaseRun {
-        let Some(spread) = &self.spread else {
-            return self.lease(lease, None);
-        };
-        let initial = Intent::Defer {
-            head_start: spread.head_start,
-        };
-        let run = self.lease(lease, Some(initial));
-        let steered = SteeredLease {
-            name: lease.name.clone(),
-            intent: run.intent.clone(),
-            view: run.view.clone(),
-        };
-        let _ = spread.changes.send(LeaseChange::Add(steered));
+    /// Starts contending for `lease`, added by a reload whose
+    /// configuration spreads the leads with the settings `spread`: then
+    /// deferring at first, and steered from its start by the spreader (it
+    /// is told to contend at once if this host prefers the lease). A
+    /// spreader that the reload starts takes it in at its start
+    /// ([`Started::respread`]).
+    fn added_lease(&self, lease: &LeaseConfig, spread: Option<&SpreadConfig>) -> LeaseRun {
+        let initial = spread.map(|s| Intent::Defer {
+            head_start: s.head_start,
+        });
+        let run = self.lease(lease, initial);
+        if let Some(changes) = self.spread.as_ref().and_then(|s| s.changes.as_ref()) {
+            let _ = changes.send(LeaseChange::Add(steered(&lease.name, &run)));
+        }
         run
+    }
+
+    /// Starts a spreader doing `does` (its settings, and whether it steers
+    /// the leases of `runs`).
+    fn start_spreader(&self, does: (SpreadConfig, bool), runs: &BTreeMap<String, LeaseRun>) -> Spreading {
+        let (cfg, steers) = does;
+        let leases = runs
+            .iter()
+            .filter(|(_, run)| steers && !run.retiring)
+            .map(|(name, run)| steered(name, run))
+            .collect();
+        let spreader = Spreader::new(
+            &self.identity,
+            self.store.clone(),
+            cfg,
+            leases,
+            self.hosts.clone(),
+        );
+        // Leases a reload adds or removes, while it steers.
+        let (spreader, changes) = if steers {
+            let (changes, rx) = mpsc::unbounded_channel();
+            (spreader.follow(rx), Some(changes))
+        } else {
+            (spreader, None)
+        };
+        let stop = CancellationToken::new();
+        let task = self
+            .election
+            .spawn(spreader.run(self.clock.clone(), stop.clone()));
+        Spreading {
+            cfg,
+            changes,
+            stop,
+            task,
+        }
+    }
+
+    /// Makes the running spreader do `wanted` (see [`spread_for`]): at
+    /// start, and after every applied reload. If it does something else (or
+    /// none runs), it is replaced: the old one is stopped and awaited (its
+    /// membership record released), the leases it steered are set back to
+    /// [`Intent::Contend`] if the new one does not steer ([`unsteer`]:
+    /// never over a stop, or a stand-by whose time is not up), and a new
+    /// one is started with the leases of `runs` not being removed. It
+    /// steers them from its first listing; until then they go on with the
+    /// intents they had. Returns what changed, if anything.
+    ///
+    /// Between the two, this host's membership record is released and
+    /// taken again (a few store writes): another host that lists the
+    /// records then sees this host absent, and spreads the leases without
+    /// it until its next listing. That is harmless: spreading decides only
+    /// who tries first for a lease that is free (released, absent or
+    /// expired), never who may take one, so at worst a lease freed in that
+    /// moment goes to a host that does not prefer it and is handed over
+    /// later; and a lease led here is handed over only after the view of
+    /// the live hosts has been steady for the settle time (two retry
+    /// periods), longer than the gap.
+    async fn respread(
+        &mut self,
+        wanted: Option<(SpreadConfig, bool)>,
+        runs: &BTreeMap<String, LeaseRun>,
+    ) -> Option<&'static str> {
+        let running = self.spread.as_ref().map(Spreading::does);
+        if running == wanted {
+            return None;
+        }
+        let steered = running.is_some_and(|(_, steers)| steers);
+        let steers = wanted.is_some_and(|(_, steers)| steers);
+        if let Some(old) = self.spread.take() {
+            old.stop.cancel();
+            let _ = old.task.await;
+        }
+        if steered && !steers {
+            for run in runs.values().filter(|r| !r.retiring) {
+                unsteer(&run.intent);
+            }
+        }
+        if wanted.is_none() {
+            // As on a host started without a spreader (no guest asks).
+            self.hosts.send_replace(Hosts::default());
+        }
+        self.spread = wanted.map(|does| self.start_spreader(does, runs));
+        let what = match (steered, steers, wanted) {
+            (false, true, _) => "spreading on",
+            (true, true, _) => "spreading: new settings",
+            (true, false, _) => "spreading off",
+            (false, false, Some(_)) if running.is_some() => "membership record: new settings",
+            (false, false, Some(_)) => "membership record kept: a plugin counts the live hosts",
+            (false, false, None) => "membership record released: no plugin counts the live hosts",
+        };
+        match &self.spread {
+            Some(s) if s.changes.is_some() => {
+                tracing::info!(leases = runs.values().filter(|r| !r.retiring).count(), ?s.cfg, "{what}: the spreader steers the leases from its first listing")
+            }
+            Some(s) => {
+                tracing::info!(?s.cfg, "{what}: a spreader keeps the membership record, steering no lease")
+            }
+            None => tracing::info!("{what}: no spreader; every lease is contended for"),
+        }
+        Some(what)
     }
 
     /// Stops contending for `lease`, removed by a reload: its elector hands
     /// it over (drain, release) and returns; the spreader no longer steers it.
     fn removed_lease(&self, lease: &str, run: &LeaseRun) {
         run.intent.send_replace(Intent::Stop);
-        if let Some(spread) = &self.spread {
-            let _ = spread.changes.send(LeaseChange::Remove(lease.to_owned()));
+        if let Some(changes) = self.spread.as_ref().and_then(|s| s.changes.as_ref()) {
+            let _ = changes.send(LeaseChange::Remove(lease.to_owned()));
         }
     }
 
@@ -876,6 +992,15 @@ impl Started {
             hash,
             gone,
         }
+    }
+}
+
+/// `run`, lease `name`, as a spreader steers it.
+fn steered(name: &str, run: &LeaseRun) -> SteeredLease {
+    SteeredLease {
+        name: name.to_owned(),
+        intent: run.intent.clone(),
+        view: run.view.clone(),
     }
 }
 
@@ -935,7 +1060,7 @@ async fn reload_once(
     old: &Config,
     fixed: &reload::Fixed,
     runtime: &Arc<PluginRuntime>,
-    started: &Started,
+    started: &mut Started,
     runs: &mut BTreeMap<String, LeaseRun>,
     plugins: &mut BTreeMap<String, PluginRun>,
     retired: &mut BTreeMap<String, CancellationToken>,
@@ -995,7 +1120,8 @@ async fn reload_once(
         fresh.push((p.clone(), hash, Arc::new(plugin)));
     }
     let lease_changes = old.leases != new.leases;
-    if fresh.is_empty() && !lease_changes && plugins.len() == new.plugins.len() {
+    let spread_changes = old.spread != new.spread || old.membership != new.membership;
+    if fresh.is_empty() && !lease_changes && !spread_changes && plugins.len() == new.plugins.len() {
         tracing::info!(cause = %cause, "reload: nothing changed");
         return Ok(Some(new));
     }
@@ -1046,7 +1172,10 @@ async fn reload_once(
     // New leases.
     for lease in &new.leases {
         if !runs.contains_key(&lease.name) {
-            runs.insert(lease.name.clone(), started.added_lease(lease));
+            runs.insert(
+                lease.name.clone(),
+                started.added_lease(lease, new.spread.as_ref()),
+            );
             summary.push(format!("lease {} added", lease.name));
         }
     }
@@ -1101,6 +1230,49 @@ async fn reload_once(
             );
         }
     }
+    // Spreading, for the leases and plugins as they are now: the spreader
+    // is replaced if it should do something else.
+    let wanted = wanted_spread(&new, runs, plugins);
+    if let Some(what) = started.respread(wanted, runs).await {
+        summary.push(what.to_owned());
+    }
     tracing::info!(cause = %cause, changes = %summary.join("; "), "reload applied");
     Ok(Some(new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Config {
+        Config::parse(text, None).unwrap()
+    }
+
+    #[test]
+    fn the_spreader_wanted_follows_the_configuration_the_leases_and_the_plugins() {
+        let none = "identity = \"a\"\n";
+        let one = format!("{none}[[lease]]\nname = \"x\"\n");
+        let two = format!("{one}[[lease]]\nname = \"y\"\n");
+        let off = format!("{two}[spread]\nenabled = false\n");
+        let on = format!("{one}[spread]\nenabled = true\nsettle = \"9s\"\n");
+        let steers =
+            |text: &str, serving, wants_hosts| spread_for(&cfg(text), serving, wants_hosts).map(|(_, s)| s);
+        // Spreading on (more than one lease, or enabled): it steers.
+        assert_eq!(steers(&two, true, false), Some(true));
+        assert_eq!(steers(&two, true, true), Some(true));
+        let (settings, _) = spread_for(&cfg(&on), true, false).unwrap();
+        assert_eq!(settings.settle, Duration::from_secs(9));
+        // Off (one lease, or disabled): a record only for a plugin that
+        // counts the live hosts, with the same settings, steering nothing.
+        assert_eq!(steers(&one, true, false), None);
+        assert_eq!(steers(&off, true, false), None);
+        assert_eq!(steers(&one, true, true), Some(false));
+        assert_eq!(
+            spread_for(&cfg(&off), true, true),
+            cfg(&two).spread.map(|s| (s, false))
+        );
+        // No lease served (none configured, or all being removed): none.
+        assert_eq!(steers(none, false, true), None);
+        assert_eq!(steers(&two, false, false), None);
+    }
 }

@@ -8,12 +8,17 @@
 //! there only once its old task is gone; a ConfigMap-style symlink swap
 //! adds and removes a lease and a plugin; with spreading on, two hosts
 //! spread the leases their reloads add, and hand over and leave the one
-//! they remove (the guests' records show no overlap).
+//! they remove (the guests' records show no overlap); spreading turned on
+//! by reloads (from one lease to four) spreads the leads, and turned off
+//! (with a plugin counting the live hosts, then without) moves none; a
+//! host started without leases gets them by a reload and spreads them
+//! with another host.
 
 use std::path::Path;
 use std::time::Duration;
 
 use crate::spread::{Incarnation, STEADY, check_lease, lease_name};
+use crate::status::status;
 use crate::support::*;
 use crate::witness::{Record, check_records, records_dir};
 use crate::yielding::{socket_of, yield_cmd};
@@ -310,10 +315,7 @@ fn a_configmap_swap_adds_and_removes_a_lease_and_a_plugin() {
         e.message().starts_with("lease removed by a reload")
     });
     let record = read_lease(&s.store(), "extra").unwrap();
-    assert!(
-        record.get("holder").is_none_or(|v| v.is_null()),
-        "released: {record}"
-    );
+    assert!(record["record"]["holder"].is_null(), "released: {record}");
     assert_eq!(starts(&h, "probe").len(), 1, "the other plugin was left alone");
     h.sigterm();
     assert!(h.wait_exit(SECS(30)).success());
@@ -376,8 +378,14 @@ fn a_plugin_moved_to_another_lease_starts_there_only_once_its_old_task_is_gone()
 /// each gating one guest that appends records to `data/lease-NN/records`
 /// (the layout of [`crate::spread`]'s scenario, so its check applies).
 fn spreading(store: &Path, data: &Path, leases: &[usize]) -> String {
+    spreading_with(store, data, leases, "[spread]\nenabled = true\n")
+}
+
+/// [`spreading`], with `spread` (TOML: a `[spread]` table, or nothing for
+/// the default: on with more than one lease) instead.
+fn spreading_with(store: &Path, data: &Path, leases: &[usize], spread: &str) -> String {
     let mut text = format!(
-        "[store]\nkind = \"embedded\"\ndir = {:?}\n[spread]\nenabled = true\n[defaults]\nlease-duration = \"2s\"\n\
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n{spread}[defaults]\nlease-duration = \"2s\"\n\
          renew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n",
         store.display().to_string()
     );
@@ -498,10 +506,7 @@ fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed
     }
     wait_led(&[&a, &b], &[0, 1], SECS(30));
     let record = read_lease(&s.store(), "lease-02").unwrap();
-    assert!(
-        record.get("holder").is_none_or(|v| v.is_null()),
-        "released: {record}"
-    );
+    assert!(record["record"]["holder"].is_null(), "released: {record}");
     let stops: Vec<Event> = [&a, &b]
         .iter()
         .flat_map(|h| h.all(|e| e.is("leader task stopped", Some("p-02"))))
@@ -556,4 +561,216 @@ fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed
         assert!(records > 0, "lease-{i:02} has records");
         eprintln!("lease-{i:02}: {records} records in {terms} terms, none overlapping");
     }
+}
+
+/// Sends SIGHUP to each of `hosts` in turn, waiting for the reload to be
+/// applied; each one's changes must mention `change`.
+fn reload_all(hosts: &[&Host], change: &str) {
+    for h in hosts {
+        let before = h.all(|e| e.message() == "reload applied").len();
+        h.signal(libc::SIGHUP);
+        let deadline = std::time::Instant::now() + SECS(60);
+        let applied = loop {
+            // Not inside a wait_for predicate: that holds the log's lock.
+            let all = h.all(|e| e.message() == "reload applied");
+            if all.len() > before {
+                break all[before].clone();
+            }
+            assert!(
+                h.all(|e| e.message().starts_with("reload refused")).is_empty(),
+                "{}: refused:\n{}",
+                h.name,
+                tail(&h.output(), 20)
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: no reload applied",
+                h.name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let changes = applied.str("changes").unwrap();
+        assert!(changes.contains(change), "{}: {changes}", h.name);
+    }
+}
+
+/// `baton status --output json` of `cfg`.
+fn status_json(cfg: &Path) -> serde_json::Value {
+    serde_json::from_str(&status(cfg, &["--output".as_ref(), "json".as_ref()])).unwrap()
+}
+
+/// While the leads are spread: `baton status` of `cfg` counts `hosts` as
+/// live and shows each lease led by its preferred holder.
+fn led_as_preferred(cfg: &Path, hosts: &[&Host]) {
+    let json = status_json(cfg);
+    let live: Vec<&str> = json["live_hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap())
+        .collect();
+    let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(live, names, "{json}");
+    assert_eq!(json["spreading"], true, "{json}");
+    for lease in json["leases"].as_array().unwrap() {
+        assert_eq!(lease["holder"], lease["preferred_holder"], "{lease}");
+    }
+}
+
+/// Whether the membership record of `host` in `store` is held.
+fn member_held(store: &Path, host: &str) -> bool {
+    read_lease(store, &format!("baton-member.{host}")).is_some_and(|r| !r["record"]["holder"].is_null())
+}
+
+/// Every leader task start of lease `i`'s plugin on `hosts`.
+fn task_starts(hosts: &[&Host], i: usize) -> usize {
+    hosts
+        .iter()
+        .map(|h| {
+            h.all(|e| e.is("leader task started", Some(&format!("p-{i:02}"))))
+                .len()
+        })
+        .sum()
+}
+
+/// Checks every record of leases `0..n` against the logs of `hosts`, which
+/// exited after SIGTERM: no overlap.
+fn check_leases(data: &Path, n: usize, hosts: &[&Host]) {
+    let runs: Vec<Incarnation> = hosts
+        .iter()
+        .map(|h| Incarnation {
+            host: h,
+            killed: None,
+        })
+        .collect();
+    for i in 0..n {
+        let (records, terms) = check_lease(data, i, &runs);
+        assert!(records > 0, "lease-{i:02} has records");
+        eprintln!("lease-{i:02}: {records} records in {terms} terms, none overlapping");
+    }
+}
+
+#[test]
+fn spreading_turned_on_and_off_by_reloads_spreads_the_leads_then_moves_none() {
+    let test_start = std::time::Instant::now();
+    let s = Scratch::new();
+    let data = records_dir(&s);
+    let store = s.store();
+    // One lease: spreading off by default.
+    let cfg = s.write("baton.toml", &spreading_with(&store, &data, &[0], ""));
+    let start = |name: &str| {
+        Host::start_opts(
+            name,
+            &cfg,
+            Opts {
+                env: &[("PROBE_HOST", name)],
+                ..Opts::default()
+            },
+        )
+    };
+    let mut a = start("host-a");
+    let mut b = start("host-b");
+    for h in [&a, &b] {
+        h.wait_for(SECS(60), "loaded", |e| e.message() == "compiled-code cache");
+    }
+    wait_led(&[&a, &b], &[0], SECS(30));
+    assert!(!member_held(&store, "host-a") && !member_held(&store, "host-b"));
+    // Four leases, on a, then on b: spreading turns on, and the leads are
+    // spread over both hosts as the assignment says.
+    let four = [0, 1, 2, 3];
+    s.write("baton.toml", &spreading_with(&store, &data, &four, ""));
+    reload_all(&[&a, &b], "spreading on");
+    let sets = wait_led(&[&a, &b], &four, SECS(30));
+    assert_eq!([sets[0].len(), sets[1].len()], [2, 2], "{sets:?}");
+    led_as_preferred(&cfg, &[&a, &b]);
+    eprintln!("spreading on: a {:?}, b {:?}", sets[0], sets[1]);
+    // Off, and a lease added whose plugin counts the live hosts: the
+    // records are kept for it (it counts both hosts) but steer nothing,
+    // and no lease moves.
+    let starts: Vec<usize> = four.iter().map(|&i| task_starts(&[&a, &b], i)).collect();
+    let hosts_plugin = format!(
+        "[[lease]]\nname = \"counted\"\n[[plugin]]\nname = \"hosts-pollable\"\npath = {:?}\nlease = \"counted\"\n",
+        guest("hosts_pollable.wasm").display().to_string()
+    );
+    let off = "[spread]\nenabled = false\n";
+    s.write(
+        "baton.toml",
+        &format!("{}{hosts_plugin}", spreading_with(&store, &data, &four, off)),
+    );
+    reload_all(&[&a, &b], "spreading off");
+    let deadline = std::time::Instant::now() + SECS(10);
+    let counts_two = |e: &Event| e.guest_line("hosts-pollable", "probe hosts live=2 this-host-live=true");
+    while a.all(counts_two).is_empty() && b.all(counts_two).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the live hosts not counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(status_json(&cfg)["spreading"], false);
+    assert!(member_held(&store, "host-a") && member_held(&store, "host-b"));
+    // That lease and plugin removed: the records are released.
+    s.write("baton.toml", &spreading_with(&store, &data, &four, off));
+    reload_all(&[&a, &b], "membership record released");
+    assert!(!member_held(&store, "host-a") && !member_held(&store, "host-b"));
+    assert_eq!(status_json(&cfg)["live_hosts"], serde_json::json!([]));
+    // Each lease still led by one host, the same: nothing moved.
+    let after = wait_led(&[&a, &b], &four, SECS(10));
+    assert_eq!(after, sets, "a lease moved");
+    let now: Vec<usize> = four.iter().map(|&i| task_starts(&[&a, &b], i)).collect();
+    assert_eq!(now, starts, "a lease's task started again");
+    for h in [&mut a, &mut b] {
+        h.sigterm();
+        assert!(h.wait_exit(SECS(30)).success());
+    }
+    check_leases(&data, four.len(), &[&a, &b]);
+    eprintln!(
+        "spreading on and off by reloads: {:.1} s",
+        test_start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_host_started_without_leases_gets_them_by_a_reload_and_spreads_them_with_another() {
+    let test_start = std::time::Instant::now();
+    let s = Scratch::new();
+    let data = records_dir(&s);
+    let store = s.store();
+    let four = [0, 1, 2, 3];
+    let empty = s.write("a.toml", &spreading_with(&store, &data, &[], ""));
+    let full = s.write("b.toml", &spreading_with(&store, &data, &four, ""));
+    let start = |name: &str, cfg: &Path| {
+        Host::start_opts(
+            name,
+            cfg,
+            Opts {
+                env: &[("PROBE_HOST", name)],
+                ..Opts::default()
+            },
+        )
+    };
+    let mut a = start("host-a", &empty);
+    let mut b = start("host-b", &full);
+    a.wait_for(SECS(60), "a started", |e| e.message() == "baton starting");
+    b.wait_for(SECS(60), "b loaded", |e| e.message() == "compiled-code cache");
+    // b leads every lease; a, without leases, keeps no membership record.
+    wait_led(&[&b], &four, SECS(30));
+    assert!(!member_held(&store, "host-a"));
+    assert!(member_held(&store, "host-b"));
+    // a gets the four leases: it spreads them with b.
+    s.write("a.toml", &spreading_with(&store, &data, &four, ""));
+    reload_all(&[&a], "spreading on");
+    let sets = wait_led(&[&a, &b], &four, SECS(30));
+    assert_eq!([sets[0].len(), sets[1].len()], [2, 2], "{sets:?}");
+    led_as_preferred(&full, &[&a, &b]);
+    eprintln!(
+        "a host without leases, reloaded: a {:?}, b {:?}",
+        sets[0], sets[1]
+    );
+    for h in [&mut a, &mut b] {
+        h.sigterm();
+        assert!(h.wait_exit(SECS(30)).success());
+    }
+    check_leases(&data, four.len(), &[&a, &b]);
+    eprintln!(
+        "a host without leases, reloaded: {:.1} s",
+        test_start.elapsed().as_secs_f64()
+    );
 }

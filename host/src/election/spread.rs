@@ -48,6 +48,21 @@
 //! its membership record (and lists) only when one of its plugins asks for
 //! them, with no leases to steer.
 //!
+//! A spreader runs with fixed settings ([`SpreadConfig`]) and steers or
+//! not for its whole life. A reload that changes either (spreading turned
+//! on or off, new `[spread]` settings or membership timings, the first
+//! lease added, a plugin that counts the live hosts added or removed) has
+//! [`serve`](crate::serve) replace it: the old one is stopped (its
+//! membership record released), the leases it steered are set back to
+//! [`Intent::Contend`] if the new one does not steer ([`unsteer`]), and a
+//! new one starts with the leases as they are. Until its first listing a
+//! spreader changes no intent (the electors go on as they were), so the
+//! leases are steered from that listing on. Meanwhile the other hosts may
+//! list this host as absent once: they spread the leases without it, for
+//! a listing or two, which changes only who tries first for a lease that
+//! becomes free then (a hand-over waits for a view steady for the settle
+//! time, longer than the gap).
+//!
 //! None of this touches safety: who may lead is decided by the lease alone,
 //! as without spreading. Spreading decides only who tries first.
 //!
@@ -282,6 +297,13 @@ pub enum LeaseChange {
     Remove(String),
 }
 
+/// Sets an elector's intent back to [`Intent::Contend`] when nothing
+/// steers it any more (spreading turned off by a reload), as the spreader
+/// would: never over a stop, nor over a stand-by whose time is not up.
+pub fn unsteer(intent: &watch::Sender<Intent>) {
+    steer(intent, Intent::Contend);
+}
+
 /// Sets an elector's intent unless it was told to stop (a stop is never
 /// taken back) or stands by after a yield (`baton yield` wins over
 /// spreading until its time is up).
@@ -415,6 +437,9 @@ impl Spreader {
         }
         let mut changes = self.changes.take();
         let mut next = Instant::now();
+        // Nothing is steered before the first listing: without one, this
+        // host would see itself alone and prefer every lease.
+        let mut listed = false;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -423,10 +448,13 @@ impl Spreader {
                     // Steered at once, on the last listing.
                     let now = Instant::now();
                     self.change(change, now);
-                    self.steer_now(now);
+                    if listed {
+                        self.steer_now(now);
+                    }
                     continue;
                 }
             }
+            listed = true;
             next = Instant::now() + period;
             match timeout(
                 self.cfg.member_timings.request_timeout,
@@ -648,9 +676,20 @@ mod tests {
         client: Arc<dyn LeaseStore>,
         clock: TermClock,
         changes: mpsc::UnboundedSender<LeaseChange>,
+        hosts_tx: watch::Sender<Hosts>,
+        /// Its spreader, if one runs: its settings, stop and task.
+        spreader: Option<(SpreadConfig, CancellationToken, JoinHandle<()>)>,
     }
 
     const HEAD_START: Duration = Duration::from_millis(500);
+
+    fn spread_cfg() -> SpreadConfig {
+        SpreadConfig {
+            member_timings: timings(),
+            head_start: HEAD_START,
+            settle: Duration::from_secs(2),
+        }
+    }
 
     /// An elector of `name` for `identity`, started with `initial`.
     fn elector(
@@ -682,6 +721,17 @@ mod tests {
 
     impl Host {
         fn start(store: &MemoryStore, clock: &TermClock, identity: &str, leases: &[String]) -> Host {
+            Host::start_with(store, clock, identity, leases, Some(spread_cfg()))
+        }
+
+        /// A host of `leases`, spreading with `spread` (`None`: off).
+        fn start_with(
+            store: &MemoryStore,
+            clock: &TermClock,
+            identity: &str,
+            leases: &[String],
+            spread: Option<SpreadConfig>,
+        ) -> Host {
             let client: Arc<dyn LeaseStore> = Arc::new(store.client());
             let mut tasks = Vec::new();
             let mut steered = Vec::new();
@@ -694,17 +744,9 @@ mod tests {
                 intents.push(lease.intent.clone());
                 steered.push(lease);
             }
-            let cfg = SpreadConfig {
-                member_timings: timings(),
-                head_start: HEAD_START,
-                settle: Duration::from_secs(2),
-            };
             let (hosts_tx, hosts) = watch::channel(Hosts::default());
-            let (changes, changes_rx) = mpsc::unbounded_channel();
-            let spreader = Spreader::new(identity, client.clone(), cfg, steered, hosts_tx).follow(changes_rx);
-            let stop = CancellationToken::new();
-            tasks.push(tokio::spawn(spreader.run(clock.clone(), stop)));
-            Host {
+            let (changes, _) = mpsc::unbounded_channel();
+            let mut host = Host {
                 views,
                 intents,
                 tasks,
@@ -713,7 +755,65 @@ mod tests {
                 client,
                 clock: clock.clone(),
                 changes,
+                hosts_tx,
+                spreader: None,
+            };
+            if let Some(cfg) = spread {
+                host.start_spreader(cfg, steered);
             }
+            host
+        }
+
+        fn start_spreader(&mut self, cfg: SpreadConfig, steered: Vec<SteeredLease>) {
+            let (changes, changes_rx) = mpsc::unbounded_channel();
+            let spreader = Spreader::new(
+                &self.identity,
+                self.client.clone(),
+                cfg,
+                steered,
+                self.hosts_tx.clone(),
+            )
+            .follow(changes_rx);
+            let stop = CancellationToken::new();
+            let task = tokio::spawn(spreader.run(self.clock.clone(), stop.clone()));
+            self.changes = changes;
+            self.spreader = Some((cfg, stop, task));
+        }
+
+        /// A reload changes spreading to `spread`, as `baton run` applies
+        /// it: the running spreader is stopped and awaited, the leases set
+        /// back to contending if spreading is now off, and a new spreader
+        /// started with every lease.
+        async fn respread(&mut self, spread: Option<SpreadConfig>) {
+            if let Some((_, stop, task)) = self.spreader.take() {
+                stop.cancel();
+                task.await.unwrap();
+            }
+            match spread {
+                None => {
+                    for intent in &self.intents {
+                        unsteer(intent);
+                    }
+                }
+                Some(cfg) => {
+                    let steered = self
+                        .views
+                        .iter()
+                        .zip(&self.intents)
+                        .map(|((name, view), intent)| SteeredLease {
+                            name: name.clone(),
+                            intent: intent.clone(),
+                            view: view.clone(),
+                        })
+                        .collect();
+                    self.start_spreader(cfg, steered);
+                }
+            }
+        }
+
+        /// Each lease's term, in order.
+        fn terms(&self) -> Vec<u64> {
+            self.views.iter().map(|(_, v)| v.borrow().status.term).collect()
         }
 
         /// A reload adds `name`: its elector starts deferring, as `baton
@@ -767,6 +867,9 @@ mod tests {
         fn kill(self) {
             for t in self.tasks {
                 t.abort();
+            }
+            if let Some((_, _, task)) = self.spreader {
+                task.abort();
             }
         }
     }
@@ -863,14 +966,13 @@ mod tests {
         let a = Host::start(&store, &clock, "a", &leases);
         settle(&[&a], &leases, &[6], Duration::from_secs(5)).await;
         let _b = Host::start(&store, &clock, "b", &[]);
-        let terms = |h: &Host| -> Vec<u64> { h.views.iter().map(|(_, v)| v.borrow().status.term).collect() };
         tokio::time::sleep(Duration::from_secs(75)).await;
-        let early = terms(&a);
+        let early = a.terms();
         // Offered after 2 s (settle), then 4, 8, 16 and 32 s after each.
         assert!(early.iter().any(|&t| t > 1), "nothing was offered: {early:?}");
         assert!(early.iter().all(|&t| t <= 7), "offered too often: {early:?}");
         tokio::time::sleep(Duration::from_secs(60)).await;
-        let late = terms(&a);
+        let late = a.terms();
         for (e, l) in early.iter().zip(&late) {
             assert!(
                 l - e <= 1,
@@ -1051,5 +1153,126 @@ mod tests {
         no_overlap(&[&a, &b], &leases);
         assert_eq!(leads(&[&a, &b]), [1, 1]);
         assert!(a.views[i].1.borrow().status.is_leading());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unsteering_leaves_a_stop_and_a_stand_by_whose_time_is_not_up() {
+        let now = Instant::now();
+        let second = Duration::from_secs(1);
+        let cases = [
+            (Intent::Defer { head_start: second }, Intent::Contend),
+            (
+                Intent::HandOver {
+                    term: 3,
+                    head_start: second,
+                },
+                Intent::Contend,
+            ),
+            (Intent::Contend, Intent::Contend),
+            (Intent::Stop, Intent::Stop),
+            (
+                Intent::StandBy { until: now + second },
+                Intent::StandBy { until: now + second },
+            ),
+            (Intent::StandBy { until: now }, Intent::Contend),
+        ];
+        for (before, after) in cases {
+            let (intent, _rx) = watch::channel(before);
+            unsteer(&intent);
+            assert_eq!(*intent.borrow(), after, "from {before:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spreading_turned_on_changed_and_off_at_run_time_spreads_then_moves_nothing() {
+        // As reloads apply it: two hosts start with spreading off; turned
+        // on (a first, then b), the leases are spread by the assignment;
+        // new settings (a spreader replaced, its record released and taken
+        // again) move nothing; turned off (a first, then b), every lease
+        // goes back to contending, is still led by one host, and nothing
+        // moves any more, a stand-by left alone.
+        let store = MemoryStore::new();
+        let clock = TermClock::paused();
+        let leases = names("lease-", 4);
+        let ab = ["a".to_owned(), "b".to_owned()];
+        let mut a = Host::start_with(&store, &clock, "a", &leases, None);
+        settle(&[&a], &leases, &[4], Duration::from_secs(5)).await;
+        let mut b = Host::start_with(&store, &clock, "b", &leases, None);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(leads(&[&a, &b]), [4, 0], "not spread while off");
+        assert!(b.intents.iter().all(|i| *i.borrow() == Intent::Contend));
+        // On, on a: alone in its listing, it keeps all four.
+        a.respread(Some(spread_cfg())).await;
+        a.counts(1, Duration::from_secs(3)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(leads(&[&a, &b]), [4, 0]);
+        // On, on b too: b's share is handed over, each lease once.
+        let before = a.terms();
+        b.respread(Some(spread_cfg())).await;
+        settle(&[&a, &b], &leases, &[2, 2], Duration::from_secs(20)).await;
+        let preferred = assign(&leases, &ab);
+        for l in &leases {
+            let by = if a.leads(l) { "a" } else { "b" };
+            assert_eq!(preferred[l], by, "{l}");
+        }
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        no_overlap(&[&a, &b], &leases);
+        assert_eq!(leads(&[&a, &b]), [2, 2]);
+        let moved: Vec<u64> = a.terms().iter().zip(&before).map(|(t, b)| t - b).collect();
+        assert!(moved.iter().all(|m| *m <= 1), "a lease moved twice: {moved:?}");
+        // New settings on b (its spreader replaced, its record released
+        // and taken again): nothing moves.
+        let terms = (a.terms(), b.terms());
+        let slower = SpreadConfig {
+            settle: Duration::from_secs(3),
+            head_start: Duration::from_secs(1),
+            ..spread_cfg()
+        };
+        b.respread(Some(slower)).await;
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            no_overlap(&[&a, &b], &leases);
+        }
+        assert_eq!((a.terms(), b.terms()), terms, "a lease moved");
+        assert_eq!(leads(&[&a, &b]), [2, 2]);
+        b.counts(2, Duration::ZERO).await;
+        // a yields one of its leases for a minute, and turns spreading
+        // off: its stand-by is left alone, the others contend.
+        let i = a
+            .views
+            .iter()
+            .position(|(_, v)| v.borrow().status.is_leading())
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        a.intents[i].send_replace(Intent::StandBy { until });
+        a.respread(None).await;
+        assert_eq!(*a.intents[i].borrow(), Intent::StandBy { until });
+        for (j, intent) in a.intents.iter().enumerate().filter(|(j, _)| *j != i) {
+            assert_eq!(*intent.borrow(), Intent::Contend, "{}", leases[j]);
+        }
+        // b, still spreading, takes the yielded lease; then b turns it off.
+        let mut rx = b.views[i].1.clone();
+        timeout(Duration::from_secs(5), rx.wait_for(|v| v.status.is_leading()))
+            .await
+            .expect("b takes the yielded lease")
+            .unwrap();
+        b.respread(None).await;
+        assert!(b.intents.iter().all(|i| *i.borrow() == Intent::Contend));
+        // Nothing steers any more: nothing moves, past the stand-by too.
+        let terms = (a.terms(), b.terms());
+        for _ in 0..120 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            no_overlap(&[&a, &b], &leases);
+        }
+        assert_eq!((a.terms(), b.terms()), terms, "a lease moved");
+        assert_eq!(leads(&[&a, &b]), [1, 3]);
+        // Both records released: the other host is not counted.
+        for id in ["a", "b"] {
+            let record = store.client().get(&member_lease(id)).await.unwrap();
+            assert!(
+                record.is_none_or(|v| v.record.holder().is_none()),
+                "{id}'s record"
+            );
+        }
     }
 }
