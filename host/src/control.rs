@@ -53,7 +53,7 @@ use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::election::spread::{MEMBER_PREFIX, member_lease};
-use crate::election::{DRAIN_ALLOWANCE, Intent, LeaseView, Role, Timings};
+use crate::election::{Intent, LeaseView, Role, Timings};
 use crate::logging::{human, ms};
 
 /// The protocol's version, in every reply.
@@ -516,6 +516,10 @@ pub struct ControlledLease {
     pub view: watch::Receiver<LeaseView>,
     /// Its timings.
     pub timings: Timings,
+    /// How long its elector may take to end a term, drain it and release
+    /// the lease, by the longest timings the lease has had: after a reload
+    /// that shortened them, the current term keeps the ones it began with.
+    pub handover_bound: Duration,
 }
 
 /// What the control channel of a host reaches.
@@ -692,7 +696,7 @@ impl ControlledHost {
         // The elector releases once the term's tasks are gone; it gives up
         // (and leaves the lease to expire) past the force-stop time plus
         // the drain allowance.
-        let bound = l.timings.renew_deadline + l.timings.grace + DRAIN_ALLOWANCE;
+        let bound = l.handover_bound;
         if timeout(bound, term.drained()).await.is_err() {
             return Reply {
                 lease: Some(lease.to_owned()),

@@ -1033,6 +1033,7 @@ fn sync_controlled(controlled: &SharedLeases, runs: &BTreeMap<String, LeaseRun>)
                 intent: run.intent.clone(),
                 view: run.view.clone(),
                 timings: run.timings,
+                handover_bound: run.handover_bound,
             };
             (name.clone(), lease)
         })
