@@ -12,16 +12,22 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 scripts/build-guests.sh >/dev/null
+export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
+export BATON_POLYGLOT_DIR="${BATON_POLYGLOT_DIR:-$BATON_CACHE/polyglot}"
+scripts/build-polyglot-guests.sh >/dev/null
 # The container image (scripts/image.sh) is built beside the steps below, in
 # the background: its static release build for the musl target compiles
 # wasmtime once more (about 20 minutes on a cold 2-core machine, cached in
 # the target directory after; a change to the host rebuilds the host crate
 # alone, a few minutes), and beside the other builds it fills the time they
 # leave a core idle (one crate compiling alone, linking, downloads). Cargo
-# locks each profile's directory on its own, so the dev and the musl release
-# builds run at once. Its installs (apt-get) run first, so that no two
-# apt-get run at once; the tests wait for the build to end (a build beside
-# them would steal the CPU of tests that time reactions in milliseconds).
+# locks the dev profile's directory apart from the release ones, so the dev
+# and the musl release builds run at once; a release build for the host
+# (the guests' proc macros, `cargo install` of the guest toolchains) would
+# wait for the musl one, so those are done above first. Its installs
+# (apt-get) run first, so that no two apt-get run at once; the tests wait
+# for the build to end (a build beside them would steal the CPU of tests
+# that time reactions in milliseconds).
 # Its own session (setsid), so that an early exit stops the whole build.
 image=
 cleanup() {
@@ -38,9 +44,6 @@ if [ "${BATON_TEST_IMAGE:-1}" != 0 ]; then
     setsid scripts/image.sh >"$image_log.out" 2>"$image_log" &
     image=$!
 fi
-export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
-export BATON_POLYGLOT_DIR="${BATON_POLYGLOT_DIR:-$BATON_CACHE/polyglot}"
-scripts/build-polyglot-guests.sh >/dev/null
 # A real Kubernetes API server on loopback (scripts/kube-testenv.sh: built and
 # cached on first use), for the kubernetes store's tests (the KUBE_TEST_*
 # variables) and the deploy manifests' check; stopped on exit.
