@@ -452,16 +452,7 @@ fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed
     let s = Scratch::new();
     let data = records_dir(&s);
     let cfg = s.write("baton.toml", &spreading(&s.store(), &data, &[0]));
-    let start = |name: &str| {
-        Host::start_opts(
-            name,
-            &cfg,
-            Opts {
-                env: &[("PROBE_HOST", name)],
-                ..Opts::default()
-            },
-        )
-    };
+    let start = |name: &str| probe_host(name, &cfg);
     let mut a = start("host-a");
     let mut b = start("host-b");
     for h in [&a, &b] {
@@ -546,21 +537,20 @@ fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed
         h.sigterm();
         assert!(h.wait_exit(SECS(30)).success());
     }
-    let runs = [
-        Incarnation {
-            host: &a,
-            killed: None,
+    check_leases(&data, 3, &[&a, &b]);
+}
+
+/// A host `name` running `cfg`, its probe guests writing their records
+/// under that name (`PROBE_HOST`).
+fn probe_host(name: &str, cfg: &Path) -> Host {
+    Host::start_opts(
+        name,
+        cfg,
+        Opts {
+            env: &[("PROBE_HOST", name)],
+            ..Opts::default()
         },
-        Incarnation {
-            host: &b,
-            killed: None,
-        },
-    ];
-    for i in 0..3 {
-        let (records, terms) = check_lease(&data, i, &runs);
-        assert!(records > 0, "lease-{i:02} has records");
-        eprintln!("lease-{i:02}: {records} records in {terms} terms, none overlapping");
-    }
+    )
 }
 
 /// Sends SIGHUP to each of `hosts` in turn, waiting for the reload to be
@@ -658,16 +648,7 @@ fn spreading_turned_on_and_off_by_reloads_spreads_the_leads_then_moves_none() {
     let store = s.store();
     // One lease: spreading off by default.
     let cfg = s.write("baton.toml", &spreading_with(&store, &data, &[0], ""));
-    let start = |name: &str| {
-        Host::start_opts(
-            name,
-            &cfg,
-            Opts {
-                env: &[("PROBE_HOST", name)],
-                ..Opts::default()
-            },
-        )
-    };
+    let start = |name: &str| probe_host(name, &cfg);
     let mut a = start("host-a");
     let mut b = start("host-b");
     for h in [&a, &b] {
@@ -736,18 +717,8 @@ fn a_host_started_without_leases_gets_them_by_a_reload_and_spreads_them_with_ano
     let four = [0, 1, 2, 3];
     let empty = s.write("a.toml", &spreading_with(&store, &data, &[], ""));
     let full = s.write("b.toml", &spreading_with(&store, &data, &four, ""));
-    let start = |name: &str, cfg: &Path| {
-        Host::start_opts(
-            name,
-            cfg,
-            Opts {
-                env: &[("PROBE_HOST", name)],
-                ..Opts::default()
-            },
-        )
-    };
-    let mut a = start("host-a", &empty);
-    let mut b = start("host-b", &full);
+    let mut a = probe_host("host-a", &empty);
+    let mut b = probe_host("host-b", &full);
     a.wait_for(SECS(60), "a started", |e| e.message() == "baton starting");
     b.wait_for(SECS(60), "b loaded", |e| e.message() == "compiled-code cache");
     // b leads every lease; a, without leases, keeps no membership record.
