@@ -19,7 +19,8 @@
 //! 4. If the backend keeps the lease's highest term (its *floor*: given out
 //!    or reserved), a missing record without a tombstone reads as released
 //!    at that term, under [`TOMBSTONE`]`term-<floor>`, so terms are never
-//!    reused; and a tombstone whose term is below the floor takes the floor
+//!    reused (the floor is read as at least the highest term this store
+//!    saw, in case the backend lost it); and a tombstone whose term is below the floor takes the floor
 //!    as its term, unless it is of this store's own last write: a newer
 //!    term may have been started since, by a write this store did not see,
 //!    and its holder, unknown, is waited out as the tombstone's would be.
@@ -79,6 +80,10 @@ struct Memory {
     written: Option<LeaseRecord>,
     /// The tombstone is of this store's own last write.
     tombstone_ours: bool,
+    /// The highest term of any record read or written: a backend's floor
+    /// is read as at least this (it may have lost its floor while the
+    /// record lived).
+    highest: u64,
 }
 
 /// Something a read found before this store's own write finished.
@@ -112,6 +117,7 @@ impl DeletedRecords {
             m.tombstone = None;
             m.writes += 1;
             m.written = Some(written.record.clone());
+            m.highest = m.highest.max(written.record.term);
         });
     }
 
@@ -172,6 +178,7 @@ impl Memory {
     fn report(&mut self, found: Found) -> Option<Versioned> {
         let (last, floor, creates) = match found {
             Found::Record(current) => {
+                self.highest = self.highest.max(current.record.term);
                 self.last = Some(current.clone());
                 self.tombstone = None;
                 return Some(current);
@@ -180,6 +187,12 @@ impl Memory {
         };
         let last = last.or_else(|| self.last.take());
         self.last = None;
+        if let Some(last) = &last {
+            self.highest = self.highest.max(last.record.term);
+        }
+        // A backend that keeps a floor may have lost it (a floor ConfigMap
+        // deleted while the record lived): never below a term seen here.
+        let floor = floor.map(|f| f.max(self.highest));
         match last {
             // A deletion not reported yet (the same one learned twice, a
             // read and then an event, keeps the version already reported).

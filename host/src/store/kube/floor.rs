@@ -254,20 +254,28 @@ impl Floors {
     /// `term`: makes sure the floor covers it, reserving
     /// [`RESERVED_TERMS`] terms when it must be raised.
     ///
-    /// A floor at or above `term`, raised for this same Lease object, is
-    /// [`Raised::Done`], with no request if this store saw it so: terms
-    /// only grow within one Lease object, so `term` was not written to it
-    /// yet (the object is still below it), and the object's
-    /// resourceVersion decides who writes it. A floor at or above `term`
-    /// raised for another object is [`Raised::Behind`].
+    /// `continuous`: the object's `leaseTransitions` was last written by
+    /// baton (see `super::baton_wrote_transitions`), so it is the highest
+    /// term baton wrote to this object. Only then may a reserved term be
+    /// given out: a floor at or above `term`, raised for this same object,
+    /// is [`Raised::Done`], with no request if this store saw it so (terms
+    /// only grow within one object while baton alone writes them, so
+    /// `term` was not written to it yet, and the object's resourceVersion
+    /// decides who writes it). A floor at or above `term` raised for
+    /// another object, or for an object whose `leaseTransitions` someone
+    /// else wrote (reset in place by `kubectl replace`, a GitOps tool), is
+    /// [`Raised::Behind`]: `term` may have been given out already.
     pub async fn raise_for_term(
         &self,
         lease: &str,
         term: u64,
         uid: Option<&str>,
+        continuous: bool,
         instance: Option<&str>,
     ) -> Result<Raised, StoreError> {
-        let covers = |floor: &Floor| floor.term >= term && uid.is_some() && floor.raised_on.as_deref() == uid;
+        let covers = |floor: &Floor| {
+            continuous && floor.term >= term && uid.is_some() && floor.raised_on.as_deref() == uid
+        };
         let known = self
             .seen
             .lock()
@@ -296,6 +304,37 @@ impl Floors {
         })
         .await?;
         Ok(behind.map_or(Raised::Done, Raised::Behind))
+    }
+
+    /// Makes sure the floor holds at least `term`, the term the Lease
+    /// object `uid` shows: re-creates a deleted floor ConfigMap, and raises
+    /// one found below the Lease (edited by hand). Returns the floor found
+    /// if it was raised, `None` if it already held `term`. Always reads the
+    /// ConfigMap (the floor seen before may have been deleted since).
+    pub async fn ensure(
+        &self,
+        lease: &str,
+        term: u64,
+        uid: Option<&str>,
+        instance: Option<&str>,
+    ) -> Result<Option<Floor>, StoreError> {
+        let mut raised = None;
+        self.raise(lease, |floor| {
+            if floor.term >= term {
+                raised = None;
+                return Ok(None);
+            }
+            raised = Some(floor.clone());
+            Ok(Some(Floor {
+                term,
+                creates: floor.creates,
+                raised_by: instance.map(str::to_owned),
+                raised_on: uid.map(str::to_owned),
+                version: None,
+            }))
+        })
+        .await?;
+        Ok(raised)
     }
 
     /// Reads the floor, asks `change` for the new one (`None`: leave it),

@@ -292,6 +292,9 @@ struct Recent {
     /// The floor's resourceVersion when the Lease was last found missing
     /// (`Some(None)`: no floor then): what a create checks it against.
     floor_version: Option<Option<String>>,
+    /// When this store, holding the lease, last checked that the floor
+    /// holds the Lease's term (see [`Inner::check_floor`]).
+    floor_checked: Option<std::time::Instant>,
 }
 
 /// A resourceVersion as a number. The API server's resourceVersions are
@@ -402,7 +405,9 @@ impl KubeStore {
             .create(&post_params(), &obj)
             .await
             .map_err(|e| map_error(lease, "create", e))?;
-        inner.accept_written(lease, &created)
+        let v = inner.accept_written(lease, &created)?;
+        inner.check_floor(lease, &created, &v);
+        Ok(v)
     }
 }
 
@@ -504,31 +509,121 @@ impl Inner {
         let written = to_versioned(lease, current, self.fallback_duration())?
             .record
             .term;
-        if record.term <= written {
+        if record.term < written {
+            // Never written by the elector (its records come from what it
+            // read); refused so that terms only grow within one object
+            // while baton alone writes them (see `baton_wrote_transitions`).
+            return Err(StoreError::Conflict {
+                lease: lease.to_owned(),
+                detail: format!(
+                    "term {} would lower the Lease's leaseTransitions ({written}): terms never go back",
+                    record.term
+                ),
+            });
+        }
+        if record.term == written {
             return Ok(());
         }
         let uid = current.metadata.uid.as_deref();
+        let continuous = baton_wrote_transitions(current);
         match self
             .floors
-            .raise_for_term(lease, record.term, uid, instance)
+            .raise_for_term(lease, record.term, uid, continuous, instance)
             .await?
         {
             Raised::Done => Ok(()),
             Raised::Behind(floor) => {
-                let mut recent = self.recent();
-                let recent = recent.entry(lease.to_owned()).or_default();
-                recent.floor = recent.floor.max(floor);
+                {
+                    let mut recent = self.recent();
+                    let recent = recent.entry(lease.to_owned()).or_default();
+                    recent.floor = recent.floor.max(floor);
+                }
+                let how = if continuous {
+                    "re-created by another writer"
+                } else {
+                    "written by another writer (replaced or edited in place)"
+                };
+                tracing::warn!(
+                    lease,
+                    lease_transitions = written,
+                    floor,
+                    floor_object = %self.floors.describe(lease),
+                    "the Lease's leaseTransitions is below the lease's highest term: it was {how}; \
+                     terms continue above {floor}"
+                );
                 Err(StoreError::Conflict {
                     lease: lease.to_owned(),
                     detail: format!(
-                        "the Lease's leaseTransitions ({written}) is below the lease's highest \
-                         term ({floor}, in {}): it was re-created by another writer; terms \
-                         continue above {floor}",
-                        self.floors.describe(lease)
+                        "the Lease's leaseTransitions ({written}) is not above the lease's highest \
+                         term ({floor}, in {}): it was {how}; term {} may have been given out \
+                         already, so terms continue above {floor}",
+                        self.floors.describe(lease),
+                        record.term,
                     ),
                 })
             }
         }
+    }
+
+    /// After this store wrote `written` (read as `v`): if it holds the
+    /// lease and has not checked the floor for a lease duration, checks in
+    /// the background that the floor holds the Lease's term, and re-creates
+    /// or raises it if not (a floor ConfigMap deleted while its Lease
+    /// lives, which no new term would notice while the floor seen before
+    /// covers it). So a floor deleted while its lease is held is back
+    /// within about a lease duration, before a deletion of the Lease would
+    /// need it.
+    fn check_floor(self: &Arc<Self>, lease: &str, written: &DynamicObject, v: &Versioned) {
+        if v.record.holder().is_none() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        {
+            let mut recent = self.recent();
+            let recent = recent.entry(lease.to_owned()).or_default();
+            if recent
+                .floor_checked
+                .is_some_and(|at| now.duration_since(at) < v.record.lease_duration)
+            {
+                return;
+            }
+            recent.floor_checked = Some(now);
+        }
+        let inner = self.clone();
+        let lease = lease.to_owned();
+        let term = v.record.term;
+        let uid = written.metadata.uid.clone();
+        let instance = v.record.instance.clone();
+        let bound = self.watch.request_timeout();
+        tokio::spawn(async move {
+            let ensured = tokio::time::timeout(
+                bound,
+                inner
+                    .floors
+                    .ensure(&lease, term, uid.as_deref(), instance.as_deref()),
+            )
+            .await;
+            match ensured {
+                Ok(Ok(None)) => {}
+                Ok(Ok(Some(found))) => tracing::warn!(
+                    lease = %lease,
+                    term,
+                    found = found.term,
+                    floor_object = %inner.floors.describe(&lease),
+                    "the lease's term floor was {}; raised to the Lease's term",
+                    if found.version.is_none() { "missing (deleted)" } else { "below the Lease's term" }
+                ),
+                Ok(Err(e)) => {
+                    // Tried again at the next renewal.
+                    inner.recent().entry(lease.clone()).or_default().floor_checked = None;
+                    tracing::warn!(lease = %lease, error = %e, "cannot check the lease's term floor");
+                }
+                Err(_) => {
+                    inner.recent().entry(lease.clone()).or_default().floor_checked = None;
+                    tracing::warn!(lease = %lease, timeout = %human(bound), "checking the lease's term floor timed out");
+                }
+            }
+        });
     }
 
     /// Whether something newer than `rv` was already learned of `lease`
@@ -866,13 +961,39 @@ fn with_causes(err: &dyn std::error::Error) -> String {
     text
 }
 
+/// The field manager of every write of baton's: the API server records in
+/// `metadata.managedFields` which manager last changed each field.
+pub const FIELD_MANAGER: &str = "baton";
+
 /// Writes are recorded in `metadata.managedFields` under the manager
-/// `baton`.
+/// [`FIELD_MANAGER`].
 fn post_params() -> PostParams {
     PostParams {
-        field_manager: Some("baton".into()),
+        field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     }
+}
+
+/// Whether the object's `spec.leaseTransitions` was last changed by baton,
+/// as the API server's `metadata.managedFields` say: the field belongs to
+/// the manager [`FIELD_MANAGER`]. The API server gives a field to whoever
+/// changes its value, whatever `managedFields` the writer sent, so a
+/// Lease replaced in place with a lower `leaseTransitions` (`kubectl
+/// replace`, a GitOps tool, client-go) reads `false` until baton writes a
+/// new term over it; so does a Lease whose `managedFields` were cleared.
+/// Only while it is `true` are terms known to have only grown within the
+/// object (see [`floor::Floors::raise_for_term`]).
+pub fn baton_wrote_transitions(obj: &DynamicObject) -> bool {
+    obj.metadata.managed_fields.iter().flatten().any(|entry| {
+        entry.manager.as_deref() == Some(FIELD_MANAGER)
+            && entry.subresource.as_deref().is_none_or(str::is_empty)
+            && entry
+                .fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec"))
+                .and_then(|spec| spec.get("f:leaseTransitions"))
+                .is_some()
+    })
 }
 
 fn field_selector(lease: &str) -> String {
@@ -966,7 +1087,9 @@ impl LeaseStore for KubeStore {
             .replace(lease, &post_params(), &obj)
             .await
             .map_err(|e| map_error(lease, "update", e))?;
-        inner.accept_written(lease, &written)
+        let v = inner.accept_written(lease, &written)?;
+        inner.check_floor(lease, &written, &v);
+        Ok(v)
     }
 
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
