@@ -10,6 +10,7 @@
 mod blackhole;
 mod chaos;
 mod env;
+mod reset;
 #[allow(dead_code)]
 #[path = "../e2e/spread.rs"]
 mod spread;

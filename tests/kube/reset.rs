@@ -1,0 +1,304 @@
+//! Terms after a Lease is reset in place or loses its term floor (issue
+//! 20, item 5): real `baton` processes on the real API server, and the
+//! store itself for what only a running host can know.
+
+use super::*;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+/// A host on `cfg` (shared compiled-code cache).
+fn host(name: &str, cfg: &Path) -> Host {
+    Host::start_with(name, cfg, &shared_cache_dir())
+}
+
+/// The term of `h`'s next guest start at or after `after`.
+fn started_term(h: &Host, after: SystemTime) -> u64 {
+    h.wait_for(SECS(60), "the guest's start", |e| e.at >= after && is_start(e))
+        .guest_term()
+        .expect("a term")
+}
+
+/// Leads the lease with one host after another, one per name: each next
+/// host starts as a follower and takes over when the one before it is
+/// stopped (SIGTERM: it releases the Lease). Returns the terms, in order,
+/// and the last host, still leading.
+fn lead_in_turn(cfg: &Path, names: &[&str]) -> (Vec<u64>, Host) {
+    let mut current = host(names[0], cfg);
+    let mut terms = vec![started_term(&current, SystemTime::UNIX_EPOCH)];
+    for name in &names[1..] {
+        let next = host(name, cfg);
+        next.wait_for(SECS(60), "following", |e| {
+            e.message() == "lease status changed" && e.str("role") == Some("following")
+        });
+        let stopped = current.sigterm();
+        terms.push(started_term(&next, stopped));
+        assert!(current.wait_exit(SECS(30)).success());
+        current = next;
+    }
+    (terms, current)
+}
+
+fn floor_config(ns: &TestNamespace, env: &KubeEnv, s: &Scratch) -> std::path::PathBuf {
+    s.write(
+        "baton.toml",
+        &kube_config(
+            &ns.name,
+            Some(&env.admin_kubeconfig),
+            "demo",
+            &[probe("probe", "pollable", "cooperative")],
+        ),
+    )
+}
+
+fn floor_term(rt: &tokio::runtime::Runtime, admin: &kube::Client, ns: &TestNamespace) -> Option<u64> {
+    rt.block_on(floor_of(admin, &ns.name, "demo"))
+        .map(|data| data.get("floor").expect("data.floor").parse().expect("a number"))
+}
+
+/// The warning a host logs when it finds the Lease's leaseTransitions
+/// below the floor, if it logged one.
+fn reset_warning(h: &Host) -> Option<Event> {
+    h.all(|e| {
+        e.message()
+            .contains("leaseTransitions is below the lease's highest term")
+    })
+    .into_iter()
+    .next()
+}
+
+#[test]
+fn a_lease_replaced_in_place_with_its_terms_reset_never_repeats_a_term() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "reset"));
+    let s = Scratch::new();
+    let cfg = floor_config(&ns, &env, &s);
+
+    // Four hosts lead one after another: terms 1 to 4.
+    let (terms, mut last) = lead_in_turn(&cfg, &["reset-a", "reset-b", "reset-c", "reset-d"]);
+    assert_eq!(terms, [1, 2, 3, 4]);
+    last.sigterm();
+    assert!(last.wait_exit(SECS(30)).success());
+    let floor = floor_term(&rt, &admin, &ns).expect("a floor");
+    let before = lease_of(&rt, &ns, "demo").expect("the Lease");
+    println!("terms {terms:?}, floor {floor}");
+    assert!(floor >= 4, "{floor}");
+
+    // With no host running, the Lease is replaced in place as `kubectl
+    // replace` or a GitOps tool does with its manifest: the same object
+    // (uid), leaseTransitions 0, no holder.
+    // (With the live resourceVersion, which an update of a Lease needs and
+    // which such tools fill in.)
+    let manifest = Lease {
+        metadata: ObjectMeta {
+            name: Some("demo".into()),
+            resource_version: before.metadata.resource_version.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            lease_duration_seconds: Some(4),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    };
+    let replaced = rt
+        .block_on(ns.leases().replace("demo", &PostParams::default(), &manifest))
+        .expect("replace");
+    assert_eq!(replaced.metadata.uid, before.metadata.uid, "the same object");
+    assert_eq!(spec_of(&replaced).lease_transitions, Some(0));
+
+    // The next host leads above every term used and above the floor.
+    let e = host("reset-e", &cfg);
+    let next = started_term(&e, SystemTime::UNIX_EPOCH);
+    println!("after the reset: term {next}");
+    assert!(
+        next > 4 && next > floor,
+        "term {next} after terms {terms:?} and floor {floor}; the host logged:\n{}",
+        e.output()
+    );
+    let lease = lease_of(&rt, &ns, "demo").unwrap();
+    assert_eq!(spec_of(&lease).lease_transitions, Some(next as i32));
+    assert!(floor_term(&rt, &admin, &ns).unwrap() >= next);
+    let warned = reset_warning(&e).expect("a warning about the reset");
+    println!("warned: {}", warned.json);
+    assert_eq!(warned.str("lease"), Some("demo"));
+    assert_eq!(warned.u64("lease_transitions"), Some(0));
+    assert_eq!(warned.u64("floor"), Some(floor));
+}
+
+#[test]
+fn a_floor_deleted_while_its_lease_lives_is_made_again_before_the_lease_is_deleted() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "refloor"));
+    let s = Scratch::new();
+    let cfg = floor_config(&ns, &env, &s);
+    let floors: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), &ns.name);
+    let name = baton::store::kube::floor_name("demo");
+
+    let (terms, mut last) = lead_in_turn(&cfg, &["refloor-a", "refloor-b", "refloor-c"]);
+    assert_eq!(terms, [1, 2, 3]);
+    let used = *terms.last().unwrap();
+
+    // The floor ConfigMap is deleted while the Lease lives and is held: the
+    // holder makes it again, from the Lease, within about a lease duration.
+    rt.block_on(floors.delete(&name, &DeleteParams::default()))
+        .unwrap();
+    let deleted_at = Instant::now();
+    let remade = loop {
+        if let Some(f) = floor_term(&rt, &admin, &ns) {
+            break f;
+        }
+        assert!(
+            deleted_at.elapsed() < LD + RP + SECS(2),
+            "the floor was not made again within {:?}; the holder logged:\n{}",
+            LD + RP + SECS(2),
+            last.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "floor deleted while held at term {used}: made again after {:.1} s at {remade}",
+        deleted_at.elapsed().as_secs_f64()
+    );
+    assert!(remade >= used, "{remade}");
+
+    // Every host stops, then the Lease is deleted too: nobody running
+    // remembers the term; the floor does.
+    last.sigterm();
+    assert!(last.wait_exit(SECS(30)).success());
+    rt.block_on(ns.leases().delete("demo", &DeleteParams::default()))
+        .unwrap();
+    let d = host("refloor-d", &cfg);
+    let next = started_term(&d, SystemTime::UNIX_EPOCH);
+    println!("then the Lease deleted with no host running: the next host leads in term {next}");
+    assert!(next > used, "term {next} after terms {terms:?}");
+}
+
+#[test]
+fn a_lease_reset_in_place_while_held_stops_its_holder_and_terms_go_on_above() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "heldreset"));
+    let s = Scratch::new();
+    let (_, mut hosts) = three_hosts(&env, &ns, &s);
+    settled(&hosts);
+    // One hand-over first, so that the floor reserves terms above the
+    // current one for this very Lease object.
+    let first = running(&hosts).pop().expect("a leader");
+    let first = hosts.iter().position(|h| h.name == first).unwrap();
+    let stopped = hosts[first].sigterm();
+    let (_, taken) = wait_any(&hosts, SECS(5), "the hand-over", stopped, is_start);
+    assert!(hosts[first].wait_exit(SECS(30)).success());
+    std::thread::sleep(Duration::from_secs(1));
+    let leader = running(&hosts).pop().expect("a leader");
+    let term = taken.guest_term().unwrap();
+    let floor = floor_term(&rt, &admin, &ns).expect("a floor");
+    assert!(floor > term, "terms reserved: floor {floor}, term {term}");
+
+    // `kubectl edit` as a person would: leaseTransitions set to 0, the
+    // holder, its annotation and its duration left as they are, a fresh
+    // renewTime (read, modify, write with the resourceVersion read).
+    let reset_at = loop {
+        let mut lease = lease_of(&rt, &ns, "demo").unwrap();
+        let spec = lease.spec.get_or_insert_default();
+        spec.lease_transitions = Some(0);
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        let at = SystemTime::now();
+        match rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease)) {
+            Ok(written) => {
+                assert_eq!(
+                    spec_of(&written).holder_identity.as_deref(),
+                    Some(leader.as_str())
+                );
+                break at;
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(e) => panic!("reset: {e}"),
+        }
+    };
+
+    // Its holder no longer holds it in its term: it stops its guest at
+    // once.
+    let holder = hosts.iter().find(|h| h.name == leader).unwrap();
+    let stopped = holder.wait_for(SECS(5), "the old term's guest stopped", |e| {
+        e.at >= reset_at && e.is(STOPPED, Some("probe"))
+    });
+    println!(
+        "reset to leaseTransitions 0 while {leader} led term {term}: its guest stopped {:.0} ms later",
+        ms_between(reset_at, stopped.at)
+    );
+    assert!(ms_between(reset_at, stopped.at) < 2000.0);
+
+    // The next term, on whichever host, is above the old one and the floor.
+    let (idx, taken) = wait_any(
+        &hosts,
+        SECS(15),
+        "a guest start after the reset",
+        reset_at,
+        is_start,
+    );
+    let next = taken.guest_term().unwrap();
+    println!("then {} led term {next} (floor was {floor})", hosts[idx].name);
+    assert!(
+        next > term && next > floor,
+        "term {next} after {term}, floor {floor}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_one_at_a_time(&hosts, &[]);
+    assert_eq!(
+        spec_of(&lease_of(&rt, &ns, "demo").unwrap()).lease_transitions,
+        Some(next as i32)
+    );
+}
+
+#[test]
+fn store_a_running_host_remembers_the_term_when_floor_and_lease_are_both_deleted() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = env.admin().await;
+        let ns = TestNamespace::create(admin.clone(), "memfloor").await;
+        let floors: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), &ns.name);
+        let a = store(admin.clone(), &ns.name, &[]);
+        let held = |holder: &str, term| LeaseRecord {
+            instance: Some(format!("{holder}-instance")),
+            ..record(Some(holder), term)
+        };
+        let v1 = a.create("demo", &held("a", 1)).await.unwrap();
+        let v2 = a.update("demo", &v1.version, &held("a", 2)).await.unwrap();
+        a.update("demo", &v2.version, &record(None, 2)).await.unwrap();
+        // A watching host that saw term 2, released.
+        let b = store(admin.clone(), &ns.name, &[]);
+        assert_eq!(b.get("demo").await.unwrap().unwrap().record.term, 2);
+
+        // The floor, then the Lease, deleted while no host holds it.
+        floors
+            .delete(&baton::store::kube::floor_name("demo"), &DeleteParams::default())
+            .await
+            .unwrap();
+        ns.leases()
+            .delete("demo", &DeleteParams::default())
+            .await
+            .unwrap();
+
+        // Both stores that saw term 2 read the lease as released at 2, and
+        // the next term, created at 3, makes the floor again.
+        for s in [&a, &b] {
+            let gone = s.get("demo").await.unwrap().expect("released at the term seen");
+            assert!(gone.version.starts_with(TOMBSTONE), "{}", gone.version);
+            assert_eq!((gone.record.holder(), gone.record.term), (None, 2));
+        }
+        let gone = b.get("demo").await.unwrap().unwrap();
+        let created = b.update("demo", &gone.version, &held("b", 3)).await.unwrap();
+        assert_eq!(created.record.term, 3);
+        let floor = floor_of(&admin, &ns.name, "demo").await.expect("a floor again");
+        assert_eq!(floor.get("floor").map(String::as_str), Some("3"));
+        // A host that saw nothing can know nothing more than the floor.
+        let c = store(admin.clone(), &ns.name, &[]);
+        assert_eq!(c.get("demo").await.unwrap().unwrap().record.term, 3);
+    });
+}
