@@ -11,6 +11,11 @@
 //!   written, that the floor covers the term: if not, it raises the floor
 //!   to the term plus [`RESERVED_TERMS`] − 1, so most new terms need no
 //!   write of the floor, and none when the host has seen the floor cover it;
+//!   reserved terms are given out only while baton last changed the
+//!   Lease's `leaseTransitions` (its `managedFields` say so): a Lease
+//!   replaced in place with a lower one needs a term above the floor;
+//! - the holder of a lease checks its floor once per lease duration and
+//!   makes it again from the Lease if it was deleted ([`Floors::ensure`]);
 //! - every create of the Lease (the first one, or after a deletion) first
 //!   checks that the floor is unchanged since its caller found the Lease
 //!   missing (by the ConfigMap's resourceVersion), raises it if below and
@@ -30,7 +35,7 @@
 //! | `floor` | the highest term given out or reserved |
 //! | `creates` | how many times the Lease was created (compared only for a change) |
 //! | `raised-by` | the process (holder instance) that last raised `floor`, for people |
-//! | `raised-on` | the `metadata.uid` of the Lease whose new term last raised `floor` (empty for a create) |
+//! | `raised-on` | the `metadata.uid` of the Lease the floor was last raised for (empty for a create) |
 //!
 //! A floor garbled by hand is refused (never reset): the error names the
 //! ConfigMap and the fix. Deleting the ConfigMap as well as the Lease does

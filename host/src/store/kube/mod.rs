@@ -38,8 +38,8 @@
 //! its *term floor* (`baton-terms.<lease>`, see [`floor`]): a write that
 //! starts a term raises the floor first, and a create checks it. A Lease
 //! found with a `leaseTransitions` below its floor (re-created by another
-//! writer) is read with the floor as its term, so the next term is above
-//! it.
+//! writer, or replaced in place: see [`baton_wrote_transitions`]) is read
+//! with the floor as its term, so the next term is above it.
 //!
 //! # Deleted Leases
 //!
@@ -1205,6 +1205,34 @@ mod tests {
                 "leaseTransitions": 7,
             }})
         );
+    }
+
+    #[test]
+    fn only_a_lease_whose_transitions_baton_changed_last_is_continuous() {
+        let with = |fields: Value| {
+            let mut o = object(json!({"leaseTransitions": 4}));
+            o.metadata.managed_fields = serde_json::from_value(fields).unwrap();
+            o
+        };
+        let entry = |manager: &str, spec: Value| {
+            json!({"manager": manager, "operation": "Update", "fieldsType": "FieldsV1",
+                   "fieldsV1": {"f:spec": spec}})
+        };
+        let baton = entry("baton", json!({"f:holderIdentity": {}, "f:leaseTransitions": {}}));
+        assert!(baton_wrote_transitions(&with(json!([baton.clone()]))));
+        // kubectl replace of the same object with leaseTransitions 0, as the
+        // API server records it (checked on v1.20).
+        let replaced = json!([
+            entry("baton", json!({"f:holderIdentity": {}})),
+            entry("kubectl-replace", json!({"f:leaseTransitions": {}})),
+        ]);
+        assert!(!baton_wrote_transitions(&with(replaced)));
+        // No managedFields (cleared, or an old API server), a status
+        // subresource's entry: not continuous.
+        assert!(!baton_wrote_transitions(&with(Value::Null)));
+        let mut sub = baton;
+        sub["subresource"] = json!("status");
+        assert!(!baton_wrote_transitions(&with(json!([sub]))));
     }
 
     #[test]
