@@ -50,7 +50,10 @@
 //! when they saw the deletion, as they would for any holder, so no two
 //! hosts lead at once. A deleted Lease without a holder, or one that no
 //! running host saw, reads as released at its term floor, so terms never
-//! repeat even when the Lease was deleted while no host ran.
+//! repeat even when the Lease was deleted while no host ran; a running
+//! host reads it at no lower than the highest term it saw (in case the
+//! floor was deleted too). The holder of a Lease makes a deleted floor
+//! again within about a lease duration (see `Inner::check_floor`).
 //!
 //! # Watching
 //!
