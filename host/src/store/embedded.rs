@@ -100,6 +100,22 @@
 //! read the newest complete version (only a reader that finds no record
 //! takes a shared lock, to read the floor file).
 //!
+//! After a crash of the machine, the newest versions, if renewals, may be
+//! empty, cut short or hold an older version's bytes (their names
+//! committed, their data not: delayed allocation, or a recycled file's old
+//! block). A newest version that cannot be read is taken for such a
+//! *torn renewal* when only an unsynced renewal can have written it: the
+//! newest version below it that can be read names a holder, and the term
+//! floor is not above that version's term (no write after it started a
+//! term; a release is fsynced and is never torn). It then reads as that
+//! version, renewed under the torn version's counter: readers date it when
+//! they first see it, so the lease runs out a lease duration later unless
+//! its holder (alive after all) renews, and the next write is the version
+//! after the torn one (`link` as for any write), in a term above the
+//! floor. Any other unreadable newest version (a garbled version with no
+//! holder or a higher floor below it, the only version) stays an error:
+//! baton never writes over what it cannot read.
+//!
 //! # Deleted records
 //!
 //! A lease deleted while it had a holder reads as a tombstone, as
@@ -1057,8 +1073,15 @@ fn read_current(files: &LeaseFiles) -> Result<Option<(OwnedFd, StoredRecord, Lis
             return Ok(None);
         };
         // `None`: removed or taken as old since it was listed; list again.
-        if let Some(stored) = read_version(files, &dir, newest, Some(inode))? {
-            return Ok(Some((dir, stored, listing)));
+        match read_version(files, &dir, newest, Some(inode)) {
+            Ok(Some(stored)) => return Ok(Some((dir, stored, listing))),
+            Ok(None) => {}
+            Err(e @ StoreError::Malformed { .. }) => {
+                if let Some(stored) = read_torn(files, &dir, &listing, e)? {
+                    return Ok(Some((dir, stored, listing)));
+                }
+            }
+            Err(e) => return Err(e),
         }
     }
     Err(StoreError::Unavailable {
@@ -1068,6 +1091,54 @@ fn read_current(files: &LeaseFiles) -> Result<Option<(OwnedFd, StoredRecord, Lis
             files.versions.display()
         ),
     })
+}
+
+/// The record of a lease whose newest version `listing` shows could not be
+/// read (`unreadable`, a [`StoreError::Malformed`]), if only an unsynced
+/// renewal can have written it (see [Crash safety](self#crash-safety)):
+/// the newest readable version below it names a holder, and the lease's
+/// term floor is not above that version's term, so no write after it
+/// started a term (a new term is marked, fsynced, before its version is
+/// written) and none but that holder's renewals and its release (fsynced,
+/// so never torn by a crash) can have followed it. It is read as that
+/// version renewed under the newest version's counter: readers date it
+/// when they first see it, and the next write is the version after the
+/// newest. Otherwise `unreadable` itself; `None` if the versions changed
+/// while they were read (the caller lists again).
+fn read_torn(
+    files: &LeaseFiles,
+    dir: &OwnedFd,
+    listing: &Listing,
+    unreadable: StoreError,
+) -> Result<Option<StoredRecord>, StoreError> {
+    let Some(&newest) = listing.counters.last() else {
+        return Err(unreadable);
+    };
+    let below = listing.counters.iter().zip(&listing.inodes).rev().skip(1);
+    let mut readable = None;
+    for (&counter, &inode) in below {
+        match read_version(files, dir, counter, Some(inode)) {
+            Ok(Some(stored)) => {
+                readable = Some(stored);
+                break;
+            }
+            Ok(None) => return Ok(None),
+            Err(StoreError::Malformed { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let Some(last) = readable else {
+        return Err(unreadable);
+    };
+    if last.record.holder().is_none() || read_lock_state(files)?.floor > last.record.term {
+        return Err(unreadable);
+    }
+    Ok(Some(StoredRecord {
+        counter: newest,
+        write: String::new(),
+        replaced: last.write,
+        ..last
+    }))
 }
 
 /// An update: writes `record` over the current record if its version is
@@ -2791,6 +2862,176 @@ mod tests {
         // An operator can clear it.
         assert!(store.delete("demo").await.unwrap());
         recreate(&store, "demo", &v.record).await;
+    }
+
+    /// What a crash can leave of an unsynced renewal's version file (`full`
+    /// its bytes as written, `older` an older version's, as a recycled
+    /// file's old block holds them).
+    fn torn_cases(full: &[u8], older: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+        vec![
+            ("empty", Vec::new()),
+            ("truncated", full[..full.len() / 2].to_vec()),
+            ("garbled", b"\x00\xffnot json".to_vec()),
+            ("zeros", vec![0; full.len()]),
+            ("an older version's bytes", older.to_vec()),
+        ]
+    }
+
+    /// Creates `demo` held by `a` in term 1 and renews it `renewals` times
+    /// (through `store`); returns every version, oldest first.
+    async fn held_with_renewals(store: &EmbeddedStore, renewals: usize) -> Vec<Versioned> {
+        let mut versions = vec![store.create("demo", &record(Some("a"), 1)).await.unwrap()];
+        for _ in 0..renewals {
+            let last = versions.last().unwrap().version.clone();
+            versions.push(store.update("demo", &last, &record(Some("a"), 1)).await.unwrap());
+        }
+        versions
+    }
+
+    #[tokio::test]
+    async fn a_torn_renewal_reads_as_a_renewal_of_the_version_below_and_is_written_over() {
+        for torn in 1..=2 {
+            let (dir, writer) = store();
+            let versions = held_with_renewals(&writer, 3).await;
+            let newest = versions.last().unwrap();
+            let path = newest_version(writer.dir(), "demo");
+            let full = fs::read(&path).unwrap();
+            let older = fs::read(path.with_file_name(version_name(1))).unwrap();
+            for (what, bytes) in torn_cases(&full, &older) {
+                // The newest `torn` versions lost their bytes, as a crash
+                // of the machine leaves unsynced renewals.
+                for counter in 5 - torn..=4 {
+                    fs::write(path.with_file_name(version_name(counter)), &bytes).unwrap();
+                }
+                // A reader started after the crash (no memory of the lease).
+                let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+                let readable = &versions[3 - torn as usize];
+                let got = reader.get("demo").await.unwrap().expect("a record");
+                assert_eq!(got.record, readable.record, "{what}, {torn} torn");
+                assert_eq!(got.version, newest.version, "{what}: the torn version's own");
+                let watched = reader.watch("demo").await.unwrap().next().await.unwrap().unwrap();
+                assert_eq!(watched, Some(got.clone()), "{what}");
+                assert_eq!(reader.list().await.unwrap(), vec![("demo".into(), got.clone())]);
+                // Read again, the same version: dated once, at first sight.
+                assert_eq!(reader.get("demo").await.unwrap(), Some(got.clone()), "{what}");
+            }
+            // Taken over after it ran out: the version after the torn one,
+            // in a term above it (and the floor).
+            let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+            let got = reader.get("demo").await.unwrap().unwrap();
+            let taken = reader
+                .update("demo", &got.version, &record(Some("b"), 2))
+                .await
+                .unwrap();
+            assert!(taken.version.ends_with("-5"), "{}", taken.version);
+            assert_eq!(reader.get("demo").await.unwrap(), Some(taken.clone()));
+            assert_eq!(floor_of(&reader, "demo"), 2);
+            // A second contender that read the torn version lost the race.
+            let lost = writer.update("demo", &got.version, &record(Some("c"), 2)).await;
+            assert!(lost.unwrap_err().is_conflict());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_live_holder_renews_over_its_torn_version_and_readers_follow() {
+        for read_first in [false, true] {
+            let (dir, holder) = store();
+            let versions = held_with_renewals(&holder, 2).await;
+            let newest = versions.last().unwrap();
+            let path = newest_version(holder.dir(), "demo");
+            fs::write(&path, b"").unwrap();
+            let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+            let mut watch = reader.watch("demo").await.unwrap();
+            let seen = next_within(&mut watch, 5).await.expect("a record");
+            assert_eq!(seen.record.holder(), Some("a"));
+            assert_eq!(seen.version, newest.version);
+            let over = if read_first {
+                // A holder that lost its answer reads first: its own record.
+                let again = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+                let current = again.get("demo").await.unwrap().unwrap();
+                assert_eq!(current.version, newest.version);
+                again
+                    .update("demo", &current.version, &record(Some("a"), 1))
+                    .await
+                    .unwrap()
+            } else {
+                holder
+                    .update("demo", &newest.version, &record(Some("a"), 1))
+                    .await
+                    .unwrap()
+            };
+            assert!(over.version.ends_with("-4"), "{}", over.version);
+            let next = next_change(&mut watch, &Some(seen)).await.expect("a record");
+            assert_eq!(next, over, "read first: {read_first}");
+            assert_eq!(reader.get("demo").await.unwrap(), Some(over));
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_version_that_no_unsynced_renewal_wrote_stays_an_error() {
+        // Below it: a release (the next write starts a term), and a version
+        // under a floor raised for a new term (the next write may have been
+        // that term's, fsynced).
+        for case in ["released below", "floor above"] {
+            let (_dir, store) = store();
+            let versions = held_with_renewals(&store, 1).await;
+            let files = store.files("demo").unwrap();
+            match case {
+                "released below" => {
+                    let last = versions.last().unwrap().version.clone();
+                    store.update("demo", &last, &record(None, 1)).await.unwrap();
+                    // Nothing but a new term (fsynced) follows a release.
+                    fs::write(files.version_path(4), b"").unwrap();
+                }
+                _ => {
+                    raise_floor(&files, 2).unwrap();
+                    fs::write(newest_version(store.dir(), "demo"), b"").unwrap();
+                }
+            }
+            let fresh = EmbeddedStore::open(store.dir()).unwrap();
+            let path = newest_version(store.dir(), "demo");
+            for err in [
+                fresh.get("demo").await.unwrap_err(),
+                fresh.list().await.unwrap_err(),
+                fresh
+                    .update("demo", "x-9", &record(Some("c"), 3))
+                    .await
+                    .unwrap_err(),
+            ] {
+                match &err {
+                    StoreError::Malformed { lease, detail } => {
+                        assert_eq!(lease, "demo", "{case}");
+                        assert!(detail.contains(&path.display().to_string()), "{case}: {detail}");
+                    }
+                    other => panic!("{case}: expected Malformed, got {other:?}"),
+                }
+            }
+            assert_eq!(fs::read(&path).unwrap(), b"", "{case}: nothing written over it");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_newest_version_leaves_the_one_below_as_the_record() {
+        // A crash after a write took the oldest file (renamed it aside) but
+        // before its link was on disk: the newest name is simply not there.
+        let (dir, writer) = store();
+        let versions = held_with_renewals(&writer, 20).await;
+        let files = writer.files("demo").unwrap();
+        let newest = versions.last().unwrap();
+        fs::rename(
+            files.version_path(21),
+            files.versions.join(".tmp-0123456789abcdef"),
+        )
+        .unwrap();
+        let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+        let got = reader.get("demo").await.unwrap().unwrap();
+        assert_eq!(got, versions[19]);
+        let taken = reader
+            .update("demo", &got.version, &record(Some("b"), 2))
+            .await
+            .unwrap();
+        assert_eq!(taken.version, newest.version, "the version after the one below");
+        assert_eq!(reader.get("demo").await.unwrap(), Some(taken));
     }
 
     #[tokio::test]
