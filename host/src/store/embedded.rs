@@ -519,6 +519,26 @@ impl LeaseStore for EmbeddedStore {
         self.list_prefixed("").await
     }
 
+    async fn list_readable(&self) -> Result<(Vec<(String, Versioned)>, Vec<(String, String)>), StoreError> {
+        let store = self.clone();
+        blocking(ANY_LEASE, move || {
+            let (mut leases, mut unreadable) = (Vec::new(), Vec::new());
+            for files in store.leases_named(LEASE_SUFFIX)? {
+                match read_current(&files) {
+                    // `None`: deleted since the directory was read.
+                    Ok(None) => {}
+                    Ok(Some((_, stored, _))) => leases.push((files.lease, stored.into_versioned())),
+                    Err(StoreError::Malformed { detail, .. }) => unreadable.push((files.lease, detail)),
+                    Err(e) => return Err(e),
+                }
+            }
+            leases.sort_by(|a, b| a.0.cmp(&b.0));
+            unreadable.sort();
+            Ok((leases, unreadable))
+        })
+        .await
+    }
+
     async fn list_prefixed(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
         let store = self.clone();
         let prefix = prefix.to_owned();
