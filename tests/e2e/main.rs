@@ -6,6 +6,7 @@
 
 mod chaos;
 mod crash;
+mod crash_fs;
 mod http;
 mod http_server;
 mod misbehaving;
