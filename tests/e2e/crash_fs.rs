@@ -6,7 +6,8 @@
 //! lease, in a term above the old one.
 //!
 //! Needs root and loop devices: runs only with `BATON_TEST_LOOP_MOUNT=1`,
-//! and says why it skips otherwise.
+//! and says why it skips otherwise. `BATON_TEST_LEAD_SECS` sets how long
+//! the host leads before the shutdown (8 s).
 
 use std::path::Path;
 use std::process::Command;
@@ -82,7 +83,8 @@ fn a_file_system_shut_down_under_a_leader_is_led_again_after_remount() {
     let term_a = first.guest_term().unwrap();
     // Renewals past a journal commit (every 5 s): their names are on disk,
     // their data (written back after 30 s) may not be.
-    std::thread::sleep(SECS(8));
+    let led_for = std::env::var("BATON_TEST_LEAD_SECS").map_or(8, |v| v.parse().unwrap());
+    std::thread::sleep(SECS(led_for));
     shut_down(&mnt);
     // The machine is gone: so is every process on it.
     a.sigkill();
