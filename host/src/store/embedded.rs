@@ -112,7 +112,11 @@
 //! they first see it, so the lease runs out a lease duration later unless
 //! its holder (alive after all) renews, and the next write is the version
 //! after the torn one (`link` as for any write), in a term above the
-//! floor. Any other unreadable newest version (a garbled version with no
+//! floor. So that some version is left to read, each version names the
+//! newest fsynced one at or below it (`durable`), and that one's file is
+//! never taken for a renewal nor removed until a newer fsynced version is
+//! on disk: a lease keeps it beside the newest 17 (a real ext4 shutdown
+//! after 8 s of renewals left 15 of 16 kept versions unreadable). Any other unreadable newest version (a garbled version with no
 //! holder or a higher floor below it, the only version) stays an error:
 //! baton never writes over what it cannot read.
 //!
@@ -291,6 +295,13 @@ struct StoredRecord {
     /// The `write` id of the version this one replaced (empty for the first).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     replaced: String,
+    /// The counter of the newest fsynced version at or below this one (its
+    /// own if it was fsynced; 0: not known, written by an older baton). That
+    /// version's file is never taken for a new version nor removed while it
+    /// is the newest fsynced one, so that a crash that tears every renewal
+    /// after it leaves it to read (see [Crash safety](self#crash-safety)).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    durable: u64,
     /// The lease record itself.
     record: LeaseRecord,
 }
@@ -306,6 +317,10 @@ impl StoredRecord {
             record: self.record,
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A fresh random id, as 16 hex digits.
@@ -602,6 +617,7 @@ impl EmbeddedStore {
                 counter: 1,
                 write: random_id(),
                 replaced: String::new(),
+                durable: 1,
                 record,
             };
             // Counted before the record appears, so that a reader that
@@ -1203,17 +1219,23 @@ fn update_record(
         counter: current.counter + 1,
         write: random_id(),
         replaced: current.write,
+        durable: match renewal {
+            true => current.durable,
+            false => current.counter + 1,
+        },
         record,
     };
     if abandoned.load(Ordering::SeqCst) {
         return Err(abandoned_error(files));
     }
     // The oldest version, if this write makes it one to remove: its file is
-    // taken for the new version's.
+    // taken for the new version's. Not the newest fsynced one: neither the
+    // one before this write (until this one is on disk) nor this one's.
     let recycle = listing
         .counters
-        .first()
+        .iter()
         .copied()
+        .find(|&c| c != current.durable)
         .filter(|&oldest| oldest + KEPT_VERSIONS < stored.counter);
     let file = commit(
         files,
@@ -1357,13 +1379,17 @@ fn renew_unread(
         counter: last.stored.counter + 1,
         write: random_id(),
         replaced: last.stored.write.clone(),
+        durable: last.stored.durable,
         record: record.clone(),
     };
     if abandoned.load(Ordering::SeqCst) {
         return Err(abandoned_error(files));
     }
     // The oldest kept version, if the versions are as this store left them.
-    let recycle = stored.counter.checked_sub(KEPT_VERSIONS + 1).filter(|&c| c > 0);
+    let recycle = stored
+        .counter
+        .checked_sub(KEPT_VERSIONS + 1)
+        .filter(|&c| c > 0 && c != stored.durable);
     let file = commit(
         files,
         &dir,
@@ -1494,7 +1520,7 @@ fn commit(
         rustix::fs::fsync(dir).map_err(|e| errno_error(&files.lease, "cannot sync", &files.versions, e))?;
     }
     if let Some(listing) = listing {
-        prune(dir, &listing, stored.counter);
+        prune(dir, &listing, stored.counter, stored.durable);
     }
     Ok(file)
 }
@@ -1671,6 +1697,10 @@ fn confirm(
         // Versions are removed (or taken for new ones) lowest first: had
         // the next one replaced ours and been removed, ours would have been
         // removed before it. Ours still has its name if it is the same file.
+        // (The newest fsynced version is kept out of that order; while it
+        // is, only its own holder's renewals follow it, and they come after
+        // this check, unless this write was abandoned: then its answer
+        // reaches no one.)
         Ok(None) => match (
             rustix::fs::fstat(file),
             rustix::fs::statat(dir, version_name(stored.counter), AtFlags::SYMLINK_NOFOLLOW),
@@ -1684,10 +1714,11 @@ fn confirm(
 }
 
 /// Removes, lowest first, the versions older than the kept ones below
-/// `newest`, and temporary files left by writers that died or stopped.
-fn prune(dir: &OwnedFd, listing: &Listing, newest: u64) {
+/// `newest` but the newest fsynced one (`durable`), and temporary files
+/// left by writers that died or stopped.
+fn prune(dir: &OwnedFd, listing: &Listing, newest: u64, durable: u64) {
     for &counter in &listing.counters {
-        if counter + KEPT_VERSIONS < newest {
+        if counter + KEPT_VERSIONS < newest && counter != durable {
             let _ = rustix::fs::unlinkat(dir, version_name(counter), AtFlags::empty());
         }
     }
@@ -2953,6 +2984,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_newest_fsynced_version_is_kept_to_read_when_every_renewal_is_torn() {
+        let (dir, writer) = store();
+        let files = writer.files("demo").unwrap();
+        let versions = |store: &EmbeddedStore| {
+            let dir = open_lease_dir(&files).unwrap().unwrap();
+            list_versions(&store.files("demo").unwrap(), &dir, false)
+                .unwrap()
+                .counters
+        };
+        // A term far longer than the versions kept: its first version (the
+        // create, fsynced) is neither taken for a renewal nor removed.
+        let all = held_with_renewals(&writer, 3 * KEPT_VERSIONS as usize).await;
+        assert_eq!(versions(&writer)[0], 1, "{:?}", versions(&writer));
+        // A crash tore every renewal kept (unread and read-first alike).
+        for counter in versions(&writer).into_iter().skip(1) {
+            fs::write(files.version_path(counter), b"").unwrap();
+        }
+        let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+        let got = reader.get("demo").await.unwrap().expect("a record");
+        assert_eq!(got.record, all[0].record);
+        assert_eq!(got.version, all.last().unwrap().version);
+        // Taken over: that write is the newest fsynced one from then on,
+        // and the old one goes once it is old.
+        let mut v = reader
+            .update("demo", &got.version, &record(Some("b"), 2))
+            .await
+            .unwrap();
+        let taken = v.version.rsplit('-').next().unwrap().parse::<u64>().unwrap();
+        for _ in 0..=KEPT_VERSIONS {
+            v = reader
+                .update("demo", &v.version, &record(Some("b"), 2))
+                .await
+                .unwrap();
+        }
+        let kept = versions(&reader);
+        assert_eq!(kept[0], taken, "{kept:?}");
+        assert!(!kept.contains(&1), "{kept:?}");
+    }
+
+    #[tokio::test]
     async fn a_live_holder_renews_over_its_torn_version_and_readers_follow() {
         for read_first in [false, true] {
             let (dir, holder) = store();
@@ -3101,8 +3172,8 @@ mod tests {
         let counters = list_versions(&files, &dir, false).unwrap().counters;
         assert_eq!(
             counters,
-            (25..=41).collect::<Vec<_>>(),
-            "the newest and 16 before it"
+            std::iter::once(1).chain(25..=41).collect::<Vec<_>>(),
+            "the newest fsynced (the create), the newest and 16 before it"
         );
         assert_eq!(store.get("demo").await.unwrap(), Some(v));
     }
@@ -3404,16 +3475,17 @@ mod tests {
                 .await
                 .unwrap();
             let inodes = inodes_in(store.dir(), "demo");
-            assert!(inodes.len() as u64 <= KEPT_VERSIONS + 1, "{inodes:?}");
+            assert!(inodes.len() as u64 <= KEPT_VERSIONS + 2, "{inodes:?}");
             files_ever.extend(inodes.values().copied());
         }
-        // The first KEPT_VERSIONS + 1 versions got files of their own;
-        // every later write took the file of the version it removed.
-        assert_eq!(files_ever.len() as u64, KEPT_VERSIONS + 1, "{files_ever:?}");
+        // The first KEPT_VERSIONS + 2 versions got files of their own (the
+        // first, fsynced, is kept); every later write took the file of the
+        // version it removed.
+        assert_eq!(files_ever.len() as u64, KEPT_VERSIONS + 2, "{files_ever:?}");
         assert_eq!(store.get("demo").await.unwrap(), Some(v));
         assert_eq!(
             names_in(store.dir(), "demo").len() as u64,
-            KEPT_VERSIONS + 1,
+            KEPT_VERSIONS + 2,
             "no temporary file left behind"
         );
     }
@@ -3500,7 +3572,8 @@ mod tests {
             "another store reads the same"
         );
         let names = names_in(store.dir(), "demo");
-        assert_eq!(names.len() as u64, KEPT_VERSIONS + 1, "{names:?}");
+        // The newest fsynced version (the create) is kept too.
+        assert_eq!(names.len() as u64, KEPT_VERSIONS + 2, "{names:?}");
         // A new term or holder is read first, as every write of another store.
         let before = renewed_unread(&store);
         v = store
@@ -3550,8 +3623,11 @@ mod tests {
         // b writes so many versions over a's that the one after a's is gone:
         // a's renewal, not read first, re-creates that name, and must find
         // out that it is stale.
+        // (A release first: the version that starts b's term is kept as
+        // the newest fsynced one, the release is not.)
+        vb = b.update("demo", &va.version, &record(None, 2)).await.unwrap();
         vb = b
-            .update("demo", &va.version, &record(Some("b"), 3))
+            .update("demo", &vb.version, &record(Some("b"), 3))
             .await
             .unwrap();
         for _ in 0..KEPT_VERSIONS + 4 {
