@@ -262,9 +262,21 @@ pub struct Report {
     pub leases: Vec<LeaseStatus>,
     /// The membership records, by identity.
     pub hosts: Vec<HostStatus>,
+    /// The records that cannot be read, by name (not in `leases` or
+    /// `hosts`).
+    pub unreadable: Vec<UnreadableLease>,
     /// The live hosts' identities, sorted: the membership the preferred
     /// holders are computed under.
     pub live_hosts: Vec<String>,
+}
+
+/// A record that cannot be read: the hosts leave it as it is.
+#[derive(Clone, Debug, Serialize)]
+pub struct UnreadableLease {
+    /// The lease's name.
+    pub name: String,
+    /// Why it cannot be read (the file and what is wrong with it).
+    pub error: String,
 }
 
 /// Which store a report is of.
@@ -320,7 +332,7 @@ pub async fn collect(target: &Target) -> anyhow::Result<Report> {
             store.describe()
         )
     };
-    let all = store.list().await.map_err(failed)?;
+    let (all, unreadable) = store.list_readable().await.map_err(failed)?;
     // The records the hosts count, read as they read them.
     let counted: BTreeSet<String> = store
         .list_prefixed(MEMBER_PREFIX)
@@ -329,14 +341,19 @@ pub async fn collect(target: &Target) -> anyhow::Result<Report> {
         .into_iter()
         .map(|(name, _)| name)
         .collect();
-    Ok(report(
+    let mut report = report(
         target.kind,
         store.describe(),
         &target.spreading,
         all,
         &counted,
         SystemTime::now(),
-    ))
+    );
+    report.unreadable = unreadable
+        .into_iter()
+        .map(|(name, error)| UnreadableLease { name, error })
+        .collect();
+    Ok(report)
 }
 
 /// The report of a listing (`all`: every record, membership records
@@ -429,6 +446,7 @@ pub fn report(
         spreading: spread.is_some(),
         leases,
         hosts,
+        unreadable: Vec::new(),
         live_hosts,
     }
 }
@@ -488,7 +506,7 @@ impl Report {
     /// preferred holders were found.
     pub fn text(&self) -> String {
         let mut out = format!("{}\n", self.store.description);
-        if self.leases.is_empty() && self.hosts.is_empty() {
+        if self.leases.is_empty() && self.hosts.is_empty() && self.unreadable.is_empty() {
             out.push_str("no leases\n");
             return out;
         }
@@ -513,6 +531,15 @@ impl Report {
             }
             out.push('\n');
             out.push_str(&table(&rows, &[2]));
+        }
+        if !self.unreadable.is_empty() {
+            out.push('\n');
+            for u in &self.unreadable {
+                out.push_str(&format!(
+                    "lease {}: unreadable, left as it is by the hosts: {}\n",
+                    u.name, u.error
+                ));
+            }
         }
         if !self.hosts.is_empty() {
             let mut header = vec!["HOST (membership record)", "LEADS"];
@@ -691,5 +718,40 @@ mod tests {
         let one = vec![("one".to_owned(), held(Some("a"), 1, now, 4))];
         let r = report("embedded", "x".into(), &Spreading::Default, one, &none, now);
         assert!(!r.spreading, "one lease is not spread by default");
+    }
+    #[tokio::test]
+    async fn an_unreadable_lease_is_shown_as_such_beside_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for name in ["alpha", "broken", "gamma"] {
+            store
+                .create(name, &held(Some("a"), 1, SystemTime::now(), 15).record)
+                .await
+                .unwrap();
+        }
+        // Its only version garbled: no torn renewal, unreadable.
+        let version = dir.path().join("broken.lease").join("00000000000000000001.json");
+        std::fs::write(&version, b"{not json").unwrap();
+        let target = Target {
+            store: Arc::new(store),
+            kind: "embedded",
+            spreading: Spreading::Off,
+            origin: "--store-dir".into(),
+        };
+        let r = collect(&target).await.unwrap();
+        let names: Vec<_> = r.leases.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["alpha", "gamma"]);
+        assert_eq!(r.unreadable.len(), 1);
+        assert_eq!(r.unreadable[0].name, "broken");
+        assert!(
+            r.unreadable[0].error.contains(&version.display().to_string()),
+            "{:?}",
+            r.unreadable
+        );
+        let text = r.text();
+        assert!(text.contains("lease broken: unreadable"), "{text}");
+        assert!(text.contains("alpha") && text.contains("gamma"), "{text}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["unreadable"][0]["name"], "broken", "{json}");
     }
 }

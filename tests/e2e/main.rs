@@ -5,6 +5,8 @@
 //! 200 ms, grace 500 ms.
 
 mod chaos;
+mod crash;
+mod crash_fs;
 mod http;
 mod http_server;
 mod misbehaving;

@@ -100,6 +100,26 @@
 //! read the newest complete version (only a reader that finds no record
 //! takes a shared lock, to read the floor file).
 //!
+//! After a crash of the machine, the newest versions, if renewals, may be
+//! empty, cut short or hold an older version's bytes (their names
+//! committed, their data not: delayed allocation, or a recycled file's old
+//! block). A newest version that cannot be read is taken for such a
+//! *torn renewal* when only an unsynced renewal can have written it: the
+//! newest version below it that can be read names a holder, and the term
+//! floor is not above that version's term (no write after it started a
+//! term; a release is fsynced and is never torn). It then reads as that
+//! version, renewed under the torn version's counter: readers date it when
+//! they first see it, so the lease runs out a lease duration later unless
+//! its holder (alive after all) renews, and the next write is the version
+//! after the torn one (`link` as for any write), in a term above the
+//! floor. So that some version is left to read, each version names the
+//! newest fsynced one at or below it (`durable`), and that one's file is
+//! never taken for a renewal nor removed until a newer fsynced version is
+//! on disk: a lease keeps it beside the newest 17 (a real ext4 shutdown
+//! after 8 s of renewals left 15 of 16 kept versions unreadable). Any other unreadable newest version (a garbled version with no
+//! holder or a higher floor below it, the only version) stays an error:
+//! baton never writes over what it cannot read.
+//!
 //! # Deleted records
 //!
 //! A lease deleted while it had a holder reads as a tombstone, as
@@ -275,6 +295,13 @@ struct StoredRecord {
     /// The `write` id of the version this one replaced (empty for the first).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     replaced: String,
+    /// The counter of the newest fsynced version at or below this one (its
+    /// own if it was fsynced; 0: not known, written by an older baton). That
+    /// version's file is never taken for a new version nor removed while it
+    /// is the newest fsynced one, so that a crash that tears every renewal
+    /// after it leaves it to read (see [Crash safety](self#crash-safety)).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    durable: u64,
     /// The lease record itself.
     record: LeaseRecord,
 }
@@ -290,6 +317,10 @@ impl StoredRecord {
             record: self.record,
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A fresh random id, as 16 hex digits.
@@ -503,6 +534,26 @@ impl LeaseStore for EmbeddedStore {
         self.list_prefixed("").await
     }
 
+    async fn list_readable(&self) -> Result<(Vec<(String, Versioned)>, Vec<(String, String)>), StoreError> {
+        let store = self.clone();
+        blocking(ANY_LEASE, move || {
+            let (mut leases, mut unreadable) = (Vec::new(), Vec::new());
+            for files in store.leases_named(LEASE_SUFFIX)? {
+                match read_current(&files) {
+                    // `None`: deleted since the directory was read.
+                    Ok(None) => {}
+                    Ok(Some((_, stored, _))) => leases.push((files.lease, stored.into_versioned())),
+                    Err(StoreError::Malformed { detail, .. }) => unreadable.push((files.lease, detail)),
+                    Err(e) => return Err(e),
+                }
+            }
+            leases.sort_by(|a, b| a.0.cmp(&b.0));
+            unreadable.sort();
+            Ok((leases, unreadable))
+        })
+        .await
+    }
+
     async fn list_prefixed(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
         let store = self.clone();
         let prefix = prefix.to_owned();
@@ -566,6 +617,7 @@ impl EmbeddedStore {
                 counter: 1,
                 write: random_id(),
                 replaced: String::new(),
+                durable: 1,
                 record,
             };
             // Counted before the record appears, so that a reader that
@@ -1057,8 +1109,15 @@ fn read_current(files: &LeaseFiles) -> Result<Option<(OwnedFd, StoredRecord, Lis
             return Ok(None);
         };
         // `None`: removed or taken as old since it was listed; list again.
-        if let Some(stored) = read_version(files, &dir, newest, Some(inode))? {
-            return Ok(Some((dir, stored, listing)));
+        match read_version(files, &dir, newest, Some(inode)) {
+            Ok(Some(stored)) => return Ok(Some((dir, stored, listing))),
+            Ok(None) => {}
+            Err(e @ StoreError::Malformed { .. }) => {
+                if let Some(stored) = read_torn(files, &dir, &listing, e)? {
+                    return Ok(Some((dir, stored, listing)));
+                }
+            }
+            Err(e) => return Err(e),
         }
     }
     Err(StoreError::Unavailable {
@@ -1068,6 +1127,54 @@ fn read_current(files: &LeaseFiles) -> Result<Option<(OwnedFd, StoredRecord, Lis
             files.versions.display()
         ),
     })
+}
+
+/// The record of a lease whose newest version `listing` shows could not be
+/// read (`unreadable`, a [`StoreError::Malformed`]), if only an unsynced
+/// renewal can have written it (see [Crash safety](self#crash-safety)):
+/// the newest readable version below it names a holder, and the lease's
+/// term floor is not above that version's term, so no write after it
+/// started a term (a new term is marked, fsynced, before its version is
+/// written) and none but that holder's renewals and its release (fsynced,
+/// so never torn by a crash) can have followed it. It is read as that
+/// version renewed under the newest version's counter: readers date it
+/// when they first see it, and the next write is the version after the
+/// newest. Otherwise `unreadable` itself; `None` if the versions changed
+/// while they were read (the caller lists again).
+fn read_torn(
+    files: &LeaseFiles,
+    dir: &OwnedFd,
+    listing: &Listing,
+    unreadable: StoreError,
+) -> Result<Option<StoredRecord>, StoreError> {
+    let Some(&newest) = listing.counters.last() else {
+        return Err(unreadable);
+    };
+    let below = listing.counters.iter().zip(&listing.inodes).rev().skip(1);
+    let mut readable = None;
+    for (&counter, &inode) in below {
+        match read_version(files, dir, counter, Some(inode)) {
+            Ok(Some(stored)) => {
+                readable = Some(stored);
+                break;
+            }
+            Ok(None) => return Ok(None),
+            Err(StoreError::Malformed { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let Some(last) = readable else {
+        return Err(unreadable);
+    };
+    if last.record.holder().is_none() || read_lock_state(files)?.floor > last.record.term {
+        return Err(unreadable);
+    }
+    Ok(Some(StoredRecord {
+        counter: newest,
+        write: String::new(),
+        replaced: last.write,
+        ..last
+    }))
 }
 
 /// An update: writes `record` over the current record if its version is
@@ -1112,17 +1219,23 @@ fn update_record(
         counter: current.counter + 1,
         write: random_id(),
         replaced: current.write,
+        durable: match renewal {
+            true => current.durable,
+            false => current.counter + 1,
+        },
         record,
     };
     if abandoned.load(Ordering::SeqCst) {
         return Err(abandoned_error(files));
     }
     // The oldest version, if this write makes it one to remove: its file is
-    // taken for the new version's.
+    // taken for the new version's. Not the newest fsynced one: neither the
+    // one before this write (until this one is on disk) nor this one's.
     let recycle = listing
         .counters
-        .first()
+        .iter()
         .copied()
+        .find(|&c| c != current.durable)
         .filter(|&oldest| oldest + KEPT_VERSIONS < stored.counter);
     let file = commit(
         files,
@@ -1266,13 +1379,17 @@ fn renew_unread(
         counter: last.stored.counter + 1,
         write: random_id(),
         replaced: last.stored.write.clone(),
+        durable: last.stored.durable,
         record: record.clone(),
     };
     if abandoned.load(Ordering::SeqCst) {
         return Err(abandoned_error(files));
     }
     // The oldest kept version, if the versions are as this store left them.
-    let recycle = stored.counter.checked_sub(KEPT_VERSIONS + 1).filter(|&c| c > 0);
+    let recycle = stored
+        .counter
+        .checked_sub(KEPT_VERSIONS + 1)
+        .filter(|&c| c > 0 && c != stored.durable);
     let file = commit(
         files,
         &dir,
@@ -1403,7 +1520,7 @@ fn commit(
         rustix::fs::fsync(dir).map_err(|e| errno_error(&files.lease, "cannot sync", &files.versions, e))?;
     }
     if let Some(listing) = listing {
-        prune(dir, &listing, stored.counter);
+        prune(dir, &listing, stored.counter, stored.durable);
     }
     Ok(file)
 }
@@ -1580,6 +1697,10 @@ fn confirm(
         // Versions are removed (or taken for new ones) lowest first: had
         // the next one replaced ours and been removed, ours would have been
         // removed before it. Ours still has its name if it is the same file.
+        // (The newest fsynced version is kept out of that order; while it
+        // is, only its own holder's renewals follow it, and they come after
+        // this check, unless this write was abandoned: then its answer
+        // reaches no one.)
         Ok(None) => match (
             rustix::fs::fstat(file),
             rustix::fs::statat(dir, version_name(stored.counter), AtFlags::SYMLINK_NOFOLLOW),
@@ -1593,10 +1714,11 @@ fn confirm(
 }
 
 /// Removes, lowest first, the versions older than the kept ones below
-/// `newest`, and temporary files left by writers that died or stopped.
-fn prune(dir: &OwnedFd, listing: &Listing, newest: u64) {
+/// `newest` but the newest fsynced one (`durable`), and temporary files
+/// left by writers that died or stopped.
+fn prune(dir: &OwnedFd, listing: &Listing, newest: u64, durable: u64) {
     for &counter in &listing.counters {
-        if counter + KEPT_VERSIONS < newest {
+        if counter + KEPT_VERSIONS < newest && counter != durable {
             let _ = rustix::fs::unlinkat(dir, version_name(counter), AtFlags::empty());
         }
     }
@@ -2793,6 +2915,216 @@ mod tests {
         recreate(&store, "demo", &v.record).await;
     }
 
+    /// What a crash can leave of an unsynced renewal's version file (`full`
+    /// its bytes as written, `older` an older version's, as a recycled
+    /// file's old block holds them).
+    fn torn_cases(full: &[u8], older: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+        vec![
+            ("empty", Vec::new()),
+            ("truncated", full[..full.len() / 2].to_vec()),
+            ("garbled", b"\x00\xffnot json".to_vec()),
+            ("zeros", vec![0; full.len()]),
+            ("an older version's bytes", older.to_vec()),
+        ]
+    }
+
+    /// Creates `demo` held by `a` in term 1 and renews it `renewals` times
+    /// (through `store`); returns every version, oldest first.
+    async fn held_with_renewals(store: &EmbeddedStore, renewals: usize) -> Vec<Versioned> {
+        let mut versions = vec![store.create("demo", &record(Some("a"), 1)).await.unwrap()];
+        for _ in 0..renewals {
+            let last = versions.last().unwrap().version.clone();
+            versions.push(store.update("demo", &last, &record(Some("a"), 1)).await.unwrap());
+        }
+        versions
+    }
+
+    #[tokio::test]
+    async fn a_torn_renewal_reads_as_a_renewal_of_the_version_below_and_is_written_over() {
+        for torn in 1..=2 {
+            let (dir, writer) = store();
+            let versions = held_with_renewals(&writer, 3).await;
+            let newest = versions.last().unwrap();
+            let path = newest_version(writer.dir(), "demo");
+            let full = fs::read(&path).unwrap();
+            let older = fs::read(path.with_file_name(version_name(1))).unwrap();
+            for (what, bytes) in torn_cases(&full, &older) {
+                // The newest `torn` versions lost their bytes, as a crash
+                // of the machine leaves unsynced renewals.
+                for counter in 5 - torn..=4 {
+                    fs::write(path.with_file_name(version_name(counter)), &bytes).unwrap();
+                }
+                // A reader started after the crash (no memory of the lease).
+                let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+                let readable = &versions[3 - torn as usize];
+                let got = reader.get("demo").await.unwrap().expect("a record");
+                assert_eq!(got.record, readable.record, "{what}, {torn} torn");
+                assert_eq!(got.version, newest.version, "{what}: the torn version's own");
+                let watched = reader.watch("demo").await.unwrap().next().await.unwrap().unwrap();
+                assert_eq!(watched, Some(got.clone()), "{what}");
+                assert_eq!(reader.list().await.unwrap(), vec![("demo".into(), got.clone())]);
+                // Read again, the same version: dated once, at first sight.
+                assert_eq!(reader.get("demo").await.unwrap(), Some(got.clone()), "{what}");
+            }
+            // Taken over after it ran out: the version after the torn one,
+            // in a term above it (and the floor).
+            let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+            let got = reader.get("demo").await.unwrap().unwrap();
+            let taken = reader
+                .update("demo", &got.version, &record(Some("b"), 2))
+                .await
+                .unwrap();
+            assert!(taken.version.ends_with("-5"), "{}", taken.version);
+            assert_eq!(reader.get("demo").await.unwrap(), Some(taken.clone()));
+            assert_eq!(floor_of(&reader, "demo"), 2);
+            // A second contender that read the torn version lost the race.
+            let lost = writer.update("demo", &got.version, &record(Some("c"), 2)).await;
+            assert!(lost.unwrap_err().is_conflict());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_newest_fsynced_version_is_kept_to_read_when_every_renewal_is_torn() {
+        let (dir, writer) = store();
+        let files = writer.files("demo").unwrap();
+        let versions = |store: &EmbeddedStore| {
+            let dir = open_lease_dir(&files).unwrap().unwrap();
+            list_versions(&store.files("demo").unwrap(), &dir, false)
+                .unwrap()
+                .counters
+        };
+        // A term far longer than the versions kept: its first version (the
+        // create, fsynced) is neither taken for a renewal nor removed.
+        let all = held_with_renewals(&writer, 3 * KEPT_VERSIONS as usize).await;
+        assert_eq!(versions(&writer)[0], 1, "{:?}", versions(&writer));
+        // A crash tore every renewal kept (unread and read-first alike).
+        for counter in versions(&writer).into_iter().skip(1) {
+            fs::write(files.version_path(counter), b"").unwrap();
+        }
+        let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+        let got = reader.get("demo").await.unwrap().expect("a record");
+        assert_eq!(got.record, all[0].record);
+        assert_eq!(got.version, all.last().unwrap().version);
+        // Taken over: that write is the newest fsynced one from then on,
+        // and the old one goes once it is old.
+        let mut v = reader
+            .update("demo", &got.version, &record(Some("b"), 2))
+            .await
+            .unwrap();
+        let taken = v.version.rsplit('-').next().unwrap().parse::<u64>().unwrap();
+        for _ in 0..=KEPT_VERSIONS {
+            v = reader
+                .update("demo", &v.version, &record(Some("b"), 2))
+                .await
+                .unwrap();
+        }
+        let kept = versions(&reader);
+        assert_eq!(kept[0], taken, "{kept:?}");
+        assert!(!kept.contains(&1), "{kept:?}");
+    }
+
+    #[tokio::test]
+    async fn a_live_holder_renews_over_its_torn_version_and_readers_follow() {
+        for read_first in [false, true] {
+            let (dir, holder) = store();
+            let versions = held_with_renewals(&holder, 2).await;
+            let newest = versions.last().unwrap();
+            let path = newest_version(holder.dir(), "demo");
+            fs::write(&path, b"").unwrap();
+            let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+            let mut watch = reader.watch("demo").await.unwrap();
+            let seen = next_within(&mut watch, 5).await.expect("a record");
+            assert_eq!(seen.record.holder(), Some("a"));
+            assert_eq!(seen.version, newest.version);
+            let over = if read_first {
+                // A holder that lost its answer reads first: its own record.
+                let again = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+                let current = again.get("demo").await.unwrap().unwrap();
+                assert_eq!(current.version, newest.version);
+                again
+                    .update("demo", &current.version, &record(Some("a"), 1))
+                    .await
+                    .unwrap()
+            } else {
+                holder
+                    .update("demo", &newest.version, &record(Some("a"), 1))
+                    .await
+                    .unwrap()
+            };
+            assert!(over.version.ends_with("-4"), "{}", over.version);
+            let next = next_change(&mut watch, &Some(seen)).await.expect("a record");
+            assert_eq!(next, over, "read first: {read_first}");
+            assert_eq!(reader.get("demo").await.unwrap(), Some(over));
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_version_that_no_unsynced_renewal_wrote_stays_an_error() {
+        // Below it: a release (the next write starts a term), and a version
+        // under a floor raised for a new term (the next write may have been
+        // that term's, fsynced).
+        for case in ["released below", "floor above"] {
+            let (_dir, store) = store();
+            let versions = held_with_renewals(&store, 1).await;
+            let files = store.files("demo").unwrap();
+            match case {
+                "released below" => {
+                    let last = versions.last().unwrap().version.clone();
+                    store.update("demo", &last, &record(None, 1)).await.unwrap();
+                    // Nothing but a new term (fsynced) follows a release.
+                    fs::write(files.version_path(4), b"").unwrap();
+                }
+                _ => {
+                    raise_floor(&files, 2).unwrap();
+                    fs::write(newest_version(store.dir(), "demo"), b"").unwrap();
+                }
+            }
+            let fresh = EmbeddedStore::open(store.dir()).unwrap();
+            let path = newest_version(store.dir(), "demo");
+            for err in [
+                fresh.get("demo").await.unwrap_err(),
+                fresh.list().await.unwrap_err(),
+                fresh
+                    .update("demo", "x-9", &record(Some("c"), 3))
+                    .await
+                    .unwrap_err(),
+            ] {
+                match &err {
+                    StoreError::Malformed { lease, detail } => {
+                        assert_eq!(lease, "demo", "{case}");
+                        assert!(detail.contains(&path.display().to_string()), "{case}: {detail}");
+                    }
+                    other => panic!("{case}: expected Malformed, got {other:?}"),
+                }
+            }
+            assert_eq!(fs::read(&path).unwrap(), b"", "{case}: nothing written over it");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_newest_version_leaves_the_one_below_as_the_record() {
+        // A crash after a write took the oldest file (renamed it aside) but
+        // before its link was on disk: the newest name is simply not there.
+        let (dir, writer) = store();
+        let versions = held_with_renewals(&writer, 20).await;
+        let files = writer.files("demo").unwrap();
+        let newest = versions.last().unwrap();
+        fs::rename(
+            files.version_path(21),
+            files.versions.join(".tmp-0123456789abcdef"),
+        )
+        .unwrap();
+        let reader = EmbeddedStore::open(dir.path().join("leases")).unwrap();
+        let got = reader.get("demo").await.unwrap().unwrap();
+        assert_eq!(got, versions[19]);
+        let taken = reader
+            .update("demo", &got.version, &record(Some("b"), 2))
+            .await
+            .unwrap();
+        assert_eq!(taken.version, newest.version, "the version after the one below");
+        assert_eq!(reader.get("demo").await.unwrap(), Some(taken));
+    }
+
     #[tokio::test]
     async fn leftover_temp_files_are_ignored_and_removed_once_old() {
         let (_dir, store) = store();
@@ -2840,8 +3172,8 @@ mod tests {
         let counters = list_versions(&files, &dir, false).unwrap().counters;
         assert_eq!(
             counters,
-            (25..=41).collect::<Vec<_>>(),
-            "the newest and 16 before it"
+            std::iter::once(1).chain(25..=41).collect::<Vec<_>>(),
+            "the newest fsynced (the create), the newest and 16 before it"
         );
         assert_eq!(store.get("demo").await.unwrap(), Some(v));
     }
@@ -3143,16 +3475,17 @@ mod tests {
                 .await
                 .unwrap();
             let inodes = inodes_in(store.dir(), "demo");
-            assert!(inodes.len() as u64 <= KEPT_VERSIONS + 1, "{inodes:?}");
+            assert!(inodes.len() as u64 <= KEPT_VERSIONS + 2, "{inodes:?}");
             files_ever.extend(inodes.values().copied());
         }
-        // The first KEPT_VERSIONS + 1 versions got files of their own;
-        // every later write took the file of the version it removed.
-        assert_eq!(files_ever.len() as u64, KEPT_VERSIONS + 1, "{files_ever:?}");
+        // The first KEPT_VERSIONS + 2 versions got files of their own (the
+        // first, fsynced, is kept); every later write took the file of the
+        // version it removed.
+        assert_eq!(files_ever.len() as u64, KEPT_VERSIONS + 2, "{files_ever:?}");
         assert_eq!(store.get("demo").await.unwrap(), Some(v));
         assert_eq!(
             names_in(store.dir(), "demo").len() as u64,
-            KEPT_VERSIONS + 1,
+            KEPT_VERSIONS + 2,
             "no temporary file left behind"
         );
     }
@@ -3239,7 +3572,8 @@ mod tests {
             "another store reads the same"
         );
         let names = names_in(store.dir(), "demo");
-        assert_eq!(names.len() as u64, KEPT_VERSIONS + 1, "{names:?}");
+        // The newest fsynced version (the create) is kept too.
+        assert_eq!(names.len() as u64, KEPT_VERSIONS + 2, "{names:?}");
         // A new term or holder is read first, as every write of another store.
         let before = renewed_unread(&store);
         v = store
@@ -3289,8 +3623,11 @@ mod tests {
         // b writes so many versions over a's that the one after a's is gone:
         // a's renewal, not read first, re-creates that name, and must find
         // out that it is stale.
+        // (A release first: the version that starts b's term is kept as
+        // the newest fsynced one, the release is not.)
+        vb = b.update("demo", &va.version, &record(None, 2)).await.unwrap();
         vb = b
-            .update("demo", &va.version, &record(Some("b"), 3))
+            .update("demo", &vb.version, &record(Some("b"), 3))
             .await
             .unwrap();
         for _ in 0..KEPT_VERSIONS + 4 {

@@ -337,6 +337,15 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Every lease in the store, for `baton status`.
     async fn list(&self) -> Result<Vec<(String, Versioned)>, StoreError>;
 
+    /// Every lease in the store that can be read, and apart from them the
+    /// name of each that cannot ([`StoreError::Malformed`]) with why, for
+    /// `baton status`: one unreadable record must not hide the others. The
+    /// default reads with [`list`](Self::list), so a store whose list
+    /// fails on such a record fails here too.
+    async fn list_readable(&self) -> Result<(Vec<(String, Versioned)>, Vec<(String, String)>), StoreError> {
+        Ok((self.list().await?, Vec::new()))
+    }
+
     /// Every lease whose name starts with `prefix` (the hosts' membership
     /// records, listed every retry period: the Kubernetes store serves it
     /// from its namespace's watch while that is in sync, see
