@@ -514,7 +514,9 @@ impl Config {
             if name.contains(',') || name.chars().any(char::is_control) {
                 return Err(err_at(
                     at,
-                    format!("plugin {name:?}: field `name`: no commas or control characters (lease records list plugins by name)"),
+                    format!(
+                        "plugin {name:?}: field `name`: no commas or control characters (lease records list plugins by name)"
+                    ),
                 ));
             }
             if plugins.iter().any(|q| &q.spec.name == name) {

@@ -42,12 +42,12 @@ use crate::admin::AdminServer;
 use crate::config::{Config, StoreConfig};
 use crate::config::{LeaseConfig, PluginConfig, ReloadMode};
 use crate::control::{ControlSocket, ControlledHost, ControlledLease, SharedLeases};
+use crate::election::LeaseClaims;
 use crate::election::spread::{LeaseChange, SpreadConfig, Spreader, SteeredLease, unsteer};
 use crate::election::{
-    ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Hosts, Intent, LeaseView, NoObserver,
-    TermClock, Timings,
+    ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Hosts, Intent, LeaseView,
+    NoObserver, TermClock, Timings,
 };
-use crate::election::LeaseClaims;
 use crate::health::Health;
 use crate::logging::human;
 use crate::metrics::Metrics;

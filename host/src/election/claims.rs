@@ -237,7 +237,12 @@ impl ClaimGate {
             claims.restore(plugin);
         }
         if admitted && told.is_some() {
-            tracing::info!(plugin, lease, term = term.number(), "leader task: no other lease claims the plugin now");
+            tracing::info!(
+                plugin,
+                lease,
+                term = term.number(),
+                "leader task: no other lease claims the plugin now"
+            );
         }
         admitted
     }
@@ -427,7 +432,10 @@ mod tests {
         let gate = ClaimGate::new(store);
         let (t, claims) = (term("la"), LeaseClaims::new());
         claims.add("p");
-        let waiting = tokio::time::timeout(Duration::from_secs(1), gate.admit("p", &t, &claims, Duration::from_millis(100)));
+        let waiting = tokio::time::timeout(
+            Duration::from_secs(1),
+            gate.admit("p", &t, &claims, Duration::from_millis(100)),
+        );
         assert!(waiting.await.is_err(), "started before a write listed it");
         t.end(t.clock().now());
         assert!(!gate.admit("p", &t, &claims, Duration::from_millis(100)).await);

@@ -416,7 +416,9 @@ impl Elector {
 
     /// The claims to write now (marked seen).
     fn claimed(&mut self) -> Option<Vec<String>> {
-        self.claims.as_mut().map(|c| claims::listed(&c.borrow_and_update()))
+        self.claims
+            .as_mut()
+            .map(|c| claims::listed(&c.borrow_and_update()))
     }
 
     /// Its heartbeat: when its current step began, and whether the store
@@ -997,7 +999,8 @@ impl Elector {
                     ));
                 }
                 l.next_renew = started + t.retry_period;
-                l.term.confirm_claims(written.record.plugins.as_deref().unwrap_or_default());
+                l.term
+                    .confirm_claims(written.record.plugins.as_deref().unwrap_or_default());
                 l.current = written.clone();
                 self.observe(Some(written), Instant::now());
                 Ok(())
@@ -1020,7 +1023,8 @@ impl Elector {
                                 } else {
                                     self.clock.now()
                                 };
-                                l.term.confirm_claims(current.record.plugins.as_deref().unwrap_or_default());
+                                l.term
+                                    .confirm_claims(current.record.plugins.as_deref().unwrap_or_default());
                                 l.current = current;
                                 Ok(())
                             }

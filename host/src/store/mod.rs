@@ -212,7 +212,11 @@ impl LeaseRecord {
 
     /// Whether the record's holder claims `plugin` (see [`plugins`](Self::plugins)).
     pub fn claims(&self, plugin: &str) -> bool {
-        self.holder().is_some() && self.plugins.as_ref().is_some_and(|p| p.iter().any(|n| n == plugin))
+        self.holder().is_some()
+            && self
+                .plugins
+                .as_ref()
+                .is_some_and(|p| p.iter().any(|n| n == plugin))
     }
 
     /// Whether the record is held under `identity` by another process (one

@@ -743,7 +743,13 @@ pub fn to_versioned(
             }),
             plugins: holder.as_ref().and_then(|_| {
                 let listed = obj.metadata.annotations.as_ref()?.get(PLUGINS)?;
-                Some(listed.split(',').filter(|p| !p.is_empty()).map(str::to_owned).collect())
+                Some(
+                    listed
+                        .split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                )
             }),
             // Only without a holder: a release by `baton yield`.
             yielded: match &holder {
