@@ -511,6 +511,14 @@ impl Config {
             if name.is_empty() {
                 return Err(err_at(at, "plugin: field `name` is empty".into()));
             }
+            if name.contains(',') || name.chars().any(char::is_control) {
+                return Err(err_at(
+                    at,
+                    format!(
+                        "plugin {name:?}: field `name`: no commas or control characters (lease records list plugins by name)"
+                    ),
+                ));
+            }
             if plugins.iter().any(|q| &q.spec.name == name) {
                 return Err(err_at(at, format!("plugin {name:?} is declared twice")));
             }

@@ -42,10 +42,11 @@ use crate::admin::AdminServer;
 use crate::config::{Config, StoreConfig};
 use crate::config::{LeaseConfig, PluginConfig, ReloadMode};
 use crate::control::{ControlSocket, ControlledHost, ControlledLease, SharedLeases};
+use crate::election::LeaseClaims;
 use crate::election::spread::{LeaseChange, SpreadConfig, Spreader, SteeredLease, unsteer};
 use crate::election::{
-    DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Hosts, Intent, LeaseView, NoObserver,
-    TermClock, Timings,
+    ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Hosts, Intent, LeaseView,
+    NoObserver, TermClock, Timings,
 };
 use crate::health::Health;
 use crate::logging::human;
@@ -58,7 +59,7 @@ use crate::runtime::{
 use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
 use crate::store::{LeaseStore, StoreError, StoreTimings};
-use crate::supervisor::{NoTaskObserver, TaskObserver, run_leader_tasks_of};
+use crate::supervisor::{Admission, NoTaskObserver, TaskObserver, run_leader_tasks_of};
 
 /// Why the host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -405,6 +406,7 @@ pub async fn serve_opts(
         ended: ended_tx.clone(),
         hosts: runtime.hosts().clone(),
         spread: None,
+        gate: Arc::new(ClaimGate::new(store.clone())),
     };
     for lease in &config.leases {
         let configured = config.plugins.iter().filter(|p| p.lease == lease.name).count();
@@ -629,6 +631,9 @@ struct LeaseRun {
     ended: bool,
     /// A reload removed it: its elector hands it over and returns.
     retiring: bool,
+    /// The plugins this host claims under it (see
+    /// [`crate::election::claims`]).
+    claims: LeaseClaims,
 }
 
 /// How long an elector with timings `t` may take to hand its lease over
@@ -739,6 +744,9 @@ struct Started {
     hosts: watch::Sender<Hosts>,
     /// The running spreader, if any.
     spread: Option<Spreading>,
+    /// Checks, before a plugin's task starts, that no other lease claims
+    /// the plugin.
+    gate: Arc<ClaimGate>,
 }
 
 /// A running spreader (see [`Started::respread`]).
@@ -808,6 +816,8 @@ impl Started {
             intent.send_replace(initial);
         }
         elector.set_observer(self.election_observer.clone());
+        let claims = LeaseClaims::new();
+        elector.set_claims(&claims);
         let (new_timings, timings_rx) = watch::channel(lease.timings);
         elector.set_timings_source(timings_rx);
         if let Some(health) = &self.health {
@@ -833,6 +843,7 @@ impl Started {
             handover_bound: handover_bound(&lease.timings),
             ended: false,
             retiring: false,
+            claims,
         }
     }
 
@@ -975,15 +986,25 @@ impl Started {
         let (version, versions) = watch::channel(plugin);
         let gone = CancellationToken::new();
         let (view, observer, done) = (run.view.clone(), self.task_observer.clone(), gone.clone());
+        let name = p.spec.name.clone();
+        // Claimed from now until no task of it runs here.
+        run.claims.add(&name);
+        let admission = Admission {
+            gate: self.gate.clone(),
+            claims: run.claims.clone(),
+            poll: run.timings.retry_period / 2,
+        };
         run.supervisors.spawn(async move {
             let _done = done.drop_guard();
+            let claims = admission.claims.clone();
             // A plugin of this name that a reload removed (or moved from
             // another lease) may still run its task in a term that is
             // being handed over: never beside it.
             if let Some(before) = after {
                 before.cancelled().await;
             }
-            run_leader_tasks_of(versions, view, observer).await
+            run_leader_tasks_of(versions, view, observer, Some(admission)).await;
+            claims.remove(&name);
         });
         PluginRun {
             lease: p.lease.clone(),

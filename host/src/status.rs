@@ -602,6 +602,7 @@ mod tests {
     fn held(holder: Option<&str>, term: u64, renewed: SystemTime, secs: u64) -> Versioned {
         Versioned {
             record: LeaseRecord {
+                plugins: None,
                 yielded: None,
                 holder: holder.map(str::to_owned),
                 lease_duration: Duration::from_secs(secs),

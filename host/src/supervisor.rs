@@ -14,6 +14,11 @@
 //! stop is armed from the term itself ([`Term::stop_due`]), not from the
 //! elector's news: a stuck elector cannot delay it.
 //!
+//! Before a term's first instance starts, its plugin passes the lease's
+//! [`Admission`], if it has one: the term's records claim the plugin and no
+//! other lease's do (see [`crate::election::claims`]), so that it never runs
+//! under two leases at once, on this host or another.
+//!
 //! What happens to each task is told to a [`TaskObserver`] (metrics, at
 //! the edge); the supervisor itself keeps no counts.
 
@@ -23,7 +28,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::sleep;
 
-use crate::election::{LeaseView, Term};
+use crate::election::{ClaimGate, LeaseClaims, LeaseView, Term};
 use crate::runtime::{Plugin, TaskOutcome};
 
 /// The first retry of a failed task waits this long; each further failure
@@ -120,6 +125,19 @@ pub struct NoTaskObserver;
 
 impl TaskObserver for NoTaskObserver {}
 
+/// What a plugin's task passes before it starts in a term: this host's
+/// claims under the lease, and the gate that checks no other lease claims
+/// the plugin ([`ClaimGate::admit`]).
+#[derive(Clone)]
+pub struct Admission {
+    /// The gate, one per store.
+    pub gate: Arc<ClaimGate>,
+    /// This host's claims under the plugin's lease.
+    pub claims: LeaseClaims,
+    /// How often to look again while another lease claims the plugin.
+    pub poll: Duration,
+}
+
 /// Runs `plugin`'s leader task in every term in which this host leads the
 /// lease behind `view`. Returns once the elector is gone (its sender
 /// dropped) and no task of the plugin runs. Tells `observer` what happens.
@@ -129,18 +147,20 @@ pub async fn run_leader_tasks(
     observer: Arc<dyn TaskObserver>,
 ) {
     let (_keep, versions) = watch::channel(plugin);
-    run_leader_tasks_of(versions, view, observer).await
+    run_leader_tasks_of(versions, view, observer, None).await
 }
 
 /// [`run_leader_tasks`], for a plugin whose version may change (a reload):
 /// each term runs the version current when it starts, so a new version
 /// runs from the next term and never beside the old one. Returns, too,
 /// once the versions' sender is dropped (the plugin was removed) and no
-/// task of it runs.
+/// task of it runs. With `admission`, a term's task starts only once it
+/// admits the plugin.
 pub async fn run_leader_tasks_of(
     mut versions: watch::Receiver<Arc<Plugin>>,
     mut view: watch::Receiver<LeaseView>,
     observer: Arc<dyn TaskObserver>,
+    admission: Option<Admission>,
 ) {
     let name = versions.borrow().name().to_owned();
     loop {
@@ -159,13 +179,28 @@ pub async fn run_leader_tasks_of(
         if versions.has_changed().is_err() {
             return;
         }
+        let admitted = match &admission {
+            Some(a) => tokio::select! {
+                admitted = a.gate.admit(&name, &term, &a.claims, a.poll) => admitted,
+                _ = removed(&mut versions) => return,
+            },
+            None => true,
+        };
+        if admitted && versions.has_changed().is_err() {
+            return;
+        }
         let plugin = versions.borrow_and_update().clone();
-        if let Some(_entry) = term.enter() {
+        if admitted && let Some(_entry) = term.enter() {
             run_term(&plugin, &term, &view, &*observer).await;
         }
         // Not again in this term.
         term.over().await;
     }
+}
+
+/// Resolves once the versions' sender is dropped (the plugin was removed).
+async fn removed(versions: &mut watch::Receiver<Arc<Plugin>>) {
+    while versions.changed().await.is_ok() {}
 }
 
 /// Runs one term: tries the task until it finishes or the term is over,

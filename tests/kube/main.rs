@@ -1395,6 +1395,7 @@ fn store(client: kube::Client, ns: &str, labels: &[(&str, &str)]) -> KubeStore {
 
 fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
     LeaseRecord {
+        plugins: None,
         yielded: None,
         instance: None,
         holder: holder.map(str::to_owned),
@@ -1491,6 +1492,7 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
 
         // A release: empty holder, 1 s.
         let released = LeaseRecord {
+            plugins: None,
             yielded: None,
             instance: None,
             holder: None,
@@ -1643,6 +1645,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         assert_eq!(
             tombstone.record,
             LeaseRecord {
+                plugins: None,
                 yielded: None,
                 term: reserved,
                 ..current.record.clone()
@@ -1656,6 +1659,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         // Created again above it, released, deleted again: released at its
         // term floor, so the next term is above it.
         let released = LeaseRecord {
+            plugins: None,
             yielded: None,
             instance: None,
             holder: None,
@@ -2075,6 +2079,7 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         let ns = TestNamespace::create(admin.clone(), "floor").await;
         let fresh = || store(admin.clone(), &ns.name, &[]);
         let held = |holder: &str, term| LeaseRecord {
+            plugins: None,
             yielded: None,
             instance: Some(format!("{holder}-instance")),
             ..record(Some(holder), term)
@@ -2592,6 +2597,7 @@ fn yield_hands_the_lease_over_through_the_api_server_and_the_yielder_stays_out_f
         let released = LeaseRecord {
             holder: None,
             lease_duration: Duration::from_secs(1),
+            plugins: None,
             yielded: Some(Yielded {
                 by: "a".into(),
                 duration: Duration::from_millis(12_500),

@@ -25,6 +25,7 @@
 //! and the elector sleeps on tokio's clock and the [term clock](TermClock),
 //! so it runs under paused time in tests.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -32,6 +33,7 @@ use rand::Rng;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
+use super::claims::{self, Claim, LeaseClaims};
 use super::clock::{Moment, TermClock};
 use super::observe::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
 use super::status::{LeaseView, Role, Status, YieldSeen};
@@ -317,6 +319,20 @@ pub struct Elector {
     /// New timings (a reload), taken while following: they apply from the
     /// next term.
     timings: Option<watch::Receiver<Timings>>,
+    /// The plugins this host claims under the lease, written into every
+    /// record it leads with (see [`super::claims`]); none without.
+    claims: Option<watch::Receiver<BTreeMap<String, Claim>>>,
+}
+
+/// Resolves when the claims change; never without claims (or once their
+/// sender is gone).
+async fn claims_changed(claims: &mut Option<watch::Receiver<BTreeMap<String, Claim>>>) {
+    if let Some(c) = claims
+        && c.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// Why a leader steps down.
@@ -374,6 +390,7 @@ impl Elector {
             observer: Arc::new(NoObserver),
             heartbeat,
             timings: None,
+            claims: None,
         };
         (elector, rx, intent_tx)
     }
@@ -389,6 +406,19 @@ impl Elector {
     /// keeps the timings it began with.
     pub fn set_timings_source(&mut self, timings: watch::Receiver<Timings>) {
         self.timings = Some(timings);
+    }
+
+    /// Writes `claims` into every record it leads with from now on, and
+    /// renews at once when they change while it leads.
+    pub fn set_claims(&mut self, claims: &LeaseClaims) {
+        self.claims = Some(claims.subscribe());
+    }
+
+    /// The claims to write now (marked seen).
+    fn claimed(&mut self) -> Option<Vec<String>> {
+        self.claims
+            .as_mut()
+            .map(|c| claims::listed(&c.borrow_and_update()))
     }
 
     /// Its heartbeat: when its current step began, and whether the store
@@ -576,6 +606,11 @@ impl Elector {
                 Ok(()) => State::Leading(l),
                 Err(loss) => self.step_down(l, loss),
             },
+            _ = claims_changed(&mut self.claims) => {
+                // Written at once: a plugin added waits for it to start.
+                l.next_renew = self.clock.now();
+                State::Leading(l)
+            }
             alive = self.feed.changed() => {
                 if !alive {
                     return self.feed_gone();
@@ -848,6 +883,7 @@ impl Elector {
             + 1;
         let wall = SystemTime::now();
         let record = LeaseRecord {
+            plugins: self.claimed(),
             yielded: None,
             instance: Some(self.me.instance.clone()),
             holder: Some(self.cfg.identity.clone()),
@@ -875,6 +911,7 @@ impl Elector {
                     self.clock.clone(),
                     started + t.renew_deadline,
                 );
+                term.confirm_claims(written.record.plugins.as_deref().unwrap_or_default());
                 let status = Status {
                     role: Role::Leading,
                     holder: Some(self.cfg.identity.clone()),
@@ -944,6 +981,7 @@ impl Elector {
         let limit = t.request_timeout.min(until - started);
         let version = l.current.version.clone();
         let record = LeaseRecord {
+            plugins: self.claimed(),
             yielded: None,
             renew_time: Some(SystemTime::now()),
             ..l.current.record.clone()
@@ -961,6 +999,8 @@ impl Elector {
                     ));
                 }
                 l.next_renew = started + t.retry_period;
+                l.term
+                    .confirm_claims(written.record.plugins.as_deref().unwrap_or_default());
                 l.current = written.clone();
                 self.observe(Some(written), Instant::now());
                 Ok(())
@@ -983,6 +1023,8 @@ impl Elector {
                                 } else {
                                     self.clock.now()
                                 };
+                                l.term
+                                    .confirm_claims(current.record.plugins.as_deref().unwrap_or_default());
                                 l.current = current;
                                 Ok(())
                             }
@@ -1078,6 +1120,7 @@ impl Elector {
             };
             let record = LeaseRecord {
                 yielded,
+                plugins: None,
                 instance: None,
                 holder: None,
                 lease_duration: RELEASED_LEASE_DURATION,

@@ -16,9 +16,12 @@
 //! - [`Elector`]: following, leading, resigning.
 //! - [`ElectionObserver`], [`Heartbeat`]: what an elector reports besides
 //!   its status, for metrics and health checks at the edge.
+//! - [`claims`]: which plugins a term's records list, and the check that
+//!   no other lease's live record lists a plugin before its task starts.
 //! - [`spread`]: which host prefers which lease, and the [`Spreader`]
 //!   that steers this host's electors by it.
 
+pub mod claims;
 mod clock;
 mod elector;
 mod observe;
@@ -28,6 +31,7 @@ mod term;
 mod timing;
 
 pub use crate::store::RELEASED_LEASE_DURATION;
+pub use claims::{ClaimGate, LeaseClaims};
 pub use clock::{Moment, TermClock};
 pub use elector::{
     DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, ElectorError, Intent, Me, Verdict, follower_decision,

@@ -67,6 +67,9 @@ pub struct Term {
     /// Wakes waiters when the term is ended or a task leaves. Renewals wake
     /// nobody: a waiter sleeps until the deadline it read and looks again.
     events: watch::Sender<()>,
+    /// The plugins the last confirmed write of this term listed (its
+    /// claims, see [`super::claims`]).
+    claimed: watch::Sender<Arc<[String]>>,
 }
 
 impl fmt::Debug for Term {
@@ -124,9 +127,28 @@ impl Term {
             grace_cut: std::sync::atomic::AtomicBool::new(false),
             tasks: Mutex::new(0),
             events: watch::Sender::new(()),
+            claimed: watch::Sender::new(Arc::from([])),
         };
         term.update_stop_at();
         Arc::new(term)
+    }
+
+    /// Records that a write of this term, confirmed by the store, listed
+    /// `plugins` as its claims (the elector, after each write it leads with).
+    pub fn confirm_claims(&self, plugins: &[String]) {
+        self.claimed.send_if_modified(|c| {
+            let changed = **c != *plugins;
+            if changed {
+                *c = Arc::from(plugins);
+            }
+            changed
+        });
+    }
+
+    /// The plugins the last confirmed write of this term listed, and news
+    /// of the next: see [`super::claims`].
+    pub fn claimed(&self) -> watch::Receiver<Arc<[String]>> {
+        self.claimed.subscribe()
     }
 
     /// The lease.

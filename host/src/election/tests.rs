@@ -99,6 +99,7 @@ impl Candidate {
 
 fn record(holder: Option<&str>, term: u64, lease_secs: u64) -> LeaseRecord {
     LeaseRecord {
+        plugins: None,
         yielded: None,
         instance: None,
         holder: holder.map(str::to_owned),
@@ -446,6 +447,7 @@ fn expiry_is_judged_from_local_observation_and_the_records_duration() {
     };
     let versioned = |holder: Option<&str>, secs| Versioned {
         record: LeaseRecord {
+            plugins: None,
             yielded: None,
             // "me" with this process's instance; "namesake": another
             // process under the same identity.

@@ -244,6 +244,7 @@ pub fn floor_record(floor: u64) -> Versioned {
     Versioned {
         version: format!("{TOMBSTONE}{FLOOR_VERSION}{floor}"),
         record: LeaseRecord {
+            plugins: None,
             yielded: None,
             instance: None,
             holder: None,
@@ -265,6 +266,7 @@ mod tests {
         Versioned {
             version: version.into(),
             record: LeaseRecord {
+                plugins: None,
                 yielded: None,
                 instance: None,
                 holder: holder.map(str::to_owned),

@@ -1975,6 +1975,7 @@ mod tests {
 
     fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
         LeaseRecord {
+            plugins: None,
             yielded: None,
             instance: None,
             holder: holder.map(str::to_owned),
@@ -3502,6 +3503,7 @@ mod tests {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let marked = |counter: u64| LeaseRecord {
+            plugins: None,
             yielded: None,
             lease_duration: Duration::from_millis(counter),
             ..record(Some("a"), 1)

@@ -512,6 +512,7 @@ mod tests {
 
     fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
         LeaseRecord {
+            plugins: None,
             yielded: None,
             instance: None,
             holder: holder.map(str::to_owned),

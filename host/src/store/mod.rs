@@ -172,6 +172,16 @@ pub struct LeaseRecord {
     /// older baton versions ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub yielded: Option<Yielded>,
+    /// The plugins the holder may run in its term: its *claims*. A host
+    /// starts a plugin under a lease only once a write of its term lists
+    /// the plugin and no other lease's live record lists it (see
+    /// [`crate::election::claims`]); a plugin stays listed until its task
+    /// is gone. Stored as `plugins` (the embedded store's files) and the
+    /// annotation `baton.dev/plugins`, comma-separated (a Kubernetes
+    /// Lease); `None` in records of other writers, of older baton
+    /// versions, and without a holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugins: Option<Vec<String>>,
 }
 
 /// A yield, as a release record carries it; see [`LeaseRecord::yielded`].
@@ -198,6 +208,15 @@ impl LeaseRecord {
     /// it for its own.
     pub fn held_by(&self, identity: &str, instance: &str) -> bool {
         self.holder() == Some(identity) && self.instance.as_deref() == Some(instance)
+    }
+
+    /// Whether the record's holder claims `plugin` (see [`plugins`](Self::plugins)).
+    pub fn claims(&self, plugin: &str) -> bool {
+        self.holder().is_some()
+            && self
+                .plugins
+                .as_ref()
+                .is_some_and(|p| p.iter().any(|n| n == plugin))
     }
 
     /// Whether the record is held under `identity` by another process (one

@@ -281,6 +281,7 @@ mod tests {
 
     fn record(holder: &str, term: u64) -> LeaseRecord {
         LeaseRecord {
+            plugins: None,
             yielded: None,
             instance: None,
             holder: Some(holder.into()),

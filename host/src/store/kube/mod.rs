@@ -10,6 +10,7 @@
 //! | `acquire_time`, `renew_time` | `spec.acquireTime`, `spec.renewTime` (MicroTime; unreadable or missing: `None`, they are informational) |
 //! | `transitions` (the term) | `spec.leaseTransitions` (an int32; missing or negative: 0; a term above `i32::MAX` is refused) |
 //! | `instance` | the annotation `baton.dev/holder-instance` ([`HOLDER_INSTANCE`]; read only with a holder) |
+//! | `plugins` | the annotation `baton.dev/plugins` ([`PLUGINS`]; comma-separated; read only with a holder) |
 //! | `yielded` | the annotations `baton.dev/yielded-by` and `baton.dev/yielded-for` ([`YIELDED_BY`]; a release by `baton yield`; read only without a holder) |
 //! | version | `metadata.resourceVersion` |
 //!
@@ -720,6 +721,19 @@ impl Inner {
                 }
             }
         }
+        match record.plugins.as_ref().filter(|_| record.holder().is_some()) {
+            Some(plugins) => {
+                obj.metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(PLUGINS.into(), plugins.join(","));
+            }
+            None => {
+                if let Some(annotations) = &mut obj.metadata.annotations {
+                    annotations.remove(PLUGINS);
+                }
+            }
+        }
         match record.yielded.as_ref().filter(|_| record.holder().is_none()) {
             Some(y) => {
                 let annotations = obj.metadata.annotations.get_or_insert_with(BTreeMap::new);
@@ -743,6 +757,12 @@ impl Inner {
 /// writers leave it alone or drop it, and a record without it is nobody's
 /// own (see [`LeaseRecord::held_by`]).
 pub const HOLDER_INSTANCE: &str = "baton.dev/holder-instance";
+
+/// The annotation that carries [`LeaseRecord::plugins`], the holder's
+/// claims: plugin names, comma-separated (plugin names hold no comma).
+/// Written with every write of baton's that holds the lease, removed on
+/// release; read only with a holder.
+pub const PLUGINS: &str = "baton.dev/plugins";
 
 /// The annotations that carry [`LeaseRecord::yielded`]: the identity of the
 /// host that yielded the lease, and for how long (milliseconds, as `15000ms`).
@@ -818,6 +838,16 @@ pub fn to_versioned(
                     .as_ref()
                     .and_then(|a| a.get(HOLDER_INSTANCE))
                     .cloned()
+            }),
+            plugins: holder.as_ref().and_then(|_| {
+                let listed = obj.metadata.annotations.as_ref()?.get(PLUGINS)?;
+                Some(
+                    listed
+                        .split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                )
             }),
             // Only without a holder: a release by `baton yield`.
             yielded: match &holder {
@@ -1332,6 +1362,7 @@ mod tests {
     #[test]
     fn writes_refuse_what_a_lease_cannot_hold_and_keep_other_fields() {
         let record = |d: Duration, t: u64| LeaseRecord {
+            plugins: None,
             yielded: None,
             instance: None,
             holder: None,
