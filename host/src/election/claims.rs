@@ -27,8 +27,8 @@
 //! elsewhere waits, saying why, for as long as it is (a configuration that
 //! puts it under another lease on another host keeps it waiting).
 //!
-//! A lease that disappears from a listing (its record deleted) is taken to
-//! hold what it last held, as the stores read a record deleted while held:
+//! A lease that disappears from a listing (its record deleted, or
+//! unreadable) is taken to hold what it last held, as the stores read a record deleted while held:
 //! until it has been gone for its lease duration.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -254,7 +254,9 @@ impl ClaimGate {
         let fresh = shared.last.as_ref().is_some_and(|l| l.began >= after);
         if !fresh {
             let began = Instant::now();
-            let leases = self.store.list().await.map(Arc::new);
+            // An unreadable lease counts as one absent: what it last
+            // held, for its lease duration.
+            let leases = self.store.list_readable().await.map(|(leases, _)| Arc::new(leases));
             if let Ok(leases) = &leases {
                 note(&mut shared.seen, leases, Instant::now());
             }
