@@ -10,6 +10,7 @@ mod crash_fs;
 mod http;
 mod http_server;
 mod misbehaving;
+mod moving;
 mod ops;
 mod reload;
 mod spread;

@@ -11,6 +11,9 @@ mod blackhole;
 mod chaos;
 mod env;
 mod reset;
+
+#[path = "../e2e/moving.rs"]
+mod moving;
 #[allow(dead_code)]
 #[path = "../e2e/spread.rs"]
 mod spread;
@@ -2630,4 +2633,22 @@ fn yield_hands_the_lease_over_through_the_api_server_and_the_yielder_stays_out_f
             .unwrap_or_default();
         assert!(!a.keys().any(|k| k.starts_with("baton.dev/yielded")), "{a:?}");
     });
+}
+
+#[test]
+fn a_plugin_moved_to_a_lease_another_host_leads_never_runs_on_both() {
+    // As the end-to-end test of the same name, on Leases.
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin, "moving"));
+    let s = Scratch::new();
+    let head = format!(
+        "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\nkubeconfig = {:?}\n\n[defaults]\n\
+         lease-duration = \"5s\"\nrenew-deadline = \"2s\"\nretry-period = \"300ms\"\ngrace = \"2s\"\n\
+         request-timeout = \"500ms\"\n",
+        ns.name,
+        env.admin_kubeconfig.display().to_string()
+    );
+    moving::a_moved_plugin_never_runs_on_both(&s, &head);
 }

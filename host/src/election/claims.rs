@@ -256,7 +256,11 @@ impl ClaimGate {
             let began = Instant::now();
             // An unreadable lease counts as one absent: what it last
             // held, for its lease duration.
-            let leases = self.store.list_readable().await.map(|(leases, _)| Arc::new(leases));
+            let leases = self
+                .store
+                .list_readable()
+                .await
+                .map(|(leases, _)| Arc::new(leases));
             if let Ok(leases) = &leases {
                 note(&mut shared.seen, leases, Instant::now());
             }
