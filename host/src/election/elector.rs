@@ -279,6 +279,8 @@ struct Following {
 /// What a host that holds the lease keeps.
 struct Lead {
     term: Arc<Term>,
+    /// When it began (tokio's clock, as intents' times are).
+    began: Instant,
     /// The record as this host last wrote (or adopted) it.
     current: Versioned,
     /// When to renew next, on the term clock.
@@ -597,6 +599,15 @@ impl Elector {
             biased;
             changed = self.intent.changed() => {
                 if changed.is_err() {
+                    return self.start_resigning(l);
+                }
+                // A stand-by asked for in this term hands the lease over
+                // even if a renewal slower than it let its time pass
+                // before this was seen.
+                let intent = *self.intent.borrow_and_update();
+                if let Intent::StandBy { until } = intent
+                    && until > l.began
+                {
                     return self.start_resigning(l);
                 }
                 State::Leading(l)
@@ -921,6 +932,7 @@ impl Elector {
                 self.publish(status, Some(term.clone()));
                 State::Leading(Lead {
                     term,
+                    began: started_at,
                     current: written,
                     next_renew: started + t.retry_period,
                     held: true,

@@ -353,6 +353,21 @@ async fn standing_by_hands_the_lease_over_and_follows_without_stopping() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_standby_whose_time_passes_during_a_slow_renewal_still_hands_the_lease_over() {
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    // Renewals every second, each taking 900 ms from now on: at 1.1 s one
+    // is in flight until 1.9 s.
+    c.store.set_latency(Duration::from_millis(900));
+    sleep(Duration::from_millis(1100)).await;
+    let until = Instant::now() + Duration::from_millis(300);
+    a.intent.send_replace(Intent::StandBy { until });
+    let handed = tokio::time::timeout(secs(3), a.until_not_leading()).await;
+    assert!(handed.is_ok(), "the stand-by was passed unseen: still leading");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_standby_does_not_take_a_free_lease_before_its_time() {
     let c = Cluster::new();
     let mut a = c.start("a");
