@@ -106,6 +106,10 @@ pub enum ServeError {
     /// The control socket could not be set up.
     #[error("{0}")]
     Control(String),
+    /// A plugin's `dirs` grant reaches the host's own files (see
+    /// [`crate::own_files`]).
+    #[error("{0}")]
+    Grants(String),
 }
 
 /// How [`serve_opts`] runs, beyond the configuration.
@@ -293,6 +297,13 @@ pub async fn serve_opts(
     // Before anything contends: a host that would share another's socket
     // does not start.
     let control = bind_control(&config)?;
+    // No grant over the host's own files: the store, this file, the cache,
+    // the socket.
+    let control_path = control.as_ref().map(|c| c.path().to_path_buf());
+    crate::own_files::check_grants(&config, &cache_dir, control_path.as_deref()).map_err(|e| {
+        let file = config.source.as_ref().map(|f| format!("{}: ", f.display()));
+        ServeError::Grants(format!("{}{e}", file.unwrap_or_default()))
+    })?;
     let election = ElectionRuntime::start()?;
     if let Some(ops) = &ops {
         ops.health.watch_runtime("election", election.handle());
@@ -482,6 +493,8 @@ pub async fn serve_opts(
         pool_slots: config
             .instance_pool
             .then(|| PoolLimits::slots_for(config.plugins.len())),
+        cache_dir: cache_dir.clone(),
+        control_socket: control_path,
     };
     let mut config = config;
 
@@ -1088,6 +1101,9 @@ async fn reload_once(
                 lease.name
             ));
         }
+    }
+    if let Err(e) = crate::own_files::check_grants(&new, &fixed.cache_dir, fixed.control_socket.as_deref()) {
+        why.push(e);
     }
     if !why.is_empty() {
         let file = new

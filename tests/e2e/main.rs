@@ -5,6 +5,7 @@
 //! 200 ms, grace 500 ms.
 
 mod chaos;
+mod grants;
 mod http;
 mod http_server;
 mod misbehaving;
