@@ -85,7 +85,11 @@ pub fn own_files(config: &Config, cache_dir: &Path, control_socket: Option<&Path
         }
         if let Some(k) = p.spec.http.kubernetes() {
             match &k.kubeconfig {
-                Some(file) => add(file, format!("the kubeconfig of plugin {name:?}'s `kubernetes` grant"), KUBE_RISK),
+                Some(file) => add(
+                    file,
+                    format!("the kubeconfig of plugin {name:?}'s `kubernetes` grant"),
+                    KUBE_RISK,
+                ),
                 None => default_kube(&mut add, "the Kubernetes client of a plugin's `kubernetes` grant"),
             }
         }
@@ -102,13 +106,21 @@ fn default_kube(add: &mut impl FnMut(&Path, String, &'static str), whose: &str) 
     match std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
         Some(list) => {
             for file in std::env::split_paths(&list).filter(|p| !p.as_os_str().is_empty()) {
-                add(&file, format!("the kubeconfig of {whose} (KUBECONFIG)"), KUBE_RISK);
+                add(
+                    &file,
+                    format!("the kubeconfig of {whose} (KUBECONFIG)"),
+                    KUBE_RISK,
+                );
             }
         }
         None => {
             if let Some(home) = std::env::var_os("HOME") {
                 let file = PathBuf::from(home).join(".kube").join("config");
-                add(&file, format!("the kubeconfig of {whose} (~/.kube/config)"), KUBE_RISK);
+                add(
+                    &file,
+                    format!("the kubeconfig of {whose} (~/.kube/config)"),
+                    KUBE_RISK,
+                );
             }
         }
     }
@@ -262,7 +274,10 @@ mod tests {
         check(d, "data").unwrap();
         // Containing the store (and the file, the cache, the socket).
         let e = check(d, ".").unwrap_err();
-        assert!(e.contains("plugin \"p\": field `dirs`: the grant { host = "), "{e}");
+        assert!(
+            e.contains("plugin \"p\": field `dirs`: the grant { host = "),
+            "{e}"
+        );
         assert!(e.contains("guest = \"/data\""), "{e}");
         assert!(e.contains("contains the embedded store's directory"), "{e}");
         assert!(e.contains("stops every host from leading"), "{e}");
@@ -318,13 +333,21 @@ cToc32njV4kUTis=
         let c = Config::parse(text, Some(&d.join("baton.toml"))).unwrap();
         let refused = refused_grants(&c, &own_files(&c, &d.join("cache"), None));
         assert_eq!(refused.len(), 3, "{refused:#?}");
-        assert!(refused[0].contains("contains the store's kubeconfig"), "{}", refused[0]);
+        assert!(
+            refused[0].contains("contains the store's kubeconfig"),
+            "{}",
+            refused[0]
+        );
         assert!(refused[0].contains("credentials"), "{}", refused[0]);
         assert!(
             refused[1].contains("contains the CA file of plugin \"p\"'s `http` grant"),
             "{}",
             refused[1]
         );
-        assert!(refused[2].contains("lies inside the core-dump directory"), "{}", refused[2]);
+        assert!(
+            refused[2].contains("lies inside the core-dump directory"),
+            "{}",
+            refused[2]
+        );
     }
 }

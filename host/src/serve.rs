@@ -344,18 +344,43 @@ pub async fn serve_opts(
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let specs: Vec<_> = config.plugins.iter().map(|p| p.spec.clone()).collect();
     let loader = runtime.clone();
+    // On threads of their own rather than the blocking pool: a shutdown
+    // during start-up abandons them (nothing is led yet), and the exit
+    // does not wait for a compilation that may take a minute.
     let mut loads = futures::stream::iter(specs.into_iter().map(move |spec| {
         let rt = loader.clone();
-        tokio::task::spawn_blocking(move || {
-            let started = std::time::Instant::now();
-            let result = rt.load(&spec);
-            (result, started.elapsed())
-        })
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("baton-compile".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let result = rt.load(&spec);
+                let _ = tx.send((result, started.elapsed()));
+            });
+        async move {
+            spawned.map_err(|e| format!("cannot start its thread: {e}"))?;
+            rx.await.map_err(|_| "it panicked".to_owned())
+        }
     }))
     .buffered(parallel);
     for p in &config.plugins {
-        let Some(result) = loads.next().await else {
-            break;
+        // Before any lease is contended for, SIGTERM and SIGINT end the
+        // start-up at once.
+        let result = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                progress.end();
+                tracing::info!(
+                    loaded = loaded.len(),
+                    plugins = config.plugins.len(),
+                    "shut down during start-up, before any lease was contended for; compilations in flight are abandoned"
+                );
+                return Ok(failed);
+            }
+            next = loads.next() => match next {
+                Some(result) => result,
+                None => break,
+            },
         };
         progress.step();
         match result {
@@ -377,13 +402,17 @@ pub async fn serve_opts(
             }
             Err(e) => {
                 failed += 1;
-                refusals.push(format!("{}: loading it panicked: {e}", p.spec.name));
-                tracing::error!(plugin = %p.spec.name, error = %e, "loading the plugin panicked; the others go on");
+                refusals.push(format!("{}: loading it failed: {e}", p.spec.name));
+                tracing::error!(plugin = %p.spec.name, error = %e, "loading the plugin failed; the others go on");
             }
         }
     }
     drop(loads);
     progress.end();
+    if shutdown.is_cancelled() {
+        tracing::info!("shut down during start-up, before any lease was contended for");
+        return Ok(failed);
+    }
     if let Some(ops) = &ops {
         ops.metrics.loaded(&loaded, failed, &engine);
         ops.health.loaded(refusals);

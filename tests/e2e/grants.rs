@@ -47,11 +47,17 @@ fn a_grant_over_the_store_is_refused_at_start_and_at_reload_and_through_a_symlin
     assert!(line.contains("plugin \"probe\": field `dirs`"), "{line}");
     assert!(line.contains("guest = \"/data\""), "{line}");
     assert!(
-        line.contains(&format!("contains the embedded store's directory {}", store.display())),
+        line.contains(&format!(
+            "contains the embedded store's directory {}",
+            store.display()
+        )),
         "{line}"
     );
     assert!(line.contains("stops every host from leading"), "{line}");
-    assert!(!lease_dir(&store, "demo").exists(), "the lease was never contended for");
+    assert!(
+        !lease_dir(&store, "demo").exists(),
+        "the lease was never contended for"
+    );
 
     // (3) A symlink to the store.
     let data = s.dir.path().join("data");
@@ -65,7 +71,10 @@ fn a_grant_over_the_store_is_refused_at_start_and_at_reload_and_through_a_symlin
     assert!(line.contains("plugin \"probe\""), "{line}");
     assert!(line.contains("(resolved: "), "{line}");
     assert!(line.contains("is the embedded store's directory"), "{line}");
-    assert!(!lease_dir(&store, "demo").exists(), "the lease was never contended for");
+    assert!(
+        !lease_dir(&store, "demo").exists(),
+        "the lease was never contended for"
+    );
 
     // (2) A folder of its own runs; the same grant over "." by a reload is
     // refused and the running plugin goes on.
@@ -83,7 +92,10 @@ fn a_grant_over_the_store_is_refused_at_start_and_at_reload_and_through_a_symlin
     assert!(err.contains("plugin \"probe\": field `dirs`"), "{err}");
     assert!(err.contains("guest = \"/data\""), "{err}");
     assert!(
-        err.contains(&format!("contains the embedded store's directory {}", store.display())),
+        err.contains(&format!(
+            "contains the embedded store's directory {}",
+            store.display()
+        )),
         "{err}"
     );
     h.wait_for(SECS(5), "a tick after the refusal", |e| {
@@ -94,4 +106,36 @@ fn a_grant_over_the_store_is_refused_at_start_and_at_reload_and_through_a_symlin
     assert_eq!(h.all(|e| e.message() == "reload applied").len(), 0);
     h.sigterm();
     assert!(h.wait_exit(SECS(30)).success());
+}
+
+/// Ctrl-C at start-up: SIGINT while a large component compiles with an
+/// empty cache ends the process at once, and no lease is taken.
+#[test]
+fn sigint_while_compiling_at_start_ends_the_process_at_once() {
+    let s = Scratch::new();
+    let dir = std::env::var_os("BATON_POLYGLOT_DIR").map(std::path::PathBuf::from);
+    let big = dir
+        .map(|d| d.join("python_pollable_ticker.wasm"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| guest("probe_pollable.wasm"));
+    let cfg = s.write(
+        "baton.toml",
+        &format!(
+            "[store]\nkind = \"embedded\"\ndir = \"leases\"\n[[lease]]\nname = \"demo\"\n[[plugin]]\n\
+             name = \"big\"\npath = {:?}\nlease = \"demo\"\n",
+            big.display().to_string()
+        ),
+    );
+    let cache = s.dir.path().join("cache");
+    let mut h = Host::start_with("host-a", &cfg, &cache);
+    h.wait_for(SECS(30), "compiling", |e| e.message() == "compiling plugin");
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = std::time::Instant::now();
+    h.signal(libc::SIGINT);
+    h.wait_exit(SECS(120));
+    let took = sent.elapsed();
+    eprintln!("{}: exited {took:?} after SIGINT", big.display());
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    assert!(!lease_dir(&s.store(), "demo").exists(), "no lease was taken");
+    assert!(h.all(|e| e.message() == "lease status changed").is_empty());
 }
