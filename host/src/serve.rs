@@ -985,10 +985,10 @@ impl Started {
         };
         match &self.spread {
             Some(s) if s.changes.is_some() => {
-                tracing::info!(leases = runs.values().filter(|r| !r.retiring).count(), ?s.cfg, "{what}: the spreader steers the leases from its first listing")
+                tracing::info!(leases = runs.values().filter(|r| !r.retiring).count(), spreading = %s.cfg, "{what}: the spreader steers the leases from its first listing")
             }
             Some(s) => {
-                tracing::info!(?s.cfg, "{what}: a spreader keeps the membership record, steering no lease")
+                tracing::info!(spreading = %s.cfg, "{what}: a spreader keeps the membership record, steering no lease")
             }
             None => tracing::info!("{what}: no spreader; every lease is contended for"),
         }
