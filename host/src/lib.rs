@@ -9,6 +9,7 @@ pub mod election;
 pub mod health;
 pub mod logging;
 pub mod metrics;
+pub mod own_files;
 pub mod progress;
 pub mod recurring;
 pub mod reload;

@@ -201,6 +201,10 @@ pub struct Fixed {
     pub memory_reservation: Option<u64>,
     /// The instance pool's slots, if instances come from a pool.
     pub pool_slots: Option<u32>,
+    /// The compiled-code cache (`cache-dir`, or the default).
+    pub cache_dir: PathBuf,
+    /// The control socket, if the host has one.
+    pub control_socket: Option<PathBuf>,
 }
 
 /// Why `new` cannot replace `old` without a restart; empty if it can.
@@ -259,6 +263,8 @@ mod tests {
         let fixed = Fixed {
             memory_reservation: Some(64 << 20),
             pool_slots: Some(20),
+            cache_dir: "/var/cache/baton".into(),
+            control_socket: None,
         };
         assert!(needs_restart(&old, &cfg(base), &fixed).is_empty());
         let more = format!("{base}[[lease]]\nname = \"y\"\n");

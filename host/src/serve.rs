@@ -107,6 +107,10 @@ pub enum ServeError {
     /// The control socket could not be set up.
     #[error("{0}")]
     Control(String),
+    /// A plugin's `dirs` grant reaches the host's own files (see
+    /// [`crate::own_files`]).
+    #[error("{0}")]
+    Grants(String),
 }
 
 /// How [`serve_opts`] runs, beyond the configuration.
@@ -294,6 +298,13 @@ pub async fn serve_opts(
     // Before anything contends: a host that would share another's socket
     // does not start.
     let control = bind_control(&config)?;
+    // No grant over the host's own files: the store, this file, the cache,
+    // the socket.
+    let control_path = control.as_ref().map(|c| c.path().to_path_buf());
+    crate::own_files::check_grants(&config, &cache_dir, control_path.as_deref()).map_err(|e| {
+        let file = config.source.as_ref().map(|f| format!("{}: ", f.display()));
+        ServeError::Grants(format!("{}{e}", file.unwrap_or_default()))
+    })?;
     let election = ElectionRuntime::start()?;
     if let Some(ops) = &ops {
         ops.health.watch_runtime("election", election.handle());
@@ -334,18 +345,43 @@ pub async fn serve_opts(
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let specs: Vec<_> = config.plugins.iter().map(|p| p.spec.clone()).collect();
     let loader = runtime.clone();
+    // On threads of their own rather than the blocking pool: a shutdown
+    // during start-up abandons them (nothing is led yet), and the exit
+    // does not wait for a compilation that may take a minute.
     let mut loads = futures::stream::iter(specs.into_iter().map(move |spec| {
         let rt = loader.clone();
-        tokio::task::spawn_blocking(move || {
-            let started = std::time::Instant::now();
-            let result = rt.load(&spec);
-            (result, started.elapsed())
-        })
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("baton-compile".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let result = rt.load(&spec);
+                let _ = tx.send((result, started.elapsed()));
+            });
+        async move {
+            spawned.map_err(|e| format!("cannot start its thread: {e}"))?;
+            rx.await.map_err(|_| "it panicked".to_owned())
+        }
     }))
     .buffered(parallel);
     for p in &config.plugins {
-        let Some(result) = loads.next().await else {
-            break;
+        // Before any lease is contended for, SIGTERM and SIGINT end the
+        // start-up at once.
+        let result = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                progress.end();
+                tracing::info!(
+                    loaded = loaded.len(),
+                    plugins = config.plugins.len(),
+                    "shut down during start-up, before any lease was contended for; compilations in flight are abandoned"
+                );
+                return Ok(failed);
+            }
+            next = loads.next() => match next {
+                Some(result) => result,
+                None => break,
+            },
         };
         progress.step();
         match result {
@@ -367,13 +403,17 @@ pub async fn serve_opts(
             }
             Err(e) => {
                 failed += 1;
-                refusals.push(format!("{}: loading it panicked: {e}", p.spec.name));
-                tracing::error!(plugin = %p.spec.name, error = %e, "loading the plugin panicked; the others go on");
+                refusals.push(format!("{}: loading it failed: {e}", p.spec.name));
+                tracing::error!(plugin = %p.spec.name, error = %e, "loading the plugin failed; the others go on");
             }
         }
     }
     drop(loads);
     progress.end();
+    if shutdown.is_cancelled() {
+        tracing::info!("shut down during start-up, before any lease was contended for");
+        return Ok(failed);
+    }
     if let Some(ops) = &ops {
         ops.metrics.loaded(&loaded, failed, &engine);
         ops.health.loaded(refusals);
@@ -484,6 +524,8 @@ pub async fn serve_opts(
         pool_slots: config
             .instance_pool
             .then(|| PoolLimits::slots_for(config.plugins.len())),
+        cache_dir: cache_dir.clone(),
+        control_socket: control_path,
     };
     let mut config = config;
 
@@ -954,10 +996,10 @@ impl Started {
         };
         match &self.spread {
             Some(s) if s.changes.is_some() => {
-                tracing::info!(leases = runs.values().filter(|r| !r.retiring).count(), ?s.cfg, "{what}: the spreader steers the leases from its first listing")
+                tracing::info!(leases = runs.values().filter(|r| !r.retiring).count(), spreading = %s.cfg, "{what}: the spreader steers the leases from its first listing")
             }
             Some(s) => {
-                tracing::info!(?s.cfg, "{what}: a spreader keeps the membership record, steering no lease")
+                tracing::info!(spreading = %s.cfg, "{what}: a spreader keeps the membership record, steering no lease")
             }
             None => tracing::info!("{what}: no spreader; every lease is contended for"),
         }
@@ -1109,6 +1151,9 @@ async fn reload_once(
                 lease.name
             ));
         }
+    }
+    if let Err(e) = crate::own_files::check_grants(&new, &fixed.cache_dir, fixed.control_socket.as_deref()) {
+        why.push(e);
     }
     if !why.is_empty() {
         let file = new

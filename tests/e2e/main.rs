@@ -7,6 +7,7 @@
 mod chaos;
 mod crash;
 mod crash_fs;
+mod grants;
 mod http;
 mod http_server;
 mod misbehaving;

@@ -473,7 +473,7 @@ impl Elector {
         if let Some(t) = self.timings.as_mut() {
             let timings = *t.borrow_and_update();
             if timings != self.cfg.timings {
-                tracing::info!(lease = %self.cfg.lease, ?timings, "new timings apply from the next term");
+                tracing::info!(lease = %self.cfg.lease, timings = %timings, "new timings apply from the next term");
                 self.cfg.timings = timings;
                 self.heartbeat.set_longest_step(longest_step(&timings));
                 self.feed.set_cadence(cadence(&timings));

@@ -276,6 +276,24 @@ pub struct SpreadConfig {
     pub settle: Duration,
 }
 
+impl std::fmt::Display for SpreadConfig {
+    /// In words, for the log: `membership record of 7s renewed every 2s
+    /// (renew deadline 3s), head start 1s, settle 4s`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = &self.member_timings;
+        let h = |d: Duration| humantime::format_duration(d).to_string();
+        write!(
+            f,
+            "membership record of {} renewed every {} (renew deadline {}), head start {}, settle {}",
+            h(t.lease_duration),
+            h(t.retry_period),
+            h(t.renew_deadline),
+            h(self.head_start),
+            h(self.settle)
+        )
+    }
+}
+
 /// One lease this host serves, as the spreader steers it.
 pub struct SteeredLease {
     /// The lease's name.

@@ -61,6 +61,23 @@ pub struct Timings {
     pub request_timeout: Duration,
 }
 
+impl fmt::Display for Timings {
+    /// In words, for the log: `lease 15s, renew deadline 10s, retry
+    /// period 2s, grace 3s, request timeout 2s`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = |d: Duration| humantime::format_duration(d).to_string();
+        write!(
+            f,
+            "lease {}, renew deadline {}, retry period {}, grace {}, request timeout {}",
+            h(self.lease_duration),
+            h(self.renew_deadline),
+            h(self.retry_period),
+            h(self.grace),
+            h(self.request_timeout)
+        )
+    }
+}
+
 impl Default for Timings {
     /// client-go's defaults for LD, RD and RP (as used by
     /// kube-controller-manager), a grace that fits inside them, and
