@@ -42,6 +42,7 @@
 //! kubernetes = { allow = [{ verbs = ["get", "update"], groups = [""], resources = ["configmaps"], namespaces = ["apps"] }] }
 //! output-rate = "64 KiB"         # guest output per second; the rest is dropped
 //! output-line = "4 KiB"          # the longest line; the rest is cut
+//! send-buffer = "64 KiB"         # what each TCP connection may queue in the kernel
 //! reload = "next-term"           # or "now": a new version hands the lease over at once
 //!
 //! [spread]                       # spreading the leads over the hosts
@@ -197,6 +198,7 @@ struct RawPlugin {
     kubernetes: Option<RawKubeGrant>,
     output_rate: Option<ByteSize>,
     output_line: Option<ByteSize>,
+    send_buffer: Option<ByteSize>,
     #[serde(default)]
     reload: ReloadMode,
 }
@@ -692,6 +694,19 @@ impl Config {
                     ),
                 ));
             }
+            let send_buffer = p
+                .send_buffer
+                .map_or(crate::runtime::connections::DEFAULT_SEND_BUFFER, |b| b.as_u64());
+            if !(4 << 10..=64 << 20).contains(&send_buffer) {
+                return Err(err_at(
+                    at,
+                    format!(
+                        "plugin {name:?}: field `send-buffer`: {} is not between 4 KiB and 64 MiB \
+                         (what each TCP connection may queue in the kernel)",
+                        ByteSize::b(send_buffer)
+                    ),
+                ));
+            }
             plugins.push(PluginConfig {
                 spec: PluginSpec {
                     name: name.clone(),
@@ -702,6 +717,7 @@ impl Config {
                     network,
                     http,
                     output,
+                    send_buffer,
                 },
                 lease: lease.clone(),
                 reload: p.reload,

@@ -22,8 +22,9 @@
 //!   `Baton-*` header the guest set. See `docs/fencing.md`.
 //! - **Nothing after the term.** A request cannot start once the term must
 //!   stop (the host-call fence traps the guest first), and a request in
-//!   flight, its connection included, is dropped at the term's force-stop
-//!   time, whatever the guest does.
+//!   flight is dropped at the term's force-stop time, whatever the guest
+//!   does, and its connection reset (what it still queued is dropped; see
+//!   [`connections`](super::connections)).
 //! - **Limits** per plugin instance: requests in flight, request and
 //!   response body sizes, and a timeout until the response's headers;
 //!   exceeding one is an error inside the guest (`connection-limit-reached`,
@@ -52,6 +53,7 @@ use tokio::sync::Semaphore;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
+use super::connections::Connections;
 use super::kubernetes::{self, KUBERNETES_ORIGIN, KubeAccess};
 use crate::election::Term;
 
@@ -411,17 +413,20 @@ pub struct GuestHttp {
     policy: HttpPolicy,
     term: Arc<Term>,
     in_flight: Arc<Semaphore>,
+    connections: Connections,
 }
 
 impl GuestHttp {
-    /// The hooks of an instance of `plugin` in `term`.
-    pub fn new(plugin: Arc<str>, policy: HttpPolicy, term: Arc<Term>) -> GuestHttp {
+    /// The hooks of an instance of `plugin` in `term`, whose connections
+    /// join `connections`.
+    pub fn new(plugin: Arc<str>, policy: HttpPolicy, term: Arc<Term>, connections: Connections) -> GuestHttp {
         let in_flight = Arc::new(Semaphore::new(policy.limits.concurrent));
         GuestHttp {
             plugin,
             policy,
             term,
             in_flight,
+            connections,
         }
     }
 }
@@ -461,6 +466,7 @@ impl WasiHttpHooks for GuestHttp {
             policy: self.policy.clone(),
             term: self.term.clone(),
             in_flight: self.in_flight.clone(),
+            connections: self.connections.clone(),
         };
         Box::new(send.send(request, options))
     }
@@ -472,16 +478,25 @@ struct Sender {
     policy: HttpPolicy,
     term: Arc<Term>,
     in_flight: Arc<Semaphore>,
+    connections: Connections,
+}
+
+/// Resolves at `term`'s force-stop time, once `connections` are reset:
+/// before the request's future, and its connection, are dropped.
+async fn stop_due(term: &Term, connections: &Connections) {
+    term.stop_due().await;
+    connections.reset_all();
 }
 
 impl Sender {
     async fn send(self, request: http::Request<WasiBody>, options: Option<RequestOptions>) -> Sent {
         let term = self.term.clone();
+        let connections = self.connections.clone();
         // Whatever the request is doing at the term's force-stop time, it
-        // is dropped then, its connection with it.
+        // is dropped then, its connection reset.
         tokio::select! {
             biased;
-            () = term.stop_due() => Err(term_over()),
+            () = stop_due(&term, &connections) => Err(term_over()),
             sent = self.send_within_term(request, options) => sent,
         }
     }
@@ -583,7 +598,11 @@ impl Sender {
             let mut last = HttpError::ConnectionRefused;
             for addr in addrs {
                 match TcpStream::connect(addr).await {
-                    Ok(stream) => return Ok(stream),
+                    Ok(stream) => {
+                        use std::os::fd::AsRawFd;
+                        self.connections.add(stream.as_raw_fd());
+                        return Ok(stream);
+                    }
                     Err(e) => last = HttpError::Connect(e),
                 }
             }
@@ -655,11 +674,12 @@ impl Sender {
             .boxed_unsync()
         });
         let term = self.term.clone();
+        let connections = self.connections.clone();
         let io: IoFuture = Box::new(async move {
             let _permit = permit;
             tokio::select! {
                 biased;
-                () = term.stop_due() => Err(term_over()),
+                () = stop_due(&term, &connections) => Err(term_over()),
                 done = conn => done.map_err(from_hyper),
             }
         });

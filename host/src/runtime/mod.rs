@@ -11,6 +11,8 @@
 //!   streams: nothing of a term acts after its force-stop time.
 //! - [`plugin`]: checking, loading and running a plugin.
 //! - [`network`]: the outbound connections a plugin may make.
+//! - [`connections`]: an instance's TCP connections, bounded and reset at
+//!   the force-stop.
 //! - [`http`]: outgoing HTTP requests under grants, carrying the term.
 //! - [`kubernetes`]: the Kubernetes API through the host, under a grant,
 //!   with the host's credentials.
@@ -25,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 pub mod bindings;
 pub mod compile;
+pub mod connections;
 pub mod engine;
 pub mod fence;
 pub mod http;

@@ -15,6 +15,7 @@ use wasmtime_wasi_http::WasiHttpCtx;
 
 use super::bindings::{WitStatus, v0_1, v0_2};
 use super::compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
+use super::connections::{self, Connections};
 use super::engine::PluginEngine;
 use super::fence;
 use super::http::{GuestHttp, HttpPolicy};
@@ -118,6 +119,10 @@ pub struct PluginSpec {
     pub http: HttpPolicy,
     /// How much the guest may print.
     pub output: OutputLimits,
+    /// The send buffer of each of its TCP connections (`SO_SNDBUF`), in
+    /// bytes: what one may still deliver if the host is paused or killed
+    /// across its force-stop.
+    pub send_buffer: u64,
 }
 
 impl PluginSpec {
@@ -136,6 +141,7 @@ impl PluginSpec {
     ///     network: NetworkGrant { connect: vec!["10.0.0.0/8:5432".parse().unwrap()], name_lookup: false },
     ///     http: HttpPolicy::new(&["https://api.example.com".parse().unwrap()], Default::default()).unwrap(),
     ///     output: Default::default(),
+    ///     send_buffer: 64 << 10,
     /// };
     /// assert_eq!(
     ///     spec.grants(),
@@ -281,6 +287,7 @@ impl PluginRuntime {
         let mut future = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut future).map_err(link)?;
         fence::add_fenced_file_writes(&mut future).map_err(link)?;
+        connections::add_to_linker(&mut future).map_err(link)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut future).map_err(link)?;
         wasmtime_wasi::p3::clocks::add_to_linker(&mut future).map_err(link)?;
         wasmtime_wasi::p3::random::add_to_linker(&mut future).map_err(link)?;
@@ -302,6 +309,7 @@ impl PluginRuntime {
         let mut pollable = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut pollable).map_err(link)?;
         fence::add_fenced_file_writes(&mut pollable).map_err(link)?;
+        connections::add_to_linker(&mut pollable).map_err(link)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut pollable).map_err(link)?;
         v0_1::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
             &mut pollable,
@@ -795,8 +803,10 @@ impl Plugin {
         wasi.allow_blocking_current_thread(true);
         let mut memory_limit = DEFAULT_MEMORY_LIMIT;
         let mut http = HttpPolicy::default();
+        let mut send_buffer = connections::DEFAULT_SEND_BUFFER;
         if let Some(spec) = &self.spec {
             http = spec.http.clone();
+            send_buffer = spec.send_buffer;
             memory_limit = spec.memory_limit;
             for (k, v) in &spec.env {
                 wasi.env(k, v);
@@ -812,7 +822,9 @@ impl Plugin {
             }
             spec.network.add_to_wasi(&mut wasi);
         }
+        let connections = Connections::new(self.name.clone(), term.clone(), send_buffer);
         let state = GuestState {
+            connections: connections.clone(),
             wasi: wasi.build(),
             table: ResourceTable::new(),
             limits: GuestLimits::new(memory_limit).counting(self.memory.clone()),
@@ -821,7 +833,7 @@ impl Plugin {
             hosts: self.hosts.clone(),
             stderr_tail: tail,
             http: WasiHttpCtx::new(),
-            http_hooks: GuestHttp::new(self.name.clone(), http, term.clone()),
+            http_hooks: GuestHttp::new(self.name.clone(), http, term.clone(), connections),
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);

@@ -10,6 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{WitHosts, WitStatus, v0_1, v0_2};
+use super::connections::Connections;
 use super::http::GuestHttp;
 use super::output::StderrTail;
 use super::trap::GuestLimits;
@@ -18,6 +19,9 @@ use crate::election::{Hosts, LeaseView, Role, Status, Term};
 /// What one instance's Store holds: its WASI context and resources, its
 /// limits, its term, and its view of the lease.
 pub struct GuestState {
+    /// Its TCP connections, reset at the force-stop time (see
+    /// [`Drop`](#impl-Drop-for-GuestState)).
+    pub(crate) connections: Connections,
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
     pub(crate) limits: GuestLimits,
@@ -33,6 +37,14 @@ pub struct GuestState {
     /// `wasi:http`: its context, and the plugin's grants and limits.
     pub(crate) http: WasiHttpCtx,
     pub(crate) http_hooks: GuestHttp,
+}
+
+impl Drop for GuestState {
+    /// Before the resources close its sockets in order (the queue, then a
+    /// FIN), an instance dropped at its force-stop has them reset.
+    fn drop(&mut self) {
+        self.connections.instance_ended();
+    }
 }
 
 impl WasiView for GuestState {
