@@ -64,16 +64,28 @@ pub fn a_moved_plugin_never_runs_on_both(s: &Scratch, head: &str) {
     let cfg = s.write("baton.toml", &moving(head, &data, "la"));
     let a = probe_host("host-a", &cfg);
     let b = probe_host("host-b", &cfg);
-    // Which host leads which lease: spreading gives each one.
+    // Which host leads which lease: spreading gives each one, perhaps
+    // after swapping them (each host may win the other's preferred lease
+    // first); steady for 3 s (the settle time is 600 ms).
     let deadline = std::time::Instant::now() + SECS(60);
-    let (x, y) = loop {
+    let mut steady: Option<(std::time::Instant, bool)> = None;
+    let a_leads_la = loop {
         let (la, lb) = (led(&a), led(&b));
-        if la.len() == 1 && lb.len() == 1 && la != lb {
-            break if la.contains("la") { (&a, &b) } else { (&b, &a) };
+        let split = (la.len() == 1 && lb.len() == 1 && la != lb).then(|| la.contains("la"));
+        steady = match (split, steady) {
+            (Some(now), Some((since, was))) if now == was => Some((since, was)),
+            (Some(now), _) => Some((std::time::Instant::now(), now)),
+            (None, _) => None,
+        };
+        if let Some((since, a_la)) = steady
+            && since.elapsed() >= SECS(3)
+        {
+            break a_la;
         }
         assert!(std::time::Instant::now() < deadline, "not spread: {la:?} {lb:?}");
         std::thread::sleep(Duration::from_millis(50));
     };
+    let (x, y) = if a_leads_la { (&a, &b) } else { (&b, &a) };
     x.wait_for(SECS(30), "p runs under la", |e| {
         e.is("leader task started", Some("p"))
     });
