@@ -9,17 +9,6 @@ use crate::witness::{Record, records_dir};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
-fn probe_host(name: &str, cfg: &Path) -> Host {
-    Host::start_opts(
-        name,
-        cfg,
-        Opts {
-            env: &[("PROBE_HOST", name)],
-            ..Opts::default()
-        },
-    )
-}
-
 /// Sends SIGHUP to each of `hosts` in turn, waiting for its reload to be
 /// applied.
 fn reload_all(hosts: &[&Host]) {

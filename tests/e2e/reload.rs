@@ -540,19 +540,6 @@ fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed
     check_leases(&data, 3, &[&a, &b]);
 }
 
-/// A host `name` running `cfg`, its probe guests writing their records
-/// under that name (`PROBE_HOST`).
-fn probe_host(name: &str, cfg: &Path) -> Host {
-    Host::start_opts(
-        name,
-        cfg,
-        Opts {
-            env: &[("PROBE_HOST", name)],
-            ..Opts::default()
-        },
-    )
-}
-
 /// Sends SIGHUP to each of `hosts` in turn, waiting for the reload to be
 /// applied; each one's changes must mention `change`.
 fn reload_all(hosts: &[&Host], change: &str) {

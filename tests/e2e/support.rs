@@ -657,3 +657,16 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A host whose probe guests tag their records with its name
+/// (`PROBE_HOST`, passed through `inherit-env`).
+pub fn probe_host(name: &str, cfg: &Path) -> Host {
+    Host::start_opts(
+        name,
+        cfg,
+        Opts {
+            env: &[("PROBE_HOST", name)],
+            ..Opts::default()
+        },
+    )
+}
