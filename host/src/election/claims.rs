@@ -189,7 +189,12 @@ impl ClaimGate {
             if !retracted && !confirmed(plugin, term).await {
                 break false;
             }
-            let rivals = match self.rivals(plugin, lease, Instant::now()).await {
+            // A hung store delays the start, never past the term.
+            let listed = tokio::select! {
+                listed = self.rivals(plugin, lease, Instant::now()) => listed,
+                _ = term.over() => break false,
+            };
+            let rivals = match listed {
                 Ok(rivals) => rivals,
                 Err(e) => {
                     tracing::warn!(plugin, lease, term = term.number(), error = %e, "leader task waits: the store cannot be listed to check that no other lease claims the plugin");
@@ -367,6 +372,10 @@ mod tests {
         }
     }
 
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
     fn term(lease: &str) -> Arc<Term> {
         let clock = TermClock::system();
         let until = clock.now() + Duration::from_secs(60);
@@ -430,6 +439,31 @@ mod tests {
         assert_eq!(gate.rivals("p", "lb", Instant::now()).await.unwrap().len(), 1);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(gate.rivals("p", "lb", Instant::now()).await.unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_store_delays_the_start_only_until_the_term_is_over() {
+        let store = Arc::new(MemoryStore::new());
+        let gate = ClaimGate::new(store.clone());
+        let (t, claims) = (term("la"), LeaseClaims::new());
+        claims.add("p");
+        t.confirm_claims(&claims.listed());
+        store.hang(true);
+        let ender = {
+            let t = t.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                t.end(t.clock().now());
+            })
+        };
+        let admitted =
+            tokio::time::timeout(secs(6), gate.admit("p", &t, &claims, Duration::from_millis(100))).await;
+        assert_eq!(
+            admitted.ok(),
+            Some(false),
+            "a hung listing held the gate past the term"
+        );
+        ender.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
