@@ -17,18 +17,24 @@
 //!   inline, right after a last check of the term, inside a window the
 //!   kernel closes at the force-stop time ([`window`]: a write held up
 //!   between the check and its system call goes to `/dev/null`);
+//! - **other mutating file operations** (Linux): `open-at` that creates or
+//!   truncates, `rename-at`, `link-at`, `symlink-at`, `unlink-file-at`,
+//!   `create-directory-at`, `remove-directory-at` and `set-size` end in one
+//!   system call made in the same window, on descriptors of their own
+//!   (`fsops`: the parents are resolved first, read-only);
 //! - guest stdout and stderr ([`output`](super::output)) are logged inline,
 //!   and checked.
 //!
 //! What remains is a check-then-act window for the other host calls: one
 //! that passed the fence just before the force-stop time may still make its
-//! system call just after it, if the thread is held up in between (other
-//! filesystem operations: creating, renaming, truncating; a TCP write). A
+//! system call just after it, if the thread is held up in between (setting
+//! a file's times; any file operation where `openat2` is refused; a TCP
+//! write). A
 //! TCP write that the kernel could not take at once is finished by a
 //! background task of wasmtime-wasi, which is aborted when the supervisor
-//! drops the Store at the force-stop time; a name lookup runs on the
-//! blocking pool and is not aborted. `docs/architecture.md` states these
-//! windows.
+//! drops the Store at the force-stop time. A name lookup's queries are sent
+//! in the window too ([`lookup`](super::lookup)). `docs/architecture.md`
+//! states these windows.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -78,6 +84,14 @@ pub fn epoch_check<T>(
 #[cfg(target_os = "linux")]
 pub mod window;
 
+#[cfg(target_os = "linux")]
+mod fsops;
+
+/// File operations run inside the guest's host call, where the fence
+/// covers them, not later on the blocking pool (wasmtime-wasi's
+/// `allow_blocking_current_thread`; descriptors opened here say the same).
+pub const BLOCKING_FILE_IO: bool = true;
+
 /// The WASI 0.2 filesystem interface that [`add_fenced_file_writes`]
 /// overrides (the version wasmtime-wasi 48 serves; guests asking for older
 /// 0.2 versions are linked to it).
@@ -86,8 +100,10 @@ const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 /// Replaces `descriptor.write`, `descriptor.write-via-stream` and
 /// `descriptor.append-via-stream` with versions that write inline, inside
 /// the guest's host call, after a last check of the term, in a window the
-/// kernel closes at the force-stop time.
+/// kernel closes at the force-stop time; on Linux, the other mutating file
+/// operations too (`fsops`).
 pub fn add_fenced_file_writes(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    test_fs_delay();
     linker.allow_shadowing(true);
     let mut types = linker.instance(FILESYSTEM_TYPES)?;
     types.func_wrap(
@@ -109,6 +125,8 @@ pub fn add_fenced_file_writes(linker: &mut Linker<GuestState>) -> wasmtime::Resu
             Ok((open_stream(store.data_mut(), fd, Mode::Append)?,))
         },
     )?;
+    #[cfg(target_os = "linux")]
+    fsops::add_to_linker(&mut types)?;
     linker.allow_shadowing(false);
     Ok(())
 }
@@ -155,12 +173,49 @@ fn fenced_write(
     term: &Term,
     write: impl FnOnce() -> io::Result<usize>,
 ) -> Option<io::Result<usize>> {
+    fenced(&[fd], term, write)
+}
+
+/// One mutating system call on `fds` (the caller's own descriptors, at
+/// most two) for `term`: not made once the term must stop, and, on Linux
+/// with the system clock, unable to take effect after its force-stop time
+/// (see [`window`]); check-then-act elsewhere. `None` if the term stopped
+/// first. The test hook [`test_fs_delay`] sleeps between the last check
+/// and the call.
+pub(crate) fn fenced<T>(
+    fds: &[RawFd],
+    term: &Term,
+    act: impl FnOnce() -> io::Result<T>,
+) -> Option<io::Result<T>> {
+    let act = || {
+        if let Some(delay) = test_fs_delay() {
+            std::thread::sleep(delay);
+        }
+        act()
+    };
     #[cfg(target_os = "linux")]
     if term.clock().is_system() {
-        return window::write_before(fd, term.stop_at().as_nanos(), || term.must_stop(), write);
+        return window::act_before(fds, term.stop_at().as_nanos(), || term.must_stop(), act);
     }
-    let _ = fd;
-    (!term.must_stop()).then(write)
+    let _ = fds;
+    (!term.must_stop()).then(act)
+}
+
+/// The test hook `BATON_TEST_FS_DELAY_MS`: how long every fenced mutating
+/// file operation sleeps between the term's last check and its system call,
+/// widening on purpose the window the kernel must close (tests only; read
+/// once, at the first call, which [`add_fenced_file_writes`] makes when
+/// the host starts).
+pub fn test_fs_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let ms: u64 = std::env::var("BATON_TEST_FS_DELAY_MS").ok()?.parse().ok()?;
+        tracing::warn!(
+            ms,
+            "test hook: every mutating file operation sleeps between its term check and its system call"
+        );
+        Some(std::time::Duration::from_millis(ms))
+    })
 }
 
 fn open_stream(

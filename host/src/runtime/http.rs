@@ -49,12 +49,13 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use ipnet::IpNet;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{OnceCell, Semaphore};
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::connections::Connections;
 use super::kubernetes::{self, KUBERNETES_ORIGIN, KubeAccess};
+use super::lookup::{self, LookupError};
 use crate::election::Term;
 
 /// The header that carries the lease name.
@@ -414,6 +415,9 @@ pub struct GuestHttp {
     term: Arc<Term>,
     in_flight: Arc<Semaphore>,
     connections: Connections,
+    /// The instance's own client of the Kubernetes API, made at its first
+    /// request there.
+    kube_client: Arc<OnceCell<kube::Client>>,
 }
 
 impl GuestHttp {
@@ -427,6 +431,7 @@ impl GuestHttp {
             term,
             in_flight,
             connections,
+            kube_client: Arc::default(),
         }
     }
 }
@@ -467,6 +472,7 @@ impl WasiHttpHooks for GuestHttp {
             term: self.term.clone(),
             in_flight: self.in_flight.clone(),
             connections: self.connections.clone(),
+            kube_client: self.kube_client.clone(),
         };
         Box::new(send.send(request, options))
     }
@@ -479,6 +485,7 @@ struct Sender {
     term: Arc<Term>,
     in_flight: Arc<Semaphore>,
     connections: Connections,
+    kube_client: Arc<OnceCell<kube::Client>>,
 }
 
 /// Resolves at `term`'s force-stop time, once `connections` are reset:
@@ -572,9 +579,17 @@ impl Sender {
             let addrs: Vec<SocketAddr> = match literal {
                 Some(ip) => vec![SocketAddr::new(ip, port)],
                 None => {
-                    let found: Vec<SocketAddr> = tokio::net::lookup_host((bare.as_str(), port))
+                    let found: Vec<SocketAddr> = lookup::resolve(self.term.clone(), &bare)
                         .await
-                        .map_err(|_| HttpError::DestinationNotFound)?
+                        .map_err(|e| match e {
+                            LookupError::NoAnswer => HttpError::DnsTimeout,
+                            LookupError::TermOver => term_over(),
+                            LookupError::InvalidName | LookupError::NoAddress => {
+                                HttpError::DestinationNotFound
+                            }
+                        })?
+                        .into_iter()
+                        .map(|ip| SocketAddr::new(ip, port))
                         .collect();
                     let allowed: Vec<SocketAddr> = found
                         .iter()
@@ -746,7 +761,7 @@ impl Sender {
             .collect()
             .await?
             .to_bytes();
-            let client = access.client().await.map_err(|e| {
+            let client = self.kube_client.get_or_try_init(|| access.client_for(&self.connections)).await.map_err(|e| {
                 tracing::warn!(plugin = %self.plugin, error = %e, "Kubernetes API request failed: no client");
                 HttpError::ConfigurationError
             })?;

@@ -23,11 +23,18 @@
 //! Only resource requests (`/api/v1/...`, `/apis/GROUP/VERSION/...`) are
 //! forwarded; discovery and other paths are refused.
 
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use http::Method;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
+use tower::{ServiceBuilder, ServiceExt};
+
+use super::connections::Connections;
 
 /// The authority of the virtual origin: `http://kubernetes.baton`.
 pub const KUBERNETES_ORIGIN: &str = "kubernetes.baton";
@@ -73,50 +80,76 @@ pub struct KubeGrant {
     pub term_headers: bool,
 }
 
-/// A `kubernetes` grant with its client, made at the first request and
-/// shared by every instance of the plugin.
+/// A `kubernetes` grant with its client configuration, read at the first
+/// request and shared by every instance of the plugin. Each instance gets
+/// a client of its own ([`KubeAccess::client_for`]), whose connections are
+/// the instance's: reset at its force-stop with every other connection of
+/// it, so no request of a term is still being sent after it.
 pub struct KubeAccess {
     pub(crate) grant: KubeGrant,
-    client: OnceCell<kube::Client>,
+    config: OnceCell<kube::Config>,
 }
 
 impl std::fmt::Debug for KubeAccess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeAccess")
             .field("grant", &self.grant)
-            .field("connected", &self.client.initialized())
+            .field("configured", &self.config.initialized())
             .finish()
     }
 }
 
 impl KubeAccess {
-    /// The grant, without a client yet.
+    /// The grant, without a client configuration yet.
     pub fn new(grant: KubeGrant) -> Arc<KubeAccess> {
         Arc::new(KubeAccess {
             grant,
-            client: OnceCell::new(),
+            config: OnceCell::new(),
         })
     }
 
-    /// The host's client, built on first use.
-    pub(crate) async fn client(&self) -> Result<&kube::Client, String> {
-        self.client
+    /// The host's client configuration, read on first use.
+    async fn config(&self) -> Result<&kube::Config, String> {
+        self.config
             .get_or_try_init(|| async {
-                let config = match &self.grant.kubeconfig {
+                match &self.grant.kubeconfig {
                     Some(path) => {
                         let kc = kube::config::Kubeconfig::read_from(path)
                             .map_err(|e| format!("cannot read the kubeconfig {}: {e}", path.display()))?;
                         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                             .await
-                            .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+                            .map_err(|e| format!("kubeconfig {}: {e}", path.display()))
                     }
                     None => kube::Config::infer()
                         .await
-                        .map_err(|e| format!("no Kubernetes client configuration: {e}"))?,
-                };
-                kube::Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+                        .map_err(|e| format!("no Kubernetes client configuration: {e}")),
+                }
             })
             .await
+    }
+
+    /// A client with the host's credentials whose every connection joins
+    /// `connections` (its send buffer bounded, reset at the force-stop).
+    pub(crate) async fn client_for(&self, connections: &Connections) -> Result<kube::Client, String> {
+        use kube::client::ConfigExt;
+        let config = self.config().await?;
+        let built = |e: kube::Error| format!("cannot build the Kubernetes client: {e}");
+        let joined = connections.clone();
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        let tcp = tcp.map_response(move |io: TokioIo<TcpStream>| {
+            joined.add(io.inner().as_raw_fd());
+            io
+        });
+        let https = config.rustls_https_connector_with_connector(tcp).map_err(built)?;
+        let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+        let service = ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(config.auth_layer().map_err(built)?)
+            .layer(config.extra_headers_layer().map_err(built)?)
+            .map_err(tower::BoxError::from)
+            .service(hyper);
+        Ok(kube::Client::new(service, config.default_namespace.clone()))
     }
 
     /// The first rule that allows `request`.

@@ -13,6 +13,8 @@
 //! - [`network`]: the outbound connections a plugin may make.
 //! - [`connections`]: an instance's TCP connections, bounded and reset at
 //!   the force-stop.
+//! - [`lookup`]: name lookups that end at the force-stop and send no query
+//!   after it.
 //! - [`http`]: outgoing HTTP requests under grants, carrying the term.
 //! - [`kubernetes`]: the Kubernetes API through the host, under a grant,
 //!   with the host's credentials.
@@ -32,6 +34,7 @@ pub mod engine;
 pub mod fence;
 pub mod http;
 pub mod kubernetes;
+pub mod lookup;
 pub mod network;
 pub mod output;
 pub mod plugin;

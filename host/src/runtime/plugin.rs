@@ -19,6 +19,7 @@ use super::connections::{self, Connections};
 use super::engine::PluginEngine;
 use super::fence;
 use super::http::{GuestHttp, HttpPolicy};
+use super::lookup;
 use super::network::NetworkGrant;
 use super::output::{GuestOutput, GuestStream, OutputBudget, OutputLimits, StderrTail};
 use super::state::{CurrentStatus, GuestState, shown_status};
@@ -288,6 +289,7 @@ impl PluginRuntime {
         wasmtime_wasi::p2::add_to_linker_async(&mut future).map_err(link)?;
         fence::add_fenced_file_writes(&mut future).map_err(link)?;
         connections::add_to_linker(&mut future).map_err(link)?;
+        lookup::add_to_linker(&mut future).map_err(link)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut future).map_err(link)?;
         wasmtime_wasi::p3::clocks::add_to_linker(&mut future).map_err(link)?;
         wasmtime_wasi::p3::random::add_to_linker(&mut future).map_err(link)?;
@@ -310,6 +312,7 @@ impl PluginRuntime {
         wasmtime_wasi::p2::add_to_linker_async(&mut pollable).map_err(link)?;
         fence::add_fenced_file_writes(&mut pollable).map_err(link)?;
         connections::add_to_linker(&mut pollable).map_err(link)?;
+        lookup::add_to_linker(&mut pollable).map_err(link)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut pollable).map_err(link)?;
         v0_1::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
             &mut pollable,
@@ -800,12 +803,14 @@ impl Plugin {
         // File operations run inside the guest's host call, where the fence
         // covers them, not later on the blocking pool. (Guests run on their
         // own runtime's workers; the election runs elsewhere.)
-        wasi.allow_blocking_current_thread(true);
+        wasi.allow_blocking_current_thread(fence::BLOCKING_FILE_IO);
         let mut memory_limit = DEFAULT_MEMORY_LIMIT;
         let mut http = HttpPolicy::default();
         let mut send_buffer = connections::DEFAULT_SEND_BUFFER;
+        let mut name_lookup = false;
         if let Some(spec) = &self.spec {
             http = spec.http.clone();
+            name_lookup = spec.network.name_lookup;
             send_buffer = spec.send_buffer;
             memory_limit = spec.memory_limit;
             for (k, v) in &spec.env {
@@ -829,6 +834,7 @@ impl Plugin {
             table: ResourceTable::new(),
             limits: GuestLimits::new(memory_limit).counting(self.memory.clone()),
             term: term.clone(),
+            name_lookup,
             view,
             hosts: self.hosts.clone(),
             stderr_tail: tail,

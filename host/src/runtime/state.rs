@@ -28,6 +28,9 @@ pub struct GuestState {
     /// The term this instance runs in: every host call and epoch tick asks
     /// it whether the instance may still run.
     pub(crate) term: Arc<Term>,
+    /// Whether it may resolve names (its `name-lookup` grant; see
+    /// [`lookup`](super::lookup)).
+    pub(crate) name_lookup: bool,
     pub(crate) view: watch::Receiver<LeaseView>,
     /// The live hosts (`baton:leader@0.2.0`'s `current-hosts`).
     pub(crate) hosts: watch::Receiver<Hosts>,

@@ -1,22 +1,30 @@
-//! Closing the check-then-act window of file writes (Linux).
+//! Closing the check-then-act window of file operations (Linux).
 //!
-//! A write that passed its term's last check can still be held up between
-//! the check and its system call (the process is stopped with SIGSTOP, the
-//! thread is preempted, the machine sleeps) and land after the force-stop
-//! time. Here the kernel closes that window. Before the check, the writing
-//! thread arms a timer of its own: `CLOCK_BOOTTIME`, absolute, at the
-//! force-stop time, its signal directed at that thread. If the timer fires
-//! before the write is done, its handler points the file descriptor the
-//! write is about to use at `/dev/null` (`dup2`), so the write lands
-//! nowhere. A thread that was stopped or descheduled in the window runs
-//! that handler before it runs another instruction of its own: the kernel
-//! delivers pending signals first when the thread resumes. So no write of a
-//! term reaches its file after the force-stop time, unless its system call
-//! was already under way at that time.
+//! A write, a rename, a create (any mutating file operation) that passed
+//! its term's last check can still be held up between the check and its
+//! system call (the process is stopped with SIGSTOP, the thread is
+//! preempted, the machine sleeps) and land after the force-stop time. Here
+//! the kernel closes that window. Before the check, the calling thread
+//! arms a timer of its own: `CLOCK_BOOTTIME`, absolute, at the force-stop
+//! time, its signal directed at that thread. If the timer fires before the
+//! operation is done, its handler points the file descriptors the system
+//! call is about to use (the file written; the parent directory, or both
+//! parents of a rename or link) at `/dev/null` (`dup2`), so the call lands
+//! nowhere: a write goes to `/dev/null`, a call relative to a directory
+//! fails with `ENOTDIR`. A thread that was stopped or descheduled in the
+//! window runs that handler before it runs another instruction of its own:
+//! the kernel delivers pending signals first when the thread resumes. So no
+//! operation of a term reaches the file system after the force-stop time,
+//! unless its system call was already under way at that time.
 //!
-//! The cost is one `timer_settime` call per write (see `benches/fence.rs`).
-//! Where the timer or the signal handler cannot be set up, writes fall back
-//! to check-then-write, and the window stays open (logged once).
+//! Invariant: the operation is one system call on the descriptors named,
+//! which are the caller's own (a directory descriptor resolved for this
+//! call, or the file the guest writes): redirecting them harms nothing else.
+//!
+//! The cost is one `timer_settime` call per operation (see
+//! `benches/fence.rs`). Where the timer or the signal handler cannot be set
+//! up, operations fall back to check-then-act, and the window stays open
+//! (logged once).
 
 use std::cell::Cell;
 use std::io;
@@ -38,11 +46,14 @@ struct Setup {
 
 static SETUP: OnceLock<Option<Setup>> = OnceLock::new();
 
+/// The most descriptors one operation uses (a rename: two parents).
+pub const MAX_FDS: usize = 2;
+
 thread_local! {
-    /// The descriptor of the write in this thread's window, or -1.
+    /// The descriptors of the operation in this thread's window, or -1.
     /// (Const-initialised, without a destructor: safe to read in a signal
     /// handler.)
-    static FD: Cell<RawFd> = const { Cell::new(-1) };
+    static FDS: [Cell<RawFd>; MAX_FDS] = const { [Cell::new(-1), Cell::new(-1)] };
     /// Set by the handler when it redirected `FD`.
     static REDIRECTED: Cell<bool> = const { Cell::new(false) };
     /// This thread's timer, created on first use.
@@ -80,11 +91,16 @@ extern "C" fn on_timer(_: libc::c_int) {
     // an already initialised OnceLock are used; errno is restored.
     unsafe {
         let errno = *libc::__errno_location();
-        let fd = FD.with(Cell::get);
-        if fd >= 0 {
-            if let Some(Some(setup)) = SETUP.get() {
-                libc::dup2(setup.devnull, fd);
+        let mut any = false;
+        FDS.with(|fds| {
+            for fd in fds.iter().map(Cell::get).filter(|fd| *fd >= 0) {
+                if let Some(Some(setup)) = SETUP.get() {
+                    libc::dup2(setup.devnull, fd);
+                }
+                any = true;
             }
+        });
+        if any {
             REDIRECTED.with(|r| r.set(true));
         }
         *libc::__errno_location() = errno;
@@ -152,21 +168,43 @@ pub fn write_before(
     must_stop: impl Fn() -> bool,
     write: impl FnOnce() -> io::Result<usize>,
 ) -> Option<io::Result<usize>> {
+    act_before(&[fd], stop_at, must_stop, write)
+}
+
+/// Runs `act`, one system call on `fds` (at most [`MAX_FDS`], the
+/// caller's own), unless `must_stop` says the term must stop, so that it
+/// cannot take effect after `stop_at` (`CLOCK_BOOTTIME` nanoseconds).
+/// `None` if the term stopped first: the call was not made, or was made on
+/// `/dev/null` (and `fds` now point there).
+pub fn act_before<T>(
+    fds: &[RawFd],
+    stop_at: u64,
+    must_stop: impl Fn() -> bool,
+    act: impl FnOnce() -> io::Result<T>,
+) -> Option<io::Result<T>> {
+    assert!(
+        fds.len() <= MAX_FDS,
+        "at most {MAX_FDS} descriptors per operation"
+    );
     let timer = setup().and_then(|_| TIMER.with(|t| t.0));
     let Some(timer) = timer else {
-        return (!must_stop()).then(write);
+        return (!must_stop()).then(act);
     };
     // Armed first: setting the timer replaces whatever expiry it had (an
     // earlier window's, of another term), and a signal of that expiry is
-    // delivered when the call returns, before `FD` names this write's
-    // descriptor. The timer is not disarmed after the write (that would
-    // cost a second system call per write): when it fires later, outside
-    // any window, the handler finds no descriptor and does nothing.
+    // delivered when the call returns, before `FDS` name this operation's
+    // descriptors. The timer is not disarmed after the call (that would
+    // cost a second system call per operation): when it fires later,
+    // outside any window, the handler finds no descriptor and does nothing.
     ThreadTimer::set(timer, stop_at.max(1));
     REDIRECTED.with(|r| r.set(false));
-    FD.with(|f| f.set(fd));
-    let result = (!must_stop()).then(write);
-    FD.with(|f| f.set(-1));
+    FDS.with(|cells| {
+        for (cell, fd) in cells.iter().zip(fds) {
+            cell.set(*fd);
+        }
+    });
+    let result = (!must_stop()).then(act);
+    FDS.with(|cells| cells.iter().for_each(|c| c.set(-1)));
     if REDIRECTED.with(Cell::get) {
         return None;
     }
