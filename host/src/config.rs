@@ -61,7 +61,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::election::Timings;
-use crate::election::spread::{DEFAULT_HEAD_START, MEMBER_PREFIX, SpreadConfig};
+use crate::election::spread::{DEFAULT_FORGET_AFTER, DEFAULT_HEAD_START, MEMBER_PREFIX, SpreadConfig};
 use crate::runtime::{
     ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, HttpGrant, HttpLimits, HttpPolicy, KubeGrant, KubeRule,
     NetworkGrant, OutputLimits, PluginSpec,
@@ -103,6 +103,8 @@ struct RawSpread {
     head_start: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     settle: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    forget_after: Option<Duration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -777,7 +779,15 @@ impl Config {
                         humantime::format_duration(base.lease_duration)
                     )));
                 }
+                let forget_after = raw.spread.forget_after.unwrap_or(DEFAULT_FORGET_AFTER);
+                if forget_after.is_zero() {
+                    return Err(ConfigError(format!(
+                        "{file}: [spread]: field `forget-after`: must be above zero: the membership \
+                         record of a host gone that long is deleted"
+                    )));
+                }
                 Some(SpreadConfig {
+                    forget_after,
                     member_timings: member_timings(base),
                     head_start,
                     settle: raw.spread.settle.unwrap_or(base.retry_period * 2),

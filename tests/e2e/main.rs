@@ -972,6 +972,19 @@ fn guests_of_both_worlds_count_the_live_hosts_without_spreading() {
 }
 
 #[test]
+fn the_record_of_a_host_gone_for_long_is_deleted_and_comes_back_with_it() {
+    let s = Scratch::new();
+    let head = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
+         retry-period = \"200ms\"\ngrace = \"500ms\"\n\n[spread]\nforget-after = \"2s\"\n",
+        s.store().display().to_string()
+    );
+    let cfg = s.write("baton.toml", &spread::hosts_config(&head));
+    // The membership record lasts half the lease duration: 1 s.
+    spread::a_gone_host_is_forgotten_then_counted_again(&cfg, &[], SECS(1), SECS(2));
+}
+
+#[test]
 fn a_lease_file_deleted_while_held_keeps_its_holder_and_one_guest_at_a_time() {
     let s = Scratch::new();
     let cfg = s.write(

@@ -363,6 +363,15 @@ fn counted(h: &Host, live: u32, within: Duration) -> SystemTime {
 pub fn guests_count_the_live_hosts(cfg: &Path, dead_within: Duration) -> Duration {
     let a = Host::start("a", cfg);
     counted(&a, 1, Duration::from_secs(30));
+    // The first reading of each guest already counts its own host.
+    for p in ["hosts-pollable", "hosts-future"] {
+        let first = a.all(|e| e.guest_line(p, "probe hosts"));
+        let first = first.first().map(Event::message).unwrap_or_default();
+        assert!(
+            first.starts_with("probe hosts live=1 this-host-live=true"),
+            "{p}: first reading {first:?}"
+        );
+    }
     let b = Host::start("b", cfg);
     let mut c = Host::start("c", cfg);
     counted(&a, 3, Duration::from_secs(30));
@@ -387,4 +396,65 @@ pub fn guests_count_the_live_hosts(cfg: &Path, dead_within: Duration) -> Duratio
         "a follower ran the guest"
     );
     took
+}
+
+/// The hosts of `cfg` ([`hosts_config`] with `[spread] forget-after` of
+/// `forget_after`, membership records of `member_ld`): b is paused
+/// (SIGSTOP) until its record has expired and been deleted (gone from
+/// `baton status` within `member_ld + forget_after` and a few listings),
+/// then resumed: it writes its record again and a's guests count it again.
+/// Returns when the record went, after b's pause.
+pub fn a_gone_host_is_forgotten_then_counted_again(
+    cfg: &Path,
+    status_args: &[&std::ffi::OsStr],
+    member_ld: Duration,
+    forget_after: Duration,
+) -> Duration {
+    let listed = |host: &str| {
+        let mut args = status_args.to_vec();
+        args.extend([std::ffi::OsStr::new("--output"), std::ffi::OsStr::new("json")]);
+        let json: serde_json::Value = serde_json::from_str(&crate::status::status(cfg, &args)).unwrap();
+        let record = format!("baton-member.{host}");
+        json["hosts"]
+            .as_array()
+            .is_some_and(|hosts| hosts.iter().any(|e| e["record"] == record.as_str()))
+    };
+    let a = Host::start("a", cfg);
+    counted(&a, 1, Duration::from_secs(30));
+    let b = Host::start("b", cfg);
+    counted(&a, 2, Duration::from_secs(30));
+    let paused = b.signal(libc::SIGSTOP);
+    let bound = member_ld + forget_after + Duration::from_secs(3);
+    let start = Instant::now();
+    while listed("b") {
+        assert!(start.elapsed() < bound, "b's record still listed after {bound:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let gone = SystemTime::now().duration_since(paused).unwrap_or_default();
+    // Dated from its last renewal seen, up to a retry period before the
+    // pause.
+    let earliest = (member_ld + forget_after).saturating_sub(Duration::from_millis(600));
+    assert!(gone >= earliest, "deleted after {gone:?}: too early");
+    assert!(listed("a"), "a's own record was deleted");
+    let before = a
+        .all(|e| e.guest_line("hosts-future", "probe hosts live=2"))
+        .len();
+    b.signal(libc::SIGCONT);
+    let resumed = Instant::now();
+    while a
+        .all(|e| e.guest_line("hosts-future", "probe hosts live=2"))
+        .len()
+        <= before
+    {
+        assert!(resumed.elapsed() < Duration::from_secs(15), "b not counted again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(listed("b"), "b did not write its record again");
+    println!(
+        "b's record went {} ms after its pause (member lease {} ms + forget-after {} ms), and came back with b",
+        gone.as_millis(),
+        member_ld.as_millis(),
+        forget_after.as_millis()
+    );
+    gone
 }

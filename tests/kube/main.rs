@@ -425,6 +425,24 @@ fn guests_of_both_worlds_count_the_live_hosts_from_membership_leases() {
 }
 
 #[test]
+fn the_membership_lease_of_a_host_gone_for_long_is_deleted_and_comes_back_with_it() {
+    let env = KubeEnv::load();
+    let rt = runtime();
+    let admin = rt.block_on(env.admin());
+    let ns = rt.block_on(TestNamespace::create(admin.clone(), "forget"));
+    let s = Scratch::new();
+    let head = format!(
+        "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\nkubeconfig = {:?}\n\n[defaults]\n\
+         lease-duration = \"4s\"\nrenew-deadline = \"2s\"\nretry-period = \"500ms\"\ngrace = \"1s\"\n\
+         request-timeout = \"500ms\"\n\n[spread]\nforget-after = \"2s\"\n",
+        ns.name,
+        env.admin_kubeconfig.display().to_string()
+    );
+    let cfg = s.write("baton.toml", &spread::hosts_config(&head));
+    spread::a_gone_host_is_forgotten_then_counted_again(&cfg, &[], SECS(2), SECS(2));
+}
+
+#[test]
 fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
     // As the end-to-end test of the same name, on Leases: the membership
     // records are Leases too, found by listing the namespace.

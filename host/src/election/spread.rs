@@ -226,6 +226,21 @@ impl Roster {
         self.seen = fresh;
     }
 
+    /// The membership records (name, version) unchanged at `now` for
+    /// their lease duration plus `forget_after`, except `own`: records of
+    /// hosts long gone, expired or released. Dated by local first sight,
+    /// as expiry is, so a host that started a moment ago waits the whole
+    /// time too.
+    pub fn forgotten(&self, now: Instant, forget_after: Duration, own: &str) -> Vec<(String, String)> {
+        self.seen
+            .iter()
+            .filter(|(name, (v, since))| {
+                name.as_str() != own && now >= *since + v.record.lease_duration + forget_after
+            })
+            .map(|(name, (v, _))| (name.clone(), v.version.clone()))
+            .collect()
+    }
+
     /// The identities of the hosts whose membership record is held and
     /// has not expired at `now`, sorted.
     pub fn live(&self, now: Instant) -> Vec<String> {
@@ -274,22 +289,34 @@ pub struct SpreadConfig {
     /// rolling restart or a host that flickers moves no lease back and
     /// forth.
     pub settle: Duration,
+    /// How long a membership record must have stayed unchanged past its
+    /// lease duration before the hosts delete it ([`DEFAULT_FORGET_AFTER`]).
+    pub forget_after: Duration,
 }
+
+/// The default of [`SpreadConfig::forget_after`]: a host gone this long is
+/// not paused but gone; its record only lengthens every listing. (One
+/// that comes back after all writes its record again: the record gates no
+/// task.)
+pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 impl std::fmt::Display for SpreadConfig {
     /// In words, for the log: `membership record of 7s renewed every 2s
-    /// (renew deadline 3s), head start 1s, settle 4s`.
+    /// (renew deadline 3s), head start 1s, settle 4s, records of hosts gone
+    /// for 1h deleted`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let t = &self.member_timings;
         let h = |d: Duration| humantime::format_duration(d).to_string();
         write!(
             f,
-            "membership record of {} renewed every {} (renew deadline {}), head start {}, settle {}",
+            "membership record of {} renewed every {} (renew deadline {}), head start {}, settle {}, \
+             records of hosts gone for {} deleted",
             h(t.lease_duration),
             h(t.retry_period),
             h(t.renew_deadline),
             h(self.head_start),
-            h(self.settle)
+            h(self.settle),
+            h(self.forget_after)
         )
     }
 }
@@ -492,9 +519,35 @@ impl Spreader {
             self.hosts
                 .send_if_modified(|h| std::mem::replace(h, hosts) != hosts);
             self.steer_all(now, live);
+            self.forget_gone(now).await;
         }
         member_intent.send_replace(Intent::Stop);
         let _ = timeout(self.cfg.member_timings.renew_deadline, membership).await;
+    }
+
+    /// Deletes the membership records of hosts gone for
+    /// [`SpreadConfig::forget_after`] ([`Roster::forgotten`]), each only if
+    /// it is still the version seen ([`LeaseStore::delete_if`]): a host
+    /// that wrote its record since keeps it. Every host does this; the
+    /// first delete wins and the others find the record changed or gone.
+    async fn forget_gone(&mut self, now: Instant) {
+        let own = member_lease(&self.identity);
+        for (name, version) in self.roster.forgotten(now, self.cfg.forget_after, &own) {
+            let bound = self.cfg.member_timings.request_timeout;
+            match timeout(bound, self.store.delete_if(&name, &version)).await {
+                Ok(Ok(true)) => {
+                    tracing::info!(record = %name, gone_for = %humantime::format_duration(self.cfg.forget_after),
+                    "membership record of a host gone for long deleted")
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(record = %name, error = %e, "deleting a gone host's membership record failed")
+                }
+                Err(_) => {
+                    tracing::debug!(record = %name, "deleting a gone host's membership record timed out")
+                }
+            }
+        }
     }
 
     /// Steers every lease at `now`, from the live hosts of the last
@@ -703,6 +756,7 @@ mod tests {
 
     fn spread_cfg() -> SpreadConfig {
         SpreadConfig {
+            forget_after: DEFAULT_FORGET_AFTER,
             member_timings: timings(),
             head_start: HEAD_START,
             settle: Duration::from_secs(2),
@@ -971,6 +1025,43 @@ mod tests {
         for h in [&a, &b, &c] {
             h.counts(3, Duration::from_secs(2)).await;
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_record_of_a_host_gone_for_long_is_deleted_and_written_again_when_it_comes_back() {
+        let store = MemoryStore::new();
+        let clock = TermClock::paused();
+        let leases = names("lease-", 2);
+        let forget_after = Duration::from_secs(30);
+        let cfg = SpreadConfig {
+            forget_after,
+            ..spread_cfg()
+        };
+        let a = Host::start_with(&store, &clock, "a", &leases, Some(cfg));
+        let b = Host::start_with(&store, &clock, "b", &leases, Some(cfg));
+        a.counts(2, Duration::from_secs(5)).await;
+        // b dies: its record expires (10 s), then stays for forget_after
+        // and a little more (one listing), then is gone; a's stays.
+        b.kill();
+        a.counts(1, Duration::from_secs(12)).await;
+        tokio::time::sleep(forget_after - Duration::from_secs(2)).await;
+        assert!(store.peek(&member_lease("b")).is_some(), "deleted too early");
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(store.peek(&member_lease("b")).is_none(), "not deleted");
+        assert!(store.peek(&member_lease("a")).is_some(), "its own record");
+        // A deleted record is not a tombstone for a: b coming back is
+        // counted again.
+        let b = Host::start_with(&store, &clock, "b", &leases, Some(cfg));
+        a.counts(2, Duration::from_secs(5)).await;
+        b.counts(2, Duration::from_secs(5)).await;
+        // Released records go too (a host stopped the clean way).
+        b.spreader.as_ref().unwrap().1.cancel();
+        a.counts(1, Duration::from_secs(5)).await;
+        tokio::time::sleep(forget_after + Duration::from_secs(12)).await;
+        assert!(
+            store.peek(&member_lease("b")).is_none(),
+            "a released record stays"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,6 +6,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use wasmtime::Store;
@@ -32,6 +33,13 @@ use crate::logging::human;
 /// (and of `baton check`): room for the Python and JavaScript runtimes,
 /// which need tens of MiB.
 pub const DEFAULT_MEMORY_LIMIT: u64 = 256 * 1024 * 1024;
+
+/// How long a task of a plugin that counts the live hosts waits, at its
+/// start, for the membership listing to count this host: the first
+/// listing follows this host's first membership write within a retry
+/// period, so this is a bound for a store that cannot be reached, not a
+/// delay a working host sees.
+pub const FIRST_HOSTS_WAIT: Duration = Duration::from_secs(5);
 
 /// The world a plugin targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -876,6 +884,25 @@ impl Plugin {
         }
     }
 
+    /// Waits until the live hosts count this host, so that a task's first
+    /// `current-hosts` reading does, as long as the lease is led here and
+    /// for [`FIRST_HOSTS_WAIT`] at most (then the task starts with what
+    /// the store showed, and the log says so).
+    async fn await_counted(&self, view: &watch::Receiver<LeaseView>) {
+        let mut hosts = self.hosts.clone();
+        let mut view = view.clone();
+        let counted = hosts.wait_for(|h| h.this_host_live);
+        let lost = view.wait_for(|v| !v.status.is_leading());
+        tokio::select! {
+            _ = counted => {}
+            _ = lost => {}
+            _ = tokio::time::sleep(FIRST_HOSTS_WAIT) => {
+                tracing::warn!(plugin = %self.name, waited = %human(FIRST_HOSTS_WAIT),
+                    "leader task starts before the live hosts count this host: its membership record was not listed");
+            }
+        }
+    }
+
     /// Runs the leader task once, in a fresh instance and Store, in `term`,
     /// until it returns or traps. Dropping the returned future drops the
     /// Store and so ends the task wherever it is.
@@ -883,6 +910,9 @@ impl Plugin {
         // Declared before the Store, so dropped after it: the epoch
         // advances for as long as this instance may run.
         let _ticking = self.engine.ticking();
+        if self.uses_hosts {
+            self.await_counted(&view).await;
+        }
         let mut store = match self.new_store(term.clone(), view.clone()) {
             Ok(s) => s,
             Err(e) => return TaskOutcome::Trapped(Trap::setup(e)),

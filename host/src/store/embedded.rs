@@ -479,6 +479,25 @@ impl LeaseStore for EmbeddedStore {
         self.create_at(lease, record, 0).await
     }
 
+    /// Under the lease's lock, as [`EmbeddedStore::delete`]: a create or
+    /// another delete cannot interleave. A renewal takes no lock; one
+    /// linked in between the read and the delete is deleted with the rest,
+    /// and its writer finds the record gone at its next write (and creates
+    /// it again). That is why only records that gate no task are deleted.
+    async fn delete_if(&self, lease: &str, version: &str) -> Result<bool, StoreError> {
+        let files = self.files(lease)?;
+        let version = version.to_owned();
+        let deleted = locked(files, move |files| match read_current(files)? {
+            Some((_, stored, _)) if stored.version() == version => remove_lease_dir(files),
+            _ => Ok(false),
+        })
+        .await?;
+        if deleted {
+            self.last_writes.forget(lease);
+        }
+        Ok(deleted)
+    }
+
     async fn update(
         &self,
         lease: &str,

@@ -55,7 +55,7 @@ pub struct OpCounts {
     pub get: u64,
     /// Calls to [`LeaseStore::create`].
     pub create: u64,
-    /// Calls to [`LeaseStore::update`].
+    /// Calls to [`LeaseStore::update`] and [`LeaseStore::delete_if`].
     pub update: u64,
     /// Calls to [`LeaseStore::watch`].
     pub watch: u64,
@@ -210,6 +210,7 @@ enum Op {
     Get,
     Create,
     Update,
+    Delete,
     Watch,
     List,
 }
@@ -333,7 +334,7 @@ impl MemoryStore {
             match op {
                 Op::Get => counts.get += 1,
                 Op::Create => counts.create += 1,
-                Op::Update => counts.update += 1,
+                Op::Update | Op::Delete => counts.update += 1,
                 Op::Watch => counts.watch += 1,
                 Op::List => counts.list += 1,
             }
@@ -406,6 +407,15 @@ impl LeaseStore for MemoryStore {
         drop(state);
         self.seen.wrote(lease, &created);
         Ok(created)
+    }
+
+    async fn delete_if(&self, lease: &str, version: &str) -> Result<bool, StoreError> {
+        // Checked and deleted under one lock: atomic with every write.
+        let state = self.begin(Op::Delete, lease).await?;
+        match (state.current(lease), state.leases.get(lease)) {
+            (Some(current), Some(tx)) if current.version == version => Ok(tx.send_replace(None).is_some()),
+            _ => Ok(false),
+        }
     }
 
     async fn update(

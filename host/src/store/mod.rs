@@ -341,6 +341,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn update(&self, lease: &str, version: &str, record: &LeaseRecord)
     -> Result<Versioned, StoreError>;
 
+    /// Deletes a lease if its version is still `version`; `Ok(false)` if
+    /// it changed or is gone. Only for records that gate no task: the
+    /// spreader deletes the membership records of hosts gone for long
+    /// ([`crate::election::Spreader`]); an elector never deletes.
+    async fn delete_if(&self, lease: &str, version: &str) -> Result<bool, StoreError>;
+
     /// Starts watching a lease. The stream ends or yields an error when the
     /// watch breaks; the caller then re-reads and watches again.
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError>;

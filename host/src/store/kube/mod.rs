@@ -169,7 +169,10 @@ use std::time::{Duration, SystemTime};
 use futures::stream;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams, TypeMeta};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams, Preconditions,
+    TypeMeta,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Map, Value};
 
@@ -1066,6 +1069,27 @@ impl LeaseStore for KubeStore {
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
         // A lease read as never written: its floor must still be 0.
         self.create_at(lease, record, false).await
+    }
+
+    /// A delete with the version as its `resourceVersion` precondition
+    /// (409 when it changed). The Lease's term floor ConfigMap stays (the
+    /// role may not delete ConfigMaps).
+    async fn delete_if(&self, lease: &str, version: &str) -> Result<bool, StoreError> {
+        if version.starts_with(TOMBSTONE) {
+            return Ok(false);
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(version.to_owned()),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.inner.api.delete(lease, &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
+            Err(e) => Err(map_error(lease, "delete", e)),
+        }
     }
 
     async fn update(
