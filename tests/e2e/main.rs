@@ -7,13 +7,16 @@
 mod chaos;
 mod crash;
 mod crash_fs;
+mod fsops;
 mod grants;
 mod http;
 mod http_server;
+mod lookup;
 mod misbehaving;
 mod moving;
 mod ops;
 mod reload;
+mod sockets;
 mod spread;
 mod status;
 mod support;

@@ -15,6 +15,14 @@
 //! - `append`: as in the pollable probe (`PROBE_TICK_MS` too): appends `term=N host=H guest=G seq=K at=T`
 //!   records to `/data/records` back to back until the status changes (or,
 //!   with `PROBE_IGNORE` set, until stopped by force).
+//! - `fsops`: changes the directory `/data/ops` back to back, ignoring the
+//!   change, each round `K` under names tagged with its term,
+//!   `tN.sK` (`N`, `K` zero-padded): creates `tN.sK.new` (`open-at`,
+//!   create and truncate), links it as `tN.sK.link`, unlinks that, renames
+//!   `tN.sK.new` to `tN.sK` and creates the directory `tN.sK.d`. Every step
+//!   sets the entry's inode change time, so the last step of each entry
+//!   that landed can be dated. Until stopped by force; an error returns
+//!   `Err`.
 //! - `http`: sends `GET PROBE_URL` with the SDK's `http` module (`send_async` raced with `future::until_change`), printing
 //!   `probe http status=S term=N` or `probe http error E term=N`, every
 //!   100 ms until the status changes; a change while a request waits for
@@ -114,6 +122,12 @@ impl LeaderTask for Probe {
                 say(format_args!("probe stop term={term} appended={seq}"));
                 Ok(())
             }
+            "fsops" => {
+                let mut seq = 0;
+                loop {
+                    file_ops(term, &mut seq)?;
+                }
+            }
             "http" => {
                 let url = std::env::var("PROBE_URL").unwrap_or_default();
                 let mut change = future::watch(&status);
@@ -140,6 +154,19 @@ impl LeaderTask for Probe {
             other => Err(format!("unknown PROBE_MODE: {other}")),
         }
     }
+}
+
+/// One round of `fsops` (see the module docs), the next after `seq`.
+fn file_ops(term: u64, seq: &mut u64) -> Result<(), String> {
+    *seq += 1;
+    let base = format!("/data/ops/t{term:06}.s{:06}", *seq);
+    let (new, link) = (format!("{base}.new"), format!("{base}.link"));
+    let fail = |what: &str, e: std::io::Error| format!("{what} {base}: {e}");
+    std::fs::File::create(&new).map_err(|e| fail("create", e))?;
+    std::fs::hard_link(&new, &link).map_err(|e| fail("link", e))?;
+    std::fs::remove_file(&link).map_err(|e| fail("unlink", e))?;
+    std::fs::rename(&new, &base).map_err(|e| fail("rename", e))?;
+    std::fs::create_dir(format!("{base}.d")).map_err(|e| fail("mkdir", e))
 }
 
 baton_guest::export_future!(Probe);

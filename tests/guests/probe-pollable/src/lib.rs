@@ -15,6 +15,14 @@
 //!   `PROBE_IGNORE` set it ignores the change and appends until it is
 //!   stopped by force.
 //! - `flood`: prints lines of 1 MiB in a loop, ignoring the change.
+//! - `lookup`: resolves `tN.PROBE_LOOKUP` (`N`: its term) over and over,
+//!   ignoring the change, printing `probe lookup NAME ok|failed: E term=N`
+//!   after each.
+//! - `stream`: connects to `PROBE_CONNECT` over TCP, prints
+//!   `probe stream connected term=N`, then writes records of 1 KiB
+//!   (`term=N seq=K `, padded with dots, ending in a newline) back to back,
+//!   ignoring the change, until a write fails (`probe stream ended term=N
+//!   sent=K: E`, then returns `Err`) or it is stopped by force.
 //! - `oom`: allocates 1 MiB blocks until an allocation fails (which
 //!   aborts).
 //! - `recurse`: recurses without end (a stack overflow).
@@ -126,6 +134,33 @@ impl LeaderTask for Probe {
                 }
                 say(format_args!("probe stop term={term} appended={seq}"));
                 Ok(())
+            }
+            "stream" => {
+                let addr = std::env::var("PROBE_CONNECT").unwrap_or_default();
+                let mut conn = std::net::TcpStream::connect(&addr)
+                    .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+                say(format_args!("probe stream connected term={term}"));
+                let mut seq = 0u64;
+                loop {
+                    let mut record = format!("term={term} seq={seq} ").into_bytes();
+                    record.resize(1023, b'.');
+                    record.push(b'\n');
+                    if let Err(e) = conn.write_all(&record) {
+                        say(format_args!("probe stream ended term={term} sent={seq}: {e}"));
+                        return Err(format!("stream ended: {e}"));
+                    }
+                    seq += 1;
+                }
+            }
+            "lookup" => {
+                use std::net::ToSocketAddrs;
+                let name = format!("t{term}.{}", std::env::var("PROBE_LOOKUP").unwrap_or_default());
+                loop {
+                    match (name.as_str(), 80).to_socket_addrs() {
+                        Ok(_) => say(format_args!("probe lookup {name} ok term={term}")),
+                        Err(e) => say(format_args!("probe lookup {name} failed: {e} term={term}")),
+                    }
+                }
             }
             "flood" => {
                 let line = "x".repeat(1 << 20);
