@@ -10,6 +10,8 @@
 
 #[path = "../e2e/chaos/engine.rs"]
 mod engine;
+#[path = "../e2e/chaos/layout.rs"]
+mod layout;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -24,7 +26,7 @@ use rand::rngs::StdRng;
 use crate::blackhole::BlackHole;
 use crate::env::{KubeEnv, OwnServer, TestNamespace};
 use crate::support::Scratch;
-use engine::{Bed, Fault, HOST_FAULTS};
+use engine::{Bed, Fault, HOST_FAULTS, Scenario};
 
 /// The hosts' timings (see `kube_config`).
 const LD: Duration = Duration::from_secs(4);
@@ -127,6 +129,31 @@ impl Bed for KubeBed {
         text
     }
 
+    fn store_table(&mut self, _: &Scratch) -> String {
+        let env = self.server.env();
+        let admin = self.rt.block_on(env.admin());
+        self.ns = None;
+        self.holes.clear();
+        let ns = self.rt.block_on(TestNamespace::create(admin, "chaos-spread"));
+        let text = format!(
+            "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\nlabels = {{ app = \"baton-test\" }}\n",
+            ns.name
+        );
+        self.ns = Some(ns);
+        text
+    }
+
+    fn defaults(&self) -> [String; 2] {
+        [
+            "[defaults]\nlease-duration = \"4s\"\nrenew-deadline = \"2s\"\nretry-period = \"500ms\"\n\
+             grace = \"1s\"\nrequest-timeout = \"500ms\"\n"
+                .into(),
+            "[defaults]\nlease-duration = \"5s\"\nrenew-deadline = \"2500ms\"\nretry-period = \"600ms\"\n\
+             grace = \"1s\"\nrequest-timeout = \"600ms\"\n"
+                .into(),
+        ]
+    }
+
     fn env(&mut self, s: &Scratch, name: &str) -> Vec<(String, String)> {
         let env = self.server.env();
         let hole = self
@@ -191,15 +218,21 @@ impl Bed for KubeBed {
     }
 }
 
-#[test]
-fn chaos_on_the_kubernetes_store_never_overlaps_terms_or_lands_a_stale_write() {
-    let rt = crate::runtime();
-    let server = OwnServer::start("");
-    let mut bed = KubeBed {
-        rt,
-        server,
+fn bed() -> KubeBed {
+    KubeBed {
+        rt: crate::runtime(),
+        server: OwnServer::start(""),
         ns: None,
         holes: HashMap::new(),
-    };
-    engine::run(&mut bed);
+    }
+}
+
+#[test]
+fn chaos_on_the_kubernetes_store_never_overlaps_terms_or_lands_a_stale_write() {
+    engine::run(&mut bed(), Scenario::OneLease);
+}
+
+#[test]
+fn chaos_on_the_kubernetes_store_with_spread_leases_reloads_and_yields_never_runs_a_plugin_twice() {
+    engine::run(&mut bed(), Scenario::Spread);
 }

@@ -6,13 +6,19 @@
 //! stopped, and the faults of the store under test (a [`Bed`]). A checker
 //! then reads the records and every host's log.
 //!
+//! The [`Scenario::Spread`] runs several leases with spreading on instead,
+//! and adds faults that rewrite the configuration file the hosts watch and
+//! `baton yield` ([`super::layout`], which checks its records per plugin).
+//!
 //! One run is a number of *segments* (fresh hosts and store each); the
-//! bounded run in the test suite is one segment per store. Variables:
+//! bounded run in the test suite is one segment per store and scenario.
+//! Variables:
 //!
 //! - `BATON_CHAOS_SEED`: the seed of the first segment (printed by every
 //!   run; the segment after it uses the seed plus one, and so on), to
 //!   replay a run.
-//! - `BATON_CHAOS_FAULTS`: how many faults in all, per store (default 16).
+//! - `BATON_CHAOS_FAULTS`: how many faults in all, per store and scenario
+//!   (default 16).
 //! - `BATON_CHAOS_SOAK`: a file where each finished segment appends one line
 //!   of figures; a run counts the faults of its store already there and
 //!   only adds what is missing, so a soak stopped half-way resumes where it
@@ -30,6 +36,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::layout::{self, Layout, Logged};
 use crate::support::*;
 use crate::witness::*;
 
@@ -62,7 +69,42 @@ pub enum Fault {
     EtcdRestart,
     ForeignWriter,
     BlackHole,
+    MovePlugin,
+    AddLease,
+    RemoveLease,
+    ChangeTimings,
+    Yield,
 }
+
+/// What a segment runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// One lease, "demo", with the host faults and the store's own.
+    OneLease,
+    /// Three to five leases with spreading on, hosts watching their
+    /// configuration file: the host faults, reloads and yields.
+    Spread,
+}
+
+/// The faults of the spread scenario: the reloads and the yield twice as
+/// likely as each host fault.
+pub const SPREAD_FAULTS: [Fault; 15] = [
+    Fault::MovePlugin,
+    Fault::AddLease,
+    Fault::RemoveLease,
+    Fault::ChangeTimings,
+    Fault::Yield,
+    Fault::MovePlugin,
+    Fault::AddLease,
+    Fault::RemoveLease,
+    Fault::ChangeTimings,
+    Fault::Yield,
+    Fault::KillLeader,
+    Fault::TermLeader,
+    Fault::StopLeaderLong,
+    Fault::StopLeaderShort,
+    Fault::StopFollower,
+];
 
 /// The faults of hosts, on any store.
 pub const HOST_FAULTS: [Fault; 5] = [
@@ -88,6 +130,11 @@ impl Fault {
             Fault::EtcdRestart => "etcd killed, restarted",
             Fault::ForeignWriter => "foreign writer",
             Fault::BlackHole => "one host black-holed",
+            Fault::MovePlugin => "reload: plugin moved",
+            Fault::AddLease => "reload: lease added",
+            Fault::RemoveLease => "reload: lease removed",
+            Fault::ChangeTimings => "reload: timings changed",
+            Fault::Yield => "baton yield",
         }
     }
 }
@@ -111,6 +158,12 @@ pub trait Bed {
     /// (see [`Injected`]), or `None` if it could not be injected now.
     fn inject(&mut self, fault: Fault, rng: &mut StdRng, hosts: &[&str], leader: usize)
     -> Option<SystemTime>;
+    /// A fresh store for one segment of [`Scenario::Spread`]: its `[store]`
+    /// table alone.
+    fn store_table(&mut self, s: &Scratch) -> String;
+    /// Two `[defaults]` tables that `Timings::validate` accepts, the first
+    /// with [`Bed::timings`]: [`Fault::ChangeTimings`] switches between them.
+    fn defaults(&self) -> [String; 2];
     /// Called when the segment is over, to put the store back in order.
     fn end(&mut self) {}
 }
@@ -137,8 +190,11 @@ struct Process {
 struct Figures {
     records: usize,
     terms: usize,
-    /// Two terms whose records overlap in time (or come out of order).
+    /// Two terms whose records overlap in time (or come out of order); in
+    /// the spread scenario, two runs of one plugin.
     overlaps: usize,
+    /// Runs of a plugin followed by one on another host (spread scenario).
+    handovers: usize,
     /// A record of an older term after one of a newer term in the file.
     stale: usize,
     /// A record stamped after its term's force-stop time (or after its
@@ -174,15 +230,20 @@ fn plugins(dir: &Path) -> String {
     text
 }
 
-fn start(bed: &mut dyn Bed, s: &Scratch, name: &str, config: &Path) -> Host {
+fn start(bed: &mut dyn Bed, s: &Scratch, name: &str, config: &Path, scenario: Scenario) -> Host {
     let mut vars = bed.env(s, name);
     vars.push(("PROBE_HOST".into(), name.into()));
     let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let watch: &[&std::ffi::OsStr] = match scenario {
+        Scenario::OneLease => &[],
+        Scenario::Spread => &["--watch".as_ref()],
+    };
     let host = Host::start_opts(
         name,
         config,
         Opts {
             env: &env,
+            args: watch,
             ..Opts::default()
         },
     );
@@ -192,15 +253,41 @@ fn start(bed: &mut dyn Bed, s: &Scratch, name: &str, config: &Path) -> Host {
     host
 }
 
+/// A reload fault of the spread scenario applied to `layout`: what it did,
+/// or `None` if it cannot be done now.
+fn reload(layout: &mut Layout, fault: Fault, rng: &mut StdRng) -> Option<String> {
+    match fault {
+        Fault::MovePlugin => Some(layout.move_plugin(rng)),
+        Fault::AddLease => layout.add_lease(rng),
+        Fault::RemoveLease => layout.remove_lease(rng),
+        Fault::ChangeTimings => Some(layout.change_timings()),
+        other => panic!("not a reload: {other:?}"),
+    }
+}
+
 /// One segment: `faults` faults drawn from `seed`.
-fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fault, usize>) {
+fn segment(
+    bed: &mut dyn Bed,
+    scenario: Scenario,
+    seed: u64,
+    faults: usize,
+) -> (Figures, BTreeMap<Fault, usize>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let (lease_duration, retry_period) = bed.timings();
-    let kinds = bed.faults();
     let s = Scratch::new();
     let data = records_dir(&s);
-    let mut text = bed.config(&s);
-    text.push_str(&plugins(&data));
+    let (kinds, mut layout, text) = match scenario {
+        Scenario::OneLease => {
+            let mut text = bed.config(&s);
+            text.push_str(&plugins(&data));
+            (bed.faults(), None, text)
+        }
+        Scenario::Spread => {
+            let layout = Layout::new(bed.store_table(&s), bed.defaults(), &data);
+            let text = layout.render();
+            (SPREAD_FAULTS.to_vec(), Some(layout), text)
+        }
+    };
     let cfg = s.write("chaos.toml", &text);
     let names = ["h1", "h2", "h3"];
     // Live processes by host slot; every process ever started, for the check.
@@ -209,23 +296,31 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
     for n in names {
         live.push(all.len());
         all.push(Process {
-            host: start(bed, &s, n, &cfg),
+            host: start(bed, &s, n, &cfg, scenario),
             killed: None,
         });
     }
     let mut injected: Vec<Injected> = Vec::new();
     let mut counts: BTreeMap<Fault, usize> = BTreeMap::new();
     let mut crashes = 0;
+    // The leader to hit: of "demo", the host in the newest term; with
+    // several leases, the host that leads the most.
     let view = |all: &Vec<Process>, live: &Vec<usize>| -> Option<usize> {
         let procs: Vec<&Process> = live.iter().map(|&i| &all[i]).collect();
+        let rank = |h: &Host| match scenario {
+            Scenario::OneLease => leading_term(h),
+            Scenario::Spread => Some(led(h).len() as u64).filter(|n| *n > 0),
+        };
         procs
             .iter()
             .enumerate()
-            .filter_map(|(slot, p)| leading_term(&p.host).map(|t| (slot, t)))
+            .filter_map(|(slot, p)| rank(&p.host).map(|t| (slot, t)))
             .max_by_key(|(_, t)| *t)
             .map(|(slot, _)| slot)
     };
-    for n in 0..faults {
+    // A fault that cannot be injected now is drawn again.
+    let mut n = 0;
+    while n < faults {
         // A leader to hit, most of the time.
         let until = Instant::now() + SECS(15);
         let lead = loop {
@@ -257,7 +352,7 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
                 std::thread::sleep(Duration::from_millis(rng.random_range(0..1000)));
                 live[lead] = all.len();
                 all.push(Process {
-                    host: start(bed, &s, names[lead], &cfg),
+                    host: start(bed, &s, names[lead], &cfg, scenario),
                     killed: None,
                 });
             }
@@ -274,7 +369,7 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
                 }
                 live[lead] = all.len();
                 all.push(Process {
-                    host: start(bed, &s, names[lead], &cfg),
+                    host: start(bed, &s, names[lead], &cfg, scenario),
                     killed: None,
                 });
             }
@@ -305,6 +400,36 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
                 std::thread::sleep(Duration::from_millis(rng.random_range(200..3000)));
                 h.signal(libc::SIGCONT);
             }
+            Fault::MovePlugin | Fault::AddLease | Fault::RemoveLease | Fault::ChangeTimings => {
+                let layout = layout.as_mut().expect("a reload of the spread scenario");
+                let Some(said) = reload(layout, fault, &mut rng) else {
+                    *counts.get_mut(&fault).unwrap() -= 1;
+                    continue;
+                };
+                println!("  fault {n}: {said}");
+                let hosts: Vec<&Host> = live.iter().map(|&i| &all[i].host).collect();
+                let cleared = layout::rewrite(&cfg, &layout.render(), &hosts);
+                injected.push(Injected {
+                    fault,
+                    started,
+                    cleared,
+                });
+            }
+            Fault::Yield => {
+                let lease = layout
+                    .as_ref()
+                    .expect("a yield of the spread scenario")
+                    .busy_lease(&mut rng);
+                let Some(cleared) = layout::yield_lease(&cfg, &lease, &mut rng) else {
+                    *counts.get_mut(&fault).unwrap() -= 1;
+                    continue;
+                };
+                injected.push(Injected {
+                    fault,
+                    started,
+                    cleared,
+                });
+            }
             _ => match bed.inject(fault, &mut rng, &names, lead) {
                 Some(cleared) => injected.push(Injected {
                     fault,
@@ -328,6 +453,11 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
                 );
             }
         }
+        n += 1;
+    }
+    if let Some(layout) = &layout {
+        // Every plugin runs again where the last configuration put it.
+        layout::wait_all_run(&data.join("records"), layout, SECS(30));
     }
     std::thread::sleep(SECS(2));
     for &i in &live {
@@ -346,7 +476,28 @@ fn segment(bed: &mut dyn Bed, seed: u64, faults: usize) -> (Figures, BTreeMap<Fa
     }
     bed.end();
     let bound = lease_duration + retry_period + ALLOWANCE;
-    let mut figures = check(&data.join("records"), &all, &injected, bound, lease_duration);
+    let mut figures = match scenario {
+        Scenario::OneLease => check(&data.join("records"), &all, &injected, bound, lease_duration),
+        Scenario::Spread => {
+            let logged: Vec<Logged> = all
+                .iter()
+                .map(|p| Logged {
+                    host: &p.host,
+                    killed: p.killed,
+                })
+                .collect();
+            let f = layout::check(&data.join("records"), &logged);
+            Figures {
+                records: f.records,
+                terms: f.terms,
+                overlaps: f.overlaps,
+                stale: f.stale,
+                late: f.late,
+                handovers: f.handovers,
+                ..Figures::default()
+            }
+        }
+    };
     figures.crashes += crashes;
     (figures, counts)
 }
@@ -530,8 +681,11 @@ fn first_seed() -> u64 {
 /// Runs chaos on `bed`'s store: `BATON_CHAOS_FAULTS` faults (default one
 /// segment), in segments; panics with the figures and the seed to replay
 /// if the checker finds anything.
-pub fn run(bed: &mut dyn Bed) {
-    let store = bed.store();
+pub fn run(bed: &mut dyn Bed, scenario: Scenario) {
+    let store = match scenario {
+        Scenario::OneLease => bed.store().to_owned(),
+        Scenario::Spread => format!("{}/spread", bed.store()),
+    };
     let (lease_duration, retry_period) = bed.timings();
     let total: usize = std::env::var("BATON_CHAOS_FAULTS").map_or(SEGMENT_FAULTS, |n| n.parse().unwrap());
     let soak = std::env::var_os("BATON_CHAOS_SOAK").map(std::path::PathBuf::from);
@@ -553,7 +707,7 @@ pub fn run(bed: &mut dyn Bed) {
         println!(
             "chaos segment on the {store} store: seed={seed} faults={faults} (replay: BATON_CHAOS_SEED={seed} BATON_CHAOS_FAULTS={faults})"
         );
-        let (f, counts) = segment(bed, seed, faults);
+        let (f, counts) = segment(bed, scenario, seed, faults);
         let gaps: Vec<String> = f
             .gaps
             .iter()
@@ -561,9 +715,10 @@ pub fn run(bed: &mut dyn Bed) {
             .collect();
         let longest = f.gaps.values().map(|(_, g)| *g).max().unwrap_or_default();
         let line = format!(
-            "store={store} seed={seed} faults={faults} records={} terms={} overlaps={} stale={} late={} crashes={} longest_gap_ms={} kinds={}",
+            "store={store} seed={seed} faults={faults} records={} terms={} handovers={} overlaps={} stale={} late={} crashes={} longest_gap_ms={} kinds={}",
             f.records,
             f.terms,
+            f.handovers,
             f.overlaps,
             f.stale,
             f.late,

@@ -1,8 +1,10 @@
 //! Chaos on the embedded store (the engine is in [`engine`]): the host
 //! faults, and the lease deleted or garbled (and repaired the way an
-//! operator can, by deleting it).
+//! operator can, by deleting it); and the spread scenario ([`layout`]):
+//! several leases spread, reloads of the watched file and `baton yield`.
 
 pub mod engine;
+pub mod layout;
 
 use std::time::{Duration, SystemTime};
 
@@ -10,7 +12,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 
 use crate::support::*;
-use engine::{Bed, Fault, HOST_FAULTS};
+use engine::{Bed, Fault, HOST_FAULTS, Scenario};
 
 /// The embedded store in a scratch folder of each segment.
 #[derive(Default)]
@@ -36,6 +38,21 @@ impl Bed for EmbeddedBed {
     fn config(&mut self, s: &Scratch) -> String {
         self.store = Some(s.store());
         config(&s.store(), &[])
+    }
+
+    fn store_table(&mut self, s: &Scratch) -> String {
+        self.store = Some(s.store());
+        format!(
+            "[store]\nkind = \"embedded\"\ndir = {:?}\n",
+            s.store().display().to_string()
+        )
+    }
+
+    fn defaults(&self) -> [String; 2] {
+        [
+            "[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n".into(),
+            "[defaults]\nlease-duration = \"3s\"\nrenew-deadline = \"1500ms\"\nretry-period = \"300ms\"\ngrace = \"700ms\"\n".into(),
+        ]
     }
 
     fn env(&mut self, _: &Scratch, _: &str) -> Vec<(String, String)> {
@@ -69,5 +86,10 @@ impl Bed for EmbeddedBed {
 
 #[test]
 fn chaos_on_the_embedded_store_never_overlaps_terms_or_lands_a_stale_write() {
-    engine::run(&mut EmbeddedBed::default());
+    engine::run(&mut EmbeddedBed::default(), Scenario::OneLease);
+}
+
+#[test]
+fn chaos_on_the_embedded_store_with_spread_leases_reloads_and_yields_never_runs_a_plugin_twice() {
+    engine::run(&mut EmbeddedBed::default(), Scenario::Spread);
 }
