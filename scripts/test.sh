@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs (the wasm32-wasip2 target),
-# builds every guest component from source, then runs the host's unit tests,
-# the end-to-end tests (real `baton` processes running real guests), the
-# guest SDK's tests, and the container image's test.
+# The whole test suite: checks formatting and lints first, installs what it
+# needs (the wasm32-wasip2 target), builds every guest component from
+# source, then runs the host's unit tests, the end-to-end tests (real
+# `baton` processes running real guests), the guest SDK's tests, and the
+# container image's test.
 #
 # BATON_TEST_IMAGE=0 leaves the container image out (for a quicker local
 # run; the suite is not whole then, and CI never sets it).
@@ -10,6 +11,11 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$repo/scripts/env.sh"
 cd "$repo"
+
+# The style gate, first, failing fast: formatting, then the lints of every
+# host target (the workspace's lints are in Cargo.toml).
+cargo fmt --all --check
+cargo clippy -p baton --all-targets --locked -- -D warnings
 
 scripts/build-guests.sh >/dev/null
 export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"

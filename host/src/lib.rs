@@ -1,21 +1,28 @@
 //! baton: runs WebAssembly plugin leader tasks only while this host holds a
 //! lease.
+//!
+//! The modules are layers; each uses only those below it (the unit test
+//! in `layers.rs` checks every path into the crate):
+//!
+//! | Layer | Modules |
+//! |---|---|
+//! | edges | [`cli`] (commands), [`daemon`] (`baton run`'s wiring), [`config`], [`ops`] (log, metrics, health, admin) |
+//! | tasks | [`supervisor`]: each plugin's task per term |
+//! | guests | [`runtime`]: wasmtime, the contract's host side, grants, the fence |
+//! | election | [`election`]: terms, the elector, spreading; decisions without I/O of their own |
+//! | storage | [`store`]: the `LeaseStore` trait and its backends |
+//! | base | [`support`]: rounding, recurring warnings |
 #![deny(missing_docs)]
 
-pub mod admin;
+pub mod cli;
 pub mod config;
-pub mod control;
+pub mod daemon;
 pub mod election;
-pub mod health;
-pub mod logging;
-pub mod metrics;
-pub mod own_files;
-pub mod progress;
-pub mod recurring;
-pub mod reload;
+pub mod ops;
 pub mod runtime;
-pub mod scaffold;
-pub mod serve;
-pub mod status;
 pub mod store;
 pub mod supervisor;
+pub mod support;
+
+#[cfg(test)]
+mod layers;

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use baton::config::{Config, StoreConfig};
-use baton::logging::{LogFormat, ProgressMode};
+use baton::ops::logging::{LogFormat, ProgressMode};
 use baton::runtime::{EngineOptions, PluginEngine, PluginRuntime, default_cache_dir};
 
 /// Runs WebAssembly plugin leader tasks only while this host holds a lease.
@@ -101,10 +101,10 @@ enum Command {
     New {
         /// The plugin's language.
         #[arg(long)]
-        lang: baton::scaffold::Lang,
+        lang: baton::cli::scaffold::Lang,
         /// The world it targets (future: Rust and Python only).
         #[arg(long, value_enum, default_value_t)]
-        world: baton::scaffold::World,
+        world: baton::cli::scaffold::World,
         /// The plugin's name (lower-case letters, digits and '-').
         name: String,
         /// Create it in this folder instead of the current one.
@@ -128,15 +128,15 @@ enum Command {
         /// Tables for people, or one JSON document (its shape is in
         /// docs/configuration.md).
         #[arg(long, short, value_enum, default_value_t)]
-        output: baton::status::OutputFormat,
+        output: baton::cli::status::OutputFormat,
     },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = match cli.command {
-        Command::Status { .. } | Command::Yield { .. } => baton::logging::QUIET_FILTER,
-        _ => baton::logging::DEFAULT_FILTER,
+        Command::Status { .. } | Command::Yield { .. } => baton::ops::logging::QUIET_FILTER,
+        _ => baton::ops::logging::DEFAULT_FILTER,
     };
     // Only `baton run` draws progress: the other commands print their
     // results on standard output, where a display on the same terminal
@@ -145,7 +145,7 @@ fn main() -> ExitCode {
         Command::Run { .. } => cli.progress,
         _ => ProgressMode::Never,
     };
-    let logging = baton::logging::init_with(cli.log_format, filter, progress);
+    let logging = baton::ops::logging::init_with(cli.log_format, filter, progress);
     let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
     let code = match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => code,
@@ -190,21 +190,21 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             let cfg = load_config(&config, &overrides)?;
             let (reload_tx, requests) = tokio::sync::mpsc::unbounded_channel();
             let file = config.clone();
-            let load: baton::reload::Loader =
+            let load: baton::daemon::reload::Loader =
                 std::sync::Arc::new(move || load_config(&file, &overrides).map_err(|e| format!("{e:#}")));
-            let reload = baton::reload::Reload {
+            let reload = baton::daemon::reload::Reload {
                 load,
                 requests,
                 watch: (watch || cfg.watch).then(|| reload_tx.clone()),
             };
             let shutdown = CancellationToken::new();
             tokio::spawn(wait_for_signal(signals, shutdown.clone(), reload_tx));
-            let options = baton::serve::ServeOptions {
+            let options = baton::daemon::serve::ServeOptions {
                 stall_election_after: test_stall_election_runtime,
                 reload: Some(reload),
                 ..Default::default()
             };
-            baton::serve::serve_opts(cfg, options, shutdown).await?;
+            baton::daemon::serve::serve_opts(cfg, options, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { plugins } => check(plugins).await,
@@ -221,7 +221,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             name,
             dir,
         } => {
-            let root = baton::scaffold::new_plugin(lang, world, &name, &dir)?;
+            let root = baton::cli::scaffold::new_plugin(lang, world, &name, &dir)?;
             println!(
                 "created {}: build it with {}/build.sh",
                 root.display(),
@@ -235,11 +235,11 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             kubeconfig,
             output,
         } => {
-            let target = baton::status::open(config.as_deref(), store_dir, kubeconfig).await?;
-            let report = baton::status::collect(&target).await?;
+            let target = baton::cli::status::open(config.as_deref(), store_dir, kubeconfig).await?;
+            let report = baton::cli::status::collect(&target).await?;
             match output {
-                baton::status::OutputFormat::Text => print!("{}", report.text()),
-                baton::status::OutputFormat::Json => print!("{}", report.json()),
+                baton::cli::status::OutputFormat::Text => print!("{}", report.text()),
+                baton::cli::status::OutputFormat::Json => print!("{}", report.json()),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -269,7 +269,7 @@ impl Signals {
 async fn wait_for_signal(
     mut signals: Signals,
     shutdown: CancellationToken,
-    reload: tokio::sync::mpsc::UnboundedSender<baton::reload::Cause>,
+    reload: tokio::sync::mpsc::UnboundedSender<baton::daemon::reload::Cause>,
 ) {
     loop {
         tokio::select! {
@@ -277,7 +277,7 @@ async fn wait_for_signal(
             _ = signals.int.recv() => tracing::info!("SIGINT received"),
             _ = signals.hup.recv() => {
                 tracing::info!("SIGHUP received: reloading");
-                let _ = reload.send(baton::reload::Cause::Signal);
+                let _ = reload.send(baton::daemon::reload::Cause::Signal);
                 continue;
             }
         }
@@ -347,7 +347,7 @@ async fn yield_lease(
     identity: Option<String>,
     socket: Option<PathBuf>,
 ) -> Result<ExitCode> {
-    use baton::control::{Request, find_socket, request};
+    use baton::daemon::control::{Request, find_socket, request};
     let path = match (socket, config) {
         (Some(socket), _) => socket,
         (None, Some(file)) => {
@@ -398,7 +398,7 @@ async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
         let p = path.clone();
         let result = tokio::task::block_in_place(|| runtime.check(&name, &p));
         // Its log lines (compiling, compiled) before its result.
-        baton::logging::written(std::time::Duration::from_millis(500));
+        baton::ops::logging::written(std::time::Duration::from_millis(500));
         match result {
             Ok(plugin) => {
                 println!("{}: ok: targets {}", path.display(), plugin.wit_world());

@@ -214,7 +214,7 @@ async fn run_term(
     let name = plugin.name();
     let (lease, number) = (term.lease(), term.number());
     let after = || term.clock().now().since(term.over_at());
-    let after_ms = || crate::logging::ms(after());
+    let after_ms = || crate::support::rounding::ms(after());
     let mut backoff = INITIAL_BACKOFF;
     for attempt in 1u32.. {
         if term.is_over() {
@@ -285,7 +285,7 @@ async fn run_term(
             tracing::info!(plugin = name, term = number, after_ms = after_ms(), how, outcome = %outcome, force_stop_at = %term.stop_at_wall(), "leader task stopped");
             return;
         }
-        let ran_ms = crate::logging::ms(term.clock().now() - started);
+        let ran_ms = crate::support::rounding::ms(term.clock().now() - started);
         match outcome {
             TaskOutcome::Finished | TaskOutcome::NotStarted => {
                 tracing::info!(

@@ -20,8 +20,8 @@ use tokio::time::{sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
 use baton::config::Config;
+use baton::daemon::serve::{ServeError, serve_with};
 use baton::election::TermClock;
-use baton::serve::{ServeError, serve_with};
 use baton::store::memory::MemoryStore;
 
 const IDENTITY: &str = "core-host";

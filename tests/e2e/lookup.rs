@@ -18,9 +18,12 @@ const SECS: fn(u64) -> Duration = Duration::from_secs;
 /// The name the test's name server answers, and its address.
 const ANSWERED: &str = "answered.baton.test";
 
+/// The queries a name server received: when each arrived, and its name.
+type Queries = Arc<Mutex<Vec<(SystemTime, String)>>>;
+
 /// A name server that answers [`ANSWERED`] (A: 127.0.0.9, AAAA: none) and
 /// nothing else: the arrival time and the name of every other query.
-fn silent_name_server() -> (String, Arc<Mutex<Vec<(SystemTime, String)>>>) {
+fn silent_name_server() -> (String, Queries) {
     use hickory_resolver::proto::op::{Message, MessageType};
     use hickory_resolver::proto::rr::rdata::A;
     use hickory_resolver::proto::rr::{RData, Record, RecordType};

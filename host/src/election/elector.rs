@@ -39,10 +39,10 @@ use super::observe::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
 use super::status::{LeaseView, Role, Status, YieldSeen};
 use super::term::Term;
 use super::timing::Timings;
-use crate::logging::human;
-use crate::recurring::{Note, Recurring};
 use crate::store::subscription::{Cadence, Sighting, Subscription};
 use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, StoreError, Versioned, Yielded};
+use crate::support::recurring::{Note, Recurring};
+use crate::support::rounding::human;
 
 /// What an elector needs to know about itself.
 #[derive(Clone, Debug)]

@@ -29,8 +29,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use super::{LeaseStore, StoreError, Versioned};
-use crate::logging::human;
-use crate::recurring::{Note, Recurring};
+use crate::support::recurring::{Note, Recurring};
+use crate::support::rounding::human;
 
 /// A record as a store reported it, and when the answer arrived.
 #[derive(Clone, Debug, PartialEq, Eq)]

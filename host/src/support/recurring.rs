@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use baton::recurring::{Note, Recurring};
+//! use baton::support::recurring::{Note, Recurring};
 //!
 //! let mut unreadable = Recurring::new(Duration::from_secs(60));
 //! let t0 = Instant::now();

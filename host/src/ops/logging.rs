@@ -15,7 +15,7 @@
 //! are lost.
 //!
 //! On a terminal, the start-up's progress is drawn below the log lines by
-//! the same writer thread (see [`crate::progress`]).
+//! the same writer thread (see [`crate::ops::progress`]).
 //!
 //! Figures are rounded for people here, in one place: [`ms`] for the
 //! `_ms` fields, [`human`] for durations in fields and messages, [`secs`]
@@ -47,7 +47,7 @@ pub const EXIT_WAIT: Duration = Duration::from_secs(2);
 pub const DEFAULT_FILTER: &str = "info,wasmtime=warn,cranelift=warn";
 
 /// Whether the start-up's progress is drawn on a terminal (see
-/// [`crate::progress`]).
+/// [`crate::ops::progress`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProgressMode {
     /// When standard error is a terminal (`TERM` set, not `dumb`) and the
@@ -185,12 +185,12 @@ pub fn written(timeout: Duration) {
 }
 
 /// The progress display's board, if [`init`] set one up.
-static BOARD: std::sync::OnceLock<Arc<crate::progress::Board>> = std::sync::OnceLock::new();
+static BOARD: std::sync::OnceLock<Arc<crate::ops::progress::Board>> = std::sync::OnceLock::new();
 
 /// The progress of a start-up of `total` plugins: drawn on a terminal if
-/// [`init`] found one (see [`crate::progress`]), nothing otherwise.
-pub fn progress(total: usize) -> crate::progress::Progress {
-    crate::progress::Progress::start(BOARD.get().cloned(), total)
+/// [`init`] found one (see [`crate::ops::progress`]), nothing otherwise.
+pub fn progress(total: usize) -> crate::ops::progress::Progress {
+    crate::ops::progress::Progress::start(BOARD.get().cloned(), total)
 }
 
 /// Sets up the global subscriber: `BATON_LOG` (an `EnvFilter`) or
@@ -211,11 +211,11 @@ pub fn init_with(format: LogFormat, default: &str, progress: ProgressMode) -> Lo
     let painter =
         draws_progress(progress, format, terminal, std::env::var_os("TERM").as_deref()).then(|| {
             let waker = queue.clone();
-            let board = Arc::new(crate::progress::Board::new(move || {
+            let board = Arc::new(crate::ops::progress::Board::new(move || {
                 let _ = waker.try_send(Message::Wake);
             }));
             let _ = BOARD.set(board.clone());
-            crate::progress::Painter::new(board)
+            crate::ops::progress::Painter::new(board)
         });
     std::thread::Builder::new()
         .name("baton-log".into())
@@ -276,7 +276,7 @@ fn draws_progress(
 /// if there is one.
 /// (stderr is locked per write, not for good: others, a panic message or
 /// `main`'s last error, may write to it too.)
-fn write_out(lines: Receiver<Message>, mut painter: Option<crate::progress::Painter>) {
+fn write_out(lines: Receiver<Message>, mut painter: Option<crate::ops::progress::Painter>) {
     loop {
         let message = match painter.as_ref().and_then(|p| p.wait()) {
             Some(wait) => match lines.recv_timeout(wait) {
@@ -353,69 +353,6 @@ fn report(dropped: &AtomicUsize, reported: &Reported, now: bool) {
     }
 }
 
-/// A duration in milliseconds, rounded to a tenth: the value of every
-/// `_ms` log field (`after_ms=1.3`, not `1.3040770000000002`). A number,
-/// so JSON logs keep a number.
-///
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(baton::logging::ms(Duration::from_nanos(1_304_077)), 1.3);
-/// assert_eq!(baton::logging::ms(Duration::from_micros(1_690_133)), 1690.1);
-/// ```
-pub fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e4).round() / 10.0
-}
-
-/// A duration in seconds, rounded to a hundredth: the seconds figures of
-/// `baton status`.
-///
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(baton::logging::secs(Duration::from_millis(3_717)), 3.72);
-/// ```
-pub fn secs(d: Duration) -> f64 {
-    (d.as_secs_f64() * 100.0).round() / 100.0
-}
-
-/// A duration written for people: under a second in milliseconds with at
-/// most one decimal (`850ms`, `12.3ms`), from a second on in seconds with
-/// at most two (`1s`, `1.5s`, `2.34s`). The same for `{}` and `{:?}`, so
-/// a log field keeps its name and reads the same whether it is recorded
-/// with `%` or `?`; also used in error messages that name a duration.
-///
-/// ```
-/// use std::time::Duration;
-/// use baton::logging::human;
-/// assert_eq!(human(Duration::from_nanos(1_234_567_891)).to_string(), "1.23s");
-/// assert_eq!(human(Duration::from_micros(12_345)).to_string(), "12.3ms");
-/// assert_eq!(human(Duration::from_millis(500)).to_string(), "500ms");
-/// assert_eq!(human(Duration::from_micros(999_960)).to_string(), "1s");
-/// assert_eq!(human(Duration::ZERO).to_string(), "0ms");
-/// ```
-pub fn human(d: Duration) -> Human {
-    Human(d)
-}
-
-/// See [`human`].
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Human(pub Duration);
-
-impl std::fmt::Display for Human {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tenths_of_ms = (self.0.as_secs_f64() * 1e4).round();
-        if tenths_of_ms < 10_000.0 {
-            return write!(f, "{}ms", tenths_of_ms / 10.0);
-        }
-        write!(f, "{}s", secs(self.0))
-    }
-}
-
-impl std::fmt::Debug for Human {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(self, f)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,29 +382,5 @@ mod tests {
             Some(OsStr::new(""))
         ));
         assert!(!draws_progress(ProgressMode::Auto, LogFormat::Text, true, None));
-    }
-
-    #[test]
-    fn figures_are_rounded_for_people() {
-        assert_eq!(ms(Duration::from_nanos(1_304_077)), 1.3);
-        assert_eq!(ms(Duration::from_nanos(1_015_229)).to_string(), "1");
-        assert_eq!(format!("{:?}", ms(Duration::from_nanos(1_690_133))), "1.7");
-        assert_eq!(secs(Duration::from_millis(3_717)), 3.72);
-        assert_eq!(secs(Duration::from_millis(3_700)).to_string(), "3.7");
-        for (d, text) in [
-            (Duration::ZERO, "0ms"),
-            (Duration::from_nanos(40_000), "0ms"),
-            (Duration::from_nanos(1_015_229), "1ms"),
-            (Duration::from_micros(12_345), "12.3ms"),
-            (Duration::from_millis(500), "500ms"),
-            (Duration::from_micros(999_940), "999.9ms"),
-            (Duration::from_micros(999_960), "1s"),
-            (Duration::from_millis(1_500), "1.5s"),
-            (Duration::from_nanos(1_234_567_891), "1.23s"),
-            (Duration::from_secs(300), "300s"),
-        ] {
-            assert_eq!(human(d).to_string(), text, "{d:?}");
-            assert_eq!(format!("{:?}", human(d)), text, "{d:?}");
-        }
     }
 }

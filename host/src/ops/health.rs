@@ -1,5 +1,5 @@
 //! Health: what `/healthz` (liveness) and `/readyz` (readiness) answer on
-//! the admin address (see [`admin`](crate::admin)).
+//! the admin address (see [`admin`](crate::ops::admin)).
 //!
 //! **Liveness** fails (the host should be restarted) only for what a
 //! restart cures, never for an unreachable store: restarting every host

@@ -36,7 +36,7 @@ pub enum World {
 
 macro_rules! file {
     ($path:literal) => {
-        ($path, include_str!(concat!("../../templates/", $path)))
+        ($path, include_str!(concat!("../../../templates/", $path)))
     };
 }
 
@@ -75,27 +75,27 @@ const TEMPLATES: &[(&str, &str)] = &[
 const WIT_DEPS: &[(&str, &str)] = &[
     (
         "wit/deps/baton-leader/leader.wit",
-        include_str!("../../wit/leader.wit"),
+        include_str!("../../../wit/leader.wit"),
     ),
     (
         "wit/deps/clocks-0.2.12/clocks.wit",
-        include_str!("../../wit/deps/clocks-0.2.12/clocks.wit"),
+        include_str!("../../../wit/deps/clocks-0.2.12/clocks.wit"),
     ),
     (
         "wit/deps/clocks-0.3.0/clocks.wit",
-        include_str!("../../wit/deps/clocks-0.3.0/clocks.wit"),
+        include_str!("../../../wit/deps/clocks-0.3.0/clocks.wit"),
     ),
     (
         "wit/deps/io-0.2.12/io.wit",
-        include_str!("../../wit/deps/io-0.2.12/io.wit"),
+        include_str!("../../../wit/deps/io-0.2.12/io.wit"),
     ),
     (
         "wit/deps/http-0.2.12/http.wit",
-        include_str!("../../wit/deps/http-0.2.12/http.wit"),
+        include_str!("../../../wit/deps/http-0.2.12/http.wit"),
     ),
     (
         "wit/deps/cli-0.2.12/cli.wit",
-        include_str!("../../wit/deps/cli-0.2.12/cli.wit"),
+        include_str!("../../../wit/deps/cli-0.2.12/cli.wit"),
     ),
 ];
 

@@ -18,8 +18,8 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use wasmtime_wasi_http::io::TokioIo;
 
-use crate::health::{Health, Verdict};
-use crate::metrics::{self, Metrics};
+use crate::ops::health::{Health, Verdict};
+use crate::ops::metrics::{self, Metrics};
 
 /// How long one connection may take, from accepting it to its last answer.
 pub const CONNECTION_LIMIT: Duration = Duration::from_secs(10);

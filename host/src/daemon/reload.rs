@@ -2,7 +2,7 @@
 //! that changed), what a new configuration may change without a restart,
 //! and the watcher of the configuration file and the plugin files.
 //!
-//! [`serve`](crate::serve) applies a reload: it re-reads the configuration,
+//! [`serve`](crate::daemon::serve) applies a reload: it re-reads the configuration,
 //! refuses it whole if it is broken or changes what needs a restart
 //! ([`needs_restart`]), compiles every new or changed plugin in the
 //! background, and only once all of them can run applies the changes: new
@@ -64,7 +64,7 @@ impl fmt::Display for Cause {
 /// Reads the configuration again, with the command line's overrides.
 pub type Loader = Arc<dyn Fn() -> Result<Config, String> + Send + Sync>;
 
-/// What [`serve`](crate::serve) needs to reload.
+/// What [`serve`](crate::daemon::serve) needs to reload.
 pub struct Reload {
     /// Reads the configuration again.
     pub load: Loader,

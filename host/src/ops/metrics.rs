@@ -1,5 +1,5 @@
 //! Prometheus metrics, served at `/metrics` on the admin address (see
-//! [`admin`](crate::admin)); every name and its meaning is listed in
+//! [`admin`](crate::ops::admin)); every name and its meaning is listed in
 //! `docs/operations.md`.
 //!
 //! One [`Metrics`] per `baton run`, made only when an admin address is
@@ -467,7 +467,7 @@ impl Collector for Read {
             &mut encoder,
             "log_dropped_lines",
             "Log lines dropped because standard error did not keep up",
-            &ConstCounter::new(crate::logging::dropped_lines()),
+            &ConstCounter::new(crate::ops::logging::dropped_lines()),
         )
     }
 }

@@ -3,7 +3,7 @@
 //! time so far), drawn below the log lines with `indicatif` and cleared
 //! when the start-up ends.
 //!
-//! Only the log's writer thread (`baton-log`, see [`crate::logging`]) draws,
+//! Only the log's writer thread (`baton-log`, see [`crate::ops::logging`]) draws,
 //! as it is the only thread that writes to standard error: a terminal on
 //! hold (Ctrl-S, a pty nobody reads) blocks it alone. The host's threads
 //! change the [`Board`] (a mutex held for an assignment, never while
@@ -81,7 +81,7 @@ impl Board {
     }
 }
 
-/// The progress of one start-up, from [`crate::logging::progress`]: nothing
+/// The progress of one start-up, from [`crate::ops::logging::progress`]: nothing
 /// is drawn unless the log set up a display (see the [module
 /// documentation](self)). Ends when [`end`](Progress::end) is called or it
 /// is dropped.

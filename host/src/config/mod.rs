@@ -1,0 +1,491 @@
+//! The TOML configuration: identity, lease store, leases with their
+//! timings, and plugins with their lease, limits and grants.
+//!
+//! Relative paths are resolved against the configuration file's folder.
+//! Every error names the file, and where it can, the line and the field.
+//!
+//! ```toml
+//! # identity = "node-a"          # default: <host name>-<pid>-<random>
+//! # instance-pool = false        # default: true (instances from a pool sized at start)
+//! # admin-address = "127.0.0.1:9090"  # default: none (no /metrics, /healthz, /readyz)
+//! # control-socket = "/run/baton/node-a.sock"  # default: .baton/control/<identity>.sock beside this file
+//! # watch = true                 # default: false (reload on SIGHUP only)
+//!
+//! [store]
+//! kind = "embedded"              # a directory of lease files
+//! dir = "leases"
+//!
+//! [defaults]                     # timings for every lease, unless it overrides them
+//! lease-duration = "15s"
+//! renew-deadline = "10s"
+//! retry-period = "2s"
+//! grace = "3s"
+//! request-timeout = "2s"
+//!
+//! [[lease]]
+//! name = "reconciler"
+//!
+//! [[plugin]]
+//! name = "ticker"
+//! path = "ticker.wasm"
+//! lease = "reconciler"
+//! memory-limit = "64 MiB"
+//! env = { GREETING = "hello" }   # variables the guest sees
+//! inherit-env = ["TZ"]           # host variables passed through by name
+//! dirs = [{ host = "data", guest = "/data", read-only = true }]
+//! connect = ["10.0.0.0/8:5432"]  # where it may connect over TCP
+//! name-lookup = true             # whether it may resolve names
+//! http = ["https://api.example.com", "http://127.0.0.1:8080"]  # where it may send HTTP requests
+//! # or with options: { url = "https://ca.internal", ca = "internal-ca.pem", term-headers = false }
+//! http-limits = { concurrent = 16, request-body = "10 MiB", response-body = "64 MiB", timeout = "30s" }
+//! # the Kubernetes API at http://kubernetes.baton, with the host's credentials
+//! kubernetes = { allow = [{ verbs = ["get", "update"], groups = [""], resources = ["configmaps"], namespaces = ["apps"] }] }
+//! output-rate = "64 KiB"         # guest output per second; the rest is dropped
+//! output-line = "4 KiB"          # the longest line; the rest is cut
+//! send-buffer = "64 KiB"         # what each TCP connection may queue in the kernel
+//! reload = "next-term"           # or "now": a new version hands the lease over at once
+//!
+//! [spread]                       # spreading the leads over the hosts
+//! enabled = true                 # default: on when the host has more than one lease
+//! head-start = "1s"              # the preferred host's head start after a release
+//! settle = "4s"                  # default: two retry periods of [defaults]
+//! ```
+
+pub mod own_files;
+mod parse;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::election::Timings;
+use crate::election::spread::{DEFAULT_FORGET_AFTER, DEFAULT_HEAD_START, MEMBER_PREFIX, SpreadConfig};
+use crate::runtime::{
+    ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, HttpGrant, HttpLimits, HttpPolicy, KubeGrant, KubeRule,
+    NetworkGrant, OutputLimits, PluginSpec,
+};
+use crate::store::validate_lease_name;
+
+/// A configuration that cannot be used; the message names the file, line
+/// and field at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawConfig {
+    identity: Option<String>,
+    cache_dir: Option<PathBuf>,
+    coredump_dir: Option<PathBuf>,
+    instance_pool: Option<bool>,
+    admin_address: Option<Spanned<toml::Value>>,
+    control_socket: Option<PathBuf>,
+    watch: Option<bool>,
+    store: Option<RawStore>,
+    #[serde(default)]
+    defaults: RawTimings,
+    #[serde(default, rename = "lease")]
+    leases: Vec<RawLease>,
+    #[serde(default, rename = "plugin")]
+    plugins: Vec<RawPlugin>,
+    #[serde(default)]
+    spread: RawSpread,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawSpread {
+    enabled: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    head_start: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    settle: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    forget_after: Option<Duration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, tag = "kind")]
+enum RawStore {
+    #[serde(rename = "embedded")]
+    Embedded { dir: Option<PathBuf> },
+    #[serde(rename = "kubernetes")]
+    Kubernetes {
+        namespace: Option<String>,
+        kubeconfig: Option<PathBuf>,
+        #[serde(default)]
+        labels: BTreeMap<String, String>,
+    },
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore::Embedded { dir: None }
+    }
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawTimings {
+    #[serde(default, with = "humantime_serde")]
+    lease_duration: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    renew_deadline: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    retry_period: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    grace: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    request_timeout: Option<Duration>,
+}
+
+impl RawTimings {
+    /// These timings over `base`'s. An unset request timeout is derived
+    /// from the result: the retry period, capped at half the renew deadline
+    /// (so a renewal that times out leaves room for another).
+    fn over(&self, base: &RawTimings) -> Timings {
+        let d = Timings::default();
+        let renew_deadline = self
+            .renew_deadline
+            .or(base.renew_deadline)
+            .unwrap_or(d.renew_deadline);
+        let retry_period = self.retry_period.or(base.retry_period).unwrap_or(d.retry_period);
+        Timings {
+            lease_duration: self
+                .lease_duration
+                .or(base.lease_duration)
+                .unwrap_or(d.lease_duration),
+            renew_deadline,
+            retry_period,
+            grace: self.grace.or(base.grace).unwrap_or(d.grace),
+            request_timeout: self
+                .request_timeout
+                .or(base.request_timeout)
+                .unwrap_or_else(|| retry_period.min(renew_deadline / 2)),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawLease {
+    name: Spanned<String>,
+    #[serde(flatten)]
+    timings: RawTimings,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawPlugin {
+    name: Spanned<String>,
+    path: Spanned<PathBuf>,
+    lease: Spanned<String>,
+    memory_limit: Option<ByteSize>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    inherit_env: Vec<String>,
+    #[serde(default)]
+    dirs: Vec<RawDir>,
+    #[serde(default)]
+    connect: Vec<Spanned<String>>,
+    #[serde(default)]
+    name_lookup: bool,
+    #[serde(default)]
+    http: Vec<Spanned<RawHttpGrant>>,
+    http_limits: Option<RawHttpLimits>,
+    kubernetes: Option<RawKubeGrant>,
+    output_rate: Option<ByteSize>,
+    output_line: Option<ByteSize>,
+    send_buffer: Option<ByteSize>,
+    #[serde(default)]
+    reload: ReloadMode,
+}
+
+/// When a new version of a plugin (its file or its settings changed, seen
+/// by a reload) runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum ReloadMode {
+    /// From the lease's next term (the default): the running task is left
+    /// alone.
+    #[default]
+    #[serde(rename = "next-term")]
+    NextTerm,
+    /// At once: a host that leads the lease hands it over (its tasks are
+    /// told, then drained; the lease released) and contends again.
+    #[serde(rename = "now")]
+    Now,
+}
+
+/// An `http` grant: an origin, or a table with options.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawHttpGrant {
+    Origin(String),
+    Table(RawHttpGrantTable),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawHttpGrantTable {
+    url: String,
+    ca: Option<PathBuf>,
+    term_headers: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawKubeGrant {
+    kubeconfig: Option<PathBuf>,
+    term_headers: Option<bool>,
+    allow: Vec<RawKubeRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawKubeRule {
+    verbs: Vec<String>,
+    groups: Vec<String>,
+    resources: Vec<String>,
+    namespaces: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawHttpLimits {
+    concurrent: Option<usize>,
+    request_body: Option<ByteSize>,
+    response_body: Option<ByteSize>,
+    #[serde(default, with = "humantime_serde")]
+    timeout: Option<Duration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawDir {
+    host: PathBuf,
+    guest: String,
+    #[serde(default)]
+    read_only: bool,
+}
+
+/// Where leases are kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// A directory on this machine.
+    Embedded {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// `coordination.k8s.io/v1` Lease objects on a Kubernetes API server.
+    Kubernetes {
+        /// The namespace of the Lease objects; `None`: the kubeconfig
+        /// context's namespace, the in-cluster service account's, or
+        /// `default`.
+        namespace: Option<String>,
+        /// The kubeconfig file; `None`: `KUBECONFIG`, `~/.kube/config`, or
+        /// the in-cluster service account.
+        kubeconfig: Option<PathBuf>,
+        /// Labels written on the Lease objects.
+        labels: BTreeMap<String, String>,
+    },
+}
+
+/// One lease and its timings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// The lease's name.
+    pub name: String,
+    /// Its validated timings.
+    pub timings: Timings,
+}
+
+/// One plugin and the lease that gates it.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// What the runtime needs.
+    pub spec: PluginSpec,
+    /// The lease that gates it.
+    pub lease: String,
+    /// When a new version of it runs after a reload.
+    pub reload: ReloadMode,
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file it came from, if any.
+    pub source: Option<PathBuf>,
+    /// This host's identity, unique per process.
+    pub identity: String,
+    /// Whether the identity was set (in the file or on the command line),
+    /// rather than made up at random.
+    pub identity_declared: bool,
+    /// Where compiled code is cached.
+    pub cache_dir: Option<PathBuf>,
+    /// Where a core dump of each trapping instance is written, if anywhere.
+    pub coredump_dir: Option<PathBuf>,
+    /// Whether instances run from a pool of slots sized at start (the
+    /// default; see [`crate::runtime::PoolLimits`]) rather than being
+    /// allocated on demand.
+    pub instance_pool: bool,
+    /// Where the admin endpoints (`/metrics`, `/healthz`, `/readyz`) are
+    /// served; `None`: nowhere (the default). Port 0 picks a free port,
+    /// logged at start.
+    pub admin_address: Option<SocketAddr>,
+    /// The control socket (`baton yield`) as the file sets it
+    /// (`control-socket`); `None`: the default, see
+    /// [`crate::daemon::control::ControlSocket::bind_default`].
+    pub control_socket: Option<PathBuf>,
+    /// Where leases are kept.
+    pub store: StoreConfig,
+    /// Whether the file has a `[store]` section (without one, the store is
+    /// the default: an embedded store beside the file).
+    pub store_declared: bool,
+    /// The leases this host contends for.
+    pub leases: Vec<LeaseConfig>,
+    /// The plugins it runs.
+    pub plugins: Vec<PluginConfig>,
+    /// How the leads are spread over the hosts; `None`: not at all (one
+    /// lease, or turned off).
+    pub spread: Option<SpreadConfig>,
+    /// This host's membership record, kept while spreading, or while a
+    /// plugin asks for the live hosts (`baton:leader@0.2.0`) when not:
+    /// the same settings as `spread`. `None` only when the `[defaults]`
+    /// timings are unsafe and spreading is off.
+    pub membership: Option<SpreadConfig>,
+    /// Whether the host watches its configuration file and plugin files
+    /// and reloads when they change (`watch = true`, or `--watch`).
+    pub watch: bool,
+}
+
+/// The timings of a host's membership record, from the `[defaults]`
+/// timings `base`: half the lease duration (in whole seconds from 2 s up,
+/// as a Kubernetes Lease holds them), so that the other hosts stop counting
+/// a dead host before its leases expire and its leases go to the hosts
+/// that prefer them under the new count; half the renew deadline; the same
+/// retry period; no grace (the record gates no task). Where that breaks
+/// the timing rules, `base` with no grace.
+fn member_timings(base: Timings) -> Timings {
+    let half = base.lease_duration / 2;
+    let lease_duration = if half >= Duration::from_secs(1) {
+        Duration::from_secs(half.as_secs())
+    } else {
+        half
+    };
+    let renew_deadline = lease_duration / 2;
+    let short = Timings {
+        lease_duration,
+        renew_deadline,
+        retry_period: base.retry_period,
+        grace: Duration::ZERO,
+        request_timeout: base.request_timeout.min(renew_deadline / 2),
+    };
+    if short.validate().is_ok() {
+        short
+    } else {
+        Timings {
+            grace: Duration::ZERO,
+            ..base
+        }
+    }
+}
+
+/// A default identity, unique per process: host name, process id and a
+/// random suffix (two processes with one identity would flip-flop).
+pub fn default_identity() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    let suffix: u32 = rand::random::<u32>() & 0xff_ffff;
+    format!("{host}-{}-{suffix:06x}", std::process::id())
+}
+
+/// Checks a Kubernetes namespace name: an RFC 1123 label (at most 63
+/// characters of a-z, 0-9 and '-', starting and ending with a letter or
+/// digit).
+fn validate_namespace(ns: &str) -> Result<(), String> {
+    if ns.len() > 63 || ns.contains('.') || validate_lease_name(ns).is_err() {
+        return Err(format!(
+            "invalid namespace {ns:?}: must be a lowercase RFC 1123 label (at most 63 characters \
+             of a-z, 0-9 and '-', starting and ending with a letter or digit)"
+        ));
+    }
+    Ok(())
+}
+
+/// Reads an admin address: an IP address and a port, such as
+/// `127.0.0.1:9090` or `[::]:9090` (port 0: any free port). The error says
+/// what is wrong (no host names: the address is bound as given).
+pub fn parse_admin_address(text: &str) -> Result<SocketAddr, String> {
+    text.trim().parse::<SocketAddr>().map_err(|_| {
+        format!(
+            "{text:?} is not an IP address and port: write it like \"127.0.0.1:9090\" (this host only), \
+             \"0.0.0.0:9090\" (every IPv4 interface) or \"[::]:9090\"; host names are not resolved"
+        )
+    })
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{}: cannot read the configuration: {e}", path.display())))?;
+        Config::parse(&text, Some(path))
+    }
+
+    /// Parses and validates configuration text; `source` is the file it came
+    /// from (for messages and relative paths). One conversion per section
+    /// ([`parse`]).
+    pub fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
+        let src = parse::Source {
+            file: source.map_or_else(|| "<configuration>".to_owned(), |p| p.display().to_string()),
+            text,
+            base: source
+                .and_then(Path::parent)
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
+        };
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let at = e
+                .span()
+                .map(|s| format!(":{}", line_of(text, s.start)))
+                .unwrap_or_default();
+            ConfigError(format!("{}{at}: {}", src.file, e.message()))
+        })?;
+        let leases = src.leases(&raw)?;
+        let plugins = src.plugins(&raw, &leases)?;
+        let store_declared = raw.store.is_some();
+        let store = src.store(raw.store.take())?;
+        let (membership, spreading) = src.spread(&raw, leases.len())?;
+        let admin_address = src.admin_address(&raw)?;
+        Ok(Config {
+            admin_address,
+            spread: membership.filter(|_| spreading),
+            membership,
+            source: source.map(Path::to_path_buf),
+            identity_declared: raw.identity.is_some(),
+            identity: src.identity(raw.identity)?,
+            cache_dir: raw.cache_dir.map(|d| src.resolve(&d)),
+            coredump_dir: raw.coredump_dir.map(|d| src.resolve(&d)),
+            instance_pool: raw.instance_pool.unwrap_or(true),
+            watch: raw.watch.unwrap_or(false),
+            control_socket: raw.control_socket.map(|p| src.resolve(&p)),
+            store,
+            store_declared,
+            leases,
+            plugins,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

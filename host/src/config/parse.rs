@@ -1,0 +1,502 @@
+//! The conversion of the TOML's raw tables into a [`Config`]: one method
+//! per section, each checking its fields and naming the file, line and
+//! field at fault. Relative paths are taken from the file's folder.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use bytesize::ByteSize;
+
+use super::*;
+
+/// The file being parsed: its name for messages, its text for line
+/// numbers, its folder for relative paths.
+pub(super) struct Source<'a> {
+    pub(super) file: String,
+    pub(super) text: &'a str,
+    pub(super) base: PathBuf,
+}
+
+/// The verbs a `kubernetes` grant's rule may name.
+const VERBS: [&str; 9] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "*",
+];
+
+impl Source<'_> {
+    /// An error at byte `offset` of the text.
+    pub(super) fn err_at(&self, offset: usize, msg: String) -> ConfigError {
+        ConfigError(format!("{}:{}: {msg}", self.file, line_of(self.text, offset)))
+    }
+
+    /// An error of the file as a whole.
+    fn err(&self, msg: String) -> ConfigError {
+        ConfigError(format!("{}: {msg}", self.file))
+    }
+
+    /// `p`, relative to the file's folder unless absolute.
+    pub(super) fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base.join(p)
+        }
+    }
+
+    /// The `[[lease]]` tables, each with its timings over `[defaults]`.
+    pub(super) fn leases(&self, raw: &RawConfig) -> Result<Vec<LeaseConfig>, ConfigError> {
+        let mut leases: Vec<LeaseConfig> = Vec::new();
+        let kubernetes = matches!(raw.store, Some(RawStore::Kubernetes { .. }));
+        for lease in &raw.leases {
+            let name = lease.name.get_ref();
+            let at = lease.name.span().start;
+            validate_lease_name(name)
+                .map_err(|e| self.err_at(at, format!("lease {name:?}: field `name`: {e}")))?;
+            if name.starts_with(MEMBER_PREFIX) {
+                return Err(self.err_at(
+                    at,
+                    format!(
+                        "lease {name:?}: field `name`: names starting with {MEMBER_PREFIX:?} are kept for \
+                         the hosts' membership records"
+                    ),
+                ));
+            }
+            if leases.iter().any(|l| &l.name == name) {
+                return Err(self.err_at(at, format!("lease {name:?} is declared twice")));
+            }
+            let timings = lease.timings.over(&raw.defaults);
+            timings
+                .validate()
+                .map_err(|e| self.err_at(at, format!("lease {name:?}: unsafe timings: {e}")))?;
+            if kubernetes {
+                self.whole_seconds(at, name, timings.lease_duration)?;
+            }
+            leases.push(LeaseConfig {
+                name: name.clone(),
+                timings,
+            });
+        }
+        Ok(leases)
+    }
+
+    /// A Kubernetes Lease holds `leaseDurationSeconds`: `d` must be whole
+    /// seconds.
+    fn whole_seconds(&self, at: usize, name: &str, d: Duration) -> Result<(), ConfigError> {
+        if d.subsec_nanos() == 0 && d.as_secs() <= i32::MAX as u64 {
+            return Ok(());
+        }
+        Err(self.err_at(
+            at,
+            format!(
+                "lease {name:?}: lease-duration {} is not a whole number of seconds: a \
+                 Kubernetes Lease holds leaseDurationSeconds; use {}s or {}s",
+                humantime::format_duration(d),
+                d.as_secs(),
+                d.as_secs() + 1
+            ),
+        ))
+    }
+
+    /// The `[[plugin]]` tables, each under a declared lease.
+    pub(super) fn plugins(
+        &self,
+        raw: &RawConfig,
+        leases: &[LeaseConfig],
+    ) -> Result<Vec<PluginConfig>, ConfigError> {
+        let mut plugins: Vec<PluginConfig> = Vec::new();
+        for p in &raw.plugins {
+            let name = p.name.get_ref();
+            let at = p.name.span().start;
+            self.plugin_name(at, name)?;
+            if plugins.iter().any(|q| &q.spec.name == name) {
+                return Err(self.err_at(at, format!("plugin {name:?} is declared twice")));
+            }
+            self.declared_lease(name, &p.lease, leases)?;
+            plugins.push(PluginConfig {
+                spec: PluginSpec {
+                    name: name.clone(),
+                    path: self.resolve(p.path.get_ref()),
+                    memory_limit: self.memory_limit(at, name, p)?,
+                    env: env_of(name, p),
+                    dirs: self.dirs(p),
+                    network: self.network(name, p)?,
+                    http: self.http(at, name, p)?,
+                    output: self.output(at, name, p)?,
+                    send_buffer: self.send_buffer(at, name, p)?,
+                },
+                lease: p.lease.get_ref().clone(),
+                reload: p.reload,
+            });
+        }
+        Ok(plugins)
+    }
+
+    /// A plugin's name: lease records list plugins by name.
+    fn plugin_name(&self, at: usize, name: &str) -> Result<(), ConfigError> {
+        if name.is_empty() {
+            return Err(self.err_at(at, "plugin: field `name` is empty".into()));
+        }
+        if name.contains(',') || name.chars().any(char::is_control) {
+            return Err(self.err_at(
+                at,
+                format!(
+                    "plugin {name:?}: field `name`: no commas or control characters (lease records list plugins by name)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The plugin's `lease` names a declared `[[lease]]`.
+    fn declared_lease(
+        &self,
+        name: &str,
+        lease: &toml::Spanned<String>,
+        leases: &[LeaseConfig],
+    ) -> Result<(), ConfigError> {
+        let wanted = lease.get_ref();
+        if leases.iter().any(|l| &l.name == wanted) {
+            return Ok(());
+        }
+        let declared: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
+        let declared = if declared.is_empty() {
+            "none".to_owned()
+        } else {
+            declared.join(", ")
+        };
+        Err(self.err_at(
+            lease.span().start,
+            format!(
+                "plugin {name:?}: field `lease`: lease {wanted:?} is not declared in a [[lease]] table \
+                 (declared: {declared})"
+            ),
+        ))
+    }
+
+    /// `dirs`: host folders relative to the file's.
+    fn dirs(&self, p: &RawPlugin) -> Vec<DirGrant> {
+        p.dirs
+            .iter()
+            .map(|d| DirGrant {
+                host: self.resolve(&d.host),
+                guest: d.guest.clone(),
+                read_only: d.read_only,
+            })
+            .collect()
+    }
+
+    /// `connect` and `name-lookup`.
+    fn network(&self, name: &str, p: &RawPlugin) -> Result<NetworkGrant, ConfigError> {
+        let mut connect = Vec::new();
+        for grant in &p.connect {
+            let parsed = grant.get_ref().parse::<ConnectGrant>().map_err(|e| {
+                self.err_at(
+                    grant.span().start,
+                    format!("plugin {name:?}: field `connect`: {e}"),
+                )
+            })?;
+            connect.push(parsed);
+        }
+        Ok(NetworkGrant {
+            connect,
+            name_lookup: p.name_lookup,
+        })
+    }
+
+    /// `http`, `http-limits` and `kubernetes`.
+    fn http(&self, at: usize, name: &str, p: &RawPlugin) -> Result<HttpPolicy, ConfigError> {
+        let mut grants = Vec::new();
+        for grant in &p.http {
+            let field_err =
+                |e: String| self.err_at(grant.span().start, format!("plugin {name:?}: field `http`: {e}"));
+            let parsed = match grant.get_ref() {
+                RawHttpGrant::Origin(url) => url.parse::<HttpGrant>().map_err(field_err)?,
+                RawHttpGrant::Table(t) => {
+                    let mut g = t.url.parse::<HttpGrant>().map_err(field_err)?;
+                    g.ca = t.ca.as_deref().map(|ca| self.resolve(ca));
+                    g.term_headers = t.term_headers.unwrap_or(true);
+                    g
+                }
+            };
+            grants.push(parsed);
+        }
+        let limits = self.http_limits(at, name, p)?;
+        let http = HttpPolicy::new(&grants, limits)
+            .map_err(|e| self.err_at(at, format!("plugin {name:?}: field `http`: {e}")))?;
+        match &p.kubernetes {
+            Some(k) => Ok(http.with_kubernetes(self.kubernetes(at, name, k)?)),
+            None => Ok(http),
+        }
+    }
+
+    /// `http-limits`, each field defaulted.
+    fn http_limits(&self, at: usize, name: &str, p: &RawPlugin) -> Result<HttpLimits, ConfigError> {
+        let defaults = HttpLimits::default();
+        let limits = match &p.http_limits {
+            None => defaults,
+            Some(l) => HttpLimits {
+                concurrent: l.concurrent.unwrap_or(defaults.concurrent),
+                request_body: l.request_body.map_or(defaults.request_body, |b| b.as_u64()),
+                response_body: l.response_body.map_or(defaults.response_body, |b| b.as_u64()),
+                timeout: l.timeout.unwrap_or(defaults.timeout),
+            },
+        };
+        if limits.concurrent == 0 || limits.timeout.is_zero() {
+            return Err(self.err_at(
+                at,
+                format!(
+                    "plugin {name:?}: field `http-limits`: `concurrent` and `timeout` must be above zero \
+                     (to refuse every request, grant no `http`)"
+                ),
+            ));
+        }
+        Ok(limits)
+    }
+
+    /// The `kubernetes` grant: its rules, each naming verbs, groups,
+    /// resources and namespaces.
+    fn kubernetes(&self, at: usize, name: &str, k: &RawKubeGrant) -> Result<KubeGrant, ConfigError> {
+        let mut rules = Vec::new();
+        for (i, r) in k.allow.iter().enumerate() {
+            let field = |what: &str| format!("plugin {name:?}: field `kubernetes.allow[{i}].{what}`");
+            if let Some(v) = r.verbs.iter().find(|v| !VERBS.contains(&v.as_str())) {
+                return Err(self.err_at(
+                    at,
+                    format!(
+                        "{}: {v:?} is not a verb: use {}",
+                        field("verbs"),
+                        VERBS.join(", ")
+                    ),
+                ));
+            }
+            for (what, list) in [
+                ("verbs", &r.verbs),
+                ("groups", &r.groups),
+                ("resources", &r.resources),
+                ("namespaces", &r.namespaces),
+            ] {
+                if list.is_empty() {
+                    return Err(self.err_at(
+                        at,
+                        format!(
+                            "{}: empty, which allows nothing (`\"*\"` allows any; the core group is `\"\"`)",
+                            field(what)
+                        ),
+                    ));
+                }
+            }
+            rules.push(KubeRule {
+                verbs: r.verbs.clone(),
+                groups: r.groups.clone(),
+                resources: r.resources.clone(),
+                namespaces: r.namespaces.clone(),
+            });
+        }
+        Ok(KubeGrant {
+            rules,
+            kubeconfig: k.kubeconfig.as_deref().map(|p| self.resolve(p)),
+            term_headers: k.term_headers.unwrap_or(true),
+        })
+    }
+
+    /// `memory-limit`: 1 MiB at least.
+    fn memory_limit(&self, at: usize, name: &str, p: &RawPlugin) -> Result<u64, ConfigError> {
+        let limit = p.memory_limit.map_or(DEFAULT_MEMORY_LIMIT, |m| m.as_u64());
+        if limit < ByteSize::mib(1).as_u64() {
+            return Err(self.err_at(at, format!("plugin {name:?}: field `memory-limit`: below 1 MiB")));
+        }
+        Ok(limit)
+    }
+
+    /// `output-rate` and `output-line`.
+    fn output(&self, at: usize, name: &str, p: &RawPlugin) -> Result<OutputLimits, ConfigError> {
+        let defaults = OutputLimits::default();
+        let output = OutputLimits {
+            bytes_per_second: p.output_rate.map_or(defaults.bytes_per_second, |r| r.as_u64()),
+            line: p.output_line.map_or(defaults.line, |l| {
+                usize::try_from(l.as_u64()).unwrap_or(usize::MAX)
+            }),
+        };
+        if output.line > crate::runtime::output::MAX_OUTPUT_LINE {
+            return Err(self.err_at(
+                at,
+                format!(
+                    "plugin {name:?}: field `output-line`: at most {} KiB (longer lines are cut)",
+                    crate::runtime::output::MAX_OUTPUT_LINE / 1024
+                ),
+            ));
+        }
+        if output.bytes_per_second == 0 || output.line == 0 {
+            return Err(self.err_at(
+                at,
+                format!(
+                    "plugin {name:?}: fields `output-rate` and `output-line` must be above zero \
+                     (to silence a plugin, filter its log target: BATON_LOG=info,guest=off)"
+                ),
+            ));
+        }
+        Ok(output)
+    }
+
+    /// `send-buffer`: between 4 KiB and 64 MiB.
+    fn send_buffer(&self, at: usize, name: &str, p: &RawPlugin) -> Result<u64, ConfigError> {
+        let send_buffer = p
+            .send_buffer
+            .map_or(crate::runtime::connections::DEFAULT_SEND_BUFFER, |b| b.as_u64());
+        if (4 << 10..=64 << 20).contains(&send_buffer) {
+            return Ok(send_buffer);
+        }
+        Err(self.err_at(
+            at,
+            format!(
+                "plugin {name:?}: field `send-buffer`: {} is not between 4 KiB and 64 MiB \
+                 (what each TCP connection may queue in the kernel)",
+                ByteSize::b(send_buffer)
+            ),
+        ))
+    }
+
+    /// `[store]`: the embedded store by default, in `.baton/leases` beside
+    /// the file.
+    pub(super) fn store(&self, raw: Option<RawStore>) -> Result<StoreConfig, ConfigError> {
+        match raw.unwrap_or_default() {
+            RawStore::Embedded { dir } => Ok(StoreConfig::Embedded {
+                dir: dir
+                    .map(|d| self.resolve(&d))
+                    .unwrap_or_else(|| self.base.join(".baton").join("leases")),
+            }),
+            RawStore::Kubernetes {
+                namespace,
+                kubeconfig,
+                labels,
+            } => {
+                if let Some(ns) = &namespace {
+                    validate_namespace(ns)
+                        .map_err(|e| self.err(format!("[store]: field `namespace`: {e}")))?;
+                }
+                self.labels(&labels)?;
+                Ok(StoreConfig::Kubernetes {
+                    namespace,
+                    kubeconfig: kubeconfig.map(|p| self.resolve(&p)),
+                    labels,
+                })
+            }
+        }
+    }
+
+    /// `[store] labels`: valid, and not baton's own.
+    fn labels(&self, labels: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+        for (k, v) in labels {
+            if k.is_empty() || k.len() > 316 || v.len() > 63 {
+                return Err(self.err(format!(
+                    "[store]: field `labels`: invalid label {k:?} = {v:?}: keys are \
+                     non-empty, values at most 63 characters"
+                )));
+            }
+            if k == crate::store::kube::ROLE_LABEL {
+                return Err(self.err(format!(
+                    "[store]: field `labels`: {k:?} is baton's own label (every Lease \
+                     it writes carries {k}={}; its watch selects its Leases by it): choose \
+                     another key",
+                    crate::store::kube::LEASE_ROLE
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `[spread]`: the membership records' settings (`None` if the
+    /// defaults' timings are unsafe and nothing spreads), and whether the
+    /// leads are spread (by default with more than one lease).
+    pub(super) fn spread(
+        &self,
+        raw: &RawConfig,
+        leases: usize,
+    ) -> Result<(Option<SpreadConfig>, bool), ConfigError> {
+        let spreading = raw.spread.enabled.unwrap_or(leases > 1);
+        let base = RawTimings::default().over(&raw.defaults);
+        if let Err(e) = base.validate() {
+            if spreading {
+                return Err(self.err(format!(
+                    "[defaults]: unsafe timings (the hosts' membership records derive theirs from them): {e}"
+                )));
+            }
+            return Ok((None, false));
+        }
+        let head_start = raw.spread.head_start.unwrap_or(DEFAULT_HEAD_START);
+        if head_start.is_zero() || head_start >= base.lease_duration {
+            return Err(self.err(format!(
+                "[spread]: field `head-start`: {} must be above zero and below the \
+                 lease duration ({}): a released lease whose preferred host is absent waits that \
+                 long, which should never exceed what a crashed holder costs",
+                humantime::format_duration(head_start),
+                humantime::format_duration(base.lease_duration)
+            )));
+        }
+        let forget_after = raw.spread.forget_after.unwrap_or(DEFAULT_FORGET_AFTER);
+        if forget_after.is_zero() {
+            return Err(self.err(
+                "[spread]: field `forget-after`: must be above zero: the membership \
+                 record of a host gone that long is deleted"
+                    .to_owned(),
+            ));
+        }
+        let membership = SpreadConfig {
+            forget_after,
+            member_timings: member_timings(base),
+            head_start,
+            settle: raw.spread.settle.unwrap_or(base.retry_period * 2),
+        };
+        Ok((Some(membership), spreading))
+    }
+
+    /// `admin-address`, if set: a string like `"127.0.0.1:9090"`.
+    pub(super) fn admin_address(&self, raw: &RawConfig) -> Result<Option<SocketAddr>, ConfigError> {
+        let Some(a) = &raw.admin_address else {
+            return Ok(None);
+        };
+        let parsed = match a.get_ref() {
+            toml::Value::String(text) => parse_admin_address(text),
+            other => Err(format!(
+                "must be a string like \"127.0.0.1:9090\" (found: {})",
+                other.type_str()
+            )),
+        };
+        parsed
+            .map(Some)
+            .map_err(|e| self.err_at(a.span().start, format!("field `admin-address`: {e}")))
+    }
+
+    /// `identity`: not empty; a unique default when left out.
+    pub(super) fn identity(&self, raw: Option<String>) -> Result<String, ConfigError> {
+        match raw {
+            Some(i) if i.trim().is_empty() => {
+                Err(self.err("field `identity` is empty (leave it out for a unique default)".to_owned()))
+            }
+            Some(i) => Ok(i),
+            None => Ok(default_identity()),
+        }
+    }
+}
+
+/// `env` and the host's variables named in `inherit-env` (a variable not
+/// set on the host is left out, with a warning).
+fn env_of(name: &str, p: &RawPlugin) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    for var in &p.inherit_env {
+        match std::env::var(var) {
+            Ok(v) => env.push((var.clone(), v)),
+            Err(_) => {
+                tracing::warn!(plugin = %name, variable = %var, "inherit-env: not set on the host; not passed")
+            }
+        }
+    }
+    env
+}

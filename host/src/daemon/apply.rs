@@ -1,0 +1,265 @@
+//! A reload applied to the running [`Daemon`]: the new configuration read
+//! and checked against the running one, every new or changed plugin
+//! compiled, and only if all of that succeeds the changes made (what may
+//! change and what needs a restart: [`reload`](super::reload)).
+//!
+//! Invariant: a plugin removed from a lease, or moved to another, starts
+//! again (under any lease) only once its old supervisor has returned, so
+//! that no two tasks of it run on this host at once; across hosts, a
+//! plugin moved to another lease starts only once no other lease claims it
+//! ([`crate::election::claims`]).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::leases::{handover_bound, spec_key, wanted_spread};
+use super::reload;
+use super::serve::Daemon;
+use crate::config::{Config, PluginConfig, ReloadMode};
+use crate::election::Intent;
+use crate::runtime::Plugin;
+
+/// A new or changed plugin, compiled: its configuration, its file's
+/// content hash, the plugin.
+type Fresh = (PluginConfig, Option<u64>, Arc<Plugin>);
+
+impl Daemon {
+    /// One reload: `Ok(None)`: nothing changed; `Ok(Some(new))`: applied;
+    /// `Err`: refused (nothing changed), and why.
+    pub(super) async fn reload_once(
+        &mut self,
+        cause: &reload::Cause,
+        load: &reload::Loader,
+    ) -> Result<Option<Config>, String> {
+        tracing::info!(cause = %cause, "reloading: reading the configuration and plugin files again");
+        let new = self.read_again(load).await?;
+        let why = self.refusals(&new);
+        if !why.is_empty() {
+            let file = new
+                .source
+                .as_ref()
+                .map(|f| f.display().to_string())
+                .unwrap_or_default();
+            return Err(format!("{file}: {}", why.join("; ")));
+        }
+        let fresh = self.compile_changed(&new).await?;
+        let old = &self.config;
+        let lease_changes = old.leases != new.leases;
+        let spread_changes = old.spread != new.spread || old.membership != new.membership;
+        if fresh.is_empty() && !lease_changes && !spread_changes && self.plugins.len() == new.plugins.len() {
+            tracing::info!(cause = %cause, "reload: nothing changed");
+            return Ok(Some(new));
+        }
+        let summary = self.apply(&new, fresh).await;
+        tracing::info!(cause = %cause, changes = %summary.join("; "), "reload applied");
+        Ok(Some(new))
+    }
+
+    /// Reads the configuration again, off the runtime's threads.
+    async fn read_again(&self, load: &reload::Loader) -> Result<Config, String> {
+        let load = load.clone();
+        let mut new = tokio::task::spawn_blocking(move || load())
+            .await
+            .map_err(|e| format!("reading the configuration panicked: {e}"))??;
+        if !new.identity_declared && !self.config.identity_declared {
+            // Made up at random each time it is read: the running one stays.
+            new.identity = self.config.identity.clone();
+        }
+        Ok(new)
+    }
+
+    /// Why `new` cannot be applied now; empty if it can.
+    fn refusals(&self, new: &Config) -> Vec<String> {
+        let mut why = reload::needs_restart(&self.config, new, &self.fixed);
+        // A lease a reload removed is contended for again only once its
+        // elector has handed it over and returned.
+        for lease in &new.leases {
+            if self.runs.get(&lease.name).is_some_and(|r| r.retiring) {
+                why.push(format!(
+                    "lease {:?} is still being handed over after a reload removed it; reload again once \
+                     \"lease removed by a reload\" is logged",
+                    lease.name
+                ));
+            }
+        }
+        let fixed = &self.fixed;
+        if let Err(e) =
+            crate::config::own_files::check_grants(new, &fixed.cache_dir, fixed.control_socket.as_deref())
+        {
+            why.push(e);
+        }
+        why
+    }
+
+    /// Compiles every plugin of `new` that is new, changed (file, lease or
+    /// settings), before anything changes.
+    async fn compile_changed(&self, new: &Config) -> Result<Vec<Fresh>, String> {
+        let mut fresh = Vec::new();
+        for p in &new.plugins {
+            let hash = reload::content_hash(&p.spec.path);
+            if let Some(r) = self.plugins.get(&p.spec.name)
+                && r.lease == p.lease
+                && r.spec == spec_key(p)
+                && hash.is_some()
+                && r.hash == hash
+            {
+                continue;
+            }
+            let (rt, spec) = (self.runtime.clone(), p.spec.clone());
+            let started_at = std::time::Instant::now();
+            let plugin = tokio::task::spawn_blocking(move || rt.load(&spec))
+                .await
+                .map_err(|e| format!("plugin {:?}: loading it panicked: {e}", p.spec.name))?
+                .map_err(|e| e.to_string())?;
+            tracing::info!(plugin = %p.spec.name, lease = %p.lease, world = plugin.wit_world(), load_ms = crate::support::rounding::ms(started_at.elapsed()), "new plugin version loaded");
+            // What was compiled, which may be newer than what was hashed.
+            let hash = Some(plugin.content_hash());
+            fresh.push((p.clone(), hash, Arc::new(plugin)));
+        }
+        Ok(fresh)
+    }
+
+    /// Applies `new`, whose new and changed plugins are `fresh`. Nothing
+    /// here fails. Returns what changed, in words.
+    async fn apply(&mut self, new: &Config, fresh: Vec<Fresh>) -> Vec<String> {
+        let mut summary = Vec::new();
+        let mut handover = BTreeSet::new();
+        self.remove_leases(new, &mut summary);
+        self.remove_plugins(new, &mut handover, &mut summary);
+        self.change_timings(new, &mut summary);
+        self.add_leases(new, &mut summary);
+        self.add_plugins(fresh, &mut handover, &mut summary);
+        self.hand_over(handover);
+        // Spreading, for the leases and plugins as they are now: the
+        // spreader is replaced if it should do something else.
+        let wanted = wanted_spread(new, &self.runs, &self.plugins);
+        if let Some(what) = self.started.respread(wanted, &self.runs).await {
+            summary.push(what.to_owned());
+        }
+        summary
+    }
+
+    /// Leases `new` has not: handed over (drain, release), then no longer
+    /// contended for.
+    fn remove_leases(&mut self, new: &Config, summary: &mut Vec<String>) {
+        for (name, run) in self.runs.iter_mut() {
+            if !run.retiring && !new.leases.iter().any(|l| &l.name == name) {
+                run.retiring = true;
+                self.started.removed_lease(name, run);
+                if let Some(h) = &self.started.health {
+                    h.unwatch_lease(name);
+                }
+                summary.push(format!("lease {name} removed"));
+            }
+        }
+    }
+
+    /// Plugins `new` has not under the same lease (removed, or moved): no
+    /// new term of them; a lease that runs one now is handed over so that
+    /// it stops.
+    fn remove_plugins(&mut self, new: &Config, handover: &mut BTreeSet<String>, summary: &mut Vec<String>) {
+        let moved: Vec<String> = self
+            .plugins
+            .iter()
+            .filter(|(name, r)| {
+                !new.plugins
+                    .iter()
+                    .any(|p| &p.spec.name == *name && p.lease == r.lease)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        self.retired.retain(|_, gone| !gone.is_cancelled());
+        for name in moved {
+            let r = self.plugins.remove(&name).expect("present");
+            self.retired.insert(name.clone(), r.gone.clone());
+            handover.insert(r.lease.clone());
+            summary.push(format!("plugin {name} removed from lease {}", r.lease));
+        }
+    }
+
+    /// New timings: from each lease's next term.
+    fn change_timings(&mut self, new: &Config, summary: &mut Vec<String>) {
+        for lease in &new.leases {
+            if let Some(run) = self.runs.get_mut(&lease.name).filter(|r| !r.retiring)
+                && run.timings != lease.timings
+            {
+                run.timings = lease.timings;
+                run.new_timings.send_replace(lease.timings);
+                run.handover_bound = run.handover_bound.max(handover_bound(&lease.timings));
+                summary.push(format!("lease {}: new timings from its next term", lease.name));
+            }
+        }
+    }
+
+    /// Leases new in `new`: contended for (deferring at first when the
+    /// leads are spread).
+    fn add_leases(&mut self, new: &Config, summary: &mut Vec<String>) {
+        for lease in &new.leases {
+            if !self.runs.contains_key(&lease.name) {
+                let run = self.started.added_lease(lease, new.spread.as_ref());
+                self.runs.insert(lease.name.clone(), run);
+                summary.push(format!("lease {} added", lease.name));
+            }
+        }
+    }
+
+    /// New and changed plugins: a changed one runs its new version from its
+    /// lease's next term (or at once, handing the lease over, with
+    /// `reload = "now"`); a new one (or one moved here) starts once its
+    /// old supervisor, if any, has returned.
+    fn add_plugins(&mut self, fresh: Vec<Fresh>, handover: &mut BTreeSet<String>, summary: &mut Vec<String>) {
+        for (p, hash, plugin) in fresh {
+            let name = p.spec.name.clone();
+            if let Some(r) = self.plugins.get_mut(&name) {
+                r.version.send_replace(plugin);
+                r.spec = spec_key(&p);
+                r.hash = hash;
+                let when = match p.reload {
+                    ReloadMode::NextTerm => "from the lease's next term",
+                    ReloadMode::Now => {
+                        handover.insert(p.lease.clone());
+                        "at once (reload = \"now\": the lease is handed over and contended for again)"
+                    }
+                };
+                tracing::info!(plugin = %name, lease = %p.lease, reload = ?p.reload, "plugin changed: its new version runs {when}");
+                summary.push(format!("plugin {name} changed"));
+                continue;
+            }
+            let Some(run) = self.runs.get_mut(&p.lease) else {
+                continue;
+            };
+            let after = self.retired.get(&name).filter(|g| !g.is_cancelled()).cloned();
+            let supervised = self.started.plugin(run, &p, plugin, hash, after);
+            self.plugins.insert(name.clone(), supervised);
+            summary.push(format!("plugin {name} added to lease {}", p.lease));
+        }
+    }
+
+    /// Hands each lease of `leases` led here over, and contends for it
+    /// again: its tasks are told, then drained, and the lease released.
+    fn hand_over(&self, leases: BTreeSet<String>) {
+        for lease in leases {
+            let Some(run) = self.runs.get(&lease).filter(|r| !r.retiring) else {
+                continue;
+            };
+            let Some(term) = run.view.borrow().leading_term().map(|t| t.number()) else {
+                continue;
+            };
+            let until = tokio::time::Instant::now() + run.timings.retry_period;
+            let set = run.intent.send_if_modified(|intent| {
+                if *intent == Intent::Stop {
+                    return false;
+                }
+                *intent = Intent::StandBy { until };
+                true
+            });
+            if set {
+                tracing::info!(
+                    lease,
+                    term,
+                    "reload: handing the lease over (its tasks are told, then drained; the lease released) and contending for it again"
+                );
+            }
+        }
+    }
+}

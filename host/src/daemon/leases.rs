@@ -1,0 +1,473 @@
+//! The leases and plugins `baton run` serves: one elector per lease on the
+//! election runtime, one supervisor per plugin, and the spreader, started
+//! at start-up and by reloads ([`Started`]), with what each needs to be
+//! handed over, removed or changed later ([`LeaseRun`], [`PluginRun`]).
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, LeaseConfig, PluginConfig};
+use crate::daemon::control::{ControlledLease, SharedLeases};
+use crate::election::LeaseClaims;
+use crate::election::spread::{LeaseChange, SpreadConfig, Spreader, SteeredLease, unsteer};
+use crate::election::{
+    ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Hosts, Intent, LeaseView,
+    TermClock, Timings,
+};
+use crate::ops::health::Health;
+use crate::runtime::Plugin;
+use crate::store::LeaseStore;
+use crate::supervisor::{Admission, TaskObserver, run_leader_tasks_of};
+
+/// One lease being served.
+pub(super) struct LeaseRun {
+    pub(super) intent: watch::Sender<Intent>,
+    pub(super) view: watch::Receiver<LeaseView>,
+    pub(super) supervisors: JoinSet<()>,
+    pub(super) timings: Timings,
+    /// Where a reload sends new timings (for the next term).
+    pub(super) new_timings: watch::Sender<Timings>,
+    /// How long its elector may take to hand the lease over at shutdown,
+    /// by the longest timings it had: after a reload the current term
+    /// keeps the timings it began with, which may be the longer ones.
+    pub(super) handover_bound: Duration,
+    /// Its elector has returned.
+    pub(super) ended: bool,
+    /// A reload removed it: its elector hands it over and returns.
+    pub(super) retiring: bool,
+    /// The plugins this host claims under it (see
+    /// [`crate::election::claims`]).
+    pub(super) claims: LeaseClaims,
+}
+
+/// How long an elector with timings `t` may take to hand its lease over
+/// (drain, release); see [`DRAIN_ALLOWANCE`]. Only a bug makes one take
+/// longer.
+pub(super) fn handover_bound(t: &Timings) -> Duration {
+    t.grace + t.renew_deadline + DRAIN_ALLOWANCE + t.request_timeout * 2
+}
+
+impl LeaseRun {
+    /// Its elector failed: says so, and ends its term (the tasks are told,
+    /// then stopped by force); the lease is not released.
+    pub(super) fn failed(&mut self, lease: &str, reason: &str, clock: &TermClock) {
+        self.ended = true;
+        tracing::error!(
+            lease,
+            reason,
+            "an elector failed: its lease's tasks are stopped and the lease is not released; baton will exit with status 1"
+        );
+        let term = self.view.borrow().term.clone();
+        if let Some(term) = term {
+            term.end(clock.now());
+        }
+    }
+
+    /// Waits for the lease's supervisors to return (each returns once its
+    /// task is gone and the elector is), at most until the current term's
+    /// force-stop time plus [`DRAIN_ALLOWANCE`]. `false` if they did not.
+    pub(super) async fn wait_for_tasks(&mut self, lease: &str, clock: &TermClock) -> bool {
+        let term = self.view.borrow().term.clone();
+        let left = term.map_or(self.timings.grace, |t| t.stop_at() - clock.now()) + DRAIN_ALLOWANCE;
+        let all = async { while self.supervisors.join_next().await.is_some() {} };
+        if tokio::time::timeout(left, all).await.is_err() {
+            tracing::error!(
+                lease,
+                tasks = self.supervisors.len(),
+                "leader tasks are not confirmed stopped"
+            );
+            self.supervisors.abort_all();
+            return false;
+        }
+        true
+    }
+}
+
+/// The message of a caught panic.
+pub(super) fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+/// What starting a lease or a plugin needs, kept for reloads.
+pub(super) struct Started {
+    pub(super) store: Arc<dyn LeaseStore>,
+    pub(super) clock: TermClock,
+    pub(super) election: tokio::runtime::Handle,
+    pub(super) election_observer: Arc<dyn ElectionObserver>,
+    pub(super) task_observer: Arc<dyn TaskObserver>,
+    pub(super) health: Option<Arc<Health>>,
+    pub(super) identity: String,
+    pub(super) ended: mpsc::UnboundedSender<(String, Result<(), String>)>,
+    /// Where a spreader publishes the live hosts (for guests).
+    pub(super) hosts: watch::Sender<Hosts>,
+    /// The running spreader, if any.
+    pub(super) spread: Option<Spreading>,
+    /// Checks, before a plugin's task starts, that no other lease claims
+    /// the plugin.
+    pub(super) gate: Arc<ClaimGate>,
+}
+
+/// A running spreader (see [`Started::respread`]).
+pub(super) struct Spreading {
+    /// Its settings.
+    pub(super) cfg: SpreadConfig,
+    /// Where a reload sends the leases it adds and removes, if it steers
+    /// the leases (otherwise it only keeps the membership record, for
+    /// plugins that count the live hosts).
+    pub(super) changes: Option<mpsc::UnboundedSender<LeaseChange>>,
+    /// Stops it: it releases the membership record and returns.
+    pub(super) stop: CancellationToken,
+    pub(super) task: tokio::task::JoinHandle<()>,
+}
+
+impl Spreading {
+    /// What it does: its settings, and whether it steers the leases.
+    pub(super) fn does(&self) -> (SpreadConfig, bool) {
+        (self.cfg, self.changes.is_some())
+    }
+}
+
+/// The spreader `config` calls for, for the leases of `runs` and the
+/// plugins of `plugins`: see [`spread_for`].
+pub(super) fn wanted_spread(
+    config: &Config,
+    runs: &BTreeMap<String, LeaseRun>,
+    plugins: &BTreeMap<String, PluginRun>,
+) -> Option<(SpreadConfig, bool)> {
+    let serving = runs.values().any(|r| !r.retiring);
+    let wants_hosts = plugins.values().any(|p| p.version.borrow().uses_hosts());
+    spread_for(config, serving, wants_hosts)
+}
+
+/// The spreader `config` calls for, the same rule at start and after every
+/// reload: its settings and whether it steers the leases (spreading on:
+/// `[spread]`, by default with more than one lease), or, with spreading
+/// off, one that only keeps the membership record while a plugin counts
+/// the live hosts (`wants_hosts`); none while the host serves no lease
+/// (its record would count it among the hosts that share the leads).
+pub(super) fn spread_for(config: &Config, serving: bool, wants_hosts: bool) -> Option<(SpreadConfig, bool)> {
+    if !serving {
+        return None;
+    }
+    match config.spread {
+        Some(cfg) => Some((cfg, true)),
+        None => config.membership.filter(|_| wants_hosts).map(|cfg| (cfg, false)),
+    }
+}
+
+impl Started {
+    /// Starts contending for `lease` (its plugins are added with
+    /// [`Started::plugin`]), with the intent `initial` if given.
+    pub(super) fn lease(&self, lease: &LeaseConfig, initial: Option<Intent>) -> LeaseRun {
+        let cfg = ElectorConfig {
+            lease: lease.name.clone(),
+            identity: self.identity.clone(),
+            timings: lease.timings,
+        };
+        // Built inside the election runtime: its subscription's task runs
+        // there.
+        let (mut elector, view, intent) = {
+            let _inside = self.election.enter();
+            Elector::new(cfg, self.store.clone(), self.clock.clone())
+        };
+        if let Some(initial) = initial {
+            intent.send_replace(initial);
+        }
+        elector.set_observer(self.election_observer.clone());
+        let claims = LeaseClaims::new();
+        elector.set_claims(&claims);
+        let (new_timings, timings_rx) = watch::channel(lease.timings);
+        elector.set_timings_source(timings_rx);
+        if let Some(health) = &self.health {
+            health.watch_lease(&lease.name, elector.heartbeat(), view.clone(), self.clock.clone());
+        }
+        let (name, ended_tx) = (lease.name.clone(), self.ended.clone());
+        self.election.spawn(async move {
+            // Ok: it returned as told; Err: why it failed (its own error or
+            // a panic).
+            let result = match AssertUnwindSafe(elector.run()).catch_unwind().await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(panic) => Err(format!("it panicked: {}", panic_message(panic))),
+            };
+            let _ = ended_tx.send((name, result));
+        });
+        LeaseRun {
+            intent,
+            view,
+            supervisors: JoinSet::new(),
+            timings: lease.timings,
+            new_timings,
+            handover_bound: handover_bound(&lease.timings),
+            ended: false,
+            retiring: false,
+            claims,
+        }
+    }
+
+    /// Starts contending for `lease`, added by a reload whose
+    /// configuration spreads the leads with the settings `spread`: then
+    /// deferring at first, and steered from its start by the spreader (it
+    /// is told to contend at once if this host prefers the lease). A
+    /// spreader that the reload starts takes it in at its start
+    /// ([`Started::respread`]).
+    pub(super) fn added_lease(&self, lease: &LeaseConfig, spread: Option<&SpreadConfig>) -> LeaseRun {
+        let initial = spread.map(|s| Intent::Defer {
+            head_start: s.head_start,
+        });
+        let run = self.lease(lease, initial);
+        if let Some(changes) = self.spread.as_ref().and_then(|s| s.changes.as_ref()) {
+            let _ = changes.send(LeaseChange::Add(steered(&lease.name, &run)));
+        }
+        run
+    }
+
+    /// Starts a spreader doing `does` (its settings, and whether it steers
+    /// the leases of `runs`).
+    pub(super) fn start_spreader(
+        &self,
+        does: (SpreadConfig, bool),
+        runs: &BTreeMap<String, LeaseRun>,
+    ) -> Spreading {
+        let (cfg, steers) = does;
+        let leases = runs
+            .iter()
+            .filter(|(_, run)| steers && !run.retiring)
+            .map(|(name, run)| steered(name, run))
+            .collect();
+        let spreader = Spreader::new(
+            &self.identity,
+            self.store.clone(),
+            cfg,
+            leases,
+            self.hosts.clone(),
+        );
+        // Leases a reload adds or removes, while it steers.
+        let (spreader, changes) = if steers {
+            let (changes, rx) = mpsc::unbounded_channel();
+            (spreader.follow(rx), Some(changes))
+        } else {
+            (spreader, None)
+        };
+        let stop = CancellationToken::new();
+        let task = self
+            .election
+            .spawn(spreader.run(self.clock.clone(), stop.clone()));
+        Spreading {
+            cfg,
+            changes,
+            stop,
+            task,
+        }
+    }
+
+    /// Makes the running spreader do `wanted` (see [`spread_for`]): at
+    /// start, and after every applied reload. If it does something else (or
+    /// none runs), it is replaced: the old one is stopped and awaited (its
+    /// membership record released), the leases it steered are set back to
+    /// [`Intent::Contend`] if the new one does not steer ([`unsteer`]:
+    /// never over a stop, or a stand-by whose time is not up), and a new
+    /// one is started with the leases of `runs` not being removed. It
+    /// steers them from its first listing; until then they go on with the
+    /// intents they had. Returns what changed, if anything.
+    ///
+    /// Between the two, this host's membership record is released and
+    /// taken again (a few store writes): another host that lists the
+    /// records then sees this host absent, and spreads the leases without
+    /// it until its next listing. That is harmless: spreading decides only
+    /// who tries first for a lease that is free (released, absent or
+    /// expired), never who may take one, so at worst a lease freed in that
+    /// moment goes to a host that does not prefer it and is handed over
+    /// later; and a lease led here is handed over only after the view of
+    /// the live hosts has been steady for the settle time (two retry
+    /// periods), longer than the gap.
+    pub(super) async fn respread(
+        &mut self,
+        wanted: Option<(SpreadConfig, bool)>,
+        runs: &BTreeMap<String, LeaseRun>,
+    ) -> Option<&'static str> {
+        let running = self.spread.as_ref().map(Spreading::does);
+        if running == wanted {
+            return None;
+        }
+        let steered = running.is_some_and(|(_, steers)| steers);
+        let steers = wanted.is_some_and(|(_, steers)| steers);
+        if let Some(old) = self.spread.take() {
+            old.stop.cancel();
+            let _ = old.task.await;
+        }
+        if steered && !steers {
+            for run in runs.values().filter(|r| !r.retiring) {
+                unsteer(&run.intent);
+            }
+        }
+        if wanted.is_none() {
+            // As on a host started without a spreader (no guest asks).
+            self.hosts.send_replace(Hosts::default());
+        }
+        self.spread = wanted.map(|does| self.start_spreader(does, runs));
+        let what = match (steered, steers, wanted) {
+            (false, true, _) => "spreading on",
+            (true, true, _) => "spreading: new settings",
+            (true, false, _) => "spreading off",
+            (false, false, Some(_)) if running.is_some() => "membership record: new settings",
+            (false, false, Some(_)) => "membership record kept: a plugin counts the live hosts",
+            (false, false, None) => "membership record released: no plugin counts the live hosts",
+        };
+        match &self.spread {
+            Some(s) if s.changes.is_some() => {
+                tracing::info!(leases = runs.values().filter(|r| !r.retiring).count(), spreading = %s.cfg, "{what}: the spreader steers the leases from its first listing")
+            }
+            Some(s) => {
+                tracing::info!(spreading = %s.cfg, "{what}: a spreader keeps the membership record, steering no lease")
+            }
+            None => tracing::info!("{what}: no spreader; every lease is contended for"),
+        }
+        Some(what)
+    }
+
+    /// Stops contending for `lease`, removed by a reload: its elector hands
+    /// it over (drain, release) and returns; the spreader no longer steers it.
+    pub(super) fn removed_lease(&self, lease: &str, run: &LeaseRun) {
+        run.intent.send_replace(Intent::Stop);
+        if let Some(changes) = self.spread.as_ref().and_then(|s| s.changes.as_ref()) {
+            let _ = changes.send(LeaseChange::Remove(lease.to_owned()));
+        }
+    }
+
+    /// Runs `plugin` (configured as `p`, its file's content hash `hash`)
+    /// in every term of `run`.
+    pub(super) fn plugin(
+        &self,
+        run: &mut LeaseRun,
+        p: &PluginConfig,
+        plugin: Arc<Plugin>,
+        hash: Option<u64>,
+        after: Option<CancellationToken>,
+    ) -> PluginRun {
+        let (version, versions) = watch::channel(plugin);
+        let gone = CancellationToken::new();
+        let (view, observer, done) = (run.view.clone(), self.task_observer.clone(), gone.clone());
+        let name = p.spec.name.clone();
+        // Claimed from now until no task of it runs here.
+        run.claims.add(&name);
+        let admission = Admission {
+            gate: self.gate.clone(),
+            claims: run.claims.clone(),
+            poll: run.timings.retry_period / 2,
+        };
+        run.supervisors.spawn(async move {
+            let _done = done.drop_guard();
+            let claims = admission.claims.clone();
+            // A plugin of this name that a reload removed (or moved from
+            // another lease) may still run its task in a term that is
+            // being handed over: never beside it.
+            if let Some(before) = after {
+                before.cancelled().await;
+            }
+            run_leader_tasks_of(versions, view, observer, Some(admission)).await;
+            claims.remove(&name);
+        });
+        PluginRun {
+            lease: p.lease.clone(),
+            version,
+            spec: spec_key(p),
+            hash,
+            gone,
+        }
+    }
+}
+
+/// `run`, lease `name`, as a spreader steers it.
+pub(super) fn steered(name: &str, run: &LeaseRun) -> SteeredLease {
+    SteeredLease {
+        name: name.to_owned(),
+        intent: run.intent.clone(),
+        view: run.view.clone(),
+    }
+}
+
+/// One plugin being served.
+pub(super) struct PluginRun {
+    pub(super) lease: String,
+    /// Its current version; dropped, its supervisor returns once its task
+    /// is gone.
+    pub(super) version: watch::Sender<Arc<Plugin>>,
+    /// Its settings as configured (see [`spec_key`]).
+    pub(super) spec: String,
+    /// Its file's content hash when loaded.
+    pub(super) hash: Option<u64>,
+    /// Cancelled once its supervisor has returned: no task of it runs.
+    pub(super) gone: CancellationToken,
+}
+
+/// A plugin's settings, compared by reloads: every field of its spec.
+pub(super) fn spec_key(p: &PluginConfig) -> String {
+    format!("{:?}", p.spec)
+}
+
+/// The control socket's leases: those of `runs` not being removed.
+pub(super) fn sync_controlled(controlled: &SharedLeases, runs: &BTreeMap<String, LeaseRun>) {
+    let leases = runs
+        .iter()
+        .filter(|(_, r)| !r.retiring)
+        .map(|(name, run)| {
+            let lease = ControlledLease {
+                intent: run.intent.clone(),
+                view: run.view.clone(),
+                timings: run.timings,
+                handover_bound: run.handover_bound,
+            };
+            (name.clone(), lease)
+        })
+        .collect();
+    *controlled.write().unwrap_or_else(|e| e.into_inner()) = leases;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Config {
+        Config::parse(text, None).unwrap()
+    }
+
+    #[test]
+    fn the_spreader_wanted_follows_the_configuration_the_leases_and_the_plugins() {
+        let none = "identity = \"a\"\n";
+        let one = format!("{none}[[lease]]\nname = \"x\"\n");
+        let two = format!("{one}[[lease]]\nname = \"y\"\n");
+        let off = format!("{two}[spread]\nenabled = false\n");
+        let on = format!("{one}[spread]\nenabled = true\nsettle = \"9s\"\n");
+        let steers =
+            |text: &str, serving, wants_hosts| spread_for(&cfg(text), serving, wants_hosts).map(|(_, s)| s);
+        // Spreading on (more than one lease, or enabled): it steers.
+        assert_eq!(steers(&two, true, false), Some(true));
+        assert_eq!(steers(&two, true, true), Some(true));
+        let (settings, _) = spread_for(&cfg(&on), true, false).unwrap();
+        assert_eq!(settings.settle, Duration::from_secs(9));
+        // Off (one lease, or disabled): a record only for a plugin that
+        // counts the live hosts, with the same settings, steering nothing.
+        assert_eq!(steers(&one, true, false), None);
+        assert_eq!(steers(&off, true, false), None);
+        assert_eq!(steers(&one, true, true), Some(false));
+        assert_eq!(
+            spread_for(&cfg(&off), true, true),
+            cfg(&two).spread.map(|s| (s, false))
+        );
+        // No lease served (none configured, or all being removed): none.
+        assert_eq!(steers(none, false, true), None);
+        assert_eq!(steers(&two, false, false), None);
+    }
+}

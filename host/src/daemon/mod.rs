@@ -1,0 +1,16 @@
+//! `baton run`: the daemon's wiring. Start-up, the electors and the
+//! supervised tasks, reloads, the control socket, shutdown.
+//!
+//! - [`serve`]: starts everything, runs until shutdown, drains.
+//! - [`reload`]: what a changed configuration changes, what needs a
+//!   restart, the file watcher.
+//! - [`control`]: the control socket (`baton yield`): protocol, server and
+//!   client.
+//! - `leases` and `apply` (private): the leases and plugins served, and a
+//!   reload applied to them.
+
+mod apply;
+pub mod control;
+mod leases;
+pub mod reload;
+pub mod serve;

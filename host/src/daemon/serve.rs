@@ -1,0 +1,892 @@
+//! `baton run`: joins the parts. One elector per lease, one supervisor per
+//! plugin, and an orderly shutdown: tell the tasks, wait for them (grace,
+//! then force), and only then release each lease.
+//!
+//! The electors and the lease store run on a runtime of their own (one
+//! thread, `baton-election`), apart from the guests: a guest that blocks a
+//! worker thread (inline file I/O on a slow disk, a busy loop between two
+//! epoch ticks) cannot delay a renewal or a step-down. The two sides share
+//! only each lease's status channel and its [`Term`](crate::election::Term).
+//!
+//! Electors are supervised: one that panics or ends on its own is reported,
+//! its lease's tasks are stopped, the other leases are handed over as in a
+//! shutdown, and [`serve`] fails, without releasing that lease (so it
+//! expires normally).
+//!
+//! The spreader ([`Spreader`]) runs on the election runtime too, when the
+//! configuration calls for one (`spread_for`): it keeps this host's
+//! membership record and, with spreading on, steers the electors' intents.
+//! A reload that changes what it should do replaces it
+//! (`Started::respread`): the old one is stopped, the leases go back to
+//! contending if the new one does not steer, and the new one steers them
+//! from its first listing; later reloads tell it of added and removed
+//! leases.
+//!
+//! With an admin address configured, it also serves `/metrics`,
+//! `/healthz` and `/readyz` from a thread of its own ([`admin`](crate::ops::admin)):
+//! the electors and supervisors report to [`Metrics`], and [`Health`]
+//! watches both runtimes, every elector's heartbeat and what it publishes.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::leases::{LeaseRun, PluginRun, Started, sync_controlled, wanted_spread};
+use crate::config::{Config, PluginConfig, StoreConfig};
+use crate::daemon::control::{ControlSocket, ControlledHost, SharedLeases};
+use crate::daemon::reload;
+use crate::election::{ClaimGate, Intent, NoObserver, TermClock};
+use crate::ops::admin::AdminServer;
+use crate::ops::health::Health;
+use crate::ops::metrics::Metrics;
+use crate::ops::progress::Progress;
+use crate::runtime::{
+    EngineOptions, Plugin, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
+};
+use crate::store::embedded::EmbeddedStore;
+use crate::store::kube::{KubeOptions, KubeStore};
+use crate::store::{LeaseStore, StoreError, StoreTimings};
+use crate::supervisor::NoTaskObserver;
+use crate::support::rounding::human;
+
+/// Why the host could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The wasm engine could not be set up.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The lease store could not be opened.
+    #[error("{0}")]
+    Store(String),
+    /// No plugin can run (each was reported when it failed to load) and
+    /// every lease has plugins, so no lease is contended for: there is
+    /// nothing to serve, and a supervisor (systemd, Kubernetes) should see
+    /// the host fail.
+    #[error(
+        "none of the {0} configured plugins can run (each is named in the errors above); nothing to serve"
+    )]
+    NothingToRun(usize),
+    /// An elector panicked or ended on its own; its lease's tasks were
+    /// stopped and the lease was not released.
+    #[error(
+        "the elector of lease {lease:?} failed: {reason}; its tasks were stopped and the lease was left to expire"
+    )]
+    ElectorFailed {
+        /// The lease.
+        lease: String,
+        /// The panic message, or what happened.
+        reason: String,
+    },
+    /// Shutting down, some leader tasks could not be confirmed stopped
+    /// (stuck in a host call); their leases were left to expire.
+    #[error("leader tasks of lease(s) {0} could not be confirmed stopped; those leases were left to expire")]
+    TasksNotStopped(String),
+    /// The election's runtime could not be started.
+    #[error("cannot start the election runtime: {0}")]
+    ElectionRuntime(String),
+    /// The admin endpoints could not listen on the configured address.
+    #[error("admin-address {address}: cannot serve /metrics, /healthz and /readyz there: {error}")]
+    Admin {
+        /// The configured address.
+        address: SocketAddr,
+        /// Why not.
+        error: String,
+    },
+    /// The control socket could not be set up.
+    #[error("{0}")]
+    Control(String),
+    /// A plugin's `dirs` grant reaches the host's own files (see
+    /// [`crate::config::own_files`]).
+    #[error("{0}")]
+    Grants(String),
+}
+
+/// How [`serve_opts`] runs, beyond the configuration.
+pub struct ServeOptions {
+    /// The lease store to use instead of the configured one (tests that
+    /// inject store faults).
+    pub store: Option<Arc<dyn LeaseStore>>,
+    /// The clock of term deadlines.
+    pub clock: TermClock,
+    /// Test hook (`baton run --test-stall-election-runtime DELAY`, hidden):
+    /// this long after start, the election runtime's only thread blocks
+    /// for an hour, as a runtime whose worker hangs would. Only for tests
+    /// of `/healthz`: the process is not usable afterwards.
+    pub stall_election_after: Option<Duration>,
+    /// Reloads (SIGHUP, a watched file): see [`crate::daemon::reload`]. `None`:
+    /// none.
+    pub reload: Option<crate::daemon::reload::Reload>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            store: None,
+            clock: TermClock::system(),
+            stall_election_after: None,
+            reload: None,
+        }
+    }
+}
+
+/// The control socket of `config` (see [`crate::daemon::control`]): the one it
+/// sets, or the default one beside its file; none for a configuration
+/// without a file that sets none.
+fn bind_control(config: &Config) -> Result<Option<ControlSocket>, ServeError> {
+    match (&config.control_socket, &config.source) {
+        (Some(path), _) => ControlSocket::bind(path).map(Some),
+        (None, Some(file)) => ControlSocket::bind_default(Some(file), &config.identity),
+        (None, None) => Ok(None),
+    }
+    .map_err(|e| ServeError::Control(e.to_string()))
+}
+
+/// What the admin endpoints of one run serve, when configured (their
+/// server serves until [`serve_opts`] returns).
+struct Ops {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// Opens the configured lease store. For a Kubernetes store this builds
+/// the client (no request is made yet): a Lease with a holder but no
+/// duration is read as the longest configured lease duration, and the
+/// client's connect timeout is the shortest configured request timeout.
+pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeError> {
+    match &config.store {
+        StoreConfig::Embedded { dir } => EmbeddedStore::open(dir)
+            .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
+            .map_err(|e| ServeError::Store(format!("embedded store at {}: {e}", dir.display()))),
+        StoreConfig::Kubernetes {
+            namespace,
+            kubeconfig,
+            labels,
+        } => {
+            let timings = store_timings(config);
+            let options = KubeOptions {
+                namespace: namespace.clone(),
+                kubeconfig: kubeconfig.clone(),
+                labels: labels.clone(),
+                fallback_duration: timings.fallback_duration,
+                request_timeout: timings.request_timeout,
+                watch_timeout_secs: None,
+            };
+            KubeStore::connect(options)
+                .await
+                .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
+                .map_err(|e| match e {
+                    // Not about any one lease.
+                    StoreError::Refused { detail, .. } => {
+                        ServeError::Store(format!("kubernetes store: {detail}"))
+                    }
+                    other => ServeError::Store(format!("kubernetes store: {other}")),
+                })
+        }
+    }
+}
+
+/// What the store derives from the configured leases' timings: the longest
+/// lease duration (read for a record with a holder but no duration) and
+/// the shortest request timeout; the defaults' without leases. Given to the
+/// store when it is opened, and again after every applied reload.
+pub fn store_timings(config: &Config) -> StoreTimings {
+    let defaults = crate::election::Timings::default();
+    let leases = || config.leases.iter().map(|l| l.timings);
+    StoreTimings {
+        fallback_duration: leases()
+            .map(|t| t.lease_duration)
+            .max()
+            .unwrap_or(defaults.lease_duration),
+        request_timeout: leases()
+            .map(|t| t.request_timeout)
+            .min()
+            .unwrap_or(defaults.request_timeout),
+    }
+}
+
+/// Runs the configured leases and plugins until `shutdown` is cancelled,
+/// then drains every task and releases every lease.
+///
+/// A plugin that cannot be loaded is reported (naming it) and left out;
+/// the others run. Returns the number of plugins that failed to load, or
+/// [`ServeError::NothingToRun`] at once if that leaves no lease to contend
+/// for.
+pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize, ServeError> {
+    serve_with(config, None, TermClock::system(), shutdown).await
+}
+
+/// [`serve`], on a given store (instead of the configured one) and clock:
+/// for tests that inject store faults.
+pub async fn serve_with(
+    config: Config,
+    store: Option<Arc<dyn LeaseStore>>,
+    clock: TermClock,
+    shutdown: CancellationToken,
+) -> Result<usize, ServeError> {
+    let options = ServeOptions {
+        store,
+        clock,
+        ..ServeOptions::default()
+    };
+    serve_opts(config, options, shutdown).await
+}
+
+/// [`serve`], with [`ServeOptions`]: the phases of a run, in order.
+pub async fn serve_opts(
+    config: Config,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) -> Result<usize, ServeError> {
+    // First, so that liveness answers while the plugins compile.
+    let (ops, _admin) = start_admin(&config)?;
+    let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let engine = open_engine(&config, &cache_dir)?;
+    // Before anything contends: a host that would share another's socket
+    // does not start.
+    let control = bind_control(&config)?;
+    let control_path = control.as_ref().map(|c| c.path().to_path_buf());
+    check_own_files(&config, &cache_dir, control_path.as_deref())?;
+    let election = ElectionRuntime::start()?;
+    election.watched(ops.as_ref(), options.stall_election_after);
+    let store = match options.store {
+        Some(store) => store,
+        None => election.open_store(&config).await?,
+    };
+    tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), "baton starting");
+    // On a terminal, the plugins loaded out of all and a spinner per
+    // compilation in flight, until every plugin is loaded.
+    let progress = Arc::new(crate::ops::logging::progress(config.plugins.len()));
+    let mut runtime = PluginRuntime::new(engine.clone())?;
+    runtime.set_compile_observer(progress.clone());
+    let runtime = Arc::new(runtime);
+    let loaded = load_plugins(&config, &runtime, &progress, &shutdown).await;
+    if loaded.cancelled {
+        return Ok(loaded.failed);
+    }
+    loaded.report(ops.as_ref(), &engine, &runtime);
+    let fixed = fixed_settings(&config, cache_dir, control_path);
+    let parts = Parts {
+        store,
+        clock: options.clock,
+        election: election.handle().clone(),
+        ops,
+        engine,
+        runtime,
+        fixed,
+    };
+    let mut daemon = Daemon::start(config, parts, &loaded, options.reload).await?;
+    let control = daemon.serve_control(control);
+    daemon.run(&shutdown).await;
+    daemon.shut_down(control).await
+}
+
+/// Starts the admin endpoints, when configured: their metrics and health
+/// (shared with the parts that report to them), and the server, which
+/// serves until dropped.
+fn start_admin(config: &Config) -> Result<(Option<Ops>, Option<AdminServer>), ServeError> {
+    let Some(address) = config.admin_address else {
+        return Ok((None, None));
+    };
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::new());
+    health.loading(config.plugins.len());
+    let server = crate::ops::admin::start(address, metrics.clone(), health.clone()).map_err(|e| {
+        ServeError::Admin {
+            address,
+            error: e.to_string(),
+        }
+    })?;
+    tracing::info!(address = %server.address(), "admin endpoints listening: /metrics, /healthz, /readyz");
+    health.watch_runtime("guest", &tokio::runtime::Handle::current());
+    Ok((Some(Ops { metrics, health }), Some(server)))
+}
+
+/// The wasm engine, with the compiled-code cache in `cache_dir` and an
+/// instance pool sized for the configured plugins if asked for.
+fn open_engine(config: &Config, cache_dir: &Path) -> Result<PluginEngine, ServeError> {
+    Ok(PluginEngine::new(EngineOptions {
+        cache_dir: Some(cache_dir.to_path_buf()),
+        coredump_dir: config.coredump_dir.clone(),
+        largest_memory: config.plugins.iter().map(|p| p.spec.memory_limit).max(),
+        pool_slots: config
+            .instance_pool
+            .then(|| PoolLimits::slots_for(config.plugins.len())),
+    })?)
+}
+
+/// Refuses a `dirs` grant over the host's own files: the store, the
+/// configuration, the cache, the control socket (see
+/// [`crate::config::own_files`]).
+fn check_own_files(config: &Config, cache_dir: &Path, control: Option<&Path>) -> Result<(), ServeError> {
+    crate::config::own_files::check_grants(config, cache_dir, control).map_err(|e| {
+        let file = config.source.as_ref().map(|f| format!("{}: ", f.display()));
+        ServeError::Grants(format!("{}{e}", file.unwrap_or_default()))
+    })
+}
+
+/// What a reload may not change, as the host started.
+fn fixed_settings(config: &Config, cache_dir: PathBuf, control_socket: Option<PathBuf>) -> reload::Fixed {
+    reload::Fixed {
+        memory_reservation: config.instance_pool.then(|| {
+            config
+                .plugins
+                .iter()
+                .map(|p| p.spec.memory_limit)
+                .max()
+                .unwrap_or(crate::runtime::DEFAULT_MEMORY_LIMIT)
+                .max(1 << 20)
+                .next_power_of_two()
+        }),
+        pool_slots: config
+            .instance_pool
+            .then(|| PoolLimits::slots_for(config.plugins.len())),
+        cache_dir,
+        control_socket,
+    }
+}
+
+/// The plugins compiled at start-up.
+struct Loaded {
+    /// Each loaded plugin, with its lease.
+    plugins: Vec<(String, Arc<Plugin>)>,
+    /// How many could not be loaded.
+    failed: usize,
+    /// Why each of those could not (for `/readyz`).
+    refusals: Vec<String>,
+    /// A shutdown came first: the rest were abandoned.
+    cancelled: bool,
+}
+
+impl Loaded {
+    /// Tells the metrics, readiness and the log what was loaded.
+    fn report(&self, ops: Option<&Ops>, engine: &PluginEngine, runtime: &PluginRuntime) {
+        if let Some(ops) = ops {
+            ops.metrics.loaded(&self.plugins, self.failed, engine);
+            ops.health.loaded(self.refusals.clone());
+        }
+        if let Some((hits, misses)) = engine.cache_stats() {
+            tracing::info!(
+                hits,
+                misses,
+                plugins = self.plugins.len(),
+                components = runtime.components(),
+                "compiled-code cache"
+            );
+        }
+    }
+}
+
+/// Compiles every plugin before contending, so that winning a lease costs
+/// an instantiation, not a compilation: several at once (one per core;
+/// wasmtime also compiles a component's functions in parallel), each
+/// distinct component once however many plugins name it. Before any
+/// lease is contended for, `shutdown` ends this at once.
+async fn load_plugins(
+    config: &Config,
+    runtime: &Arc<PluginRuntime>,
+    progress: &Progress,
+    shutdown: &CancellationToken,
+) -> Loaded {
+    let mut loaded = Loaded {
+        plugins: Vec::new(),
+        failed: 0,
+        refusals: Vec::new(),
+        cancelled: false,
+    };
+    let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let specs: Vec<_> = config.plugins.iter().map(|p| p.spec.clone()).collect();
+    let loader = runtime.clone();
+    let mut loads = futures::stream::iter(specs.into_iter().map(move |spec| load_on_thread(&loader, &spec)))
+        .buffered(parallel);
+    for p in &config.plugins {
+        let result = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            next = loads.next() => match next {
+                Some(result) => result,
+                None => break,
+            },
+        };
+        progress.step();
+        loaded.take(p, result);
+    }
+    drop(loads);
+    progress.end();
+    if shutdown.is_cancelled() {
+        loaded.cancelled = true;
+        tracing::info!(
+            loaded = loaded.plugins.len(),
+            plugins = config.plugins.len(),
+            "shut down during start-up, before any lease was contended for; compilations in flight are abandoned"
+        );
+    }
+    loaded
+}
+
+/// What loading one plugin gave: the plugin or why not, and how long it
+/// took; `Err` if its thread failed.
+type LoadResult = Result<(Result<Plugin, crate::runtime::PluginError>, Duration), String>;
+
+/// Loads `spec` on a thread of its own rather than the blocking pool: a
+/// shutdown during start-up abandons it (nothing is led yet), and the exit
+/// does not wait for a compilation that may take a minute.
+fn load_on_thread(
+    runtime: &Arc<PluginRuntime>,
+    spec: &crate::runtime::PluginSpec,
+) -> impl std::future::Future<Output = LoadResult> + use<> {
+    let (rt, spec) = (runtime.clone(), spec.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("baton-compile".into())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            let result = rt.load(&spec);
+            let _ = tx.send((result, started.elapsed()));
+        });
+    async move {
+        spawned.map_err(|e| format!("cannot start its thread: {e}"))?;
+        rx.await.map_err(|_| "it panicked".to_owned())
+    }
+}
+
+impl Loaded {
+    /// Takes in the outcome of loading `p`.
+    fn take(&mut self, p: &PluginConfig, result: LoadResult) {
+        match result {
+            Ok((Ok(plugin), took)) => {
+                tracing::info!(
+                    plugin = plugin.name(),
+                    lease = %p.lease,
+                    world = plugin.wit_world(),
+                    grants = %p.spec.grants(),
+                    load_ms = crate::support::rounding::ms(took),
+                    "plugin loaded"
+                );
+                self.plugins.push((p.lease.clone(), Arc::new(plugin)));
+            }
+            Ok((Err(e), _)) => {
+                self.failed += 1;
+                self.refusals.push(format!("{}: {}", p.spec.name, e.reason));
+                tracing::error!(plugin = %p.spec.name, error = %e, "plugin cannot run; the others go on");
+            }
+            Err(e) => {
+                self.failed += 1;
+                self.refusals
+                    .push(format!("{}: loading it failed: {e}", p.spec.name));
+                tracing::error!(plugin = %p.spec.name, error = %e, "loading the plugin failed; the others go on");
+            }
+        }
+    }
+}
+
+/// What the daemon is made of once the plugins are loaded.
+struct Parts {
+    store: Arc<dyn LeaseStore>,
+    clock: TermClock,
+    election: tokio::runtime::Handle,
+    ops: Option<Ops>,
+    engine: PluginEngine,
+    runtime: Arc<PluginRuntime>,
+    fixed: reload::Fixed,
+}
+
+/// A running `baton run`: the leases and plugins it serves, and what a
+/// reload or the shutdown needs. [`Daemon::run`] runs it until shutdown,
+/// [`Daemon::shut_down`] drains it.
+pub(super) struct Daemon {
+    /// The configuration in force (the last one a reload applied).
+    pub(super) config: Config,
+    pub(super) started: Started,
+    pub(super) runs: BTreeMap<String, LeaseRun>,
+    pub(super) plugins: BTreeMap<String, PluginRun>,
+    /// Plugins a reload removed, until their supervisor has returned (no
+    /// task of them runs any more): a plugin of the same name added again
+    /// waits for it.
+    pub(super) retired: BTreeMap<String, CancellationToken>,
+    /// Each elector's end: its lease and `Err(why)` if it failed.
+    ended: mpsc::UnboundedReceiver<(String, Result<(), String>)>,
+    pub(super) runtime: Arc<PluginRuntime>,
+    engine: PluginEngine,
+    ops: Option<Ops>,
+    pub(super) fixed: reload::Fixed,
+    reloads: Option<reload::Reload>,
+    /// The files the watcher watches, if it runs.
+    files: watch::Sender<Vec<PathBuf>>,
+    watch_stop: CancellationToken,
+    /// The leases `baton yield` may reach.
+    controlled: SharedLeases,
+    control_stop: CancellationToken,
+    /// Electors that failed, and why.
+    failures: Vec<(String, String)>,
+    /// Leases whose tasks could not be confirmed stopped.
+    unconfirmed: Vec<String>,
+    /// Plugins that could not be loaded at start.
+    failed_plugins: usize,
+}
+
+impl Daemon {
+    /// Starts an elector per lease and a supervisor per loaded plugin, the
+    /// spreader, and the file watcher if asked for.
+    async fn start(
+        config: Config,
+        parts: Parts,
+        loaded: &Loaded,
+        reloads: Option<reload::Reload>,
+    ) -> Result<Daemon, ServeError> {
+        let (ended_tx, ended) = mpsc::unbounded_channel();
+        let started = Started {
+            store: parts.store.clone(),
+            clock: parts.clock,
+            election: parts.election,
+            election_observer: match &parts.ops {
+                Some(ops) => ops.metrics.clone(),
+                None => Arc::new(NoObserver),
+            },
+            task_observer: match &parts.ops {
+                Some(ops) => ops.metrics.clone(),
+                None => Arc::new(NoTaskObserver),
+            },
+            health: parts.ops.as_ref().map(|o| o.health.clone()),
+            identity: config.identity.clone(),
+            ended: ended_tx,
+            hosts: parts.runtime.hosts().clone(),
+            spread: None,
+            gate: Arc::new(ClaimGate::new(parts.store)),
+        };
+        let (files, _) = watch::channel(reload::watched_files(&config));
+        let mut daemon = Daemon {
+            config,
+            started,
+            runs: BTreeMap::new(),
+            plugins: BTreeMap::new(),
+            retired: BTreeMap::new(),
+            ended,
+            runtime: parts.runtime,
+            engine: parts.engine,
+            ops: parts.ops,
+            fixed: parts.fixed,
+            reloads,
+            files,
+            watch_stop: CancellationToken::new(),
+            controlled: SharedLeases::default(),
+            control_stop: CancellationToken::new(),
+            failures: Vec::new(),
+            unconfirmed: Vec::new(),
+            failed_plugins: loaded.failed,
+        };
+        daemon.start_leases(&loaded.plugins);
+        if daemon.runs.is_empty() && loaded.failed > 0 {
+            return Err(ServeError::NothingToRun(loaded.failed));
+        }
+        // Spreading: this host's membership record, and its electors
+        // steered so that each host leads its share. Reloads replace the
+        // spreader when what it should do changes (`Started::respread`).
+        let wanted = wanted_spread(&daemon.config, &daemon.runs, &daemon.plugins);
+        daemon.started.respread(wanted, &daemon.runs).await;
+        sync_controlled(&daemon.controlled, &daemon.runs);
+        daemon.watch_files();
+        Ok(daemon)
+    }
+
+    /// An elector per configured lease, with a supervisor per plugin of it
+    /// that was loaded; a lease none of whose plugins loaded is left out.
+    fn start_leases(&mut self, loaded: &[(String, Arc<Plugin>)]) {
+        for lease in &self.config.leases {
+            let configured = self
+                .config
+                .plugins
+                .iter()
+                .filter(|p| p.lease == lease.name)
+                .count();
+            if configured > 0 && !loaded.iter().any(|(l, _)| l == &lease.name) {
+                // Holding a lease whose tasks cannot run would keep a
+                // healthy standby from running them.
+                tracing::error!(lease = %lease.name, "no plugin of this lease could be loaded; not contending for it");
+                continue;
+            }
+            let mut run = self.started.lease(lease, None);
+            for (_, plugin) in loaded.iter().filter(|(l, _)| l == &lease.name) {
+                let p = self
+                    .config
+                    .plugins
+                    .iter()
+                    .find(|p| p.spec.name == plugin.name())
+                    .expect("a loaded plugin is configured");
+                let hash = Some(plugin.content_hash());
+                let supervised = self.started.plugin(&mut run, p, plugin.clone(), hash, None);
+                self.plugins.insert(p.spec.name.clone(), supervised);
+            }
+            self.runs.insert(lease.name.clone(), run);
+        }
+    }
+
+    /// Starts the watcher of the configuration and plugin files, when the
+    /// host watches them.
+    fn watch_files(&mut self) {
+        let Some(tx) = self.reloads.as_mut().and_then(|r| r.watch.take()) else {
+            return;
+        };
+        let files = self.files.subscribe();
+        tracing::info!(
+            files = files.borrow().len(),
+            "watching the configuration and plugin files for changes"
+        );
+        tokio::spawn(reload::watch_files(files, tx, self.watch_stop.clone()));
+    }
+
+    /// Serves the control socket (`baton yield` reaches the electors
+    /// through it) until the shutdown.
+    fn serve_control(&self, control: Option<ControlSocket>) -> Option<tokio::task::JoinHandle<()>> {
+        control.map(|socket| {
+            let host = ControlledHost {
+                identity: self.config.identity.clone(),
+                config: self
+                    .config
+                    .source
+                    .as_ref()
+                    .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
+                leases: self.controlled.clone(),
+            };
+            tokio::spawn(socket.serve(host, self.control_stop.clone()))
+        })
+    }
+
+    /// Serves until `shutdown`, or until an elector fails (it never ends on
+    /// its own, and one told to stop by a reload has handed its lease
+    /// over), applying reloads as they come.
+    async fn run(&mut self, shutdown: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                Some((lease, result)) = self.ended.recv() => {
+                    if !self.elector_ended(lease, result).await {
+                        return;
+                    }
+                }
+                Some(cause) = next_reload(&mut self.reloads) => {
+                    let load = self.reloads.as_ref().expect("a reload came").load.clone();
+                    let outcome = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        outcome = self.reload_once(&cause, &load) => outcome,
+                    };
+                    self.reloaded(&cause, outcome);
+                }
+            }
+        }
+    }
+
+    /// The elector of `lease` returned with `result`. `true` if serving
+    /// goes on: it was removed by a reload and handed its lease over.
+    /// Otherwise it failed: its guests are stopped before anything else.
+    async fn elector_ended(&mut self, lease: String, result: Result<(), String>) -> bool {
+        if let Some(run) = self.runs.get_mut(&lease).filter(|r| r.retiring && result.is_ok()) {
+            run.ended = true;
+            let mut run = self.runs.remove(&lease).expect("present");
+            let clock = self.started.clock.clone();
+            tokio::spawn(async move {
+                run.wait_for_tasks(&lease, &clock).await;
+                tracing::info!(
+                    lease,
+                    "lease removed by a reload: handed over, no longer contended for"
+                );
+            });
+            return true;
+        }
+        let reason = result.err().unwrap_or_else(|| "it stopped on its own".to_owned());
+        let clock = self.started.clock.clone();
+        if let Some(run) = self.runs.get_mut(&lease) {
+            run.failed(&lease, &reason, &clock);
+            if !run.wait_for_tasks(&lease, &clock).await {
+                self.unconfirmed.push(lease.clone());
+            }
+        }
+        self.failures.push((lease, reason));
+        false
+    }
+
+    /// After a reload: the new configuration in force, or the refusal said.
+    fn reloaded(&mut self, cause: &reload::Cause, outcome: Result<Option<Config>, String>) {
+        let ok = match outcome {
+            Ok(Some(new)) => {
+                self.config = new;
+                self.started.store.set_timings(store_timings(&self.config));
+                self.files.send_replace(reload::watched_files(&self.config));
+                sync_controlled(&self.controlled, &self.runs);
+                if let Some(ops) = &self.ops {
+                    let all: Vec<_> = self
+                        .plugins
+                        .values()
+                        .map(|p| (p.lease.clone(), p.version.borrow().clone()))
+                        .collect();
+                    ops.metrics.loaded(&all, 0, &self.engine);
+                }
+                true
+            }
+            Ok(None) => true,
+            Err(why) => {
+                tracing::error!(cause = %cause, error = %why, "reload refused: nothing was changed; the running configuration and plugins go on");
+                false
+            }
+        };
+        if let Some(ops) = &self.ops {
+            ops.metrics.reloaded(ok);
+        }
+    }
+
+    /// Shuts down in order: every task told and stopped, then every lease
+    /// handed over (the membership record first), then the spreader and
+    /// the control socket. Returns the number of plugins that could not be
+    /// loaded at start, or why the run failed.
+    async fn shut_down(mut self, control: Option<tokio::task::JoinHandle<()>>) -> Result<usize, ServeError> {
+        self.watch_stop.cancel();
+        self.plugins.clear();
+        tracing::info!("shutting down: stopping leader tasks, then releasing leases");
+        self.control_stop.cancel();
+        // The membership record goes first, so that the other hosts prefer
+        // this host's leases for themselves by the time they are released.
+        if let Some(spread) = &self.started.spread {
+            spread.stop.cancel();
+        }
+        for run in self.runs.values() {
+            run.intent.send_replace(Intent::Stop);
+        }
+        self.await_handovers().await;
+        let clock = self.started.clock.clone();
+        for (lease, run) in &mut self.runs {
+            if !run.wait_for_tasks(lease, &clock).await && !self.unconfirmed.contains(lease) {
+                self.unconfirmed.push(lease.clone());
+            }
+        }
+        if let Some(spread) = self.started.spread.take() {
+            let _ = spread.task.await;
+        }
+        if let Some(control) = control {
+            // The socket is removed.
+            let _ = control.await;
+        }
+        tracing::info!("baton stopped");
+        if let Some((lease, reason)) = self.failures.into_iter().next() {
+            return Err(ServeError::ElectorFailed { lease, reason });
+        }
+        if !self.unconfirmed.is_empty() {
+            return Err(ServeError::TasksNotStopped(self.unconfirmed.join(", ")));
+        }
+        Ok(self.failed_plugins)
+    }
+
+    /// Waits for each elector to hand its lease over (drain, then release)
+    /// and return; each bounds its own wait, and the bound here only
+    /// guards against a bug.
+    async fn await_handovers(&mut self) {
+        let clock = self.started.clock.clone();
+        let bound = self
+            .runs
+            .values()
+            .map(|r| r.handover_bound)
+            .max()
+            .unwrap_or_default();
+        let deadline = tokio::time::Instant::now() + bound;
+        while self.runs.values().any(|r| !r.ended) {
+            match tokio::time::timeout_at(deadline, self.ended.recv()).await {
+                Ok(Some((lease, result))) => {
+                    if let Some(run) = self.runs.get_mut(&lease) {
+                        run.ended = true;
+                        if let Err(reason) = result {
+                            run.failed(&lease, &reason, &clock);
+                            self.failures.push((lease, reason));
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    for (lease, run) in self.runs.iter_mut().filter(|(_, r)| !r.ended) {
+                        let reason = format!("it did not hand the lease over within {}", human(bound));
+                        run.failed(lease, &reason, &clock);
+                        self.failures.push((lease.clone(), reason));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The most threads of the election runtime's blocking pool (see
+/// [`ElectionRuntime::start`]).
+const ELECTION_BLOCKING_THREADS: usize = 8;
+
+/// The runtime of the electors and the store; see the [module
+/// documentation](self). Shut down in the background when dropped (an
+/// elector stuck in a request does not hold up the exit).
+struct ElectionRuntime(Option<tokio::runtime::Runtime>);
+
+impl ElectionRuntime {
+    fn start() -> Result<ElectionRuntime, ServeError> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            // The embedded store's file work runs on the blocking pool, a
+            // request at a time per lease, each well under a millisecond on
+            // a healthy disk: a host with 100 leases has about one in
+            // flight. Without a cap, the pool kept the thread per lease it
+            // grew to at start (every lease acquired at once), each woken
+            // cold every few seconds. A request stuck in a hung file system
+            // holds a thread; its elector's timeout does not wait for it,
+            // so a full pool delays requests, never a step-down.
+            .max_blocking_threads(ELECTION_BLOCKING_THREADS)
+            .thread_name("baton-election")
+            .enable_all()
+            .build()
+            .map(|rt| ElectionRuntime(Some(rt)))
+            .map_err(|e| ServeError::ElectionRuntime(e.to_string()))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("running").handle()
+    }
+
+    /// Its thread watched by the health checks; and the test hook that
+    /// blocks it `stall_after` after start.
+    fn watched(&self, ops: Option<&Ops>, stall_after: Option<Duration>) {
+        if let Some(ops) = ops {
+            ops.health.watch_runtime("election", self.handle());
+        }
+        if let Some(after) = stall_after {
+            self.handle().spawn(async move {
+                tokio::time::sleep(after).await;
+                tracing::warn!("test hook: the election runtime's thread blocks for an hour now");
+                std::thread::sleep(Duration::from_secs(3600));
+            });
+        }
+    }
+
+    /// Opens the configured store on this runtime, where its requests run.
+    async fn open_store(&self, config: &Config) -> Result<Arc<dyn LeaseStore>, ServeError> {
+        let config = config.clone();
+        self.handle()
+            .spawn(async move { open_store(&config).await })
+            .await
+            .map_err(|e| ServeError::Store(format!("opening the store failed: {e}")))?
+    }
+}
+
+impl Drop for ElectionRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The next reload request; pending forever without reloads.
+async fn next_reload(reloads: &mut Option<reload::Reload>) -> Option<reload::Cause> {
+    match reloads {
+        Some(r) => r.requests.recv().await,
+        None => std::future::pending().await,
+    }
+}
