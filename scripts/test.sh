@@ -59,10 +59,6 @@ scripts/kube-testenv.sh start >/dev/null
 . "$BATON_KUBE_ENV"
 deploy/kubernetes/verify.sh
 cargo build -p baton
-# The end-to-end tests time reactions in milliseconds: run test binaries one
-# test at a time, so that one test's busy guests do not steal the CPU of another.
-# --nocapture: the tests print their measured figures (hand-over times,
-# stop latencies, request counts); the hosts' own logs stay captured.
 # The host and the SDK are tested in two runs: together, the SDK's
 # wit-bindgen would change the features of crates that wasmtime's macros
 # share, and wasmtime would be compiled a second time.
@@ -83,10 +79,59 @@ if [ -n "$image" ]; then
     rm -f "$image_log" "$image_log.out"
 fi
 sync
-cargo test --no-fail-fast -p baton "$@" -- --test-threads=1 --nocapture
-cargo test -p baton-guest --all-features "$@" -- --test-threads=1
+# The unit tests, the in-process core tests and the doc tests first; then
+# the three slow groups (real processes: tests/e2e, tests/kube,
+# tests/polyglot) at once, each one test at a time, so that one test's
+# busy guests do not steal the CPU of another in the same group. They
+# mostly wait (leases expiring, hand-overs): run one after another they
+# left the CPU about 85 % idle. Each group's output goes to a log, printed
+# whole when the group ends. BATON_TEST_SERIAL=1 runs the groups one after
+# another instead (to tell contention apart from a real failure).
+# --nocapture: the tests print their measured figures (hand-over times,
+# stop latencies, request counts); the hosts' own logs stay captured.
+status=0
+cargo test --no-fail-fast -p baton --lib --test core "$@" -- --test-threads=1 --nocapture || status=1
+cargo test -p baton --doc "$@" || status=1
+groups=(e2e kube polyglot)
+declare -A bin
+while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(
+    cargo test --no-run -p baton "$@" --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])')
+logs="$(mktemp -d)"
+declare -A pid
+for g in "${groups[@]}"; do
+    [ -n "${bin[$g]:-}" ] || { echo "test: no test binary for tests/$g" >&2; exit 1; }
+    (
+        cd host
+        rc=0
+        "${bin[$g]}" --test-threads=1 --nocapture || rc=$?
+        echo "$rc" >"$logs/$g.rc"
+    ) >"$logs/$g.log" 2>&1 &
+    pid[$g]=$!
+    if [ "${BATON_TEST_SERIAL:-0}" = 1 ]; then wait "${pid[$g]}"; fi
+done
+for g in "${groups[@]}"; do
+    wait "${pid[$g]}" 2>/dev/null || true
+    echo "==== tests/$g"
+    cat "$logs/$g.log"
+    if [ "$(cat "$logs/$g.rc" 2>/dev/null)" != 0 ]; then
+        status=1
+        failed="${failed:-} tests/$g"
+    fi
+done
+rm -rf "$logs"
+cargo test -p baton-guest --all-features "$@" -- --test-threads=1 || status=1
 # The container image, built above: scripts/image-test.sh runs it against an
 # API server of its own, beside a host outside the image.
 if [ -n "${archive:-}" ]; then
-    BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-image-$$.env" scripts/image-test.sh "$archive"
+    BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-image-$$.env" scripts/image-test.sh "$archive" ||
+        { status=1; failed="${failed:-} image-test"; }
 fi
+if [ "$status" != 0 ]; then
+    echo "test: failed:${failed:- (see above)}" >&2
+fi
+exit "$status"
