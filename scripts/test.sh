@@ -114,23 +114,28 @@ for g in "${groups[@]}"; do
     pid[$g]=$!
     if [ "${BATON_TEST_SERIAL:-0}" = 1 ]; then wait "${pid[$g]}"; fi
 done
+# The container image, built above: scripts/image-test.sh runs it against an
+# API server of its own, beside a host outside the image; beside the groups.
+if [ -n "${archive:-}" ]; then
+    groups+=(image)
+    (
+        rc=0
+        BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-image-$$.env" scripts/image-test.sh "$archive" || rc=$?
+        echo "$rc" >"$logs/image.rc"
+    ) >"$logs/image.log" 2>&1 &
+    pid[image]=$!
+fi
 for g in "${groups[@]}"; do
     wait "${pid[$g]}" 2>/dev/null || true
-    echo "==== tests/$g"
+    echo "==== $g"
     cat "$logs/$g.log"
     if [ "$(cat "$logs/$g.rc" 2>/dev/null)" != 0 ]; then
         status=1
-        failed="${failed:-} tests/$g"
+        failed="${failed:-} $g"
     fi
 done
 rm -rf "$logs"
 cargo test -p baton-guest --all-features "$@" -- --test-threads=1 || status=1
-# The container image, built above: scripts/image-test.sh runs it against an
-# API server of its own, beside a host outside the image.
-if [ -n "${archive:-}" ]; then
-    BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-image-$$.env" scripts/image-test.sh "$archive" ||
-        { status=1; failed="${failed:-} image-test"; }
-fi
 if [ "$status" != 0 ]; then
     echo "test: failed:${failed:- (see above)}" >&2
 fi

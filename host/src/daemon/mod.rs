@@ -6,11 +6,12 @@
 //!   restart, the file watcher.
 //! - [`control`]: the control socket (`baton yield`): protocol, server and
 //!   client.
-//! - `leases` and `apply` (private): the leases and plugins served, and a
-//!   reload applied to them.
+//! - `load`, `leases` and `apply` (private): the plugins loaded at start,
+//!   the leases and plugins served, and a reload applied to them.
 
 mod apply;
 pub mod control;
 mod leases;
+mod load;
 pub mod reload;
 pub mod serve;

@@ -33,19 +33,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::leases::{LeaseRun, PluginRun, Started, sync_controlled, wanted_spread};
-use crate::config::{Config, PluginConfig, StoreConfig};
+use super::load::{Loaded, load_plugins};
+use crate::config::{Config, StoreConfig};
 use crate::daemon::control::{ControlSocket, ControlledHost, SharedLeases};
 use crate::daemon::reload;
 use crate::election::{ClaimGate, Intent, NoObserver, TermClock};
 use crate::ops::admin::AdminServer;
 use crate::ops::health::Health;
 use crate::ops::metrics::Metrics;
-use crate::ops::progress::Progress;
 use crate::runtime::{
     EngineOptions, Plugin, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
 };
@@ -149,9 +148,9 @@ fn bind_control(config: &Config) -> Result<Option<ControlSocket>, ServeError> {
 
 /// What the admin endpoints of one run serve, when configured (their
 /// server serves until [`serve_opts`] returns).
-struct Ops {
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
+pub(super) struct Ops {
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) health: Arc<Health>,
 }
 
 /// Opens the configured lease store. For a Kubernetes store this builds
@@ -348,140 +347,6 @@ fn fixed_settings(config: &Config, cache_dir: PathBuf, control_socket: Option<Pa
             .then(|| PoolLimits::slots_for(config.plugins.len())),
         cache_dir,
         control_socket,
-    }
-}
-
-/// The plugins compiled at start-up.
-struct Loaded {
-    /// Each loaded plugin, with its lease.
-    plugins: Vec<(String, Arc<Plugin>)>,
-    /// How many could not be loaded.
-    failed: usize,
-    /// Why each of those could not (for `/readyz`).
-    refusals: Vec<String>,
-    /// A shutdown came first: the rest were abandoned.
-    cancelled: bool,
-}
-
-impl Loaded {
-    /// Tells the metrics, readiness and the log what was loaded.
-    fn report(&self, ops: Option<&Ops>, engine: &PluginEngine, runtime: &PluginRuntime) {
-        if let Some(ops) = ops {
-            ops.metrics.loaded(&self.plugins, self.failed, engine);
-            ops.health.loaded(self.refusals.clone());
-        }
-        if let Some((hits, misses)) = engine.cache_stats() {
-            tracing::info!(
-                hits,
-                misses,
-                plugins = self.plugins.len(),
-                components = runtime.components(),
-                "compiled-code cache"
-            );
-        }
-    }
-}
-
-/// Compiles every plugin before contending, so that winning a lease costs
-/// an instantiation, not a compilation: several at once (one per core;
-/// wasmtime also compiles a component's functions in parallel), each
-/// distinct component once however many plugins name it. Before any
-/// lease is contended for, `shutdown` ends this at once.
-async fn load_plugins(
-    config: &Config,
-    runtime: &Arc<PluginRuntime>,
-    progress: &Progress,
-    shutdown: &CancellationToken,
-) -> Loaded {
-    let mut loaded = Loaded {
-        plugins: Vec::new(),
-        failed: 0,
-        refusals: Vec::new(),
-        cancelled: false,
-    };
-    let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let specs: Vec<_> = config.plugins.iter().map(|p| p.spec.clone()).collect();
-    let loader = runtime.clone();
-    let mut loads = futures::stream::iter(specs.into_iter().map(move |spec| load_on_thread(&loader, &spec)))
-        .buffered(parallel);
-    for p in &config.plugins {
-        let result = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => break,
-            next = loads.next() => match next {
-                Some(result) => result,
-                None => break,
-            },
-        };
-        progress.step();
-        loaded.take(p, result);
-    }
-    drop(loads);
-    progress.end();
-    if shutdown.is_cancelled() {
-        loaded.cancelled = true;
-        tracing::info!(
-            loaded = loaded.plugins.len(),
-            plugins = config.plugins.len(),
-            "shut down during start-up, before any lease was contended for; compilations in flight are abandoned"
-        );
-    }
-    loaded
-}
-
-/// What loading one plugin gave: the plugin or why not, and how long it
-/// took; `Err` if its thread failed.
-type LoadResult = Result<(Result<Plugin, crate::runtime::PluginError>, Duration), String>;
-
-/// Loads `spec` on a thread of its own rather than the blocking pool: a
-/// shutdown during start-up abandons it (nothing is led yet), and the exit
-/// does not wait for a compilation that may take a minute.
-fn load_on_thread(
-    runtime: &Arc<PluginRuntime>,
-    spec: &crate::runtime::PluginSpec,
-) -> impl std::future::Future<Output = LoadResult> + use<> {
-    let (rt, spec) = (runtime.clone(), spec.clone());
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let spawned = std::thread::Builder::new()
-        .name("baton-compile".into())
-        .spawn(move || {
-            let started = std::time::Instant::now();
-            let result = rt.load(&spec);
-            let _ = tx.send((result, started.elapsed()));
-        });
-    async move {
-        spawned.map_err(|e| format!("cannot start its thread: {e}"))?;
-        rx.await.map_err(|_| "it panicked".to_owned())
-    }
-}
-
-impl Loaded {
-    /// Takes in the outcome of loading `p`.
-    fn take(&mut self, p: &PluginConfig, result: LoadResult) {
-        match result {
-            Ok((Ok(plugin), took)) => {
-                tracing::info!(
-                    plugin = plugin.name(),
-                    lease = %p.lease,
-                    world = plugin.wit_world(),
-                    grants = %p.spec.grants(),
-                    load_ms = crate::support::rounding::ms(took),
-                    "plugin loaded"
-                );
-                self.plugins.push((p.lease.clone(), Arc::new(plugin)));
-            }
-            Ok((Err(e), _)) => {
-                self.failed += 1;
-                self.refusals.push(format!("{}: {}", p.spec.name, e.reason));
-                tracing::error!(plugin = %p.spec.name, error = %e, "plugin cannot run; the others go on");
-            }
-            Err(e) => {
-                self.failed += 1;
-                self.refusals
-                    .push(format!("{}: loading it failed: {e}", p.spec.name));
-                tracing::error!(plugin = %p.spec.name, error = %e, "loading the plugin failed; the others go on");
-            }
-        }
     }
 }
 

@@ -369,72 +369,27 @@ impl ControlledHost {
         }
     }
 
+    /// `baton yield`: stands the lease's elector by for `duration` (one
+    /// lease duration if not given) and answers once the term's tasks are
+    /// gone and another host took the lease, or [`HANDOVER_WAIT`] passed.
     async fn yield_lease(&self, lease: &str, duration: Option<Duration>) -> Reply {
         let id = &self.identity;
         let all = self.leases.read().unwrap_or_else(|e| e.into_inner()).clone();
         let Some(l) = all.get(lease) else {
-            let names: Vec<&str> = all.keys().map(String::as_str).collect();
-            return Reply {
-                lease: Some(lease.to_owned()),
-                ..Reply::failed(
-                    id,
-                    Failure::NoSuchLease,
-                    format!(
-                        "no such lease on host {id}: {lease:?} (its leases: {})",
-                        if names.is_empty() {
-                            "none".to_owned()
-                        } else {
-                            names.join(", ")
-                        }
-                    ),
-                )
-            };
+            return self.no_such_lease(lease, &all);
         };
         let duration = duration.unwrap_or(l.timings.lease_duration);
         if duration.is_zero() {
             return Reply::failed(id, Failure::BadRequest, "a yield lasts longer than zero".into());
         }
-        let (status, term) = {
-            let v = l.view.borrow();
-            (v.status.clone(), v.leading_term().cloned())
-        };
+        let term = l.view.borrow().leading_term().cloned();
         let Some(term) = term else {
-            let held = match (&status.holder, status.role) {
-                (Some(h), _) => format!("it is held by {h}, term {}", status.term),
-                (None, _) if status.term == 0 => "nobody holds it".to_owned(),
-                (None, _) => format!("nobody holds it (last term {})", status.term),
-            };
-            let standing = standing_by(&l.intent)
-                .map(|until| {
-                    format!(
-                        "; this host yielded it and contends again at {}",
-                        rfc3339(wall(until))
-                    )
-                })
-                .unwrap_or_default();
-            return Reply {
-                lease: Some(lease.to_owned()),
-                term: Some(status.term),
-                holder: status.holder.clone(),
-                ..Reply::failed(
-                    id,
-                    Failure::NotLeader,
-                    format!("host {id} does not lead {lease}; {held}{standing}"),
-                )
-            };
+            return self.not_leader(lease, l);
         };
         let number = term.number();
         let started = Instant::now();
-        let until = started + duration;
         let until_wall = SystemTime::now() + duration;
-        let set = l.intent.send_if_modified(|intent| {
-            if *intent == Intent::Stop {
-                return false;
-            }
-            *intent = Intent::StandBy { until };
-            true
-        });
-        if !set {
+        if !stand_by(&l.intent, started + duration) {
             return Reply::failed(
                 id,
                 Failure::ShuttingDown,
@@ -453,31 +408,144 @@ impl ControlledHost {
         // the drain allowance.
         let bound = l.handover_bound;
         if timeout(bound, term.drained()).await.is_err() {
-            return Reply {
-                lease: Some(lease.to_owned()),
-                term: Some(number),
-                ..Reply::failed(
-                    id,
-                    Failure::NotReleased,
-                    format!(
-                        "host {id} ended term {number} of {lease}, but its tasks were not confirmed stopped \
-                         within {}: the lease was not released and expires on its own",
-                        human(bound)
-                    ),
-                )
-            };
+            return self.not_released(lease, number, bound);
         }
         let drained = started.elapsed();
+        let taken = self.taken_after(l, number).await;
+        let yielded = Yielded {
+            lease,
+            term: number,
+            drained,
+            handover: taken.as_ref().map(|_| started.elapsed()),
+            taken,
+            duration,
+            until_wall,
+        };
+        yielded.reply(id)
+    }
+
+    /// The answer to a yield of a lease this host does not serve.
+    fn no_such_lease(&self, lease: &str, all: &BTreeMap<String, ControlledLease>) -> Reply {
+        let id = &self.identity;
+        let names: Vec<&str> = all.keys().map(String::as_str).collect();
+        let names = if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        };
+        Reply {
+            lease: Some(lease.to_owned()),
+            ..Reply::failed(
+                id,
+                Failure::NoSuchLease,
+                format!("no such lease on host {id}: {lease:?} (its leases: {names})"),
+            )
+        }
+    }
+
+    /// The answer to a yield of a lease this host does not lead: who does,
+    /// and whether this host stands by after an earlier yield.
+    fn not_leader(&self, lease: &str, l: &ControlledLease) -> Reply {
+        let id = &self.identity;
+        let status = l.view.borrow().status.clone();
+        let held = match &status.holder {
+            Some(h) => format!("it is held by {h}, term {}", status.term),
+            None if status.term == 0 => "nobody holds it".to_owned(),
+            None => format!("nobody holds it (last term {})", status.term),
+        };
+        let standing = standing_by(&l.intent)
+            .map(|until| {
+                format!(
+                    "; this host yielded it and contends again at {}",
+                    rfc3339(wall(until))
+                )
+            })
+            .unwrap_or_default();
+        Reply {
+            lease: Some(lease.to_owned()),
+            term: Some(status.term),
+            holder: status.holder.clone(),
+            ..Reply::failed(
+                id,
+                Failure::NotLeader,
+                format!("host {id} does not lead {lease}; {held}{standing}"),
+            )
+        }
+    }
+
+    /// The answer to a yield whose term's tasks were not confirmed stopped
+    /// within `bound`: the lease was not released.
+    fn not_released(&self, lease: &str, term: u64, bound: Duration) -> Reply {
+        let id = &self.identity;
+        Reply {
+            lease: Some(lease.to_owned()),
+            term: Some(term),
+            ..Reply::failed(
+                id,
+                Failure::NotReleased,
+                format!(
+                    "host {id} ended term {term} of {lease}, but its tasks were not confirmed stopped \
+                     within {}: the lease was not released and expires on its own",
+                    human(bound)
+                ),
+            )
+        }
+    }
+
+    /// Who took the lease after term `term`, and in which term, if another
+    /// host did within [`HANDOVER_WAIT`].
+    async fn taken_after(&self, l: &ControlledLease, term: u64) -> Option<(String, u64)> {
+        let id = &self.identity;
         let mut view = l.view.clone();
-        let taken = timeout(
+        timeout(
             HANDOVER_WAIT,
-            view.wait_for(|v| v.status.term > number && v.status.holder.as_deref().is_some_and(|h| h != id)),
+            view.wait_for(|v| v.status.term > term && v.status.holder.as_deref().is_some_and(|h| h != id)),
         )
         .await
         .ok()
         .and_then(Result::ok)
-        .map(|v| (v.status.holder.clone().unwrap_or_default(), v.status.term));
-        let handover = taken.as_ref().map(|_| started.elapsed());
+        .map(|v| (v.status.holder.clone().unwrap_or_default(), v.status.term))
+    }
+}
+
+/// Sets the elector to stand by until `until`, unless it is stopping.
+/// `false` if it is.
+fn stand_by(intent: &watch::Sender<Intent>, until: Instant) -> bool {
+    intent.send_if_modified(|intent| {
+        if *intent == Intent::Stop {
+            return false;
+        }
+        *intent = Intent::StandBy { until };
+        true
+    })
+}
+
+/// A yield done: what its reply and its log line say.
+struct Yielded<'a> {
+    lease: &'a str,
+    term: u64,
+    /// From the yield until the term's tasks were gone.
+    drained: Duration,
+    /// From the yield until another host led, if one did.
+    handover: Option<Duration>,
+    /// That host and its term.
+    taken: Option<(String, u64)>,
+    duration: Duration,
+    until_wall: SystemTime,
+}
+
+impl Yielded<'_> {
+    /// Logs it and says it to the client of host `id`.
+    fn reply(self, id: &str) -> Reply {
+        let Yielded {
+            lease,
+            term,
+            drained,
+            handover,
+            taken,
+            duration,
+            until_wall,
+        } = self;
         let next = match &taken {
             Some((holder, new_term)) => format!(
                 "{holder} took it in term {new_term} {} after the yield",
@@ -486,7 +554,7 @@ impl ControlledHost {
             None => format!("no other host took it within {}", human(HANDOVER_WAIT)),
         };
         let message = format!(
-            "host {id} yielded {lease}: the tasks of term {number} stopped in {} and the lease was released; \
+            "host {id} yielded {lease}: the tasks of term {term} stopped in {} and the lease was released; \
              {next}; {id} does not contend for it until {} ({} from the yield)",
             human(drained),
             rfc3339(until_wall),
@@ -494,7 +562,7 @@ impl ControlledHost {
         );
         tracing::info!(
             lease,
-            term = number,
+            term,
             drained_ms = ms(drained),
             new_holder = taken.as_ref().map_or("", |t| t.0.as_str()),
             "yielded the lease"
@@ -503,7 +571,7 @@ impl ControlledHost {
             ok: true,
             message,
             lease: Some(lease.to_owned()),
-            term: Some(number),
+            term: Some(term),
             drained_ms: Some(ms(drained)),
             new_holder: taken.as_ref().map(|t| t.0.clone()),
             new_term: taken.as_ref().map(|t| t.1),
