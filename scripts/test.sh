@@ -80,9 +80,10 @@ if [ -n "$image" ]; then
 fi
 sync
 # The unit tests, the in-process core tests and the doc tests first; then
-# the three slow groups (real processes: tests/e2e, tests/kube,
-# tests/polyglot) at once, each one test at a time, so that one test's
-# busy guests do not steal the CPU of another in the same group. They
+# the slow groups (real processes: tests/e2e, its chaos segments,
+# tests/kube, tests/polyglot, and the image test) at once, each one test
+# at a time, so that one test's busy guests do not steal the CPU of
+# another in the same group. They
 # mostly wait (leases expiring, hand-overs): run one after another they
 # left the CPU about 85 % idle. Each group's output goes to a log, printed
 # whole when the group ends. BATON_TEST_SERIAL=1 runs the groups one after
@@ -92,7 +93,12 @@ sync
 status=0
 cargo test --no-fail-fast -p baton --lib --test core "$@" -- --test-threads=1 --nocapture || status=1
 cargo test -p baton --doc "$@" || status=1
-groups=(e2e kube polyglot)
+# Each group: a test binary and its filter. The chaos segments (about a
+# minute) have a process of their own, so that tests/e2e ends no later than
+# tests/kube.
+groups=(e2e chaos kube polyglot)
+declare -A binary=([e2e]=e2e [chaos]=e2e [kube]=kube [polyglot]=polyglot)
+declare -A filter=([e2e]="--skip chaos::" [chaos]="chaos::" [kube]="" [polyglot]="")
 declare -A bin
 while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(
     cargo test --no-run -p baton "$@" --message-format=json 2>/dev/null | python3 -c '
@@ -104,11 +110,13 @@ for line in sys.stdin:
 logs="$(mktemp -d)"
 declare -A pid
 for g in "${groups[@]}"; do
-    [ -n "${bin[$g]:-}" ] || { echo "test: no test binary for tests/$g" >&2; exit 1; }
+    exe="${bin[${binary[$g]}]:-}"
+    [ -n "$exe" ] || { echo "test: no test binary for tests/${binary[$g]}" >&2; exit 1; }
     (
         cd host
         rc=0
-        "${bin[$g]}" --test-threads=1 --nocapture || rc=$?
+        # shellcheck disable=SC2086 # the filter is words
+        "$exe" --test-threads=1 --nocapture ${filter[$g]} || rc=$?
         echo "$rc" >"$logs/$g.rc"
     ) >"$logs/$g.log" 2>&1 &
     pid[$g]=$!
