@@ -67,89 +67,10 @@ impl ControlSocket {
             path: path.to_owned(),
             detail: "not a file path".into(),
         })?;
-        let dir = path.parent().unwrap_or(Path::new(""));
-        if !dir.as_os_str().is_empty() && !dir.is_dir() {
-            // Its parents as any folder, itself owner-only.
-            let made = match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                Some(parent) => std::fs::create_dir_all(parent),
-                None => Ok(()),
-            }
-            .and_then(|()| std::fs::DirBuilder::new().mode(0o700).create(dir));
-            match made {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    return Err(io_error(
-                        path,
-                        &format!("creating its folder {}", dir.display()),
-                        e,
-                    ));
-                }
-            }
-        }
-        let mut lock_name = name.to_owned();
-        lock_name.push(".lock");
-        let lock_path = path.with_file_name(lock_name);
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(|e| io_error(path, &format!("opening its lock file {}", lock_path.display()), e))?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == ErrorKind::WouldBlock {
-                let pid = std::os::unix::net::UnixStream::connect(path)
-                    .ok()
-                    .and_then(|s| peer_pid(&s));
-                return Err(ControlError::InUse {
-                    path: path.to_owned(),
-                    pid,
-                });
-            }
-            return Err(io_error(path, "locking its lock file", e));
-        }
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(path) {
-                Ok(s) => {
-                    return Err(ControlError::InUse {
-                        path: path.to_owned(),
-                        pid: peer_pid(&s),
-                    });
-                }
-                Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-                    tracing::info!(path = %path.display(), "replacing a control socket left by a process that is gone");
-                    std::fs::remove_file(path).map_err(|e| io_error(path, "removing the stale socket", e))?;
-                }
-                Err(e) => return Err(io_error(path, "checking the socket already there", e)),
-            },
-            Ok(_) => {
-                return Err(ControlError::Io {
-                    path: path.to_owned(),
-                    detail: "something that is not a socket is there; not replacing it".into(),
-                });
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io_error(path, "checking the path", e)),
-        }
-        // Bound under a temporary name and made owner-only before it
-        // appears under its own.
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".{}.tmp", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        let _ = std::fs::remove_file(&tmp);
-        let listener =
-            std::os::unix::net::UnixListener::bind(&tmp).map_err(|e| io_error(path, "binding", e))?;
-        let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io_error(path, "setting its mode and moving it into place", e));
-        }
+        make_folder(path)?;
+        let (lock, lock_path) = lock_beside(path, name)?;
+        clear_stale(path)?;
+        let listener = bind_owner_only(path, name)?;
         let meta = std::fs::symlink_metadata(path).map_err(|e| io_error(path, "reading it back", e))?;
         listener
             .set_nonblocking(true)
@@ -506,6 +427,106 @@ impl ControlledHost {
         .and_then(Result::ok)
         .map(|v| (v.status.holder.clone().unwrap_or_default(), v.status.term))
     }
+}
+
+/// Creates the socket's folder if missing: its parents as any folder,
+/// itself owner-only.
+fn make_folder(path: &Path) -> Result<(), ControlError> {
+    let dir = path.parent().unwrap_or(Path::new(""));
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    let made = match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => std::fs::create_dir_all(parent),
+        None => Ok(()),
+    }
+    .and_then(|()| std::fs::DirBuilder::new().mode(0o700).create(dir));
+    match made {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io_error(
+            path,
+            &format!("creating its folder {}", dir.display()),
+            e,
+        )),
+    }
+}
+
+/// Takes the lock file beside the socket (`NAME.lock`, held for the
+/// process's lifetime): a host that holds it already is in use.
+fn lock_beside(path: &Path, name: &std::ffi::OsStr) -> Result<(std::fs::File, PathBuf), ControlError> {
+    let mut lock_name = name.to_owned();
+    lock_name.push(".lock");
+    let lock_path = path.with_file_name(lock_name);
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| io_error(path, &format!("opening its lock file {}", lock_path.display()), e))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok((lock, lock_path));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == ErrorKind::WouldBlock {
+        let pid = std::os::unix::net::UnixStream::connect(path)
+            .ok()
+            .and_then(|s| peer_pid(&s));
+        return Err(ControlError::InUse {
+            path: path.to_owned(),
+            pid,
+        });
+    }
+    Err(io_error(path, "locking its lock file", e))
+}
+
+/// Removes a socket at `path` that nobody answers on (left by a process
+/// that is gone); one a live process answers on, or anything that is not
+/// a socket, is an error.
+fn clear_stale(path: &Path) -> Result<(), ControlError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(s) => Err(ControlError::InUse {
+                path: path.to_owned(),
+                pid: peer_pid(&s),
+            }),
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                tracing::info!(path = %path.display(), "replacing a control socket left by a process that is gone");
+                std::fs::remove_file(path).map_err(|e| io_error(path, "removing the stale socket", e))
+            }
+            Err(e) => Err(io_error(path, "checking the socket already there", e)),
+        },
+        Ok(_) => Err(ControlError::Io {
+            path: path.to_owned(),
+            detail: "something that is not a socket is there; not replacing it".into(),
+        }),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_error(path, "checking the path", e)),
+    }
+}
+
+/// Binds the socket under a temporary name and makes it owner-only
+/// before it appears under its own.
+fn bind_owner_only(
+    path: &Path,
+    name: &std::ffi::OsStr,
+) -> Result<std::os::unix::net::UnixListener, ControlError> {
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = std::os::unix::net::UnixListener::bind(&tmp).map_err(|e| io_error(path, "binding", e))?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_error(path, "setting its mode and moving it into place", e));
+    }
+    Ok(listener)
 }
 
 /// Sets the elector to stand by until `until`, unless it is stopping.
