@@ -69,7 +69,9 @@ pub const LEASE_HEADER: &str = "baton-lease";
 pub const TERM_HEADER: &str = "baton-term";
 
 /// The `wasi:http` hooks of one plugin instance: its grants, limits and
-/// term.
+/// term. Each request is sent by a clone of its own (`send`), which shares
+/// the instance's limits, connections and Kubernetes client.
+#[derive(Clone)]
 pub struct GuestHttp {
     plugin: Arc<str>,
     policy: HttpPolicy,
@@ -133,26 +135,9 @@ impl WasiHttpHooks for GuestHttp {
         fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<dyn Future<Output = Sent> + Send> {
         drop(fut);
-        let send = Sender {
-            plugin: self.plugin.clone(),
-            policy: self.policy.clone(),
-            term: self.term.clone(),
-            in_flight: self.in_flight.clone(),
-            connections: self.connections.clone(),
-            kube_client: self.kube_client.clone(),
-        };
+        let send = self.clone();
         Box::new(send.send(request, options))
     }
-}
-
-/// One request's share of [`GuestHttp`].
-struct Sender {
-    plugin: Arc<str>,
-    policy: HttpPolicy,
-    term: Arc<Term>,
-    in_flight: Arc<Semaphore>,
-    connections: Connections,
-    kube_client: Arc<OnceCell<kube::Client>>,
 }
 
 /// Where a request goes: its scheme, host (lower case; `bare` without an
@@ -227,7 +212,7 @@ async fn stop_due(term: &Term, connections: &Connections) {
     connections.reset_all();
 }
 
-impl Sender {
+impl GuestHttp {
     async fn send(self, request: http::Request<WasiBody>, options: Option<RequestOptions>) -> Sent {
         let term = self.term.clone();
         let connections = self.connections.clone();
@@ -428,7 +413,7 @@ impl Sender {
     }
 }
 
-impl Sender {
+impl GuestHttp {
     /// A request to the virtual origin of the Kubernetes API: checked
     /// against the plugin's `kubernetes` grant, then sent by the host's own
     /// client (its credentials, never the guest's).
