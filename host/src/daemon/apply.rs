@@ -133,7 +133,7 @@ impl Daemon {
         // Spreading, for the leases and plugins as they are now: the
         // spreader is replaced if it should do something else.
         let wanted = wanted_spread(new, &self.runs, &self.plugins);
-        if let Some(what) = self.started.respread(wanted, &self.runs).await {
+        if let Some(what) = self.launcher.respread(wanted, &self.runs).await {
             summary.push(what.to_owned());
         }
         summary
@@ -145,8 +145,8 @@ impl Daemon {
         for (name, run) in self.runs.iter_mut() {
             if !run.retiring && !new.leases.iter().any(|l| &l.name == name) {
                 run.retiring = true;
-                self.started.removed_lease(name, run);
-                if let Some(h) = &self.started.health {
+                self.launcher.removed_lease(name, run);
+                if let Some(h) = &self.launcher.health {
                     h.unwatch_lease(name);
                 }
                 summary.push(format!("lease {name} removed"));
@@ -168,10 +168,10 @@ impl Daemon {
             })
             .map(|(name, _)| name.clone())
             .collect();
-        self.retired.retain(|_, gone| !gone.is_cancelled());
+        self.removed.retain(|_, gone| !gone.is_cancelled());
         for name in moved {
             let r = self.plugins.remove(&name).expect("present");
-            self.retired.insert(name.clone(), r.gone.clone());
+            self.removed.insert(name.clone(), r.gone.clone());
             handover.insert(r.lease.clone());
             summary.push(format!("plugin {name} removed from lease {}", r.lease));
         }
@@ -196,7 +196,7 @@ impl Daemon {
     fn add_leases(&mut self, new: &Config, summary: &mut Vec<String>) {
         for lease in &new.leases {
             if !self.runs.contains_key(&lease.name) {
-                let run = self.started.added_lease(lease, new.spread.as_ref());
+                let run = self.launcher.added_lease(lease, new.spread.as_ref());
                 self.runs.insert(lease.name.clone(), run);
                 summary.push(format!("lease {} added", lease.name));
             }
@@ -228,8 +228,8 @@ impl Daemon {
             let Some(run) = self.runs.get_mut(&p.lease) else {
                 continue;
             };
-            let after = self.retired.get(&name).filter(|g| !g.is_cancelled()).cloned();
-            let supervised = self.started.plugin(run, &p, plugin, hash, after);
+            let after = self.removed.get(&name).filter(|g| !g.is_cancelled()).cloned();
+            let supervised = self.launcher.plugin(run, &p, plugin, hash, after);
             self.plugins.insert(name.clone(), supervised);
             summary.push(format!("plugin {name} added to lease {}", p.lease));
         }

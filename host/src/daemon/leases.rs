@@ -1,6 +1,6 @@
 //! The leases and plugins `baton run` serves: one elector per lease on the
 //! election runtime, one supervisor per plugin, and the spreader, started
-//! at start-up and by reloads ([`Started`]), with what each needs to be
+//! at start-up and by reloads ([`Launcher`]), with what each needs to be
 //! handed over, removed or changed later ([`LeaseRun`], [`PluginRun`]).
 
 use std::collections::BTreeMap;
@@ -100,7 +100,7 @@ pub(super) fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// What starting a lease or a plugin needs, kept for reloads.
-pub(super) struct Started {
+pub(super) struct Launcher {
     pub(super) store: Arc<dyn LeaseStore>,
     pub(super) clock: TermClock,
     pub(super) election: tokio::runtime::Handle,
@@ -118,7 +118,7 @@ pub(super) struct Started {
     pub(super) gate: Arc<ClaimGate>,
 }
 
-/// A running spreader (see [`Started::respread`]).
+/// A running spreader (see [`Launcher::respread`]).
 pub(super) struct Spreading {
     /// Its settings.
     pub(super) cfg: SpreadConfig,
@@ -131,10 +131,24 @@ pub(super) struct Spreading {
     pub(super) task: tokio::task::JoinHandle<()>,
 }
 
+/// What spreader a host runs: its settings, and whether it steers the
+/// leases (spreading on) or only keeps the membership record (for plugins
+/// that count the live hosts).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct SpreadPlan {
+    /// Its settings.
+    pub(super) cfg: SpreadConfig,
+    /// Whether it steers the leases.
+    pub(super) steers: bool,
+}
+
 impl Spreading {
-    /// What it does: its settings, and whether it steers the leases.
-    pub(super) fn does(&self) -> (SpreadConfig, bool) {
-        (self.cfg, self.changes.is_some())
+    /// The plan it runs.
+    pub(super) fn plan(&self) -> SpreadPlan {
+        SpreadPlan {
+            cfg: self.cfg,
+            steers: self.changes.is_some(),
+        }
     }
 }
 
@@ -144,7 +158,7 @@ pub(super) fn wanted_spread(
     config: &Config,
     runs: &BTreeMap<String, LeaseRun>,
     plugins: &BTreeMap<String, PluginRun>,
-) -> Option<(SpreadConfig, bool)> {
+) -> Option<SpreadPlan> {
     let serving = runs.values().any(|r| !r.retiring);
     let wants_hosts = plugins.values().any(|p| p.version.borrow().uses_hosts());
     spread_for(config, serving, wants_hosts)
@@ -156,19 +170,22 @@ pub(super) fn wanted_spread(
 /// off, one that only keeps the membership record while a plugin counts
 /// the live hosts (`wants_hosts`); none while the host serves no lease
 /// (its record would count it among the hosts that share the leads).
-pub(super) fn spread_for(config: &Config, serving: bool, wants_hosts: bool) -> Option<(SpreadConfig, bool)> {
+pub(super) fn spread_for(config: &Config, serving: bool, wants_hosts: bool) -> Option<SpreadPlan> {
     if !serving {
         return None;
     }
     match config.spread {
-        Some(cfg) => Some((cfg, true)),
-        None => config.membership.filter(|_| wants_hosts).map(|cfg| (cfg, false)),
+        Some(cfg) => Some(SpreadPlan { cfg, steers: true }),
+        None => config
+            .membership
+            .filter(|_| wants_hosts)
+            .map(|cfg| SpreadPlan { cfg, steers: false }),
     }
 }
 
-impl Started {
+impl Launcher {
     /// Starts contending for `lease` (its plugins are added with
-    /// [`Started::plugin`]), with the intent `initial` if given.
+    /// [`Launcher::plugin`]), with the intent `initial` if given.
     pub(super) fn lease(&self, lease: &LeaseConfig, initial: Option<Intent>) -> LeaseRun {
         let cfg = ElectorConfig {
             lease: lease.name.clone(),
@@ -221,7 +238,7 @@ impl Started {
     /// deferring at first, and steered from its start by the spreader (it
     /// is told to contend at once if this host prefers the lease). A
     /// spreader that the reload starts takes it in at its start
-    /// ([`Started::respread`]).
+    /// ([`Launcher::respread`]).
     pub(super) fn added_lease(&self, lease: &LeaseConfig, spread: Option<&SpreadConfig>) -> LeaseRun {
         let initial = spread.map(|s| Intent::Defer {
             head_start: s.head_start,
@@ -233,14 +250,10 @@ impl Started {
         run
     }
 
-    /// Starts a spreader doing `does` (its settings, and whether it steers
-    /// the leases of `runs`).
-    pub(super) fn start_spreader(
-        &self,
-        does: (SpreadConfig, bool),
-        runs: &BTreeMap<String, LeaseRun>,
-    ) -> Spreading {
-        let (cfg, steers) = does;
+    /// Starts a spreader running `plan` (steering the leases of `runs` if
+    /// it steers).
+    pub(super) fn start_spreader(&self, plan: SpreadPlan, runs: &BTreeMap<String, LeaseRun>) -> Spreading {
+        let SpreadPlan { cfg, steers } = plan;
         let leases = runs
             .iter()
             .filter(|(_, run)| steers && !run.retiring)
@@ -294,15 +307,15 @@ impl Started {
     /// periods), longer than the gap.
     pub(super) async fn respread(
         &mut self,
-        wanted: Option<(SpreadConfig, bool)>,
+        wanted: Option<SpreadPlan>,
         runs: &BTreeMap<String, LeaseRun>,
     ) -> Option<&'static str> {
-        let running = self.spread.as_ref().map(Spreading::does);
+        let running = self.spread.as_ref().map(Spreading::plan);
         if running == wanted {
             return None;
         }
-        let steered = running.is_some_and(|(_, steers)| steers);
-        let steers = wanted.is_some_and(|(_, steers)| steers);
+        let steered = running.is_some_and(|p| p.steers);
+        let steers = wanted.is_some_and(|p| p.steers);
         if let Some(old) = self.spread.take() {
             old.stop.cancel();
             let _ = old.task.await;
@@ -316,7 +329,7 @@ impl Started {
             // As on a host started without a spreader (no guest asks).
             self.hosts.send_replace(Hosts::default());
         }
-        self.spread = wanted.map(|does| self.start_spreader(does, runs));
+        self.spread = wanted.map(|plan| self.start_spreader(plan, runs));
         let what = match (steered, steers, wanted) {
             (false, true, _) => "spreading on",
             (true, true, _) => "spreading: new settings",
@@ -451,12 +464,12 @@ mod tests {
         let off = format!("{two}[spread]\nenabled = false\n");
         let on = format!("{one}[spread]\nenabled = true\nsettle = \"9s\"\n");
         let steers =
-            |text: &str, serving, wants_hosts| spread_for(&cfg(text), serving, wants_hosts).map(|(_, s)| s);
+            |text: &str, serving, wants_hosts| spread_for(&cfg(text), serving, wants_hosts).map(|p| p.steers);
         // Spreading on (more than one lease, or enabled): it steers.
         assert_eq!(steers(&two, true, false), Some(true));
         assert_eq!(steers(&two, true, true), Some(true));
-        let (settings, _) = spread_for(&cfg(&on), true, false).unwrap();
-        assert_eq!(settings.settle, Duration::from_secs(9));
+        let plan = spread_for(&cfg(&on), true, false).unwrap();
+        assert_eq!(plan.cfg.settle, Duration::from_secs(9));
         // Off (one lease, or disabled): a record only for a plugin that
         // counts the live hosts, with the same settings, steering nothing.
         assert_eq!(steers(&one, true, false), None);
@@ -464,7 +477,7 @@ mod tests {
         assert_eq!(steers(&one, true, true), Some(false));
         assert_eq!(
             spread_for(&cfg(&off), true, true),
-            cfg(&two).spread.map(|s| (s, false))
+            cfg(&two).spread.map(|cfg| SpreadPlan { cfg, steers: false })
         );
         // No lease served (none configured, or all being removed): none.
         assert_eq!(steers(none, false, true), None);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::serve::Ops;
+use super::serve::Monitoring;
 use crate::config::{Config, PluginConfig};
 use crate::ops::progress::Progress;
 use crate::runtime::{Plugin, PluginEngine, PluginRuntime};
@@ -27,10 +27,15 @@ pub(super) struct Loaded {
 
 impl Loaded {
     /// Tells the metrics, readiness and the log what was loaded.
-    pub(super) fn report(&self, ops: Option<&Ops>, engine: &PluginEngine, runtime: &PluginRuntime) {
-        if let Some(ops) = ops {
-            ops.metrics.loaded(&self.plugins, self.failed, engine);
-            ops.health.loaded(self.refusals.clone());
+    pub(super) fn report(
+        &self,
+        monitoring: Option<&Monitoring>,
+        engine: &PluginEngine,
+        runtime: &PluginRuntime,
+    ) {
+        if let Some(monitoring) = monitoring {
+            monitoring.metrics.loaded(&self.plugins, self.failed, engine);
+            monitoring.health.loaded(self.refusals.clone());
         }
         if let Some((hits, misses)) = engine.cache_stats() {
             tracing::info!(

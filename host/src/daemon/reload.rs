@@ -11,7 +11,7 @@
 //! handed over, new timings apply from each lease's next term, and a
 //! change of spreading (turned on or off, new `[spread]` settings or
 //! membership timings, a plugin counting the live hosts added or removed)
-//! replaces the spreader (`Started::respread` in `serve.rs`). A refused
+//! replaces the spreader (`Launcher::respread` in `serve.rs`). A refused
 //! reload changes nothing.
 //!
 //! The watcher polls the files by path, following symlinks, so it sees a

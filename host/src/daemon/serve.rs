@@ -17,7 +17,7 @@
 //! configuration calls for one (`spread_for`): it keeps this host's
 //! membership record and, with spreading on, steers the electors' intents.
 //! A reload that changes what it should do replaces it
-//! (`Started::respread`): the old one is stopped, the leases go back to
+//! (`Launcher::respread`): the old one is stopped, the leases go back to
 //! contending if the new one does not steer, and the new one steers them
 //! from its first listing; later reloads tell it of added and removed
 //! leases.
@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::leases::{LeaseRun, PluginRun, Started, sync_controlled, wanted_spread};
+use super::leases::{Launcher, LeaseRun, PluginRun, sync_controlled, wanted_spread};
 use super::load::{Loaded, load_plugins};
 use crate::config::{Config, StoreConfig};
 use crate::daemon::control::{ControlSocket, ControlledHost, SharedLeases};
@@ -148,7 +148,7 @@ fn bind_control(config: &Config) -> Result<Option<ControlSocket>, ServeError> {
 
 /// What the admin endpoints of one run serve, when configured (their
 /// server serves until [`serve_opts`] returns).
-pub(super) struct Ops {
+pub(super) struct Monitoring {
     pub(super) metrics: Arc<Metrics>,
     pub(super) health: Arc<Health>,
 }
@@ -243,7 +243,7 @@ pub async fn serve_opts(
     shutdown: CancellationToken,
 ) -> Result<usize, ServeError> {
     // First, so that liveness answers while the plugins compile.
-    let (ops, _admin) = start_admin(&config)?;
+    let (monitoring, _admin) = start_admin(&config)?;
     let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let engine = open_engine(&config, &cache_dir)?;
     // Before anything contends: a host that would share another's socket
@@ -252,7 +252,7 @@ pub async fn serve_opts(
     let control_path = control.as_ref().map(|c| c.path().to_path_buf());
     check_own_files(&config, &cache_dir, control_path.as_deref())?;
     let election = ElectionRuntime::start()?;
-    election.watched(ops.as_ref(), options.stall_election_after);
+    election.watched(monitoring.as_ref(), options.stall_election_after);
     let store = match options.store {
         Some(store) => store,
         None => election.open_store(&config).await?,
@@ -268,13 +268,13 @@ pub async fn serve_opts(
     if loaded.cancelled {
         return Ok(loaded.failed);
     }
-    loaded.report(ops.as_ref(), &engine, &runtime);
+    loaded.report(monitoring.as_ref(), &engine, &runtime);
     let fixed = fixed_settings(&config, cache_dir, control_path);
     let parts = Parts {
         store,
         clock: options.clock,
         election: election.handle().clone(),
-        ops,
+        monitoring,
         engine,
         runtime,
         fixed,
@@ -288,7 +288,7 @@ pub async fn serve_opts(
 /// Starts the admin endpoints, when configured: their metrics and health
 /// (shared with the parts that report to them), and the server, which
 /// serves until dropped.
-fn start_admin(config: &Config) -> Result<(Option<Ops>, Option<AdminServer>), ServeError> {
+fn start_admin(config: &Config) -> Result<(Option<Monitoring>, Option<AdminServer>), ServeError> {
     let Some(address) = config.admin_address else {
         return Ok((None, None));
     };
@@ -303,7 +303,7 @@ fn start_admin(config: &Config) -> Result<(Option<Ops>, Option<AdminServer>), Se
     })?;
     tracing::info!(address = %server.address(), "admin endpoints listening: /metrics, /healthz, /readyz");
     health.watch_runtime("guest", &tokio::runtime::Handle::current());
-    Ok((Some(Ops { metrics, health }), Some(server)))
+    Ok((Some(Monitoring { metrics, health }), Some(server)))
 }
 
 /// The wasm engine, with the compiled-code cache in `cache_dir` and an
@@ -355,7 +355,7 @@ struct Parts {
     store: Arc<dyn LeaseStore>,
     clock: TermClock,
     election: tokio::runtime::Handle,
-    ops: Option<Ops>,
+    monitoring: Option<Monitoring>,
     engine: PluginEngine,
     runtime: Arc<PluginRuntime>,
     fixed: reload::Fixed,
@@ -367,18 +367,18 @@ struct Parts {
 pub(super) struct Daemon {
     /// The configuration in force (the last one a reload applied).
     pub(super) config: Config,
-    pub(super) started: Started,
+    pub(super) launcher: Launcher,
     pub(super) runs: BTreeMap<String, LeaseRun>,
     pub(super) plugins: BTreeMap<String, PluginRun>,
     /// Plugins a reload removed, until their supervisor has returned (no
     /// task of them runs any more): a plugin of the same name added again
     /// waits for it.
-    pub(super) retired: BTreeMap<String, CancellationToken>,
+    pub(super) removed: BTreeMap<String, CancellationToken>,
     /// Each elector's end: its lease and `Err(why)` if it failed.
     ended: mpsc::UnboundedReceiver<(String, Result<(), String>)>,
     pub(super) runtime: Arc<PluginRuntime>,
     engine: PluginEngine,
-    ops: Option<Ops>,
+    monitoring: Option<Monitoring>,
     pub(super) fixed: reload::Fixed,
     reloads: Option<reload::Reload>,
     /// The files the watcher watches, if it runs.
@@ -405,19 +405,19 @@ impl Daemon {
         reloads: Option<reload::Reload>,
     ) -> Result<Daemon, ServeError> {
         let (ended_tx, ended) = mpsc::unbounded_channel();
-        let started = Started {
+        let launcher = Launcher {
             store: parts.store.clone(),
             clock: parts.clock,
             election: parts.election,
-            election_observer: match &parts.ops {
-                Some(ops) => ops.metrics.clone(),
+            election_observer: match &parts.monitoring {
+                Some(m) => m.metrics.clone(),
                 None => Arc::new(NoObserver),
             },
-            task_observer: match &parts.ops {
-                Some(ops) => ops.metrics.clone(),
+            task_observer: match &parts.monitoring {
+                Some(m) => m.metrics.clone(),
                 None => Arc::new(NoTaskObserver),
             },
-            health: parts.ops.as_ref().map(|o| o.health.clone()),
+            health: parts.monitoring.as_ref().map(|o| o.health.clone()),
             identity: config.identity.clone(),
             ended: ended_tx,
             hosts: parts.runtime.hosts().clone(),
@@ -427,14 +427,14 @@ impl Daemon {
         let (files, _) = watch::channel(reload::watched_files(&config));
         let mut daemon = Daemon {
             config,
-            started,
+            launcher,
             runs: BTreeMap::new(),
             plugins: BTreeMap::new(),
-            retired: BTreeMap::new(),
+            removed: BTreeMap::new(),
             ended,
             runtime: parts.runtime,
             engine: parts.engine,
-            ops: parts.ops,
+            monitoring: parts.monitoring,
             fixed: parts.fixed,
             reloads,
             files,
@@ -451,9 +451,9 @@ impl Daemon {
         }
         // Spreading: this host's membership record, and its electors
         // steered so that each host leads its share. Reloads replace the
-        // spreader when what it should do changes (`Started::respread`).
+        // spreader when what it should do changes (`Launcher::respread`).
         let wanted = wanted_spread(&daemon.config, &daemon.runs, &daemon.plugins);
-        daemon.started.respread(wanted, &daemon.runs).await;
+        daemon.launcher.respread(wanted, &daemon.runs).await;
         sync_controlled(&daemon.controlled, &daemon.runs);
         daemon.watch_files();
         Ok(daemon)
@@ -475,7 +475,7 @@ impl Daemon {
                 tracing::error!(lease = %lease.name, "no plugin of this lease could be loaded; not contending for it");
                 continue;
             }
-            let mut run = self.started.lease(lease, None);
+            let mut run = self.launcher.lease(lease, None);
             for (_, plugin) in loaded.iter().filter(|(l, _)| l == &lease.name) {
                 let p = self
                     .config
@@ -484,7 +484,7 @@ impl Daemon {
                     .find(|p| p.spec.name == plugin.name())
                     .expect("a loaded plugin is configured");
                 let hash = Some(plugin.content_hash());
-                let supervised = self.started.plugin(&mut run, p, plugin.clone(), hash, None);
+                let supervised = self.launcher.plugin(&mut run, p, plugin.clone(), hash, None);
                 self.plugins.insert(p.spec.name.clone(), supervised);
             }
             self.runs.insert(lease.name.clone(), run);
@@ -553,7 +553,7 @@ impl Daemon {
         if let Some(run) = self.runs.get_mut(&lease).filter(|r| r.retiring && result.is_ok()) {
             run.ended = true;
             let mut run = self.runs.remove(&lease).expect("present");
-            let clock = self.started.clock.clone();
+            let clock = self.launcher.clock.clone();
             tokio::spawn(async move {
                 run.wait_for_tasks(&lease, &clock).await;
                 tracing::info!(
@@ -564,7 +564,7 @@ impl Daemon {
             return true;
         }
         let reason = result.err().unwrap_or_else(|| "it stopped on its own".to_owned());
-        let clock = self.started.clock.clone();
+        let clock = self.launcher.clock.clone();
         if let Some(run) = self.runs.get_mut(&lease) {
             run.failed(&lease, &reason, &clock);
             if !run.wait_for_tasks(&lease, &clock).await {
@@ -580,16 +580,16 @@ impl Daemon {
         let ok = match outcome {
             Ok(Some(new)) => {
                 self.config = new;
-                self.started.store.set_timings(store_timings(&self.config));
+                self.launcher.store.set_timings(store_timings(&self.config));
                 self.files.send_replace(reload::watched_files(&self.config));
                 sync_controlled(&self.controlled, &self.runs);
-                if let Some(ops) = &self.ops {
+                if let Some(m) = &self.monitoring {
                     let all: Vec<_> = self
                         .plugins
                         .values()
                         .map(|p| (p.lease.clone(), p.version.borrow().clone()))
                         .collect();
-                    ops.metrics.loaded(&all, 0, &self.engine);
+                    m.metrics.loaded(&all, 0, &self.engine);
                 }
                 true
             }
@@ -599,8 +599,8 @@ impl Daemon {
                 false
             }
         };
-        if let Some(ops) = &self.ops {
-            ops.metrics.reloaded(ok);
+        if let Some(m) = &self.monitoring {
+            m.metrics.reloaded(ok);
         }
     }
 
@@ -615,20 +615,20 @@ impl Daemon {
         self.control_stop.cancel();
         // The membership record goes first, so that the other hosts prefer
         // this host's leases for themselves by the time they are released.
-        if let Some(spread) = &self.started.spread {
+        if let Some(spread) = &self.launcher.spread {
             spread.stop.cancel();
         }
         for run in self.runs.values() {
             run.intent.send_replace(Intent::Stop);
         }
         self.await_handovers().await;
-        let clock = self.started.clock.clone();
+        let clock = self.launcher.clock.clone();
         for (lease, run) in &mut self.runs {
             if !run.wait_for_tasks(lease, &clock).await && !self.unconfirmed.contains(lease) {
                 self.unconfirmed.push(lease.clone());
             }
         }
-        if let Some(spread) = self.started.spread.take() {
+        if let Some(spread) = self.launcher.spread.take() {
             let _ = spread.task.await;
         }
         if let Some(control) = control {
@@ -649,7 +649,7 @@ impl Daemon {
     /// and return; each bounds its own wait, and the bound here only
     /// guards against a bug.
     async fn await_handovers(&mut self) {
-        let clock = self.started.clock.clone();
+        let clock = self.launcher.clock.clone();
         let bound = self
             .runs
             .values()
@@ -717,9 +717,9 @@ impl ElectionRuntime {
 
     /// Its thread watched by the health checks; and the test hook that
     /// blocks it `stall_after` after start.
-    fn watched(&self, ops: Option<&Ops>, stall_after: Option<Duration>) {
-        if let Some(ops) = ops {
-            ops.health.watch_runtime("election", self.handle());
+    fn watched(&self, monitoring: Option<&Monitoring>, stall_after: Option<Duration>) {
+        if let Some(monitoring) = monitoring {
+            monitoring.health.watch_runtime("election", self.handle());
         }
         if let Some(after) = stall_after {
             self.handle().spawn(async move {

@@ -24,7 +24,7 @@
 pub mod claims;
 mod clock;
 mod elector;
-mod observe;
+mod report;
 pub mod spread;
 mod status;
 mod term;
@@ -34,10 +34,10 @@ pub use crate::store::RELEASED_LEASE_DURATION;
 pub use claims::{ClaimGate, LeaseClaims};
 pub use clock::{Moment, TermClock};
 pub use elector::{
-    DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, ElectorError, Intent, Me, Verdict, follower_decision,
-    follower_status, judge_sighting, longest_step,
+    DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, ElectorError, Intent, Me, Verdict, contend_after,
+    follower_decision, follower_status, judge_sighting, longest_step,
 };
-pub use observe::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
+pub use report::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
 pub use spread::{Hosts, Spreader, assign, member_lease};
 pub use status::{LeaseView, Role, Status, YieldSeen};
 pub use term::{Term, TermTask};
