@@ -352,9 +352,7 @@ async fn yield_lease(
         (Some(socket), _) => socket,
         (None, Some(file)) => {
             let cfg = Config::load(&file)?;
-            find_socket(&file, cfg.control_socket.as_deref(), identity.as_deref(), &lease)
-                .await
-                .map_err(anyhow::Error::msg)?
+            find_socket(&file, cfg.control_socket.as_deref(), identity.as_deref(), &lease).await?
         }
         (None, None) => {
             anyhow::bail!("give --config FILE (or BATON_CONFIG) or --socket PATH to reach the host")

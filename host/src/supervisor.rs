@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::sleep;
 
-use crate::election::{ClaimGate, LeaseClaims, LeaseView, Term};
+use crate::election::{ClaimGate, LeaseClaims, LeaseView, Moment, Term};
 use crate::runtime::{Plugin, TaskOutcome};
 
 /// The first retry of a failed task waits this long; each further failure
@@ -212,9 +212,6 @@ async fn run_term(
     observer: &dyn TaskObserver,
 ) {
     let name = plugin.name();
-    let (lease, number) = (term.lease(), term.number());
-    let after = || term.clock().now().since(term.over_at());
-    let after_ms = || crate::support::rounding::ms(after());
     let mut backoff = INITIAL_BACKOFF;
     for attempt in 1u32.. {
         if term.is_over() {
@@ -222,99 +219,18 @@ async fn run_term(
         }
         tracing::info!(
             plugin = name,
-            lease,
-            term = number,
+            lease = term.lease(),
+            term = term.number(),
             attempt,
             world = plugin.wit_world(),
             "leader task started"
         );
         let started = term.clock().now();
-        observer.started(name);
-        observer.state(name, TaskState::Running);
-        let mut task = Box::pin(plugin.run_task(term.clone(), view.clone()));
-        let mut told = false;
-        let outcome = loop {
-            tokio::select! {
-                biased;
-                _ = term.stop_due() => break None,
-                outcome = &mut task => break Some(outcome),
-                // Only reported: the task learns of it through its status.
-                _ = term.over(), if !told => {
-                    told = true;
-                    observer.state(name, TaskState::Stopping);
-                }
-            }
-        };
-        let Some(outcome) = outcome else {
-            // Dropping the task drops its Store: the instance ends
-            // wherever it is, even inside a host call.
-            drop(task);
-            observer.ended(name, TaskEnd::Forced);
-            observer.stopped(name, true, after());
-            tracing::warn!(plugin = name, term = number, after_ms = after_ms(), how = "forced", force_stop_at = %term.stop_at_wall(), "leader task stopped");
+        let Some(outcome) = run_attempt(plugin, term, view, observer).await else {
             return;
         };
-        drop(task);
-        observer.ended(
-            name,
-            match &outcome {
-                TaskOutcome::Finished => TaskEnd::Finished,
-                TaskOutcome::NotStarted => TaskEnd::NotStarted,
-                TaskOutcome::Failed(_) => TaskEnd::Failed,
-                o if o.stopped_by_host() => TaskEnd::Forced,
-                TaskOutcome::Trapped(_) => TaskEnd::Trapped,
-            },
-        );
-        if let TaskOutcome::NotStarted = outcome {
-            tracing::info!(
-                plugin = name,
-                term = number,
-                "leader task not started: the term was over before its instance was ready"
-            );
+        if !try_again(name, term, outcome, started, backoff, observer) {
             return;
-        }
-        if term.is_over() {
-            // It returned because its term is over, or the host's fence or
-            // epoch check stopped it at the force-stop time.
-            let how = if outcome.stopped_by_host() {
-                "forced"
-            } else {
-                "cooperative"
-            };
-            observer.stopped(name, outcome.stopped_by_host(), after());
-            tracing::info!(plugin = name, term = number, after_ms = after_ms(), how, outcome = %outcome, force_stop_at = %term.stop_at_wall(), "leader task stopped");
-            return;
-        }
-        let ran_ms = crate::support::rounding::ms(term.clock().now() - started);
-        match outcome {
-            TaskOutcome::Finished | TaskOutcome::NotStarted => {
-                tracing::info!(
-                    plugin = name,
-                    term = number,
-                    ran_ms,
-                    "leader task finished for this term"
-                );
-                observer.state(name, TaskState::Finished);
-                return;
-            }
-            TaskOutcome::Failed(error) => {
-                tracing::warn!(
-                    plugin = name,
-                    term = number,
-                    error,
-                    retry_in_ms = backoff.as_millis() as u64,
-                    "leader task failed"
-                );
-            }
-            TaskOutcome::Trapped(trap) => {
-                tracing::warn!(plugin = name, term = number, error = %trap, retry_in_ms = backoff.as_millis() as u64, "leader task trapped");
-                tracing::debug!(
-                    plugin = name,
-                    term = number,
-                    detail = %trap.detail(),
-                    "trap details"
-                );
-            }
         }
         observer.state(name, TaskState::Backoff);
         tokio::select! {
@@ -322,5 +238,117 @@ async fn run_term(
             _ = term.over() => return,
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Runs one attempt of the task until it returns, or until the term's
+/// force-stop time, when it is dropped (`None`). Reports how it ended.
+async fn run_attempt(
+    plugin: &Arc<Plugin>,
+    term: &Arc<Term>,
+    view: &watch::Receiver<LeaseView>,
+    observer: &dyn TaskObserver,
+) -> Option<TaskOutcome> {
+    let name = plugin.name();
+    observer.started(name);
+    observer.state(name, TaskState::Running);
+    let mut task = Box::pin(plugin.run_task(term.clone(), view.clone()));
+    let mut told = false;
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            _ = term.stop_due() => break None,
+            outcome = &mut task => break Some(outcome),
+            // Only reported: the task learns of it through its status.
+            _ = term.over(), if !told => {
+                told = true;
+                observer.state(name, TaskState::Stopping);
+            }
+        }
+    };
+    // Dropping the task drops its Store: the instance ends wherever it is,
+    // even inside a host call.
+    drop(task);
+    let Some(outcome) = outcome else {
+        let after = term.clock().now().since(term.over_at());
+        observer.ended(name, TaskEnd::Forced);
+        observer.stopped(name, true, after);
+        tracing::warn!(plugin = name, term = term.number(), after_ms = crate::support::rounding::ms(after), how = "forced", force_stop_at = %term.stop_at_wall(), "leader task stopped");
+        return None;
+    };
+    observer.ended(
+        name,
+        match &outcome {
+            TaskOutcome::Finished => TaskEnd::Finished,
+            TaskOutcome::NotStarted => TaskEnd::NotStarted,
+            TaskOutcome::Failed(_) => TaskEnd::Failed,
+            o if o.stopped_by_host() => TaskEnd::Forced,
+            TaskOutcome::Trapped(_) => TaskEnd::Trapped,
+        },
+    );
+    Some(outcome)
+}
+
+/// Whether a task whose attempt (begun at `started`) ended with `outcome`
+/// is tried again after `backoff`: only a failure or a trap while its term
+/// goes on. Says how it ended.
+fn try_again(
+    name: &str,
+    term: &Term,
+    outcome: TaskOutcome,
+    started: Moment,
+    backoff: Duration,
+    observer: &dyn TaskObserver,
+) -> bool {
+    let number = term.number();
+    if let TaskOutcome::NotStarted = outcome {
+        tracing::info!(
+            plugin = name,
+            term = number,
+            "leader task not started: the term was over before its instance was ready"
+        );
+        return false;
+    }
+    if term.is_over() {
+        // It returned because its term is over, or the host's fence or
+        // epoch check stopped it at the force-stop time.
+        let how = if outcome.stopped_by_host() {
+            "forced"
+        } else {
+            "cooperative"
+        };
+        let after = term.clock().now().since(term.over_at());
+        observer.stopped(name, outcome.stopped_by_host(), after);
+        tracing::info!(plugin = name, term = number, after_ms = crate::support::rounding::ms(after), how, outcome = %outcome, force_stop_at = %term.stop_at_wall(), "leader task stopped");
+        return false;
+    }
+    let retry_in_ms = backoff.as_millis() as u64;
+    match outcome {
+        TaskOutcome::Finished | TaskOutcome::NotStarted => {
+            let ran_ms = crate::support::rounding::ms(term.clock().now() - started);
+            tracing::info!(
+                plugin = name,
+                term = number,
+                ran_ms,
+                "leader task finished for this term"
+            );
+            observer.state(name, TaskState::Finished);
+            false
+        }
+        TaskOutcome::Failed(error) => {
+            tracing::warn!(
+                plugin = name,
+                term = number,
+                error,
+                retry_in_ms,
+                "leader task failed"
+            );
+            true
+        }
+        TaskOutcome::Trapped(trap) => {
+            tracing::warn!(plugin = name, term = number, error = %trap, retry_in_ms, "leader task trapped");
+            tracing::debug!(plugin = name, term = number, detail = %trap.detail(), "trap details");
+            true
+        }
     }
 }

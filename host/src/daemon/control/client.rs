@@ -45,62 +45,25 @@ pub async fn find_socket(
     socket: Option<&Path>,
     identity: Option<&str>,
     lease: &str,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, FindError> {
     if let Some(p) = socket {
         return Ok(p.to_owned());
     }
-    let want = std::fs::canonicalize(config_file).unwrap_or_else(|_| config_file.to_owned());
     let dirs = default_dirs(Some(config_file));
-    let mut candidates = Vec::new();
-    for dir in &dirs {
-        match identity {
-            Some(id) => candidates.push(dir.join(socket_name(id))),
-            None => {
-                let Ok(entries) = std::fs::read_dir(dir) else {
-                    continue;
-                };
-                let mut paths: Vec<PathBuf> = entries
-                    .filter_map(|e| e.ok())
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
-                    .map(|e| e.path())
-                    .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-                    .collect();
-                paths.sort();
-                candidates.extend(paths);
-            }
-        }
-    }
-    let mut found: Vec<(PathBuf, Reply)> = Vec::new();
-    for path in candidates {
-        if let Ok(reply) = request(&path, &Request::Leases, Duration::from_secs(5)).await
-            && reply.ok
-            && reply
-                .config
-                .as_deref()
-                .map(|c| std::fs::canonicalize(c).unwrap_or_else(|_| PathBuf::from(c)))
-                .as_deref()
-                == Some(want.as_path())
-        {
-            found.push((path, reply));
-        }
-    }
-    let places = dirs
-        .iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(" or ");
+    let mut found = answering(candidates(&dirs, identity), config_file).await;
     if found.len() == 1 {
         return Ok(found.remove(0).0);
     }
     if found.is_empty() {
-        return Err(format!(
-            "no running host of {} found on this machine{}: no control socket in {places} answers for it \
-             (give --socket PATH, or set `control-socket` in the file)",
-            config_file.display(),
-            identity
-                .map(|i| format!(" under identity {i}"))
-                .unwrap_or_default()
-        ));
+        return Err(FindError::NoHost {
+            file: config_file.to_owned(),
+            identity: identity.map(str::to_owned),
+            places: dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or "),
+        });
     }
     let leads = |r: &Reply| {
         r.leases
@@ -111,28 +74,108 @@ pub async fn find_socket(
     if let [(path, _)] = leaders[..] {
         return Ok(path.clone());
     }
-    let each: Vec<String> = found
-        .iter()
-        .map(|(_, r)| match r.leases.iter().find(|l| l.lease == lease) {
-            None => format!("{}: no such lease", r.identity),
-            Some(l) => match &l.holder {
-                Some(h) => format!("{}: {} (held by {h}, term {})", r.identity, l.role, l.term),
-                None => format!("{}: {} (term {})", r.identity, l.role, l.term),
-            },
-        })
-        .collect();
-    Err(format!(
-        "{} hosts of {} run on this machine and {} of them leads {lease} ({}); name one with --identity \
-         or --socket",
-        found.len(),
-        config_file.display(),
-        if leaders.is_empty() {
-            "none"
-        } else {
-            "more than one"
+    Err(FindError::NoOneLeader {
+        hosts: found.len(),
+        file: config_file.to_owned(),
+        lease: lease.to_owned(),
+        none: leaders.is_empty(),
+        each: found
+            .iter()
+            .map(|(_, r)| what_it_says(r, lease))
+            .collect::<Vec<_>>()
+            .join("; "),
+    })
+}
+
+/// The sockets that may be a host's: its identity's default socket in each
+/// of `dirs`, or, without an identity, every socket there (sorted).
+fn candidates(dirs: &[PathBuf], identity: Option<&str>) -> Vec<PathBuf> {
+    let mut candidates = Vec::new();
+    for dir in dirs {
+        if let Some(id) = identity {
+            candidates.push(dir.join(socket_name(id)));
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+            .collect();
+        paths.sort();
+        candidates.extend(paths);
+    }
+    candidates
+}
+
+/// The candidates whose host answers and runs `config_file`, with their
+/// answers.
+async fn answering(candidates: Vec<PathBuf>, config_file: &Path) -> Vec<(PathBuf, Reply)> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let want = canonical(config_file);
+    let mut found = Vec::new();
+    for path in candidates {
+        if let Ok(reply) = request(&path, &Request::Leases, Duration::from_secs(5)).await
+            && reply.ok
+            && reply.config.as_deref().map(|c| canonical(Path::new(c))) == Some(want.clone())
+        {
+            found.push((path, reply));
+        }
+    }
+    found
+}
+
+/// What a host's answer says of `lease`, in an error.
+fn what_it_says(r: &Reply, lease: &str) -> String {
+    match r.leases.iter().find(|l| l.lease == lease) {
+        None => format!("{}: no such lease", r.identity),
+        Some(l) => match &l.holder {
+            Some(h) => format!("{}: {} (held by {h}, term {})", r.identity, l.role, l.term),
+            None => format!("{}: {} (term {})", r.identity, l.role, l.term),
         },
-        each.join("; ")
-    ))
+    }
+}
+
+/// Why no host's control socket was chosen.
+#[derive(Debug, thiserror::Error)]
+pub enum FindError {
+    /// No host of the file answers.
+    #[error(
+        "no running host of {} found on this machine{}: no control socket in {places} answers for it \
+         (give --socket PATH, or set `control-socket` in the file)",
+        file.display(),
+        identity.as_ref().map(|i| format!(" under identity {i}")).unwrap_or_default()
+    )]
+    NoHost {
+        /// The configuration file.
+        file: PathBuf,
+        /// The identity asked for, if any.
+        identity: Option<String>,
+        /// The directories searched.
+        places: String,
+    },
+    /// Several hosts answer, and not exactly one of them leads the lease.
+    #[error(
+        "{hosts} hosts of {} run on this machine and {} of them leads {lease} ({each}); name one with \
+         --identity or --socket",
+        file.display(),
+        if *none { "none" } else { "more than one" }
+    )]
+    NoOneLeader {
+        /// How many answer.
+        hosts: usize,
+        /// The configuration file.
+        file: PathBuf,
+        /// The lease.
+        lease: String,
+        /// Whether none of them leads it (otherwise more than one does).
+        none: bool,
+        /// What each says of the lease.
+        each: String,
+    },
 }
 
 /// Why a host could not be asked.

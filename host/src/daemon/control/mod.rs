@@ -56,7 +56,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
-pub use client::{ClientError, find_socket, request};
+pub use client::{ClientError, FindError, find_socket, request};
 pub use protocol::{Failure, LeaseState, Reply, Request, VERSION};
 pub use server::{ControlSocket, ControlledHost, ControlledLease, HANDOVER_WAIT, SharedLeases};
 
