@@ -370,33 +370,64 @@ pub fn report(
     let (members, leases): (Vec<_>, Vec<_>) = all
         .into_iter()
         .partition(|(name, _)| name.starts_with(MEMBER_PREFIX));
-    let identity =
-        |name: &str, r: &LeaseRecord| r.holder().unwrap_or(&name[MEMBER_PREFIX.len()..]).to_owned();
-    let mut live_hosts: Vec<String> = members
-        .iter()
-        .filter(|(name, v)| {
-            counted.contains(name) && matches!(expiry(&v.record, now).0, State::Held | State::Unknown)
-        })
-        .map(|(name, v)| identity(name, &v.record))
-        .collect();
-    live_hosts.sort();
-    live_hosts.dedup();
+    let live_hosts = live_hosts(&members, counted, now);
     let spread: Option<Vec<String>> = match spreading {
         Spreading::Off => None,
         Spreading::Leases(names) => Some(names.clone()),
         Spreading::Default => (leases.len() > 1).then(|| leases.iter().map(|(n, _)| n.clone()).collect()),
     };
-    let preferred: BTreeMap<String, String> = spread
-        .as_ref()
-        .map(|names| assign(names, &live_hosts))
-        .unwrap_or_default();
-    let mut leases: Vec<LeaseStatus> = leases
+    let preferred: Option<BTreeMap<String, String>> = spread.as_ref().map(|names| assign(names, &live_hosts));
+    let leases = lease_rows(leases, preferred.as_ref(), now);
+    let hosts = host_rows(members, counted, &leases, preferred.as_ref(), now);
+    Report {
+        version: JSON_VERSION,
+        store: StoreSummary { kind, description },
+        now,
+        spreading: spread.is_some(),
+        leases,
+        hosts,
+        unreadable: Vec::new(),
+        live_hosts,
+    }
+}
+
+/// The identity of a membership record's host: its holder, or the name
+/// after the prefix.
+fn member_identity(name: &str, r: &LeaseRecord) -> String {
+    r.holder().unwrap_or(&name[MEMBER_PREFIX.len()..]).to_owned()
+}
+
+/// Whether a record in `state` is held, as far as this machine can tell.
+fn live(state: State) -> bool {
+    matches!(state, State::Held | State::Unknown)
+}
+
+/// The hosts whose membership records are counted and live, sorted.
+fn live_hosts(members: &[(String, Versioned)], counted: &BTreeSet<String>, now: SystemTime) -> Vec<String> {
+    let mut live_hosts: Vec<String> = members
+        .iter()
+        .filter(|(name, v)| counted.contains(name) && live(expiry(&v.record, now).0))
+        .map(|(name, v)| member_identity(name, &v.record))
+        .collect();
+    live_hosts.sort();
+    live_hosts.dedup();
+    live_hosts
+}
+
+/// The leases' rows, sorted by name, with their preferred holders while
+/// the leads are spread.
+fn lease_rows(
+    leases: Vec<(String, Versioned)>,
+    preferred: Option<&BTreeMap<String, String>>,
+    now: SystemTime,
+) -> Vec<LeaseStatus> {
+    let mut rows: Vec<LeaseStatus> = leases
         .into_iter()
         .map(|(name, v)| {
             let r = &v.record;
             let (state, expires, seconds_left) = expiry(r, now);
             LeaseStatus {
-                preferred_holder: preferred.get(&name).cloned(),
+                preferred_holder: preferred.and_then(|p| p.get(&name)).cloned(),
                 name,
                 holder: r.holder().map(str::to_owned),
                 term: r.term,
@@ -408,27 +439,34 @@ pub fn report(
             }
         })
         .collect();
-    leases.sort_by(|a, b| a.name.cmp(&b.name));
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
+}
+
+/// The hosts' rows, sorted by identity: how many of `leases` each leads
+/// and, while the leads are spread, is preferred for.
+fn host_rows(
+    members: Vec<(String, Versioned)>,
+    counted: &BTreeSet<String>,
+    leases: &[LeaseStatus],
+    preferred: Option<&BTreeMap<String, String>>,
+    now: SystemTime,
+) -> Vec<HostStatus> {
     let mut hosts: Vec<HostStatus> = members
         .into_iter()
         .map(|(name, v)| {
             let r = &v.record;
-            let id = identity(&name, r);
+            let id = member_identity(&name, r);
             let (state, expires, seconds_left) = expiry(r, now);
             let is_counted = counted.contains(&name);
             HostStatus {
-                live: is_counted && matches!(state, State::Held | State::Unknown),
+                live: is_counted && live(state),
                 counted: is_counted,
                 leads: leases
                     .iter()
-                    .filter(|l| {
-                        l.holder.as_deref() == Some(id.as_str())
-                            && matches!(l.state, State::Held | State::Unknown)
-                    })
+                    .filter(|l| l.holder.as_deref() == Some(id.as_str()) && live(l.state))
                     .count(),
-                preferred: spread
-                    .as_ref()
-                    .map(|_| preferred.values().filter(|h| **h == id).count()),
+                preferred: preferred.map(|p| p.values().filter(|h| **h == id).count()),
                 identity: id,
                 record: name,
                 state,
@@ -439,16 +477,7 @@ pub fn report(
         })
         .collect();
     hosts.sort_by(|a, b| (&a.identity, &a.record).cmp(&(&b.identity, &b.record)));
-    Report {
-        version: JSON_VERSION,
-        store: StoreSummary { kind, description },
-        now,
-        spreading: spread.is_some(),
-        leases,
-        hosts,
-        unreadable: Vec::new(),
-        live_hosts,
-    }
+    hosts
 }
 
 /// `in 3.72s`, `expired 1.5s ago`, `released`, `unknown`.
@@ -511,26 +540,8 @@ impl Report {
             return out;
         }
         if !self.leases.is_empty() {
-            let mut header = vec!["LEASE", "HOLDER", "TERM"];
-            if self.spreading {
-                header.push("PREFERRED");
-            }
-            header.push("EXPIRES");
-            let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
-            for l in &self.leases {
-                let mut row = vec![
-                    l.name.clone(),
-                    l.holder.clone().unwrap_or_else(|| "-".into()),
-                    l.term.to_string(),
-                ];
-                if self.spreading {
-                    row.push(l.preferred_holder.clone().unwrap_or_else(|| "-".into()));
-                }
-                row.push(expires_text(l.state, l.seconds_left));
-                rows.push(row);
-            }
             out.push('\n');
-            out.push_str(&table(&rows, &[2]));
+            out.push_str(&self.leases_table());
         }
         if !self.unreadable.is_empty() {
             out.push('\n');
@@ -542,33 +553,69 @@ impl Report {
             }
         }
         if !self.hosts.is_empty() {
-            let mut header = vec!["HOST (membership record)", "LEADS"];
-            if self.spreading {
-                header.push("PREFERRED");
-            }
-            header.push("EXPIRES");
-            let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
-            for h in &self.hosts {
-                let mut row = vec![h.identity.clone(), h.leads.to_string()];
-                if let Some(n) = h.preferred.filter(|_| self.spreading) {
-                    row.push(n.to_string());
-                }
-                let mut expires = expires_text(h.state, h.seconds_left);
-                if !h.counted {
-                    expires.push_str(" (not counted: the hosts count only records with baton's labels)");
-                }
-                row.push(expires);
-                rows.push(row);
-            }
             out.push('\n');
-            out.push_str(&table(&rows, &[1, 2]));
+            out.push_str(&self.hosts_table());
         }
         out.push('\n');
+        out.push_str(&self.footer());
+        out
+    }
+
+    /// The table of the leases.
+    fn leases_table(&self) -> String {
+        let mut header = vec!["LEASE", "HOLDER", "TERM"];
+        if self.spreading {
+            header.push("PREFERRED");
+        }
+        header.push("EXPIRES");
+        let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
+        for l in &self.leases {
+            let mut row = vec![
+                l.name.clone(),
+                l.holder.clone().unwrap_or_else(|| "-".into()),
+                l.term.to_string(),
+            ];
+            if self.spreading {
+                row.push(l.preferred_holder.clone().unwrap_or_else(|| "-".into()));
+            }
+            row.push(expires_text(l.state, l.seconds_left));
+            rows.push(row);
+        }
+        table(&rows, &[2])
+    }
+
+    /// The table of the hosts' membership records.
+    fn hosts_table(&self) -> String {
+        let mut header = vec!["HOST (membership record)", "LEADS"];
+        if self.spreading {
+            header.push("PREFERRED");
+        }
+        header.push("EXPIRES");
+        let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
+        for h in &self.hosts {
+            let mut row = vec![h.identity.clone(), h.leads.to_string()];
+            if let Some(n) = h.preferred.filter(|_| self.spreading) {
+                row.push(n.to_string());
+            }
+            let mut expires = expires_text(h.state, h.seconds_left);
+            if !h.counted {
+                expires.push_str(" (not counted: the hosts count only records with baton's labels)");
+            }
+            row.push(expires);
+            rows.push(row);
+        }
+        table(&rows, &[1, 2])
+    }
+
+    /// The live hosts, how the preferred holders were found, and how expiry
+    /// is judged.
+    fn footer(&self) -> String {
         let live = match self.live_hosts.len() {
             0 => "no live hosts".to_owned(),
             1 => format!("1 live host ({})", self.live_hosts[0]),
             n => format!("{n} live hosts ({})", self.live_hosts.join(", ")),
         };
+        let mut out = String::new();
         if self.spreading && !self.live_hosts.is_empty() {
             out.push_str(&format!(
                 "Leads spread over {live}: PREFERRED is the host each lease goes to under that membership,\n\
