@@ -175,9 +175,6 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             control_socket,
             watch,
         } => {
-            // First: from here on SIGHUP reloads (its default action would
-            // end the process), and SIGTERM/SIGINT shut down gracefully.
-            let signals = Signals::install();
             let overrides = Overrides {
                 identity,
                 store_dir,
@@ -187,25 +184,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 admin_address,
                 control_socket,
             };
-            let cfg = load_config(&config, &overrides)?;
-            let (reload_tx, requests) = tokio::sync::mpsc::unbounded_channel();
-            let file = config.clone();
-            let load: baton::daemon::reload::Loader =
-                std::sync::Arc::new(move || load_config(&file, &overrides).map_err(|e| format!("{e:#}")));
-            let reload = baton::daemon::reload::Reload {
-                load,
-                requests,
-                watch: (watch || cfg.watch).then(|| reload_tx.clone()),
-            };
-            let shutdown = CancellationToken::new();
-            tokio::spawn(wait_for_signal(signals, shutdown.clone(), reload_tx));
-            let options = baton::daemon::serve::ServeOptions {
-                stall_election_after: test_stall_election_runtime,
-                reload: Some(reload),
-                ..Default::default()
-            };
-            baton::daemon::serve::serve_opts(cfg, options, shutdown).await?;
-            Ok(ExitCode::SUCCESS)
+            run(config, overrides, watch, test_stall_election_runtime).await
         }
         Command::Check { plugins } => check(plugins).await,
         Command::Yield {
@@ -244,6 +223,38 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `baton run`: serves the configuration in `config` (with the command
+/// line's `overrides`) until SIGTERM or SIGINT, reloading it on SIGHUP and,
+/// with `watch`, when its files change.
+async fn run(
+    config: PathBuf,
+    overrides: Overrides,
+    watch: bool,
+    stall_election_after: Option<std::time::Duration>,
+) -> Result<ExitCode> {
+    // First: from here on SIGHUP reloads (its default action would end the
+    // process), and SIGTERM/SIGINT shut down gracefully.
+    let signals = Signals::install();
+    let cfg = load_config(&config, &overrides)?;
+    let (reload_tx, requests) = tokio::sync::mpsc::unbounded_channel();
+    let load: baton::daemon::reload::Loader =
+        std::sync::Arc::new(move || load_config(&config, &overrides).map_err(|e| format!("{e:#}")));
+    let reload = baton::daemon::reload::Reload {
+        load,
+        requests,
+        watch: (watch || cfg.watch).then(|| reload_tx.clone()),
+    };
+    let shutdown = CancellationToken::new();
+    tokio::spawn(wait_for_signal(signals, shutdown.clone(), reload_tx));
+    let options = baton::daemon::serve::ServeOptions {
+        stall_election_after,
+        reload: Some(reload),
+        ..Default::default()
+    };
+    baton::daemon::serve::serve_opts(cfg, options, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The signals `baton run` handles, installed at its start.
