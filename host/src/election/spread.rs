@@ -34,46 +34,11 @@
 //! The others take a yielded lease at once, without the head start (the
 //! elector's rule, see [`Intent::Defer`]).
 //!
-//! The leases a reload adds or removes reach the spreader as
-//! [`LeaseChange`]s: the assignment is computed again at once (a new view,
-//! so hand-overs wait for the settle time again and their waits start
-//! over), an added lease is steered from its start (its elector is created
-//! deferring, [`Intent::Defer`], and told to contend at once if this host
-//! prefers it), and a removed lease's elector is told to stop
-//! ([`Intent::Stop`]: drain, release) and no longer steered. Hosts that
-//! have not reloaded yet compute other assignments meanwhile (see below).
-//!
-//! The same listing gives the live hosts that guests of
-//! `baton:leader@0.2.0` see ([`Hosts`]). A host whose spreading is off keeps
-//! its membership record (and lists) only when one of its plugins asks for
-//! them, with no leases to steer.
-//!
-//! A spreader runs with fixed settings ([`SpreadConfig`]) and steers or
-//! not for its whole life. A reload that changes either (spreading turned
-//! on or off, new `[spread]` settings or membership timings, the first
-//! lease added, a plugin that counts the live hosts added or removed) has
-//! [`serve`](crate::daemon::serve) replace it: the old one is stopped (its
-//! membership record released), the leases it steered are set back to
-//! [`Intent::Contend`] if the new one does not steer ([`unsteer`]), and a
-//! new one starts with the leases as they are. Until its first listing a
-//! spreader changes no intent (the electors go on as they were), so the
-//! leases are steered from that listing on. Meanwhile the other hosts may
-//! list this host as absent once: they spread the leases without it, for
-//! a listing or two, which changes only who tries first for a lease that
-//! becomes free then (a hand-over waits for a view steady for the settle
-//! time, longer than the gap).
-//!
-//! None of this touches safety: who may lead is decided by the lease alone,
-//! as without spreading. Spreading decides only who tries first.
-//!
-//! The membership records are listed every retry period. The embedded
-//! store reads its directory; the Kubernetes store reads the listing from
-//! its watch of the namespace while that is in sync, with no request (a
-//! record without baton's labels, as a baton from before them wrote, is
-//! not counted; see [its documentation](crate::store::kube#listing-membership-records)).
-//!
-//! Unstable: hosts with different sets of leases compute different
-//! assignments (harmless, but the spread is then uneven).
+//! Reloads reach a running spreader as [`LeaseChange`]s; a reload that
+//! changes its settings replaces it. None of this touches safety: who may
+//! lead is decided by the lease alone; spreading decides only who tries
+//! first. Reloads, membership listings and limits: `docs/architecture.md`
+//! ("Spreading").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

@@ -1,165 +1,34 @@
 //! The Kubernetes store: lease records as `coordination.k8s.io/v1` Lease
-//! objects, through the API server.
+//! objects, through the API server. The whole design, with the reasons, is
+//! in `docs/kubernetes.md` ("The store, in detail").
 //!
-//! # Mapping
-//!
-//! | [`LeaseRecord`] | Lease |
-//! |---|---|
-//! | `holder` | `spec.holderIdentity` (`""` written on release, as client-go does; `null` or `""` read as no holder) |
-//! | `lease_duration` | `spec.leaseDurationSeconds` (whole seconds; missing or not positive: read as the store's *fallback duration*, see below) |
-//! | `acquire_time`, `renew_time` | `spec.acquireTime`, `spec.renewTime` (MicroTime; unreadable or missing: `None`, they are informational) |
-//! | `transitions` (the term) | `spec.leaseTransitions` (an int32; missing or negative: 0; a term above `i32::MAX` is refused) |
-//! | `instance` | the annotation `baton.dev/holder-instance` ([`HOLDER_INSTANCE`]; read only with a holder) |
-//! | `plugins` | the annotation `baton.dev/plugins` ([`PLUGINS`]; comma-separated; read only with a holder) |
-//! | `yielded` | the annotations `baton.dev/yielded-by` and `baton.dev/yielded-for` ([`YIELDED_BY`]; a release by `baton yield`; read only without a holder) |
-//! | version | `metadata.resourceVersion` |
-//!
-//! A Lease whose holder is set but whose duration is missing (or zero, which
-//! the API server's validation refuses anyway) promised no duration; client-go
-//! takes it over at once. This store reads it as the *fallback duration*,
-//! the longest lease duration this host is configured with, so a foreign
-//! holder gets at least as long as baton's own.
-//!
-//! # Writes
-//!
-//! Every acquire, renew and release is a `PUT` of the whole object with its
-//! `metadata.resourceVersion`: the API server refuses it with 409 Conflict
-//! if anyone wrote in between. The object written is the one last read
-//! (from a get, the watch, or the answer to a write) with only the spec
-//! fields above, baton's label ([`ROLE_LABEL`], see
-//! [Watching](#watching)) and this host's configured labels changed, so labels,
-//! annotations, owner references and any other field written by someone
-//! else are carried over. When the version to update is not among the
-//! objects this store has seen, it reads the object first and reports a
-//! conflict without writing if the version differs.
-//!
-//! The term is `leaseTransitions`, so that `kubectl` and client-go tools
-//! agree with what guests see. Since that number is deleted with the Lease,
-//! each lease's highest term is also kept in a ConfigMap that outlives it,
-//! its *term floor* (`baton-terms.<lease>`, see [`floor`]): a write that
-//! starts a term raises the floor first, and a create checks it. A Lease
-//! found with a `leaseTransitions` below its floor (re-created by another
-//! writer, or replaced in place: see [`baton_wrote_transitions`]) is read
-//! with the floor as its term, so the next term is above it.
-//!
-//! # Deleted Leases
-//!
-//! A Lease deleted while it had a holder is read (by get, list and watch)
-//! as its last record, still held, under a version of its own: see
-//! [`TOMBSTONE`]. Its holder re-creates it at its next renewal and keeps
-//! leading in the same term; the others wait out its lease duration from
-//! when they saw the deletion, as they would for any holder, so no two
-//! hosts lead at once. A deleted Lease without a holder, or one that no
-//! running host saw, reads as released at its term floor, so terms never
-//! repeat even when the Lease was deleted while no host ran; a running
-//! host reads it at no lower than the highest term it saw (in case the
-//! floor was deleted too). The holder of a Lease makes a deleted floor
-//! again within about a lease duration (see `Inner::check_floor`).
-//!
-//! # Watching
-//!
-//! Every Lease this store writes carries the label [`ROLE_LABEL`]`=`[`LEASE_ROLE`]
-//! (`baton.dev/role=lease`) and the configured labels. All the watches of
-//! one store share one watch request of the namespace's Leases with those
-//! labels (a label selector), which wakes only the watches an event is
-//! about (see `watch.rs`): one watch per host and namespace instead of one
-//! per lease. It starts with the first [`LeaseStore::watch`]: a list of the
-//! selected Leases, kept as the newest object of each (a cache), then a
-//! watch from the list's resourceVersion; it stops when the last watch is
-//! dropped. A later watch of a lease joins it: the lease's cached object is
-//! its first observation, with no request, and every later event about the
-//! lease reaches it (joining reads the cache and starts the deliveries at
-//! once, so nothing falls between). A lease not in the cache (missing, or
-//! without the labels) is listed on its own (field selector on
-//! `metadata.name`), which decides where its events come from:
-//!
-//! - a Lease carrying the labels: the shared watch;
-//! - a Lease without them (created by someone else, or a foreign write
-//!   dropped them), or no Lease at all (anyone may create it, with or
-//!   without labels): a watch of its own, the field selector, from the
-//!   list's resourceVersion, as every lease had before; once that watch
-//!   sees the Lease carrying the labels (baton's next write puts them
-//!   back), the lease joins the shared watch again.
-//!
-//! The API server reports a Lease that stops matching a label selector as
-//! DELETED, exactly like a deletion. So a DELETED event from the shared
-//! watch is never taken for a deletion: the lease lists its Lease and
-//! reads what it finds (the Lease without its labels is a normal update,
-//! and is watched on its own from then on; no Lease is a deletion, see
-//! [Deleted Leases](#deleted-leases)). A missing label never makes a Lease
-//! look free.
-//!
-//! A watch request that the server ends normally (its `timeoutSeconds`: the
-//! longest configured lease duration, x 1 to 1.25) is resumed from the last
-//! resourceVersion seen (bookmarks keep it fresh; it never moves back)
-//! without a new list. A watch silent past that plus the request timeout
-//! and a second is taken as dead: a half-open connection (a stalled path
-//! that TCP keepalive does not notice) is found within about a lease
-//! duration and a request timeout. That is the budget of an idle host: one
-//! watch request per lease duration for the namespace (and per lease
-//! watched on its own); its membership listings are read from the shared
-//! watch (see [Listing membership records](#listing-membership-records)). Any error of the shared watch, including 410 Gone,
-//! ends the stream of every lease it serves with that error (and an error
-//! of a lease's own watch ends that lease's stream); each elector then
-//! watches again after its jittered retry: the first to do so lists the
-//! namespace's Leases afresh, the others join from the cache.
-//!
-//! Watch events are history: one may arrive after this host already has a
-//! newer version of the Lease from its own read or write (for example the
-//! event of its own create, after its first renewal). Such an event, and
-//! a listed state older than what the caller has since learned, is not
-//! yielded, nor a version yielded just before (a lease that joins the
-//! shared watch may read its state from the cache and then from an
-//! event): the stream only ever moves forward, as the embedded store's
-//! does. (resourceVersions are compared as numbers, which etcd revisions
-//! are; one that is not a number is always passed on.)
-//!
-//! # Listing membership records
-//!
-//! A host that spreads its leases (or whose plugins ask for the live hosts)
-//! lists the membership records ([`LeaseStore::list_prefixed`]) every
-//! retry period. The shared watch already holds every Lease it selects,
-//! membership records included (baton writes them with its labels), so
-//! while it is in sync the listing is read from its memory, with no
-//! request: the newest object of each Lease as of every event received,
-//! read as a listed object is (no term floors, no deleted records), only
-//! the names with the prefix, sorted. An idle host then makes no request
-//! for its membership beyond the namespace's one watch.
-//!
-//! It lists from the API server instead (with the same label selector, so
-//! both give the same answer) while the shared watch is not in sync:
-//!
-//! - nothing watches: no lease of the store is watched (the membership
-//!   record's own elector watches it, so a host that keeps a record always
-//!   watches one), or the watch failed (an error, 410 Gone, a silent
-//!   connection) and no lease has watched again yet, which each elector
-//!   does after its jittered retry period;
-//! - it is still listing, or starting its first watch request;
-//! - it has not delivered one of this store's own writes (of a Lease it
-//!   selects) more than a second after the write's answer: a watch that
-//!   falls silent on a connection that still carries writes. A host that
-//!   keeps a membership record renews it every retry period, so such a
-//!   watch stops serving within about a retry period and a second. A host
-//!   that writes nothing relies on the silence check alone (see
-//!   [Watching](#watching)): a dead watch serves a listing that shows no
-//!   change for at most its server-side timeout (the lease duration × 1 to
-//!   1.25), the request timeout and a second, after which it has failed.
-//!
-//! A Lease named like a membership record but without baton's labels
-//! (written by another tool, or by a baton from before [`ROLE_LABEL`]) is
-//! not in the listing, from memory or from the API server alike: such a
-//! host is not counted. (Listing it only from the API server would count it
-//! at each fallback and forget it at the next listing from memory, so its
-//! count would flicker.) [`LeaseStore::list`], for status reports, still
-//! lists from the API server by the configured labels alone.
-//!
-//! # Errors
-//!
-//! 409 is [`StoreError::Conflict`]; 401 and 403 are [`StoreError::Refused`]
-//! with the API server's message (it names the user, verb, resource and
-//! namespace); other 4xx are `Refused`; 410, 429, 5xx, connection errors
-//! and timeouts are [`StoreError::Unavailable`]; undecodable answers are
-//! [`StoreError::Malformed`].
+//! - **Mapping.** The holder, duration, times and term are the Lease's
+//!   `spec` fields (the term is `leaseTransitions`); the holder's instance,
+//!   its plugins and a yield are annotations ([`HOLDER_INSTANCE`],
+//!   [`PLUGINS`], [`YIELDED_BY`]); the version is `resourceVersion`. A held
+//!   Lease without a duration is read with the *fallback duration*, the
+//!   longest one configured.
+//! - **Writes.** Every acquire, renew and release is a `PUT` of the whole
+//!   object last read with its `resourceVersion` (409 on any write in
+//!   between); fields written by others are carried over.
+//! - **Terms never repeat.** Each lease's highest term is also kept in a
+//!   ConfigMap that outlives the Lease, its term floor ([`floor`]); a Lease
+//!   below its floor is read at the floor.
+//! - **Deletions.** A Lease deleted while held reads as its last record
+//!   under a version of its own ([`TOMBSTONE`]): nobody takes it before its
+//!   holder's lease runs out.
+//! - **Watching.** One shared, label-selected watch per store and
+//!   namespace ([`ROLE_LABEL`]); a Lease without the labels is watched on its
+//!   own. A DELETED event of the shared watch is never taken for a deletion
+//!   (the Lease is listed); a missing label never makes a Lease look free.
+//!   A watch silent past its timeout, the request timeout and a second is
+//!   dead. The stream of a lease only moves forward.
+//! - **Membership listings** are read from the shared watch while it is in
+//!   sync (no request), from the API server otherwise.
+//! - **Errors.** 409 is [`StoreError::Conflict`]; 401, 403 and other 4xx
+//!   are [`StoreError::Refused`]; 410, 429, 5xx, connection errors and
+//!   timeouts are [`StoreError::Unavailable`]; undecodable answers are
+//!   [`StoreError::Malformed`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
