@@ -12,6 +12,24 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$repo/scripts/env.sh"
 cd "$repo"
 
+# One suite at a time per target directory, and never another clone's
+# binaries: cargo names the workspace's own artefacts alike in every clone
+# (their hashes count paths from the workspace root) and judges them fresh
+# by mtime, so a clone whose files are older than what another clone built
+# would run that clone's test binaries. When the last suite here ran from
+# another clone, this clone's files are touched: the workspace's crates
+# (not the dependencies) are rebuilt, a few minutes.
+mkdir -p "$CARGO_TARGET_DIR"
+exec 9>"$CARGO_TARGET_DIR/.baton-test.lock"
+if ! flock -n 9; then
+    echo "test: another suite uses $CARGO_TARGET_DIR; waiting for it" >&2
+    flock 9
+fi
+if [ "$(cat "$CARGO_TARGET_DIR/.baton-clone" 2>/dev/null)" != "$repo" ]; then
+    git ls-files -z | xargs -0 touch -c
+    echo "$repo" >"$CARGO_TARGET_DIR/.baton-clone"
+fi
+
 # The style gate, first, failing fast: formatting, then the lints of every
 # host target (the workspace's lints are in Cargo.toml).
 cargo fmt --all --check

@@ -94,10 +94,58 @@ impl Default for Timings {
 }
 
 /// A set of timings that would allow two leaders at once, or an election
-/// that cannot work.
+/// that cannot work; each names the rule broken and shows the timings.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TimingError(String);
+pub enum TimingError {
+    /// A timing is zero.
+    #[error("{name} must be greater than zero ({})", DisplayTimings(timings))]
+    Zero {
+        /// The timing's name in the configuration.
+        name: &'static str,
+        /// The timings refused.
+        timings: Timings,
+    },
+    /// The leader would get one renewal attempt at most.
+    #[error(
+        "renew-deadline must exceed {RENEW_ATTEMPTS_FACTOR} x retry-period, so that the leader \
+         gets more than one renewal attempt before it gives up ({}); \
+         raise renew-deadline or lower retry-period",
+        DisplayTimings(.0)
+    )]
+    OneAttempt(Timings),
+    /// A request could outlive the renew deadline.
+    #[error(
+        "request-timeout must be shorter than renew-deadline: a request that outlives the \
+         renew deadline cannot keep the lead, and one that outlives the lease lets two \
+         hosts lead at once ({})",
+        DisplayTimings(.0)
+    )]
+    RequestOutlivesDeadline(Timings),
+    /// The tasks could still run when another host may take over.
+    #[error("{}", stop_after_expiry(.0))]
+    StopAfterExpiry(Timings),
+}
+
+/// The message of [`TimingError::StopAfterExpiry`].
+fn stop_after_expiry(t: &Timings) -> String {
+    let margin = t.safety_margin();
+    format!(
+        "renew-deadline + grace + margin must be shorter than lease-duration: this host \
+         stops leading at renew-deadline after its last confirmed renewal and stops its \
+         tasks by force at renew-deadline + grace, while another host may take over at \
+         lease-duration; here {} + {} + {} (margin: {} forced-stop allowance + 1/{} of \
+         lease-duration for clock-rate skew) = {} is not below {} ({}); lower \
+         renew-deadline or grace, or raise lease-duration",
+        fmt_d(t.renew_deadline),
+        fmt_d(t.grace),
+        fmt_d(margin),
+        fmt_d(FORCED_STOP_ALLOWANCE),
+        CLOCK_SKEW_DIVISOR,
+        fmt_d(t.stop_bound() + margin),
+        fmt_d(t.lease_duration),
+        DisplayTimings(t),
+    )
+}
 
 impl Timings {
     /// The margin the rule keeps between RD + grace and LD: the forced-stop
@@ -125,49 +173,24 @@ impl Timings {
     /// assert!(err.contains("renew-deadline + grace"), "{err}");
     /// ```
     pub fn validate(&self) -> Result<(), TimingError> {
-        let t = DisplayTimings(self);
-        let zero = Duration::ZERO;
         for (name, value) in [
             ("lease-duration", self.lease_duration),
             ("renew-deadline", self.renew_deadline),
             ("retry-period", self.retry_period),
             ("request-timeout", self.request_timeout),
         ] {
-            if value == zero {
-                return Err(TimingError(format!("{name} must be greater than zero ({t})")));
+            if value == Duration::ZERO {
+                return Err(TimingError::Zero { name, timings: *self });
             }
         }
         if self.renew_deadline.as_secs_f64() <= RENEW_ATTEMPTS_FACTOR * self.retry_period.as_secs_f64() {
-            return Err(TimingError(format!(
-                "renew-deadline must exceed {RENEW_ATTEMPTS_FACTOR} x retry-period, so that the leader \
-                 gets more than one renewal attempt before it gives up ({t}); \
-                 raise renew-deadline or lower retry-period"
-            )));
+            return Err(TimingError::OneAttempt(*self));
         }
         if self.request_timeout >= self.renew_deadline {
-            return Err(TimingError(format!(
-                "request-timeout must be shorter than renew-deadline: a request that outlives the \
-                 renew deadline cannot keep the lead, and one that outlives the lease lets two \
-                 hosts lead at once ({t})"
-            )));
+            return Err(TimingError::RequestOutlivesDeadline(*self));
         }
-        let margin = self.safety_margin();
-        if self.stop_bound() + margin >= self.lease_duration {
-            return Err(TimingError(format!(
-                "renew-deadline + grace + margin must be shorter than lease-duration: this host \
-                 stops leading at renew-deadline after its last confirmed renewal and stops its \
-                 tasks by force at renew-deadline + grace, while another host may take over at \
-                 lease-duration; here {} + {} + {} (margin: {} forced-stop allowance + 1/{} of \
-                 lease-duration for clock-rate skew) = {} is not below {} ({t}); lower \
-                 renew-deadline or grace, or raise lease-duration",
-                fmt_d(self.renew_deadline),
-                fmt_d(self.grace),
-                fmt_d(margin),
-                fmt_d(FORCED_STOP_ALLOWANCE),
-                CLOCK_SKEW_DIVISOR,
-                fmt_d(self.stop_bound() + margin),
-                fmt_d(self.lease_duration),
-            )));
+        if self.stop_bound() + self.safety_margin() >= self.lease_duration {
+            return Err(TimingError::StopAfterExpiry(*self));
         }
         Ok(())
     }
