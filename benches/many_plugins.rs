@@ -40,6 +40,8 @@
 //! waiting for steady state (`BATON_BENCH_SETTLE_SECS=0`: 3.5 minutes,
 //! for start and memory alone). Run:
 //! `BATON_BENCH_SWEEP=1 scripts/bench.sh --bench many_plugins`.
+// A bench is a test program: exempt from the production length limit.
+#![allow(clippy::too_many_lines)]
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]

@@ -7,6 +7,8 @@
 //! - [`bars`]: one bar per (label, tool, value);
 //! - [`sweep`]: a measure against a swept parameter, one line per series
 //!   through the medians, a whisker from min to max at each point.
+// A bench is a test program: exempt from the production length limit.
+#![allow(clippy::too_many_lines)]
 
 use plotters::coord::ranged1d::{Ranged, ValueFormatter};
 use plotters::coord::types::RangedCoordf64;

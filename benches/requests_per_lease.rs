@@ -40,6 +40,8 @@
 //! a 2-core machine; `BATON_BENCH_LONG=1 scripts/bench.sh` runs it with the
 //! others). The Kubernetes test server must be installed
 //! (`scripts/kube-testenv.sh install`).
+// A bench is a test program: exempt from the production length limit.
+#![allow(clippy::too_many_lines)]
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]

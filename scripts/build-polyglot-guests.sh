@@ -10,7 +10,7 @@
 #   JavaScript  @bytecodealliance/componentize-js 0.23.0 (StarlingMonkey),
 #               componentize-qjs 0.4.5 (QuickJS), @bytecodealliance/jco 1.35.0
 #               (npm; needs node and npm)
-#   C           wit-bindgen-cli 0.61.1 (cargo install, ~4-11 min once), and
+#   C           wit-bindgen-cli 0.61.1 (cargo install, its C generator alone), and
 #               Debian's clang-19, lld-19, wasi-libc, libclang-rt-19-dev-wasm32
 #               (apt-get, when missing; needs root)
 # Guests go to $BATON_POLYGLOT_DIR (default $BATON_CACHE/polyglot). A guest is
@@ -72,7 +72,7 @@ install_node() {
     mv "$node_dir.tmp" "$node_dir"
 }
 
-wit_bindgen="$tools/wit-bindgen-$WIT_BINDGEN_VERSION/bin/wit-bindgen"
+wit_bindgen="$tools/wit-bindgen-$WIT_BINDGEN_VERSION-c/bin/wit-bindgen"
 install_c() {
     if ! command -v "$CLANG" >/dev/null || [ ! -f /usr/lib/wasm32-wasi/libc.a ] \
         || ! ls /usr/lib/llvm-19/lib/clang/19/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1 \
@@ -82,8 +82,13 @@ install_c() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${APT_PACKAGES[@]}" >&2
     fi
     if [ ! -x "$wit_bindgen" ]; then
-        cargo install wit-bindgen-cli --version "$WIT_BINDGEN_VERSION" --locked \
-            --root "$tools/wit-bindgen-$WIT_BINDGEN_VERSION" >&2
+        # Only the C generator, unoptimised: it writes bindings for one small
+        # WIT package, and the default (every language, opt-level 3) took
+        # most of the toolchains' time on a cold machine.
+        CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=false \
+            cargo install wit-bindgen-cli --version "$WIT_BINDGEN_VERSION" --locked \
+            --no-default-features --features c,async \
+            --root "$tools/wit-bindgen-$WIT_BINDGEN_VERSION-c" >&2
     fi
 }
 

@@ -13,6 +13,8 @@
 //! | storage | [`store`]: the `LeaseStore` trait and its backends |
 //! | base | [`support`]: rounding, recurring warnings |
 #![deny(missing_docs)]
+// Tests may be long; production functions may not (clippy.toml).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod cli;
 pub mod config;
@@ -26,3 +28,5 @@ pub mod support;
 
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod shape;

@@ -34,11 +34,10 @@
 //! The others take a yielded lease at once, without the head start (the
 //! elector's rule, see [`Intent::Defer`]).
 //!
-//! Reloads reach a running spreader as [`LeaseChange`]s; a reload that
-//! changes its settings replaces it. None of this touches safety: who may
-//! lead is decided by the lease alone; spreading decides only who tries
-//! first. Reloads, membership listings and limits: `docs/architecture.md`
-//! ("Spreading").
+//! None of this touches safety: who may lead is decided by the lease
+//! alone; spreading decides only who tries first. Reloads (as
+//! [`LeaseChange`]s), membership listings and limits:
+//! `docs/architecture.md` ("Spreading").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
