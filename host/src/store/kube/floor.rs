@@ -48,7 +48,8 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta};
 
-use super::{ROLE_LABEL, map_error, post_params};
+use super::ROLE_LABEL;
+use super::requests::{map_error, post_params};
 use crate::store::StoreError;
 
 /// The prefix of every floor ConfigMap's name.

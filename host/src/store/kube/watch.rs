@@ -34,7 +34,8 @@ use rand::Rng;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::{Inner, field_selector, map_error, rv_number};
+use super::Inner;
+use super::requests::{field_selector, map_error, rv_number};
 use crate::store::{ANY_LEASE, StoreError, StoreTimings, Versioned};
 use crate::support::rounding::human;
 
