@@ -16,7 +16,7 @@ use crate::support::rounding::human;
 
 /// How long after the answer to one of this store's writes the shared
 /// watch may still not have delivered it (or anything newer) and still
-/// serve [`SharedWatch::cached`]: the event of a write reaches a healthy
+/// serve [`SharedWatch::cached`](super::SharedWatch::cached): the event of a write reaches a healthy
 /// watch within milliseconds; one that lags by more than this is taken as
 /// possibly dead (a half-open connection), and listings go to the API
 /// server until it catches up or its silence ends it.
@@ -138,7 +138,7 @@ impl Run {
     }
 }
 
-/// Why [`SharedWatch::cached`] cannot serve a listing: the caller lists
+/// Why [`SharedWatch::cached`](super::SharedWatch::cached) cannot serve a listing: the caller lists
 /// from the API server instead.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(in crate::store::kube) enum Unserved {

@@ -33,7 +33,7 @@ pub(super) struct Follower {
     config: WatchConfig,
     /// The selector (label or field) of every request.
     params: WatchParams,
-    /// Named in errors: a lease, or [`ANY_LEASE`] for the shared watch.
+    /// Named in errors: a lease, or [`ANY_LEASE`](crate::store::ANY_LEASE) for the shared watch.
     lease: String,
     /// What it is, for messages.
     what: &'static str,

@@ -86,7 +86,7 @@ impl SharedWatch {
 
     /// This store wrote `obj` (the API server's answer): if the watch
     /// selects it, the watch must deliver it, within
-    /// [`WATCH_LAG_ALLOWANCE`] for its cache to serve listings.
+    /// [`WATCH_LAG_ALLOWANCE`](super::demux::WATCH_LAG_ALLOWANCE) for its cache to serve listings.
     pub(in crate::store::kube) fn wrote(&self, obj: &DynamicObject) {
         let rv = obj.metadata.resource_version.as_deref().and_then(rv_number);
         if let Some(rv) = rv
