@@ -73,7 +73,7 @@ struct Memory {
     renewals: u64,
     /// The backend's create count when the tombstone was last dated.
     creates: Option<u64>,
-    /// How many writes this store made (see [`DeletedRecords::writes`]).
+    /// How many writes this store made (see [`DeletedRecords::wrote`] and [`DeletedRecords::ticket`]).
     writes: u64,
     /// The record of this store's last write (compared by content: a
     /// deletion event may carry it under a version of the deletion's own).

@@ -347,9 +347,9 @@ impl MemoryStore {
                 panic!("injected panic in a watch of lease {lease:?}");
             }
             if op != Op::List {
-                validate_lease_name(lease).map_err(|detail| StoreError::Refused {
+                validate_lease_name(lease).map_err(|e| StoreError::Refused {
                     lease: lease.into(),
-                    detail,
+                    detail: e.to_string(),
                 })?;
             }
             let failure = if state.unavailable {

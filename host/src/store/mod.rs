@@ -4,44 +4,31 @@
 //! read a record, create one, replace one only if nobody else wrote it in
 //! between (compare-and-swap on an opaque version), and hear about changes
 //! without polling. Everything a backend does beyond that (files, the
-//! Kubernetes API) stays inside its module.
-//!
-//! Beside the trait: [`subscription`] keeps the latest record of a lease
-//! current apart from the elector that reads it, and [`deleted`] holds the
-//! one implementation of the deleted-records rules below, which every
-//! backend uses.
+//! Kubernetes API) stays inside its module. The record mirrors a Kubernetes
+//! `coordination.k8s.io/v1` Lease spec.
 //!
 //! - [`embedded`]: a directory on the local disk; the default, needs nothing
 //!   installed, and lets several `baton` processes on one machine contend.
-//! - [`kube`]: `coordination.k8s.io/v1` Lease objects through the
-//!   Kubernetes API server, for hosts on many machines.
-//! - [`memory`]: in-process, with fault injection, for unit tests of the
-//!   elector; it follows the same deleted-records rules, so the elector's
-//!   tests see them.
-//!
-//! The record mirrors a Kubernetes `coordination.k8s.io/v1` Lease spec so a
-//! later backend can map it one to one.
+//! - [`kube`]: Lease objects through the Kubernetes API server, for hosts on
+//!   many machines.
+//! - [`memory`]: in-process, with fault injection, for the elector's tests.
+//! - Beside them: [`subscription`] keeps the latest record of a lease
+//!   current apart from the elector; [`deleted`] is the one implementation
+//!   of the deleted-records rules below, which every backend uses.
 //!
 //! # Deleted records
 //!
-//! An operator may delete a record while a host holds it (a file removed,
-//! `kubectl delete lease`). Its holder may still be running its tasks and
-//! learns of the deletion no sooner than anyone else, so the persistent
-//! stores ([`embedded`], [`kube`]) read a record deleted while held as its
-//! last state, still held, under a version of its own (a *tombstone*: a
-//! version starting with [`TOMBSTONE`]). The holder keeps leading and writes
-//! the record again at its next renewal (an update of a tombstone is a
-//! create); the others wait out the holder's lease from when they saw the
-//! deletion, as for any holder that has gone quiet. A store remembers only
-//! what it has seen: one that never saw the record (a host started after
-//! the deletion) finds the lease free.
-//!
-//! What a deleted record without a holder reads as depends on the store:
-//! the Kubernetes store reads it as gone (`None`); the embedded and memory
-//! stores keep the lease's highest term and read it as released at that
-//! term, under a tombstone version, so that terms are never reused. The
-//! rules, and the exact tombstone versions, are in [`deleted`]; the elector
-//! only passes the versions back to [`LeaseStore::update`].
+//! A record deleted while held (a file removed, `kubectl delete lease`)
+//! reads, in every store that saw it held, as its last state, still held,
+//! under a version of its own (a *tombstone*: a version starting with
+//! [`TOMBSTONE`]). The holder keeps leading and writes the record again at
+//! its next renewal (an update of a tombstone is a create); the others wait
+//! out the holder's lease from when they saw the deletion. A deleted record
+//! without a holder, or one the store never saw, reads as released at the
+//! lease's highest term, which every store keeps apart from the
+//! record, so that terms are never reused. The exact rules are in
+//! [`deleted`]; the elector only passes the versions back to
+//! [`LeaseStore::update`].
 //!
 //! # Reads never go back
 //!
@@ -87,17 +74,17 @@ const MAX_LEASE_NAME: usize = 253;
 /// use baton::store::validate_lease_name;
 ///
 /// assert!(validate_lease_name("jobs.billing-1").is_ok());
-/// assert!(validate_lease_name("Jobs").unwrap_err().contains("lowercase"));
+/// assert!(validate_lease_name("Jobs").unwrap_err().to_string().contains("lowercase"));
 /// ```
-pub fn validate_lease_name(name: &str) -> Result<(), String> {
+pub fn validate_lease_name(name: &str) -> Result<(), InvalidLeaseName> {
     if name.is_empty() {
-        return Err("invalid lease name: it is empty".into());
+        return Err(InvalidLeaseName::Empty);
     }
     if name.len() > MAX_LEASE_NAME {
-        return Err(format!(
-            "invalid lease name {name:?}: {} characters, at most {MAX_LEASE_NAME} allowed",
-            name.len()
-        ));
+        return Err(InvalidLeaseName::TooLong {
+            name: name.to_owned(),
+            length: name.len(),
+        });
     }
     for label in name.split('.') {
         let bytes = label.as_bytes();
@@ -109,14 +96,39 @@ pub fn validate_lease_name(name: &str) -> Result<(), String> {
             _ => false,
         };
         if !valid {
-            return Err(format!(
-                "invalid lease name {name:?}: must be a lowercase RFC 1123 subdomain \
-                 (dot-separated labels of a-z, 0-9 and '-', each starting and ending \
-                 with a letter or digit)"
-            ));
+            return Err(InvalidLeaseName::NotASubdomain {
+                name: name.to_owned(),
+            });
         }
     }
     Ok(())
+}
+
+/// Why a name cannot name a lease ([`validate_lease_name`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidLeaseName {
+    /// The name is empty.
+    #[error("invalid lease name: it is empty")]
+    Empty,
+    /// The name is longer than 253 characters.
+    #[error("invalid lease name {name:?}: {length} characters, at most {MAX_LEASE_NAME} allowed")]
+    TooLong {
+        /// The name.
+        name: String,
+        /// Its length, in bytes.
+        length: usize,
+    },
+    /// A label is empty, or holds a character other than `a-z`, `0-9` and
+    /// `-`, or starts or ends with `-`.
+    #[error(
+        "invalid lease name {name:?}: must be a lowercase RFC 1123 subdomain \
+         (dot-separated labels of a-z, 0-9 and '-', each starting and ending \
+         with a letter or digit)"
+    )]
+    NotASubdomain {
+        /// The name.
+        name: String,
+    },
 }
 
 /// The version prefix of a record deleted while held; see [Deleted

@@ -28,7 +28,7 @@ use rand::Rng;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
-use super::{LeaseStore, StoreError, Versioned};
+use super::{LeaseStore, LeaseWatch, StoreError, Versioned};
 use crate::support::recurring::{Note, Recurring};
 use crate::support::rounding::human;
 
@@ -147,48 +147,20 @@ impl Feed {
         *self.cadence.borrow()
     }
 
+    /// Watches the lease and publishes what it sees; while it cannot
+    /// watch, polls. Runs until the task is dropped.
     async fn run(mut self) {
         let mut polling = false;
         let mut unreadable = Recurring::default();
         loop {
             let started = Instant::now();
             match timeout(self.cadence().request_timeout, self.store.watch(&self.lease)).await {
-                Ok(Ok(mut watch)) => {
+                Ok(Ok(watch)) => {
                     if polling {
                         tracing::info!(lease = %self.lease, "watching the lease again");
                         polling = false;
                     }
-                    let mut events = 0u64;
-                    let broke = loop {
-                        match watch.next().await {
-                            Some(Ok(record)) => {
-                                events += 1;
-                                self.publish(record);
-                                if let Some(lasted) = unreadable.clear(std::time::Instant::now()) {
-                                    tracing::info!(lease = %self.lease, lasted = %human(lasted), "the lease's record can be read again");
-                                }
-                            }
-                            // The record is there but cannot be read (a file
-                            // garbled by hand): the watch itself is sound and
-                            // shows when it is fixed. Nothing is published;
-                            // the elector never overwrites what it cannot
-                            // read, and says so itself when it tries.
-                            Some(Err(e @ StoreError::Malformed { .. })) => {
-                                events += 1;
-                                match unreadable.note(&e.to_string(), std::time::Instant::now()) {
-                                    Note::First => {
-                                        tracing::warn!(lease = %self.lease, error = %e, "the lease's record cannot be read; it is left as it is until someone fixes or deletes it")
-                                    }
-                                    Note::Reminder { repeats, since } => {
-                                        tracing::warn!(lease = %self.lease, error = %e, repeats, since = %human(since), "the lease's record still cannot be read")
-                                    }
-                                    Note::Quiet => {}
-                                }
-                            }
-                            Some(Err(e)) => break Some(e),
-                            None => break None,
-                        }
-                    };
+                    let (broke, events) = self.follow(watch, &mut unreadable).await;
                     match broke {
                         Some(e) => {
                             tracing::warn!(lease = %self.lease, error = %e, "the lease watch broke; polling until it can be watched again");
@@ -222,6 +194,47 @@ impl Feed {
                 }
             }
             self.poll().await;
+        }
+    }
+
+    /// Publishes what `watch` sees until it ends: the error that broke it
+    /// (`None`: it ended normally), and how many events it had.
+    async fn follow(&self, mut watch: LeaseWatch, unreadable: &mut Recurring) -> (Option<StoreError>, u64) {
+        let mut events = 0u64;
+        loop {
+            match watch.next().await {
+                Some(Ok(record)) => {
+                    events += 1;
+                    self.publish(record);
+                    if let Some(lasted) = unreadable.clear(std::time::Instant::now()) {
+                        tracing::info!(lease = %self.lease, lasted = %human(lasted), "the lease's record can be read again");
+                    }
+                }
+                // The record is there but cannot be read (a file garbled by
+                // hand): the watch itself is sound and shows when it is
+                // fixed. Nothing is published; the elector never overwrites
+                // what it cannot read, and says so itself when it tries.
+                Some(Err(e @ StoreError::Malformed { .. })) => {
+                    events += 1;
+                    self.unreadable(unreadable, &e);
+                }
+                Some(Err(e)) => return (Some(e), events),
+                None => return (None, events),
+            }
+        }
+    }
+
+    /// Warns that the record cannot be read: the first time, then as a
+    /// reminder now and then.
+    fn unreadable(&self, unreadable: &mut Recurring, e: &StoreError) {
+        match unreadable.note(&e.to_string(), std::time::Instant::now()) {
+            Note::First => {
+                tracing::warn!(lease = %self.lease, error = %e, "the lease's record cannot be read; it is left as it is until someone fixes or deletes it")
+            }
+            Note::Reminder { repeats, since } => {
+                tracing::warn!(lease = %self.lease, error = %e, repeats, since = %human(since), "the lease's record still cannot be read")
+            }
+            Note::Quiet => {}
         }
     }
 

@@ -16,67 +16,23 @@ pub(super) fn update_record(
     if let Some(renewed) = renew_unread(files, version, &record, abandoned, writer)? {
         return Ok(renewed);
     }
-    let Some((dir, current, listing)) = read_current(files)? else {
-        return Err(StoreError::Conflict {
-            lease: files.lease.clone(),
-            detail: format!("does not exist (expected version {version})"),
-        });
-    };
-    let current_version = current.version();
-    if current_version != version {
-        return Err(StoreError::Conflict {
-            lease: files.lease.clone(),
-            detail: format!("version is {current_version}, not {version}"),
-        });
-    }
-    // A new term must raise the floor first. A renewal raises a floor that
-    // was lost (emptied by hand, or never written by an older baton), and
-    // goes on if the floor cannot be read: the next new term reports it.
+    let (dir, current, listing) = read_at(files, version)?;
     let new_term = record.term > current.record.term;
-    let floor_checked = match floor_reaches(files, record.term) {
-        Ok(false) => raise_floor(files, record.term).map(|()| true)?,
-        Ok(true) => true,
-        Err(e) if new_term => return Err(e),
-        Err(_) => false,
-    };
+    let floor_checked = floor_covers(files, record.term, new_term)?;
     let renewal =
         !new_term && record.holder == current.record.holder && record.instance == current.record.instance;
-    let stored = StoredRecord {
-        incarnation: current.incarnation,
-        counter: current.counter + 1,
-        write: random_id(),
-        replaced: current.write,
-        durable: match renewal {
-            true => current.durable,
-            false => current.counter + 1,
-        },
-        record,
-    };
+    // The newest durable version before this write.
+    let durable = current.durable;
+    let stored = next_version(current, record, renewal);
     if abandoned.load(Ordering::SeqCst) {
         return Err(abandoned_error(files));
     }
-    // The oldest version, if this write makes it one to remove: its file is
-    // taken for the new version's. Not the newest fsynced one: neither the
-    // one before this write (until this one is on disk) nor this one's.
-    let recycle = listing
-        .counters
-        .iter()
-        .copied()
-        .find(|&c| c != current.durable)
-        .filter(|&oldest| oldest + KEPT_VERSIONS < stored.counter);
-    let file = commit(
-        files,
-        &dir,
-        recycle,
-        &stored,
-        if renewal {
-            Durability::Visible
-        } else {
-            Durability::Durable
-        },
-        writer,
-        None,
-    )?;
+    let recycle = recyclable(&listing, durable, stored.counter);
+    let durability = match renewal {
+        true => Durability::Visible,
+        false => Durability::Durable,
+    };
+    let file = commit(files, &dir, recycle, &stored, durability, writer, None)?;
     // Renewals over this version need not read first: the floor is known to
     // reach its term.
     if floor_checked && let (Some(dir), Some(file)) = (file_id(&dir, ""), file_id(&file, "")) {
@@ -90,6 +46,68 @@ pub(super) fn update_record(
         );
     }
     Ok(stored.into_versioned())
+}
+
+/// The lease's directory, current record and listing, if the current
+/// record is at `version`; a conflict if not, or if there is none.
+fn read_at(files: &LeaseFiles, version: &str) -> Result<(OwnedFd, StoredRecord, Listing), StoreError> {
+    let Some((dir, current, listing)) = read_current(files)? else {
+        return Err(StoreError::Conflict {
+            lease: files.lease.clone(),
+            detail: format!("does not exist (expected version {version})"),
+        });
+    };
+    let current_version = current.version();
+    if current_version != version {
+        return Err(StoreError::Conflict {
+            lease: files.lease.clone(),
+            detail: format!("version is {current_version}, not {version}"),
+        });
+    }
+    Ok((dir, current, listing))
+}
+
+/// Makes sure the floor reaches `term` before a write in it; whether it is
+/// known to. A new term must raise the floor first. A renewal raises a
+/// floor that was lost (emptied by hand, or never written by an older
+/// baton), and goes on if the floor cannot be read: the next new term
+/// reports it.
+fn floor_covers(files: &LeaseFiles, term: u64, new_term: bool) -> Result<bool, StoreError> {
+    match floor_reaches(files, term) {
+        Ok(false) => raise_floor(files, term).map(|()| true),
+        Ok(true) => Ok(true),
+        Err(e) if new_term => Err(e),
+        Err(_) => Ok(false),
+    }
+}
+
+/// The version after `current` holding `record`; a renewal keeps the
+/// newest durable version it had.
+fn next_version(current: StoredRecord, record: LeaseRecord, renewal: bool) -> StoredRecord {
+    StoredRecord {
+        incarnation: current.incarnation,
+        counter: current.counter + 1,
+        write: random_id(),
+        replaced: current.write,
+        durable: match renewal {
+            true => current.durable,
+            false => current.counter + 1,
+        },
+        record,
+    }
+}
+
+/// The oldest version, if writing version `counter` makes it one to
+/// remove: its file is taken for the new version's. Not the newest fsynced
+/// one, `durable`: neither the one before this write (until this one is on
+/// disk) nor this one's.
+fn recyclable(listing: &Listing, durable: u64, counter: u64) -> Option<u64> {
+    listing
+        .counters
+        .iter()
+        .copied()
+        .find(|&c| c != durable)
+        .filter(|&oldest| oldest + KEPT_VERSIONS < counter)
 }
 
 /// Encodes a version file.
@@ -117,6 +135,36 @@ pub(super) fn commit(
     writer: &Writer,
     over: Option<&LastWrite>,
 ) -> Result<File, StoreError> {
+    let (file, temp) = write_version_file(files, dir, recycle, stored, durability, writer)?;
+    #[cfg(test)]
+    tests::before_link();
+    let own = writer.watcher.expect_own(files, stored.counter);
+    link_new_version(files, dir, &file, &temp, stored, writer)?;
+    let listing = match replaced_in_place(files, dir, over) {
+        true => None,
+        false => Some(confirm(files, dir, &file, stored)?),
+    };
+    own.confirmed();
+    if durability == Durability::Durable {
+        rustix::fs::fsync(dir).map_err(|e| errno_error(&files.lease, "cannot sync", &files.versions, e))?;
+    }
+    if let Some(listing) = listing {
+        prune(dir, &listing, stored.counter, stored.durable);
+    }
+    Ok(file)
+}
+
+/// Writes the version `stored` into a file not linked yet: the old
+/// version `recycle`'s if it can take it, else a new one; synced if it is
+/// to be durable. A temporary name is removed if the write fails.
+fn write_version_file(
+    files: &LeaseFiles,
+    dir: &OwnedFd,
+    recycle: Option<u64>,
+    stored: &StoredRecord,
+    durability: Durability,
+    writer: &Writer,
+) -> Result<(File, Temp), StoreError> {
     let json = encode(files, stored)?;
     let recycled = recycle.and_then(|counter| recycle_version_file(dir, counter));
     let (file, temp) = match recycled {
@@ -138,69 +186,67 @@ pub(super) fn commit(
         }
         return Err(io_error(&files.lease, "cannot write", &temp.path(files), e));
     }
-    #[cfg(test)]
-    tests::before_link();
-    let name = version_name(stored.counter);
-    let own = writer.watcher.expect_own(files, stored.counter);
-    match link_version(dir, &file, &temp, &name) {
-        Ok(()) => {}
-        Err(Errno::EXIST) => {
-            return Err(StoreError::Conflict {
-                lease: files.lease.clone(),
-                detail: format!(
-                    "version {}-{} was replaced by another writer first",
-                    stored.incarnation,
-                    stored.counter - 1
-                ),
-            });
-        }
+    Ok((file, temp))
+}
+
+/// Links the written `file` under the name of version `stored`: the
+/// compare-and-swap, which fails if another writer linked that version
+/// first.
+fn link_new_version(
+    files: &LeaseFiles,
+    dir: &OwnedFd,
+    file: &File,
+    temp: &Temp,
+    stored: &StoredRecord,
+    writer: &Writer,
+) -> Result<(), StoreError> {
+    match link_version(dir, file, temp, &version_name(stored.counter)) {
+        Ok(()) => Ok(()),
+        Err(Errno::EXIST) => Err(StoreError::Conflict {
+            lease: files.lease.clone(),
+            detail: format!(
+                "version {}-{} was replaced by another writer first",
+                stored.incarnation,
+                stored.counter - 1
+            ),
+        }),
         // Not through /proc/self/fd, though the directory is there: later
         // writes of this store use named temporary files. This one was not
         // written.
         Err(Errno::NOENT)
-            if temp == Temp::Unnamed && rustix::fs::fstat(dir).is_ok_and(|d| d.st_nlink > 0) =>
+            if *temp == Temp::Unnamed && rustix::fs::fstat(dir).is_ok_and(|d| d.st_nlink > 0) =>
         {
             writer.unnamed_temps.store(false, Ordering::Relaxed);
-            return Err(StoreError::Unavailable {
+            Err(StoreError::Unavailable {
                 lease: files.lease.clone(),
                 detail: format!(
                     "cannot link an unnamed file into {} through {PROC_FDS}; \
                      later writes use named temporary files",
                     files.versions.display()
                 ),
-            });
+            })
         }
         // The directory was removed, or the temporary file was (taken for
         // one left by a dead writer: this one was stopped for a minute).
-        Err(Errno::NOENT) => return Err(deleted_meanwhile(files)),
-        Err(e) => {
-            return Err(errno_error(
-                &files.lease,
-                "cannot link",
-                &files.version_path(stored.counter),
-                e,
-            ));
-        }
+        Err(Errno::NOENT) => Err(deleted_meanwhile(files)),
+        Err(e) => Err(errno_error(
+            &files.lease,
+            "cannot link",
+            &files.version_path(stored.counter),
+            e,
+        )),
     }
-    // Over a version of this store's not read first: the version replaced
-    // still has its name (so none of the later ones was removed, see
-    // [`confirm`]), and the lease's directory is still the one it was in.
-    let confirmed = over.is_some_and(|last| {
+}
+
+/// Whether the write was over `over`, a version of this store's not read
+/// first, that still has its name (so none of the later ones was removed,
+/// see [`confirm`]), in the lease's directory as it was: then it needs no
+/// confirming.
+fn replaced_in_place(files: &LeaseFiles, dir: &OwnedFd, over: Option<&LastWrite>) -> bool {
+    over.is_some_and(|last| {
         file_id(rustix::fs::CWD, &files.versions) == Some(last.dir)
             && file_id(dir, version_name(last.stored.counter)) == Some(last.file)
-    });
-    let listing = match confirmed {
-        true => None,
-        false => Some(confirm(files, dir, &file, stored)?),
-    };
-    own.confirmed();
-    if durability == Durability::Durable {
-        rustix::fs::fsync(dir).map_err(|e| errno_error(&files.lease, "cannot sync", &files.versions, e))?;
-    }
-    if let Some(listing) = listing {
-        prune(dir, &listing, stored.counter, stored.durable);
-    }
-    Ok(file)
+    })
 }
 
 /// Where an unnamed file's descriptors are linked from.

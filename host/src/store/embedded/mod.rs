@@ -135,9 +135,9 @@ impl EmbeddedStore {
 
     /// The files of `lease`, or [`StoreError::Refused`] if the name is invalid.
     fn files(&self, lease: &str) -> Result<LeaseFiles, StoreError> {
-        validate_lease_name(lease).map_err(|detail| StoreError::Refused {
+        validate_lease_name(lease).map_err(|e| StoreError::Refused {
             lease: lease.into(),
-            detail,
+            detail: e.to_string(),
         })?;
         Ok(LeaseFiles {
             lease: lease.into(),

@@ -128,7 +128,7 @@ fn lease_names() {
         "é",
         &"a".repeat(254),
     ] {
-        let err = validate_lease_name(bad).unwrap_err();
+        let err = validate_lease_name(bad).unwrap_err().to_string();
         assert!(err.contains("invalid lease name"), "{bad:?}: {err}");
     }
 }

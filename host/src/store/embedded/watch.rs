@@ -10,10 +10,7 @@
 //! files written or closed after writing, metadata changed ([`LEASE_DIR`],
 //! [`STORE_DIR`]); never opens, reads or closes after reading, so that
 //! reading a record (the watch's own reads, every writer's read before its
-//! write) wakes no one. Events of a name after it was unlinked are not
-//! reported (`IN_EXCL_UNLINK`): a version file written as an unnamed
-//! temporary file (`O_TMPFILE`) and then linked shows only as the creation
-//! of its name.
+//! write) wakes no one (more in `docs/embedded-store.md`, "Watching").
 //!
 //! Of what the kernel reports, the thread ignores, without waking any
 //! watch:

@@ -1,46 +1,24 @@
 //! Term floors: the highest term each lease ever had, kept in a ConfigMap
-//! that outlives the Lease.
+//! that outlives the Lease, so that a Lease deleted while no host runs does
+//! not restart its terms at 1 and repeat a fencing token. The design, the
+//! ConfigMap's data and the measurements are in `docs/kubernetes.md`
+//! ("Terms after a Lease is deleted").
 //!
-//! A Lease's term is its `leaseTransitions`, which is deleted with the
-//! Lease. So that a Lease deleted while no host runs (`kubectl delete leases
-//! --all`) does not restart its terms at 1 and repeat a fencing token, the
-//! store keeps each lease's highest term in a ConfigMap of its own, named
-//! [`floor_name`] (`baton-terms.<lease>`), in the Lease's namespace:
+//! The ConfigMap is [`floor_name`] (`baton-terms.<lease>`), in the Lease's
+//! namespace; a ConfigMap so that no selector for Leases matches it.
+//! Invariants:
 //!
-//! - every write that starts a new term makes sure, *before* the Lease is
-//!   written, that the floor covers the term: if not, it raises the floor
-//!   to the term plus [`RESERVED_TERMS`] − 1, so most new terms need no
-//!   write of the floor, and none when the host has seen the floor cover it;
-//!   reserved terms are given out only while baton last changed the
-//!   Lease's `leaseTransitions` (its `managedFields` say so): a Lease
-//!   replaced in place with a lower one needs a term above the floor;
-//! - the holder of a lease checks its floor once per lease duration and
-//!   makes it again from the Lease if it was deleted ([`Floors::ensure`]);
-//! - every create of the Lease (the first one, or after a deletion) first
-//!   checks that the floor is unchanged since its caller found the Lease
-//!   missing (by the ConfigMap's resourceVersion), raises it if below and
-//!   counts the create, so that of two hosts that saw the same deleted Lease
-//!   only one creates it, and readers can tell that the Lease was created
-//!   and deleted again between two reads;
-//! - a read that finds no Lease reads the floor, and the lease reads as
-//!   released at that term (see [`super::super::deleted`]), so the next term
-//!   is above it.
-//!
-//! A ConfigMap rather than a Lease, so that a selector for Leases (`kubectl
-//! delete leases --all`, `baton status`, a watch of Leases) never matches it.
-//! The data, all strings as a ConfigMap holds them:
-//!
-//! | key | value |
-//! |---|---|
-//! | `floor` | the highest term given out or reserved |
-//! | `creates` | how many times the Lease was created (compared only for a change) |
-//! | `raised-by` | the process (holder instance) that last raised `floor`, for people |
-//! | `raised-on` | the `metadata.uid` of the Lease the floor was last raised for (empty for a create) |
-//!
-//! A floor garbled by hand is refused (never reset): the error names the
-//! ConfigMap and the fix. Deleting the ConfigMap as well as the Lease does
-//! restart the terms, as deleting the lease directory does for the embedded
-//! store.
+//! - a write that starts a new term first makes sure the floor covers it,
+//!   reserving [`RESERVED_TERMS`] at a time; reserved terms are given out
+//!   only while baton last changed the Lease's `leaseTransitions`;
+//! - a create first checks that the floor is unchanged since its caller
+//!   found the Lease missing, and counts the create: of two hosts that saw
+//!   the same deleted Lease, only one creates it;
+//! - a missing Lease reads as released at its floor (see
+//!   [`deleted`](super::super::deleted)); the holder remakes a deleted
+//!   floor within about a lease duration ([`Floors::ensure`]);
+//! - a floor garbled by hand is refused, never reset: the error names the
+//!   ConfigMap and the fix.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -48,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta};
 
-use super::{ROLE_LABEL, map_error, post_params};
+use super::ROLE_LABEL;
+use super::requests::{map_error, post_params};
 use crate::store::StoreError;
 
 /// The prefix of every floor ConfigMap's name.
@@ -350,62 +329,18 @@ impl Floors {
         lease: &str,
         mut change: impl FnMut(&Floor) -> Result<Option<Floor>, StoreError>,
     ) -> Result<(), StoreError> {
-        let name = floor_name(lease);
         let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
             let (object, floor) = self.fetch(lease).await?;
             let Some(new) = change(&floor)? else { return Ok(()) };
-            let mut data = BTreeMap::from([
-                ("floor".to_owned(), new.term.to_string()),
-                ("creates".to_owned(), new.creates.to_string()),
-            ]);
-            if let Some(by) = &new.raised_by {
-                data.insert("raised-by".to_owned(), by.clone());
-            }
-            data.insert("raised-on".to_owned(), new.raised_on.clone().unwrap_or_default());
-            let mut written_floor = new.clone();
-            let written = match object {
-                Some(mut object) => {
-                    // Keeps everything else, and the resourceVersion read:
-                    // the API server refuses the write (409) if anyone wrote
-                    // in between.
-                    object.data = Some(data);
-                    self.api
-                        .replace(&name, &post_params(), &object)
-                        .await
-                        .map_err(|e| self.error(lease, "update", e))
-                }
-                None => {
-                    let object = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(name.clone()),
-                            namespace: Some(self.namespace.clone()),
-                            labels: Some(BTreeMap::from([
-                                ("app.kubernetes.io/managed-by".to_owned(), "baton".to_owned()),
-                                (ROLE_LABEL.to_owned(), "term-floor".to_owned()),
-                            ])),
-                            annotations: Some(BTreeMap::from([(
-                                FLOOR_LEASE_ANNOTATION.to_owned(),
-                                lease.to_owned(),
-                            )])),
-                            ..ObjectMeta::default()
-                        },
-                        data: Some(data),
-                        ..ConfigMap::default()
-                    };
-                    self.api
-                        .create(&post_params(), &object)
-                        .await
-                        .map_err(|e| self.error(lease, "create", e))
-                }
-            };
-            match written {
+            match self.write(lease, object, &new).await {
                 Ok(object) => {
-                    written_floor.version = object.metadata.resource_version.clone();
-                    if written_floor.raised_on.is_none() {
-                        written_floor.raised_on = Some(String::new());
+                    let mut written = new;
+                    written.version = object.metadata.resource_version.clone();
+                    if written.raised_on.is_none() {
+                        written.raised_on = Some(String::new());
                     }
-                    self.remember(lease, &written_floor);
+                    self.remember(lease, &written);
                     return Ok(());
                 }
                 Err(e) if e.is_conflict() => last = Some(e),
@@ -420,6 +355,55 @@ impl Floors {
                 last.map_or_else(String::new, |e| e.to_string())
             ),
         })
+    }
+
+    /// Writes `new` over `object`, the floor's ConfigMap as read, or
+    /// creates the ConfigMap if there was none.
+    async fn write(
+        &self,
+        lease: &str,
+        object: Option<ConfigMap>,
+        new: &Floor,
+    ) -> Result<ConfigMap, StoreError> {
+        let data = floor_data(new);
+        match object {
+            Some(mut object) => {
+                // Keeps everything else, and the resourceVersion read: the
+                // API server refuses the write (409) if anyone wrote in
+                // between.
+                object.data = Some(data);
+                self.api
+                    .replace(&floor_name(lease), &post_params(), &object)
+                    .await
+                    .map_err(|e| self.error(lease, "update", e))
+            }
+            None => self
+                .api
+                .create(&post_params(), &self.new_config_map(lease, data))
+                .await
+                .map_err(|e| self.error(lease, "create", e)),
+        }
+    }
+
+    /// A new floor ConfigMap for `lease`, holding `data`.
+    fn new_config_map(&self, lease: &str, data: BTreeMap<String, String>) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(floor_name(lease)),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([
+                    ("app.kubernetes.io/managed-by".to_owned(), "baton".to_owned()),
+                    (ROLE_LABEL.to_owned(), "term-floor".to_owned()),
+                ])),
+                annotations: Some(BTreeMap::from([(
+                    FLOOR_LEASE_ANNOTATION.to_owned(),
+                    lease.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..ConfigMap::default()
+        }
     }
 
     /// A request error about the floor, saying which object it was and, if
@@ -449,4 +433,20 @@ impl Floors {
             },
         }
     }
+}
+
+/// A floor as its ConfigMap's data.
+fn floor_data(floor: &Floor) -> BTreeMap<String, String> {
+    let mut data = BTreeMap::from([
+        ("floor".to_owned(), floor.term.to_string()),
+        ("creates".to_owned(), floor.creates.to_string()),
+    ]);
+    if let Some(by) = &floor.raised_by {
+        data.insert("raised-by".to_owned(), by.clone());
+    }
+    data.insert(
+        "raised-on".to_owned(),
+        floor.raised_on.clone().unwrap_or_default(),
+    );
+    data
 }

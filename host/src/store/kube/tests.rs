@@ -1,7 +1,8 @@
 //! Tests of [`kube`](super).
 
+use super::record::micro_time;
 use super::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const FALLBACK: Duration = Duration::from_secs(15);
 

@@ -1,7 +1,13 @@
 //! Tests of [`watch`](super).
 
-use super::*;
+use kube::api::WatchEvent;
 use serde_json::json;
+use tokio::time::Instant;
+
+use super::demux::{Delivery, SharedState, Signal, Taken, Unserved, WATCH_LAG_ALLOWANCE};
+use super::follower::moves_forward;
+use super::*;
+use crate::store::{ANY_LEASE, StoreError};
 
 fn lease(name: &str, rv: u64, labels: &[(&str, &str)]) -> DynamicObject {
     let labels: BTreeMap<String, String> = labels

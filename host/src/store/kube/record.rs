@@ -1,0 +1,276 @@
+//! The conversion between a Lease object and a [`LeaseRecord`]: the
+//! record's fields in the Lease's `spec`, the holder's instance, claims and
+//! a yield in annotations of baton's, the version as `resourceVersion`.
+//! Reading is lenient with what a foreign writer leaves out; writing keeps
+//! every field and annotation it does not own.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use kube::api::DynamicObject;
+use serde_json::{Map, Value};
+
+use super::Inner;
+use crate::store::{LeaseRecord, StoreError, Versioned, Yielded};
+
+/// The annotation that carries [`LeaseRecord::instance`]: the holder's
+/// process, so that two processes under one identity tell their records
+/// apart. Written with every write of baton's, removed on release; other
+/// writers leave it alone or drop it, and a record without it is nobody's
+/// own (see [`LeaseRecord::held_by`]).
+pub const HOLDER_INSTANCE: &str = "baton.dev/holder-instance";
+
+/// The annotation that carries [`LeaseRecord::plugins`], the holder's
+/// claims: plugin names, comma-separated (plugin names hold no comma).
+/// Written with every write of baton's that holds the lease, removed on
+/// release; read only with a holder.
+pub const PLUGINS: &str = "baton.dev/plugins";
+
+/// The annotations that carry [`LeaseRecord::yielded`]: the identity of the
+/// host that yielded the lease, and for how long (milliseconds, as `15000ms`).
+/// Written on a release by `baton yield`, removed by every other write of
+/// baton's; read only on a Lease without holder.
+pub const YIELDED_BY: &str = "baton.dev/yielded-by";
+/// See [`YIELDED_BY`].
+pub const YIELDED_FOR: &str = "baton.dev/yielded-for";
+
+/// Reads a Lease object as a record. Lenient with everything a foreign
+/// writer may leave out; strict only where a value has the wrong JSON type
+/// (which a real API server never serves).
+pub fn to_versioned(
+    lease: &str,
+    obj: &DynamicObject,
+    fallback_duration: Duration,
+) -> Result<Versioned, StoreError> {
+    read_lease(obj, fallback_duration).map_err(|detail| StoreError::Malformed {
+        lease: lease.to_owned(),
+        detail,
+    })
+}
+
+/// [`to_versioned`], with what is malformed as the error.
+fn read_lease(obj: &DynamicObject, fallback_duration: Duration) -> Result<Versioned, String> {
+    let version = obj
+        .metadata
+        .resource_version
+        .clone()
+        .filter(|v| !v.is_empty())
+        .ok_or("the Lease object has no metadata.resourceVersion")?;
+    let spec = Spec::of(obj)?;
+    let holder = spec.holder()?;
+    let lease_duration = spec.lease_duration(fallback_duration)?;
+    let term = spec.transitions()?;
+    let annotations = obj.metadata.annotations.as_ref();
+    Ok(Versioned {
+        version,
+        record: LeaseRecord {
+            // Only with a holder: a foreign writer that took the Lease over
+            // and kept the annotations leaves ours behind.
+            instance: holder
+                .as_ref()
+                .and_then(|_| annotations?.get(HOLDER_INSTANCE).cloned()),
+            plugins: holder.as_ref().and_then(|_| claimed_plugins(annotations?)),
+            // Only without a holder: a release by `baton yield`.
+            yielded: match &holder {
+                Some(_) => None,
+                None => annotations.and_then(yield_of),
+            },
+            holder,
+            lease_duration,
+            acquire_time: spec.time("acquireTime"),
+            renew_time: spec.time("renewTime"),
+            term,
+        },
+    })
+}
+
+/// A Lease's `spec`, read field by field: a missing `spec`, and a field
+/// that is `null`, read as missing.
+struct Spec<'a>(Option<&'a Map<String, Value>>);
+
+impl<'a> Spec<'a> {
+    fn of(obj: &'a DynamicObject) -> Result<Spec<'a>, String> {
+        match obj.data.get("spec") {
+            None | Some(Value::Null) => Ok(Spec(None)),
+            Some(Value::Object(spec)) => Ok(Spec(Some(spec))),
+            Some(other) => Err(format!("spec is not an object: {other}")),
+        }
+    }
+
+    fn field(&self, name: &str) -> Option<&'a Value> {
+        self.0?.get(name).filter(|v| !v.is_null())
+    }
+
+    /// `holderIdentity`; empty reads as none.
+    fn holder(&self) -> Result<Option<String>, String> {
+        match self.field("holderIdentity") {
+            None => Ok(None),
+            Some(Value::String(h)) if h.is_empty() => Ok(None),
+            Some(Value::String(h)) => Ok(Some(h.clone())),
+            Some(other) => Err(format!("spec.holderIdentity is not a string: {other}")),
+        }
+    }
+
+    /// `leaseDurationSeconds`; the fallback duration when it is missing or
+    /// not positive.
+    fn lease_duration(&self, fallback_duration: Duration) -> Result<Duration, String> {
+        let Some(v) = self.field("leaseDurationSeconds") else {
+            return Ok(fallback_duration);
+        };
+        match v.as_i64() {
+            Some(s) if s > 0 => Ok(Duration::from_secs(s as u64)),
+            Some(_) => Ok(fallback_duration),
+            None => Err(format!("spec.leaseDurationSeconds is not an integer: {v}")),
+        }
+    }
+
+    /// `leaseTransitions`, the term; 0 when missing or negative.
+    fn transitions(&self) -> Result<u64, String> {
+        let Some(v) = self.field("leaseTransitions") else {
+            return Ok(0);
+        };
+        match v.as_i64() {
+            Some(t) => Ok(t.max(0) as u64),
+            None => Err(format!("spec.leaseTransitions is not an integer: {v}")),
+        }
+    }
+
+    /// A MicroTime field; one that does not parse reads as missing.
+    fn time(&self, name: &str) -> Option<SystemTime> {
+        self.field(name)
+            .and_then(Value::as_str)
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+    }
+}
+
+/// The holder's claims, from the [`PLUGINS`] annotation.
+fn claimed_plugins(annotations: &BTreeMap<String, String>) -> Option<Vec<String>> {
+    let listed = annotations.get(PLUGINS)?;
+    Some(
+        listed
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// A yield, from the [`YIELDED_BY`] and [`YIELDED_FOR`] annotations.
+fn yield_of(annotations: &BTreeMap<String, String>) -> Option<Yielded> {
+    let by = annotations.get(YIELDED_BY).filter(|b| !b.is_empty())?;
+    let duration = humantime::parse_duration(annotations.get(YIELDED_FOR)?).ok()?;
+    Some(Yielded {
+        by: by.clone(),
+        duration,
+    })
+}
+
+/// Writes the record's fields into an object's `spec`, keeping any other
+/// field of it.
+pub fn write_spec(lease: &str, data: &mut Value, record: &LeaseRecord) -> Result<(), StoreError> {
+    let refused = |detail: String| StoreError::Refused {
+        lease: lease.to_owned(),
+        detail,
+    };
+    let d = record.lease_duration;
+    if d.subsec_nanos() != 0 || d.as_secs() == 0 || d.as_secs() > i32::MAX as u64 {
+        return Err(refused(format!(
+            "a Kubernetes Lease holds its duration in whole seconds (1 to {}); {} cannot be written",
+            i32::MAX,
+            humantime::format_duration(d)
+        )));
+    }
+    let transitions = i32::try_from(record.term).map_err(|_| {
+        refused(format!(
+            "term {} does not fit in leaseTransitions (an int32)",
+            record.term
+        ))
+    })?;
+    if !data.is_object() {
+        *data = Value::Object(Map::new());
+    }
+    let root = data.as_object_mut().expect("an object");
+    let spec = root.entry("spec").or_insert_with(|| Value::Object(Map::new()));
+    if !spec.is_object() {
+        *spec = Value::Object(Map::new());
+    }
+    let spec = spec.as_object_mut().expect("an object");
+    spec.insert(
+        "holderIdentity".into(),
+        Value::String(record.holder.clone().unwrap_or_default()),
+    );
+    spec.insert("leaseDurationSeconds".into(), Value::from(d.as_secs()));
+    let mut time = |name: &str, t: Option<SystemTime>| match t {
+        Some(t) => {
+            spec.insert(name.into(), Value::String(micro_time(t)));
+        }
+        None => {
+            spec.remove(name);
+        }
+    };
+    time("acquireTime", record.acquire_time);
+    time("renewTime", record.renew_time);
+    spec.insert("leaseTransitions".into(), Value::from(transitions));
+    Ok(())
+}
+
+/// A Kubernetes MicroTime: RFC 3339 in UTC with microseconds.
+pub(super) fn micro_time(t: SystemTime) -> String {
+    humantime::format_rfc3339_micros(t).to_string()
+}
+
+impl Inner {
+    /// Writes `record` and this host's labels into `obj`, leaving everything
+    /// else as it is.
+    pub(super) fn apply(
+        &self,
+        lease: &str,
+        obj: &mut DynamicObject,
+        record: &LeaseRecord,
+    ) -> Result<(), StoreError> {
+        let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
+        for (k, v) in &self.watch.selector {
+            labels.insert(k.clone(), v.clone());
+        }
+        match &record.instance {
+            Some(instance) => {
+                obj.metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(HOLDER_INSTANCE.into(), instance.clone());
+            }
+            None => {
+                if let Some(annotations) = &mut obj.metadata.annotations {
+                    annotations.remove(HOLDER_INSTANCE);
+                }
+            }
+        }
+        match record.plugins.as_ref().filter(|_| record.holder().is_some()) {
+            Some(plugins) => {
+                obj.metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(PLUGINS.into(), plugins.join(","));
+            }
+            None => {
+                if let Some(annotations) = &mut obj.metadata.annotations {
+                    annotations.remove(PLUGINS);
+                }
+            }
+        }
+        match record.yielded.as_ref().filter(|_| record.holder().is_none()) {
+            Some(y) => {
+                let annotations = obj.metadata.annotations.get_or_insert_with(BTreeMap::new);
+                annotations.insert(YIELDED_BY.into(), y.by.clone());
+                annotations.insert(YIELDED_FOR.into(), format!("{}ms", y.duration.as_millis()));
+            }
+            None => {
+                if let Some(annotations) = &mut obj.metadata.annotations {
+                    annotations.remove(YIELDED_BY);
+                    annotations.remove(YIELDED_FOR);
+                }
+            }
+        }
+        write_spec(lease, &mut obj.data, record)
+    }
+}
