@@ -61,7 +61,10 @@ use crate::election::Term;
 
 mod grant;
 
-pub use grant::{GrantHost, HttpGrant, HttpLimits, HttpPolicy, is_internal};
+pub use grant::{
+    GrantHost, HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError, TlsConfigError,
+    is_internal,
+};
 
 /// The header that carries the lease name.
 pub const LEASE_HEADER: &str = "baton-lease";
