@@ -202,7 +202,7 @@ fn typed_pre(world: World, contract: Contract, linked: InstancePre<GuestState>) 
 }
 
 /// Every message in an error's chain, joined.
-pub(crate) fn error_chain(e: &wasmtime::Error) -> String {
+fn error_chain(e: &wasmtime::Error) -> String {
     e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ")
 }
 
