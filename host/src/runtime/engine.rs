@@ -116,6 +116,72 @@ impl PoolLimits {
     }
 }
 
+/// Reserves `largest` bytes of address space (rounded up to a power of
+/// two) for each linear memory, and, with `pool_slots`, runs instances
+/// from a pool of that many slots (see [`PoolLimits`]).
+fn reserve_memory(config: &mut Config, largest: u64, pool_slots: Option<u32>) {
+    // A power of two, so that a small change of a limit keeps the
+    // compiled code (the cache's key includes the reservation).
+    let reservation = largest.max(1 << 20).next_power_of_two();
+    config.memory_reservation(reservation);
+    // A memory whose declared maximum exceeds the reservation (a
+    // Rust guest's has none) reserves its size plus this.
+    config.memory_reservation_for_growth(reservation);
+    if let Some(slots) = pool_slots {
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool(slots, reservation)));
+    }
+}
+
+/// A pool of `slots` slots, each holding what [`PoolLimits`] allows one
+/// instance. Each slot's memories are exactly `reservation`: a memory in
+/// a pool cannot move, so none grows past it (the plugin's own limit, at
+/// most that, applies first).
+fn pool(slots: u32, reservation: u64) -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(slots)
+        .total_core_instances(slots.saturating_mul(PoolLimits::CORE_INSTANCES))
+        .total_memories(slots.saturating_mul(PoolLimits::MEMORIES))
+        .total_tables(slots.saturating_mul(PoolLimits::TABLES))
+        .total_stacks(slots.saturating_mul(PoolLimits::STACKS))
+        .max_core_instances_per_component(PoolLimits::CORE_INSTANCES)
+        .max_memories_per_component(PoolLimits::MEMORIES)
+        .max_tables_per_component(PoolLimits::TABLES)
+        .table_elements(PoolLimits::TABLE_ELEMENTS)
+        .max_component_instance_size(PoolLimits::INSTANCE_METADATA)
+        .max_core_instance_size(PoolLimits::INSTANCE_METADATA)
+        .max_memory_size(usize::try_from(reservation).unwrap_or(usize::MAX));
+    pool
+}
+
+/// Creates `dir` and has a trapping instance leave a core dump (written
+/// there by the plugin's run).
+fn keep_coredumps(config: &mut Config, dir: &Path) -> Result<(), RuntimeError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        RuntimeError::Engine(format!(
+            "cannot create the core dump folder {}: {e}",
+            dir.display()
+        ))
+    })?;
+    config.coredump_on_trap(true);
+    Ok(())
+}
+
+/// Creates `dir` and keeps the compiled code there.
+fn open_cache(config: &mut Config, dir: &Path) -> Result<Cache, RuntimeError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        RuntimeError::Engine(format!(
+            "cannot create the compiled-code cache {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let mut cc = CacheConfig::new();
+    cc.with_directory(dir);
+    let cache = Cache::new(cc)
+        .map_err(|e| RuntimeError::Engine(format!("compiled-code cache at {}: {e}", dir.display())))?;
+    config.cache(Some(cache.clone()));
+    Ok(cache)
+}
+
 impl PluginEngine {
     /// An engine with epoch interruption, component-model async, and what
     /// `options` asks for.
@@ -132,60 +198,12 @@ impl PluginEngine {
         // A pool's slots need a size: the default limit at least.
         let largest_memory = largest_memory.or(pool_slots.map(|_| super::DEFAULT_MEMORY_LIMIT));
         if let Some(largest) = largest_memory {
-            // A power of two, so that a small change of a limit keeps the
-            // compiled code (the cache's key includes the reservation).
-            let reservation = largest.max(1 << 20).next_power_of_two();
-            config.memory_reservation(reservation);
-            // A memory whose declared maximum exceeds the reservation (a
-            // Rust guest's has none) reserves its size plus this.
-            config.memory_reservation_for_growth(reservation);
-            if let Some(slots) = pool_slots {
-                // Each slot's memories are exactly the reservation: a
-                // memory in a pool cannot move, so none grows past it (the
-                // plugin's own limit, at most that, applies first).
-                let mut pool = PoolingAllocationConfig::new();
-                pool.total_component_instances(slots)
-                    .total_core_instances(slots.saturating_mul(PoolLimits::CORE_INSTANCES))
-                    .total_memories(slots.saturating_mul(PoolLimits::MEMORIES))
-                    .total_tables(slots.saturating_mul(PoolLimits::TABLES))
-                    .total_stacks(slots.saturating_mul(PoolLimits::STACKS))
-                    .max_core_instances_per_component(PoolLimits::CORE_INSTANCES)
-                    .max_memories_per_component(PoolLimits::MEMORIES)
-                    .max_tables_per_component(PoolLimits::TABLES)
-                    .table_elements(PoolLimits::TABLE_ELEMENTS)
-                    .max_component_instance_size(PoolLimits::INSTANCE_METADATA)
-                    .max_core_instance_size(PoolLimits::INSTANCE_METADATA)
-                    .max_memory_size(usize::try_from(reservation).unwrap_or(usize::MAX));
-                config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-            }
+            reserve_memory(&mut config, largest, pool_slots);
         }
         if let Some(dir) = &coredump_dir {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                RuntimeError::Engine(format!(
-                    "cannot create the core dump folder {}: {e}",
-                    dir.display()
-                ))
-            })?;
-            config.coredump_on_trap(true);
+            keep_coredumps(&mut config, dir)?;
         }
-        let cache = match cache_dir {
-            Some(dir) => {
-                std::fs::create_dir_all(&dir).map_err(|e| {
-                    RuntimeError::Engine(format!(
-                        "cannot create the compiled-code cache {}: {e}",
-                        dir.display()
-                    ))
-                })?;
-                let mut cc = CacheConfig::new();
-                cc.with_directory(&dir);
-                let cache = Cache::new(cc).map_err(|e| {
-                    RuntimeError::Engine(format!("compiled-code cache at {}: {e}", dir.display()))
-                })?;
-                config.cache(Some(cache.clone()));
-                Some(cache)
-            }
-            None => None,
-        };
+        let cache = cache_dir.map(|dir| open_cache(&mut config, &dir)).transpose()?;
         let engine = Engine::new(&config).map_err(|e| RuntimeError::Engine(e.to_string()))?;
         let ticker = EpochTicker::start(engine.clone());
         Ok(PluginEngine {

@@ -80,6 +80,33 @@ pub struct KubeGrant {
     pub term_headers: bool,
 }
 
+/// Why the host has no client of the Kubernetes API for a plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeClientError {
+    /// The grant's kubeconfig cannot be read.
+    #[error("cannot read the kubeconfig {}: {error}", path.display())]
+    UnreadableKubeconfig {
+        /// The kubeconfig file.
+        path: PathBuf,
+        /// What reading it said.
+        error: kube::config::KubeconfigError,
+    },
+    /// The grant's kubeconfig cannot be used.
+    #[error("kubeconfig {}: {error}", path.display())]
+    BadKubeconfig {
+        /// The kubeconfig file.
+        path: PathBuf,
+        /// What using it said.
+        error: kube::config::KubeconfigError,
+    },
+    /// No kubeconfig and no service account (the grant names none).
+    #[error("no Kubernetes client configuration: {0}")]
+    NoConfiguration(kube::config::InferConfigError),
+    /// The client cannot be built from the configuration.
+    #[error("cannot build the Kubernetes client: {0}")]
+    Build(kube::Error),
+}
+
 /// A `kubernetes` grant with its client configuration, read at the first
 /// request and shared by every instance of the plugin. Each instance gets
 /// a client of its own ([`KubeAccess::client_for`]), whose connections are
@@ -109,20 +136,27 @@ impl KubeAccess {
     }
 
     /// The host's client configuration, read on first use.
-    async fn config(&self) -> Result<&kube::Config, String> {
+    async fn config(&self) -> Result<&kube::Config, KubeClientError> {
         self.config
             .get_or_try_init(|| async {
                 match &self.grant.kubeconfig {
                     Some(path) => {
-                        let kc = kube::config::Kubeconfig::read_from(path)
-                            .map_err(|e| format!("cannot read the kubeconfig {}: {e}", path.display()))?;
+                        let kc = kube::config::Kubeconfig::read_from(path).map_err(|error| {
+                            KubeClientError::UnreadableKubeconfig {
+                                path: path.clone(),
+                                error,
+                            }
+                        })?;
                         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                             .await
-                            .map_err(|e| format!("kubeconfig {}: {e}", path.display()))
+                            .map_err(|error| KubeClientError::BadKubeconfig {
+                                path: path.clone(),
+                                error,
+                            })
                     }
                     None => kube::Config::infer()
                         .await
-                        .map_err(|e| format!("no Kubernetes client configuration: {e}")),
+                        .map_err(KubeClientError::NoConfiguration),
                 }
             })
             .await
@@ -130,10 +164,13 @@ impl KubeAccess {
 
     /// A client with the host's credentials whose every connection joins
     /// `connections` (its send buffer bounded, reset at the force-stop).
-    pub(crate) async fn client_for(&self, connections: &Connections) -> Result<kube::Client, String> {
+    pub(crate) async fn client_for(
+        &self,
+        connections: &Connections,
+    ) -> Result<kube::Client, KubeClientError> {
         use kube::client::ConfigExt;
         let config = self.config().await?;
-        let built = |e: kube::Error| format!("cannot build the Kubernetes client: {e}");
+        let built = KubeClientError::Build;
         let joined = connections.clone();
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false);

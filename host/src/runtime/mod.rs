@@ -43,9 +43,9 @@ pub mod trap;
 
 pub use compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
 pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, PoolLimits, default_cache_dir};
-pub use http::{HttpGrant, HttpLimits, HttpPolicy};
+pub use http::{HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError};
 pub use kubernetes::{KubeGrant, KubeRule};
-pub use network::{ConnectGrant, NetworkGrant};
+pub use network::{ConnectGrant, ConnectGrantError, NetworkGrant};
 pub use output::OutputLimits;
 pub use plugin::{
     Capability, Contract, DEFAULT_MEMORY_LIMIT, DirGrant, Plugin, PluginRuntime, PluginSpec, TaskOutcome,

@@ -41,7 +41,7 @@ use wasmtime_wasi::sockets::SocketAddrUse;
 /// let local: ConnectGrant = "[::1]:*".parse().unwrap();
 /// assert!(local.allows("[::1]:8080".parse().unwrap()));
 ///
-/// let err = "db.internal:5432".parse::<ConnectGrant>().unwrap_err();
+/// let err = "db.internal:5432".parse::<ConnectGrant>().unwrap_err().to_string();
 /// assert!(err.contains("not an IP address or CIDR range"), "{err}");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,54 +59,110 @@ impl ConnectGrant {
     }
 }
 
-impl FromStr for ConnectGrant {
-    type Err = String;
+/// How a `connect` grant is written, as its errors say.
+const FORM: &str = "write ADDRESS:PORT, for example 10.0.0.5:5432, 10.0.0.0/8:443, [::1]:8080 or 127.0.0.1:*";
 
-    fn from_str(text: &str) -> Result<ConnectGrant, String> {
-        let form = "write ADDRESS:PORT, for example 10.0.0.5:5432, 10.0.0.0/8:443, [::1]:8080 or 127.0.0.1:*";
+/// A `connect` grant written wrong; each names the grant as written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectGrantError {
+    /// No `:PORT`.
+    #[error("{text:?} has no port: {FORM}")]
+    NoPort {
+        /// The grant as written.
+        text: String,
+    },
+    /// The port is neither a port number nor `*`.
+    #[error("{text:?}: port {port:?} is not 1-65535 or *: {FORM}")]
+    BadPort {
+        /// The grant as written.
+        text: String,
+        /// The port as written.
+        port: String,
+    },
+    /// An IPv6 address or range without brackets.
+    #[error("{text:?}: an IPv6 address or range goes in brackets, before the port: {FORM}")]
+    Unbracketed {
+        /// The grant as written.
+        text: String,
+    },
+    /// Not an address or a range (a name, say).
+    #[error(
+        "{text:?}: {address:?} is not an IP address or CIDR range (names are not granted; \
+         grant the addresses they resolve to, and `name-lookup` to resolve them): {FORM}"
+    )]
+    NotAnAddress {
+        /// The grant as written.
+        text: String,
+        /// The address part as written.
+        address: String,
+    },
+    /// A range with bits set after its prefix.
+    #[error(
+        "{text:?}: the range {address} has bits set after its prefix; write {fixed} (the \
+         same addresses) or the single address without a prefix"
+    )]
+    BitsAfterPrefix {
+        /// The grant as written.
+        text: String,
+        /// The range as written.
+        address: String,
+        /// The same addresses, written right.
+        fixed: String,
+    },
+    /// The unspecified address (`0.0.0.0`, `::`), which no connection reaches.
+    #[error(
+        "{text:?}: the unspecified address cannot be connected to; to grant every address \
+         write 0.0.0.0/0 or [::/0]"
+    )]
+    Unspecified {
+        /// The grant as written.
+        text: String,
+    },
+}
+
+impl FromStr for ConnectGrant {
+    type Err = ConnectGrantError;
+
+    fn from_str(text: &str) -> Result<ConnectGrant, ConnectGrantError> {
+        let written = || text.to_owned();
         let (address, port) = text
             .rsplit_once(':')
-            .ok_or_else(|| format!("{text:?} has no port: {form}"))?;
-        let port = match port {
-            "*" => None,
-            p => Some(
-                p.parse::<u16>()
-                    .ok()
-                    .filter(|&p| p != 0)
-                    .ok_or_else(|| format!("{text:?}: port {p:?} is not 1-65535 or *: {form}"))?,
-            ),
-        };
+            .ok_or_else(|| ConnectGrantError::NoPort { text: written() })?;
+        let port =
+            match port {
+                "*" => None,
+                p => Some(p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| {
+                    ConnectGrantError::BadPort {
+                        text: written(),
+                        port: p.to_owned(),
+                    }
+                })?),
+            };
         let bracketed = address.strip_prefix('[').and_then(|a| a.strip_suffix(']'));
         if bracketed.is_none() && address.contains(':') {
-            return Err(format!(
-                "{text:?}: an IPv6 address or range goes in brackets, before the port: {form}"
-            ));
+            return Err(ConnectGrantError::Unbracketed { text: written() });
         }
         let address = bracketed.unwrap_or(address);
         let net = address
             .parse::<IpNet>()
             .or_else(|_| address.parse::<std::net::IpAddr>().map(IpNet::from))
-            .map_err(|_| {
-                format!(
-                    "{text:?}: {address:?} is not an IP address or CIDR range (names are not granted; \
-                     grant the addresses they resolve to, and `name-lookup` to resolve them): {form}"
-                )
+            .map_err(|_| ConnectGrantError::NotAnAddress {
+                text: written(),
+                address: address.to_owned(),
             })?;
         if net != net.trunc() {
             let fixed = match net.trunc() {
                 IpNet::V6(n) => format!("[{n}]"),
                 IpNet::V4(n) => n.to_string(),
             };
-            return Err(format!(
-                "{text:?}: the range {address} has bits set after its prefix; write {fixed} (the \
-                 same addresses) or the single address without a prefix"
-            ));
+            return Err(ConnectGrantError::BitsAfterPrefix {
+                text: written(),
+                address: address.to_owned(),
+                fixed,
+            });
         }
         if net.prefix_len() == net.max_prefix_len() && net.addr().is_unspecified() {
-            return Err(format!(
-                "{text:?}: the unspecified address cannot be connected to; to grant every address \
-                 write 0.0.0.0/0 or [::/0]"
-            ));
+            return Err(ConnectGrantError::Unspecified { text: written() });
         }
         Ok(ConnectGrant { net, port })
     }
@@ -200,7 +256,7 @@ mod tests {
             ("0.0.0.0:80", "unspecified address"),
             ("[::]:*", "unspecified address"),
         ] {
-            let err = text.parse::<ConnectGrant>().unwrap_err();
+            let err = text.parse::<ConnectGrant>().unwrap_err().to_string();
             assert!(err.contains(says), "{text}: {err}");
         }
     }

@@ -61,6 +61,14 @@ type Outcome<T> = wasmtime::Result<Option<Result<T, ErrorCode>>>;
 /// Replaces the operations named in the module docs in `types`
 /// (`wasi:filesystem/types`).
 pub fn add_to_linker(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
+    add_renames_and_links(types)?;
+    add_entry_removals_and_mkdir(types)?;
+    add_open_and_set_size(types)
+}
+
+/// `rename-at`, `link-at` and `symlink-at`: a new name, in the parent
+/// of each path.
+fn add_renames_and_links(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
     types.func_wrap_async(
         "[method]descriptor.rename-at",
         |mut store: StoreContextMut<'_, GuestState>, (fd, old, new_fd, new): (Fd, String, Fd, String)| {
@@ -101,6 +109,12 @@ pub fn add_to_linker(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Re
             })
         },
     )?;
+    Ok(())
+}
+
+/// `unlink-file-at`, `remove-directory-at` and `create-directory-at`: one
+/// entry of the path's parent.
+fn add_entry_removals_and_mkdir(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
     types.func_wrap_async(
         "[method]descriptor.unlink-file-at",
         |mut store: StoreContextMut<'_, GuestState>, (fd, path): (Fd, String)| {
@@ -146,6 +160,12 @@ pub fn add_to_linker(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Re
             })
         },
     )?;
+    Ok(())
+}
+
+/// `set-size` (truncating the guest's file) and `open-at` (creating or
+/// truncating a file).
+fn add_open_and_set_size(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
     types.func_wrap_async(
         "[method]descriptor.set-size",
         |mut store: StoreContextMut<'_, GuestState>, (fd, size): (Fd, u64)| {

@@ -38,7 +38,7 @@ pub enum GrantHost {
 /// let local: HttpGrant = "http://127.0.0.1:8080".parse().unwrap();
 /// assert!(local.allows_address(false, "127.0.0.1".parse().unwrap(), 8080));
 ///
-/// let err = "https://api.example.com/v1".parse::<HttpGrant>().unwrap_err();
+/// let err = "https://api.example.com/v1".parse::<HttpGrant>().unwrap_err().to_string();
 /// assert!(err.contains("no path"), "{err}");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,81 +81,143 @@ impl HttpGrant {
     }
 }
 
-impl FromStr for HttpGrant {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<HttpGrant, String> {
-        let form = "write SCHEME://HOST[:PORT], for example https://api.example.com, \
+/// How an `http` grant is written, as its errors say.
+const FORM: &str = "write SCHEME://HOST[:PORT], for example https://api.example.com, \
                     https://*.example.com, http://127.0.0.1:8080, http://10.0.0.0/8:* or https://[::1]:8443";
+
+/// An `http` grant written wrong; each names the grant as written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HttpGrantError {
+    /// No `SCHEME://`.
+    #[error("{text:?} has no scheme: {FORM}")]
+    NoScheme {
+        /// The grant as written.
+        text: String,
+    },
+    /// A scheme other than `http` and `https`.
+    #[error("{text:?}: scheme {scheme:?} is not http or https: {FORM}")]
+    BadScheme {
+        /// The grant as written.
+        text: String,
+        /// The scheme as written.
+        scheme: String,
+    },
+    /// The port is neither a port number nor `*`.
+    #[error("{text:?}: port {port:?} is not 1-65535 or *: {FORM}")]
+    BadPort {
+        /// The grant as written.
+        text: String,
+        /// The port as written.
+        port: String,
+    },
+    /// A path, query or fragment after the origin.
+    #[error("{text:?}: a grant is an origin and names no path (nor a query): {FORM}")]
+    NotAnOrigin {
+        /// The grant as written.
+        text: String,
+    },
+    /// The host is not a name, an address or a range.
+    #[error("{text:?}: {host:?} is not a host name, address or range: {FORM}")]
+    BadHost {
+        /// The grant as written.
+        text: String,
+        /// The host as written.
+        host: String,
+    },
+}
+
+impl FromStr for HttpGrant {
+    type Err = HttpGrantError;
+
+    fn from_str(text: &str) -> Result<HttpGrant, HttpGrantError> {
+        let written = || text.to_owned();
         let (scheme, rest) = text
             .split_once("://")
-            .ok_or_else(|| format!("{text:?} has no scheme: {form}"))?;
+            .ok_or_else(|| HttpGrantError::NoScheme { text: written() })?;
         let https = match scheme {
             "https" => true,
             "http" => false,
-            other => return Err(format!("{text:?}: scheme {other:?} is not http or https: {form}")),
+            other => {
+                return Err(HttpGrantError::BadScheme {
+                    text: written(),
+                    scheme: other.to_owned(),
+                });
+            }
         };
         // The port: after the last colon outside brackets.
         let (host, port) = match rest.rfind(':') {
             Some(i) if !rest[i..].contains(']') => (&rest[..i], Some(&rest[i + 1..])),
             _ => (rest, None),
         };
-        let port = match port {
-            None => Some(if https { 443 } else { 80 }),
-            Some("*") => None,
-            Some(p) => Some(
-                p.parse::<u16>()
-                    .ok()
-                    .filter(|&p| p != 0)
-                    .ok_or_else(|| format!("{text:?}: port {p:?} is not 1-65535 or *: {form}"))?,
-            ),
-        };
-        let bare = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let host = if let Ok(net) = bare.parse::<IpNet>() {
-            GrantHost::Addresses(net)
-        } else if let Ok(ip) = bare.parse::<IpAddr>() {
-            GrantHost::Addresses(IpNet::from(ip))
-        } else if host.contains('/') || host.contains('?') || host.contains('#') {
-            return Err(format!(
-                "{text:?}: a grant is an origin and names no path (nor a query): {form}"
-            ));
-        } else {
-            let lower = host.to_ascii_lowercase();
-            let (wild, name) = match lower.strip_prefix("*.") {
-                Some(name) => (true, name.to_owned()),
-                None => (false, lower.clone()),
+        let port =
+            match port {
+                None => Some(if https { 443 } else { 80 }),
+                Some("*") => None,
+                Some(p) => Some(p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| {
+                    HttpGrantError::BadPort {
+                        text: written(),
+                        port: p.to_owned(),
+                    }
+                })?),
             };
-            let valid = !name.is_empty()
-                && name.len() <= 253
-                && name.split('.').all(|label| {
-                    !label.is_empty()
-                        && label.len() <= 63
-                        && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                        && !label.starts_with('-')
-                        && !label.ends_with('-')
-                });
-            if !valid {
-                return Err(format!(
-                    "{text:?}: {host:?} is not a host name, address or range: {form}"
-                ));
-            }
-            if wild {
-                GrantHost::Subdomains(format!(".{name}"))
-            } else {
-                GrantHost::Name(name)
-            }
-        };
         Ok(HttpGrant {
             https,
-            host,
+            host: grant_host(text, host)?,
             port,
             term_headers: true,
             ca: None,
         })
     }
+}
+
+/// The host of the grant `text`, written `host`: an address or a range
+/// (IPv6 in brackets), a name, or `*.` and a name.
+fn grant_host(text: &str, host: &str) -> Result<GrantHost, HttpGrantError> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(net) = bare.parse::<IpNet>() {
+        return Ok(GrantHost::Addresses(net));
+    }
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(GrantHost::Addresses(IpNet::from(ip)));
+    }
+    if host.contains('/') || host.contains('?') || host.contains('#') {
+        return Err(HttpGrantError::NotAnOrigin {
+            text: text.to_owned(),
+        });
+    }
+    let lower = host.to_ascii_lowercase();
+    let (wild, name) = match lower.strip_prefix("*.") {
+        Some(name) => (true, name.to_owned()),
+        None => (false, lower.clone()),
+    };
+    if !is_host_name(&name) {
+        return Err(HttpGrantError::BadHost {
+            text: text.to_owned(),
+            host: host.to_owned(),
+        });
+    }
+    Ok(if wild {
+        GrantHost::Subdomains(format!(".{name}"))
+    } else {
+        GrantHost::Name(name)
+    })
+}
+
+/// Whether `name` is a DNS host name: at most 253 bytes of labels of 1 to
+/// 63 letters, digits and hyphens, none at a label's ends.
+fn is_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 impl fmt::Display for HttpGrant {
@@ -244,10 +306,13 @@ impl Default for HttpPolicy {
 impl HttpPolicy {
     /// Prepares `grants`: reads the CA files they name. The error names
     /// the grant and the file.
-    pub fn new(grants: &[HttpGrant], limits: HttpLimits) -> Result<HttpPolicy, String> {
+    pub fn new(grants: &[HttpGrant], limits: HttpLimits) -> Result<HttpPolicy, HttpPolicyError> {
         let mut prepared = Vec::new();
         for grant in grants {
-            let tls = tls_config(grant.ca.as_deref()).map_err(|e| format!("http grant {grant}: {e}"))?;
+            let tls = tls_config(grant.ca.as_deref()).map_err(|reason| HttpPolicyError {
+                grant: grant.to_string(),
+                reason,
+            })?;
             prepared.push((grant.clone(), tls));
         }
         Ok(HttpPolicy {
@@ -280,30 +345,79 @@ impl HttpPolicy {
     }
 }
 
+/// A grant whose TLS settings cannot be made; names the grant.
+#[derive(Debug, thiserror::Error)]
+#[error("http grant {grant}: {reason}")]
+pub struct HttpPolicyError {
+    /// The grant, as written.
+    pub grant: String,
+    /// Why its TLS settings cannot be made.
+    pub reason: TlsConfigError,
+}
+
+/// Why a grant's TLS settings cannot be made: its CA file, or rustls.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    /// The CA file cannot be read.
+    #[error("cannot read the CA file {}: {error}", path.display())]
+    Unreadable {
+        /// The CA file.
+        path: PathBuf,
+        /// What reading it said.
+        error: rustls::pki_types::pem::Error,
+    },
+    /// The CA file holds something other than PEM certificates.
+    #[error("the CA file {} is not PEM certificates: {error}", path.display())]
+    NotPem {
+        /// The CA file.
+        path: PathBuf,
+        /// What parsing it said.
+        error: rustls::pki_types::pem::Error,
+    },
+    /// The CA file holds no certificate.
+    #[error("the CA file {} holds no certificate", path.display())]
+    NoCertificate {
+        /// The CA file.
+        path: PathBuf,
+    },
+    /// A certificate of the CA file is refused as a root.
+    #[error("the CA file {}: {error}", path.display())]
+    Refused {
+        /// The CA file.
+        path: PathBuf,
+        /// What rustls said.
+        error: rustls::Error,
+    },
+    /// rustls refused the settings.
+    #[error("TLS: {0}")]
+    Tls(rustls::Error),
+}
+
 /// TLS settings: the bundled web roots plus the certificates in `ca`.
-fn tls_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+fn tls_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, TlsConfigError> {
     let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.into(),
     };
     if let Some(ca) = ca {
         use rustls::pki_types::pem::PemObject;
+        let path = || ca.to_owned();
         let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(ca)
-            .map_err(|e| format!("cannot read the CA file {}: {e}", ca.display()))?
+            .map_err(|error| TlsConfigError::Unreadable { path: path(), error })?
             .collect::<Result<_, _>>()
-            .map_err(|e| format!("the CA file {} is not PEM certificates: {e}", ca.display()))?;
+            .map_err(|error| TlsConfigError::NotPem { path: path(), error })?;
         if certs.is_empty() {
-            return Err(format!("the CA file {} holds no certificate", ca.display()));
+            return Err(TlsConfigError::NoCertificate { path: path() });
         }
         for cert in certs {
             roots
                 .add(cert)
-                .map_err(|e| format!("the CA file {}: {e}", ca.display()))?;
+                .map_err(|error| TlsConfigError::Refused { path: path(), error })?;
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
+        .map_err(TlsConfigError::Tls)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Arc::new(config))

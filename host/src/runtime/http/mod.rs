@@ -61,7 +61,10 @@ use crate::election::Term;
 
 mod grant;
 
-pub use grant::{GrantHost, HttpGrant, HttpLimits, HttpPolicy, is_internal};
+pub use grant::{
+    GrantHost, HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError, TlsConfigError,
+    is_internal,
+};
 
 /// The header that carries the lease name.
 pub const LEASE_HEADER: &str = "baton-lease";
@@ -418,75 +421,17 @@ impl GuestHttp {
     /// against the plugin's `kubernetes` grant, then sent by the host's own
     /// client (its credentials, never the guest's).
     async fn send_to_kubernetes(self, request: http::Request<WasiBody>) -> Sent {
-        let Some(access) = self.policy.kube.clone() else {
-            tracing::warn!(plugin = %self.plugin, destination = KUBERNETES_ORIGIN,
-                "Kubernetes API request refused: the plugin has no `kubernetes` grant");
-            return Err(HttpError::HttpRequestDenied);
-        };
         let (mut parts, body) = request.into_parts();
-        let path = parts.uri.path().to_owned();
-        let query = parts.uri.query().map(str::to_owned);
-        let Some(asked) = kubernetes::classify(&parts.method, &path, query.as_deref()) else {
-            tracing::warn!(plugin = %self.plugin, method = %parts.method, %path,
-                "Kubernetes API request refused: not a resource request (only /api/v1/... and /apis/GROUP/VERSION/... are forwarded)");
-            return Err(HttpError::HttpRequestDenied);
-        };
-        if !access.allows(&asked) {
-            tracing::warn!(plugin = %self.plugin, request = %asked, %path,
-                "Kubernetes API request refused: the plugin's `kubernetes` grant does not allow it");
-            return Err(HttpError::HttpRequestDenied);
-        }
+        let (access, asked) = self.admit_to_kubernetes(&parts)?;
         let permit = place(&self.in_flight)
             .await
             .map_err(|_| HttpError::ConnectionLimitReached)?;
         let limits = self.policy.limits;
-        // The host's credentials only: nothing of the guest's that could
-        // authenticate, impersonate or forge the term.
-        let headers = &mut parts.headers;
-        let dropped: Vec<HeaderName> = headers
-            .keys()
-            .filter(|k| {
-                let k = k.as_str();
-                k == "authorization"
-                    || k == "host"
-                    || k.starts_with("impersonate-")
-                    || k.starts_with("baton-")
-            })
-            .cloned()
-            .collect();
-        for k in dropped {
-            headers.remove(&k);
-        }
+        strip_guest_credentials(&mut parts.headers);
         if access.grant.term_headers {
-            let lease = HeaderValue::from_str(self.term.lease()).map_err(|_| internal("lease name"))?;
-            headers.insert(HeaderName::from_static(LEASE_HEADER), lease);
-            headers.insert(
-                HeaderName::from_static(TERM_HEADER),
-                HeaderValue::from(self.term.number()),
-            );
+            self.set_term_headers(&mut parts.headers)?;
         }
-        let exchange = async {
-            let body = Capped::new(body, limits.request_body, |n| {
-                HttpError::HttpRequestBodySize(Some(n))
-            })
-            .collect()
-            .await?
-            .to_bytes();
-            let client = self.kube_client.get_or_try_init(|| access.client_for(&self.connections)).await.map_err(|e| {
-                tracing::warn!(plugin = %self.plugin, error = %e, "Kubernetes API request failed: no client");
-                HttpError::ConfigurationError
-            })?;
-            let target = match &query {
-                Some(q) => format!("{path}?{q}"),
-                None => path.clone(),
-            };
-            parts.uri = target.parse().map_err(|_| HttpError::HttpRequestUriInvalid)?;
-            let request = http::Request::from_parts(parts, kube::client::Body::from(body.to_vec()));
-            client.send(request).await.map_err(|e| {
-                tracing::debug!(plugin = %self.plugin, error = %e, "Kubernetes API request failed");
-                HttpError::InternalError(Some(format!("the API server could not be reached: {e}")))
-            })
-        };
+        let exchange = self.exchange_with_kubernetes(&access, parts, body);
         let response = tokio::time::timeout(limits.timeout, exchange)
             .await
             .map_err(|_| HttpError::ConnectionTimeout)??;
@@ -503,6 +448,80 @@ impl GuestHttp {
         // The host's client keeps its own connections.
         let io: IoFuture = Box::new(async { Ok(()) });
         Ok((response, io))
+    }
+
+    /// The plugin's `kubernetes` grant and what the request asks of the
+    /// API server, if the grant allows it; refused (and logged) if not.
+    fn admit_to_kubernetes(
+        &self,
+        parts: &http::request::Parts,
+    ) -> Result<(Arc<KubeAccess>, kubernetes::ApiRequest), HttpError> {
+        let Some(access) = self.policy.kube.clone() else {
+            tracing::warn!(plugin = %self.plugin, destination = KUBERNETES_ORIGIN,
+                "Kubernetes API request refused: the plugin has no `kubernetes` grant");
+            return Err(HttpError::HttpRequestDenied);
+        };
+        let path = parts.uri.path();
+        let Some(asked) = kubernetes::classify(&parts.method, path, parts.uri.query()) else {
+            tracing::warn!(plugin = %self.plugin, method = %parts.method, %path,
+                "Kubernetes API request refused: not a resource request (only /api/v1/... and /apis/GROUP/VERSION/... are forwarded)");
+            return Err(HttpError::HttpRequestDenied);
+        };
+        if !access.allows(&asked) {
+            tracing::warn!(plugin = %self.plugin, request = %asked, %path,
+                "Kubernetes API request refused: the plugin's `kubernetes` grant does not allow it");
+            return Err(HttpError::HttpRequestDenied);
+        }
+        Ok((access, asked))
+    }
+
+    /// Sends the request, its body within the plugin's limit, by the
+    /// instance's own client of the API server (made at its first request).
+    async fn exchange_with_kubernetes(
+        &self,
+        access: &KubeAccess,
+        mut parts: http::request::Parts,
+        body: WasiBody,
+    ) -> Result<http::Response<kube::client::Body>, HttpError> {
+        let limit = self.policy.limits.request_body;
+        let body = Capped::new(body, limit, |n| HttpError::HttpRequestBodySize(Some(n)))
+            .collect()
+            .await?
+            .to_bytes();
+        let client = self
+            .kube_client
+            .get_or_try_init(|| access.client_for(&self.connections))
+            .await
+            .map_err(|e| {
+                tracing::warn!(plugin = %self.plugin, error = %e, "Kubernetes API request failed: no client");
+                HttpError::ConfigurationError
+            })?;
+        let target = match parts.uri.query() {
+            Some(q) => format!("{}?{q}", parts.uri.path()),
+            None => parts.uri.path().to_owned(),
+        };
+        parts.uri = target.parse().map_err(|_| HttpError::HttpRequestUriInvalid)?;
+        let request = http::Request::from_parts(parts, kube::client::Body::from(body.to_vec()));
+        client.send(request).await.map_err(|e| {
+            tracing::debug!(plugin = %self.plugin, error = %e, "Kubernetes API request failed");
+            HttpError::InternalError(Some(format!("the API server could not be reached: {e}")))
+        })
+    }
+}
+
+/// The host's credentials only: nothing of the guest's that could
+/// authenticate, impersonate or forge the term.
+fn strip_guest_credentials(headers: &mut http::HeaderMap) {
+    let dropped: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| {
+            let k = k.as_str();
+            k == "authorization" || k == "host" || k.starts_with("impersonate-") || k.starts_with("baton-")
+        })
+        .cloned()
+        .collect();
+    for k in dropped {
+        headers.remove(&k);
     }
 }
 

@@ -1,7 +1,10 @@
 //! Tests of [`plugin`](super).
 
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
 use super::*;
-use crate::runtime::EngineOptions;
+use crate::runtime::{CacheUse, Compile, CompileObserver, EngineOptions, PluginEngine};
 
 /// A test guest built by `scripts/build-guests.sh`, found through
 /// `BATON_GUESTS_DIR` (set by `scripts/test.sh`).

@@ -1,0 +1,353 @@
+//! `Plugin`, a checked component with its grants, and one run of its
+//! leader task: a fresh Store and instance per run, in one term, dropped
+//! when the run ends or the term's force-stop comes.
+//!
+//! Invariant: `run` is called only if the lease is still led in the term
+//! once the instance exists; every call into the host is fenced by the
+//! term (see [`fence`]).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use wasmtime::Store;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
+
+use super::component::Pre;
+use super::load::ContentKey;
+use super::spec::PluginSpec;
+use super::{Capability, Contract, DEFAULT_MEMORY_LIMIT, FIRST_HOSTS_WAIT, World};
+use crate::election::{Hosts, LeaseView, Term};
+use crate::runtime::bindings::WitStatus;
+use crate::runtime::connections::{self, Connections};
+use crate::runtime::engine::PluginEngine;
+use crate::runtime::fence;
+use crate::runtime::http::{GuestHttp, HttpPolicy};
+use crate::runtime::output::{GuestOutput, GuestStream, OutputBudget, StderrTail};
+use crate::runtime::state::{GuestState, shown_status};
+use crate::runtime::trap::{GuestLimits, Trap};
+use crate::support::rounding::human;
+
+/// A checked, compiled plugin, ready to instantiate.
+pub struct Plugin {
+    pub(super) name: Arc<str>,
+    pub(super) path: PathBuf,
+    pub(super) world: World,
+    pub(super) contract: Contract,
+    pub(super) uses_hosts: bool,
+    /// The live hosts, for `current-hosts`.
+    pub(super) hosts: watch::Receiver<Hosts>,
+    pub(super) pre: Pre,
+    pub(super) spec: Option<PluginSpec>,
+    pub(super) engine: PluginEngine,
+    /// Shared by all its instances.
+    pub(super) output: Arc<OutputBudget>,
+    /// What it imports that only a grant makes useful.
+    pub(super) capabilities: Vec<Capability>,
+    /// The linear memory of its running instances, in bytes.
+    pub(super) memory: Arc<std::sync::atomic::AtomicU64>,
+    /// The bytes it was compiled from.
+    pub(super) content: ContentKey,
+}
+
+/// Why a Store for one run could not be made.
+#[derive(Debug, thiserror::Error)]
+enum SetupError {
+    /// A granted directory could not be opened.
+    #[error("cannot open granted directory {}: {error}", dir.display())]
+    GrantedDir {
+        /// The directory on the host.
+        dir: PathBuf,
+        /// What opening it said.
+        error: wasmtime::Error,
+    },
+}
+
+/// How one run of a leader task ended.
+#[derive(Debug)]
+pub enum TaskOutcome {
+    /// `run` returned `ok`.
+    Finished,
+    /// The term was over before `run` could be called (while the instance
+    /// was being created): `run` was not called.
+    NotStarted,
+    /// `run` returned `error`.
+    Failed(String),
+    /// The guest trapped, or could not be instantiated.
+    Trapped(Trap),
+}
+
+impl TaskOutcome {
+    /// Whether the host stopped the task because its term's force-stop
+    /// time had come (the fence or the epoch check trapped it).
+    pub fn stopped_by_host(&self) -> bool {
+        matches!(self, TaskOutcome::Trapped(t) if t.stopped_by_host())
+    }
+}
+
+impl fmt::Display for TaskOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskOutcome::Finished => f.write_str("ok"),
+            TaskOutcome::NotStarted => f.write_str("not started: the term was over first"),
+            TaskOutcome::Failed(e) => write!(f, "error: {e}"),
+            TaskOutcome::Trapped(t) => write!(f, "trap: {t}"),
+        }
+    }
+}
+
+impl Plugin {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The component file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The world it targets.
+    pub fn world(&self) -> World {
+        self.world
+    }
+
+    /// The version of the contract it was built against.
+    pub fn contract(&self) -> Contract {
+        self.contract
+    }
+
+    /// A hash of the bytes it was compiled from (`std`'s `DefaultHasher`
+    /// over the file's bytes as a slice): what a reload compares a file's
+    /// content with, taken from the bytes compiled rather than read again,
+    /// so that a file replaced while it was being loaded is seen as changed.
+    pub fn content_hash(&self) -> u64 {
+        self.content.hash
+    }
+
+    /// The full WIT name of its world, version included.
+    pub fn wit_world(&self) -> &'static str {
+        self.world.wit_name_in(self.contract)
+    }
+
+    /// Whether it asks for the live hosts (`current-hosts`, from
+    /// `baton:leader@0.2.0`): the host then keeps its membership record
+    /// even when it does not spread its leases.
+    pub fn uses_hosts(&self) -> bool {
+        self.uses_hosts
+    }
+
+    /// What it imports beyond its world that only a grant makes useful.
+    pub fn capabilities(&self) -> &[Capability] {
+        &self.capabilities
+    }
+
+    /// Its output budget (shared by all its instances).
+    pub fn output(&self) -> &Arc<OutputBudget> {
+        &self.output
+    }
+
+    /// The linear memory its running instances use now, in bytes (0 while
+    /// none runs).
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A fresh Store for one run in `term`: WASI with the plugin's grants,
+    /// its memory limit, and the fence (see [`fence`]).
+    fn new_store(
+        &self,
+        term: Arc<Term>,
+        view: watch::Receiver<LeaseView>,
+    ) -> Result<Store<GuestState>, SetupError> {
+        let tail = StderrTail::default();
+        let mut wasi = WasiCtxBuilder::new();
+        let output = |stream| GuestOutput::new(self.output.clone(), stream, term.clone(), tail.clone());
+        wasi.stdout(output(GuestStream::Stdout));
+        wasi.stderr(output(GuestStream::Stderr));
+        // File operations run inside the guest's host call, where the fence
+        // covers them, not later on the blocking pool. (Guests run on their
+        // own runtime's workers; the election runs elsewhere.)
+        wasi.allow_blocking_current_thread(fence::BLOCKING_FILE_IO);
+        let mut memory_limit = DEFAULT_MEMORY_LIMIT;
+        let mut http = HttpPolicy::default();
+        let mut send_buffer = connections::DEFAULT_SEND_BUFFER;
+        let mut name_lookup = false;
+        if let Some(spec) = &self.spec {
+            http = spec.http.clone();
+            name_lookup = spec.network.name_lookup;
+            send_buffer = spec.send_buffer;
+            memory_limit = spec.memory_limit;
+            for (k, v) in &spec.env {
+                wasi.env(k, v);
+            }
+            for d in &spec.dirs {
+                let perms = if d.read_only {
+                    FsPerms::ReadOnly
+                } else {
+                    FsPerms::ReadWrite
+                };
+                wasi.preopened_dir(&d.host, &d.guest, perms)
+                    .map_err(|error| SetupError::GrantedDir {
+                        dir: d.host.clone(),
+                        error,
+                    })?;
+            }
+            spec.network.add_to_wasi(&mut wasi);
+        }
+        let connections = Connections::new(self.name.clone(), term.clone(), send_buffer);
+        let state = GuestState {
+            connections: connections.clone(),
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits: GuestLimits::new(memory_limit).counting(self.memory.clone()),
+            term: term.clone(),
+            name_lookup,
+            view,
+            hosts: self.hosts.clone(),
+            stderr_tail: tail,
+            http: WasiHttpCtx::new(),
+            http_hooks: GuestHttp::new(self.name.clone(), http, term.clone(), connections),
+        };
+        let mut store = Store::new(self.engine.engine(), state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(fence::epoch_check(term.clone()));
+        store.call_hook(fence::call_fence(term));
+        Ok(store)
+    }
+
+    /// Writes the core dump that `error` carries (a trap's, with the
+    /// engine's `coredump_on_trap`) to `dir`, as
+    /// `PLUGIN.termT.UNIX_MS.coredump`. A failure to write is logged, never
+    /// more: the dump is for debugging.
+    fn write_coredump(
+        &self,
+        dir: &Path,
+        store: &mut Store<GuestState>,
+        term: &Term,
+        error: &wasmtime::Error,
+    ) {
+        let Some(dump) = error.downcast_ref::<wasmtime::WasmCoreDump>() else {
+            return;
+        };
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let path = dir.join(format!("{}.term{}.{millis}.coredump", self.name, term.number()));
+        let bytes = dump.serialize(&mut *store, &self.name);
+        match std::fs::write(&path, &bytes) {
+            Ok(()) => tracing::info!(plugin = %self.name, term = term.number(), path = %path.display(),
+                bytes = bytes.len(), "core dump of the trapped instance written"),
+            Err(e) => tracing::warn!(plugin = %self.name, path = %path.display(), error = %e,
+                "cannot write the core dump of the trapped instance"),
+        }
+    }
+
+    /// Waits until the live hosts count this host, so that a task's first
+    /// `current-hosts` reading does, as long as the lease is led here and
+    /// for [`FIRST_HOSTS_WAIT`] at most (then the task starts with what
+    /// the store showed, and the log says so).
+    async fn await_counted(&self, view: &watch::Receiver<LeaseView>) {
+        let mut hosts = self.hosts.clone();
+        let mut view = view.clone();
+        let counted = hosts.wait_for(|h| h.this_host_live);
+        let lost = view.wait_for(|v| !v.status.is_leading());
+        tokio::select! {
+            _ = counted => {}
+            _ = lost => {}
+            _ = tokio::time::sleep(FIRST_HOSTS_WAIT) => {
+                tracing::warn!(plugin = %self.name, waited = %human(FIRST_HOSTS_WAIT),
+                    "leader task starts before the live hosts count this host: its membership record was not listed");
+            }
+        }
+    }
+
+    /// Runs the leader task once, in a fresh instance and Store, in `term`,
+    /// until it returns or traps. Dropping the returned future drops the
+    /// Store and so ends the task wherever it is.
+    pub async fn run_task(&self, term: Arc<Term>, view: watch::Receiver<LeaseView>) -> TaskOutcome {
+        // Declared before the Store, so dropped after it: the epoch
+        // advances for as long as this instance may run.
+        let _ticking = self.engine.ticking();
+        if self.uses_hosts {
+            self.await_counted(&view).await;
+        }
+        let mut store = match self.new_store(term.clone(), view.clone()) {
+            Ok(s) => s,
+            Err(e) => return TaskOutcome::Trapped(Trap::setup(e.to_string())),
+        };
+        match self.instantiate_and_run(&mut store, &term, &view).await {
+            Ok(outcome) => outcome,
+            Err(e) => self.trapped(&mut store, &term, e),
+        }
+    }
+
+    /// Instantiates the component in `store` and calls `run` with the
+    /// status as it is once the instance exists (creating it takes a while
+    /// for a large guest): `leading`, or not called.
+    async fn instantiate_and_run(
+        &self,
+        store: &mut Store<GuestState>,
+        term: &Term,
+        view: &watch::Receiver<LeaseView>,
+    ) -> wasmtime::Result<TaskOutcome> {
+        let status = || {
+            let status = shown_status(&view.borrow(), term);
+            status.is_leading().then(|| WitStatus::from(&status))
+        };
+        // One arm per world and version; the generated types differ, the
+        // calls do not.
+        macro_rules! run_future {
+            ($pre:expr, $task:ident) => {{
+                let instance = $pre.instantiate_async(&mut *store).await?;
+                let Some(arg) = status() else {
+                    return Ok(TaskOutcome::NotStarted);
+                };
+                store
+                    .run_concurrent(async |a| instance.$task().call_run(a, arg).await)
+                    .await??
+            }};
+        }
+        macro_rules! run_pollable {
+            ($pre:expr, $task:ident) => {{
+                let instance = $pre.instantiate_async(&mut *store).await?;
+                let Some(arg) = status() else {
+                    return Ok(TaskOutcome::NotStarted);
+                };
+                instance.$task().call_run(&mut *store, &arg).await?
+            }};
+        }
+        let returned = match &self.pre {
+            Pre::Future01(pre) => run_future!(pre, baton_leader_task_async),
+            Pre::Pollable01(pre) => run_pollable!(pre, baton_leader_task_sync),
+            Pre::Future02(pre) => run_future!(pre, baton_leader_task_async),
+            Pre::Pollable02(pre) => run_pollable!(pre, baton_leader_task_sync),
+        };
+        Ok(match returned {
+            Ok(()) => TaskOutcome::Finished,
+            Err(message) => TaskOutcome::Failed(message),
+        })
+    }
+
+    /// The trap `error` of the instance in `store`, with the end of its
+    /// stderr and its memory; its core dump written first if the engine
+    /// keeps them.
+    fn trapped(&self, store: &mut Store<GuestState>, term: &Term, error: wasmtime::Error) -> TaskOutcome {
+        if let Some(dir) = self.engine.coredump_dir() {
+            self.write_coredump(dir, store, term, &error);
+        }
+        let state = store.data();
+        let tail: Vec<String> = state
+            .stderr_tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        TaskOutcome::Trapped(Trap::from_error(error, &tail, &state.limits))
+    }
+}
