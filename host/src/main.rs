@@ -1,16 +1,20 @@
 //! The `baton` command: run leases and plugins, check a plugin, create
-//! one, show the leases of a store, make a host yield a lease.
+//! one, show the leases of a store, make a host yield a lease. Here: the
+//! command line, the dispatch to each command's module in
+//! [`baton::cli`], and `baton run`'s signals.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use baton::config::{Config, StoreConfig};
+use baton::cli;
+use baton::cli::run::Triggers;
+use baton::config::Overrides;
+use baton::daemon::reload::Cause;
 use baton::ops::logging::{LogFormat, ProgressMode};
-use baton::runtime::{EngineOptions, PluginEngine, PluginRuntime, default_cache_dir};
 
 /// Runs WebAssembly plugin leader tasks only while this host holds a lease.
 #[derive(Parser)]
@@ -101,10 +105,10 @@ enum Command {
     New {
         /// The plugin's language.
         #[arg(long)]
-        lang: baton::cli::scaffold::Lang,
+        lang: cli::scaffold::Lang,
         /// The world it targets (future: Rust and Python only).
         #[arg(long, value_enum, default_value_t)]
-        world: baton::cli::scaffold::World,
+        world: cli::scaffold::World,
         /// The plugin's name (lower-case letters, digits and '-').
         name: String,
         /// Create it in this folder instead of the current one.
@@ -128,7 +132,7 @@ enum Command {
         /// Tables for people, or one JSON document (its shape is in
         /// docs/configuration.md).
         #[arg(long, short, value_enum, default_value_t)]
-        output: baton::cli::status::OutputFormat,
+        output: cli::status::OutputFormat,
     },
 }
 
@@ -161,6 +165,7 @@ fn main() -> ExitCode {
     code
 }
 
+/// Runs `command`.
 async fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
         Command::Run {
@@ -186,48 +191,31 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             };
             run(config, overrides, watch, test_stall_election_runtime).await
         }
-        Command::Check { plugins } => check(plugins).await,
+        Command::Check { plugins } => cli::check::execute(plugins).await,
         Command::Yield {
             lease,
             duration,
             config,
             identity,
             socket,
-        } => yield_lease(lease, duration, config, identity, socket).await,
+        } => cli::yield_lease::execute(lease, duration, config, identity, socket).await,
         Command::New {
             lang,
             world,
             name,
             dir,
-        } => {
-            let root = baton::cli::scaffold::new_plugin(lang, world, &name, &dir)?;
-            println!(
-                "created {}: build it with {}/build.sh",
-                root.display(),
-                root.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        } => cli::scaffold::execute(lang, world, &name, &dir),
         Command::Status {
             config,
             store_dir,
             kubeconfig,
             output,
-        } => {
-            let target = baton::cli::status::open(config.as_deref(), store_dir, kubeconfig).await?;
-            let report = baton::cli::status::collect(&target).await?;
-            match output {
-                baton::cli::status::OutputFormat::Text => print!("{}", report.text()),
-                baton::cli::status::OutputFormat::Json => print!("{}", report.json()),
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => cli::status::execute(config.as_deref(), store_dir, kubeconfig, output).await,
     }
 }
 
-/// `baton run`: serves the configuration in `config` (with the command
-/// line's `overrides`) until SIGTERM or SIGINT, reloading it on SIGHUP and,
-/// with `watch`, when its files change.
+/// `baton run`, its signals handled: SIGTERM and SIGINT shut down
+/// gracefully, SIGHUP reloads.
 async fn run(
     config: PathBuf,
     overrides: Overrides,
@@ -237,24 +225,13 @@ async fn run(
     // First: from here on SIGHUP reloads (its default action would end the
     // process), and SIGTERM/SIGINT shut down gracefully.
     let signals = Signals::install();
-    let cfg = load_config(&config, &overrides)?;
-    let (reload_tx, requests) = tokio::sync::mpsc::unbounded_channel();
-    let load: baton::daemon::reload::Loader =
-        std::sync::Arc::new(move || load_config(&config, &overrides).map_err(|e| format!("{e:#}")));
-    let reload = baton::daemon::reload::Reload {
-        load,
-        requests,
-        watch: (watch || cfg.watch).then(|| reload_tx.clone()),
-    };
-    let shutdown = CancellationToken::new();
-    tokio::spawn(wait_for_signal(signals, shutdown.clone(), reload_tx));
-    let options = baton::daemon::serve::ServeOptions {
-        stall_election_after,
-        reload: Some(reload),
-        ..Default::default()
-    };
-    baton::daemon::serve::serve_opts(cfg, options, shutdown).await?;
-    Ok(ExitCode::SUCCESS)
+    let triggers = Triggers::new();
+    tokio::spawn(wait_for_signal(
+        signals,
+        triggers.shutdown.clone(),
+        triggers.reload.clone(),
+    ));
+    cli::run::execute(config, overrides, watch, stall_election_after, triggers).await
 }
 
 /// The signals `baton run` handles, installed at its start.
@@ -280,7 +257,7 @@ impl Signals {
 async fn wait_for_signal(
     mut signals: Signals,
     shutdown: CancellationToken,
-    reload: tokio::sync::mpsc::UnboundedSender<baton::daemon::reload::Cause>,
+    reload: tokio::sync::mpsc::UnboundedSender<Cause>,
 ) {
     loop {
         tokio::select! {
@@ -288,143 +265,11 @@ async fn wait_for_signal(
             _ = signals.int.recv() => tracing::info!("SIGINT received"),
             _ = signals.hup.recv() => {
                 tracing::info!("SIGHUP received: reloading");
-                let _ = reload.send(baton::daemon::reload::Cause::Signal);
+                let _ = reload.send(Cause::Signal);
                 continue;
             }
         }
         break;
     }
     shutdown.cancel();
-}
-
-/// `baton run`'s command-line settings over the file's.
-struct Overrides {
-    identity: Option<String>,
-    store_dir: Option<PathBuf>,
-    cache_dir: Option<PathBuf>,
-    coredump_dir: Option<PathBuf>,
-    kubeconfig: Option<PathBuf>,
-    admin_address: Option<String>,
-    control_socket: Option<PathBuf>,
-}
-
-/// Reads the configuration file, then applies `o` (at start, and at each
-/// reload: the command line still wins).
-fn load_config(config: &std::path::Path, o: &Overrides) -> Result<Config> {
-    let mut cfg = Config::load(config)?;
-    if let Some(path) = &o.control_socket {
-        cfg.control_socket = Some(path.clone());
-    }
-    if let Some(identity) = &o.identity {
-        anyhow::ensure!(
-            !identity.trim().is_empty(),
-            "--identity (or BATON_IDENTITY) is empty"
-        );
-        cfg.identity = identity.clone();
-        cfg.identity_declared = true;
-    }
-    if let Some(dir) = &o.store_dir {
-        cfg.store = StoreConfig::Embedded { dir: dir.clone() };
-    }
-    if let Some(dir) = &o.cache_dir {
-        cfg.cache_dir = Some(dir.clone());
-    }
-    if let Some(dir) = &o.coredump_dir {
-        cfg.coredump_dir = Some(dir.clone());
-    }
-    if let Some(path) = &o.kubeconfig {
-        match &mut cfg.store {
-            StoreConfig::Kubernetes { kubeconfig, .. } => *kubeconfig = Some(path.clone()),
-            StoreConfig::Embedded { .. } => anyhow::bail!(
-                "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but the \
-                 configuration uses the embedded store"
-            ),
-        }
-    }
-    if let Some(address) = &o.admin_address {
-        cfg.admin_address = Some(
-            baton::config::parse_admin_address(address)
-                .map_err(|e| anyhow::anyhow!("--admin-address (or BATON_ADMIN_ADDRESS): {e}"))?,
-        );
-    }
-    Ok(cfg)
-}
-
-/// `baton yield`: asks the host's control socket, prints its answer.
-async fn yield_lease(
-    lease: String,
-    duration: Option<std::time::Duration>,
-    config: Option<PathBuf>,
-    identity: Option<String>,
-    socket: Option<PathBuf>,
-) -> Result<ExitCode> {
-    use baton::daemon::control::{Request, find_socket, request};
-    let path = match (socket, config) {
-        (Some(socket), _) => socket,
-        (None, Some(file)) => {
-            let cfg = Config::load(&file)?;
-            find_socket(&file, cfg.control_socket.as_deref(), identity.as_deref(), &lease).await?
-        }
-        (None, None) => {
-            anyhow::bail!("give --config FILE (or BATON_CONFIG) or --socket PATH to reach the host")
-        }
-    };
-    let for_ms = duration.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    // The host answers once the tasks are gone (within its grace) and
-    // another host took the lease.
-    let reply = request(
-        &path,
-        &Request::Yield { lease, for_ms },
-        std::time::Duration::from_secs(300),
-    )
-    .await?;
-    if !reply.ok {
-        anyhow::bail!("{}", reply.message);
-    }
-    println!("{}", reply.message);
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn check(plugins: Vec<PathBuf>) -> Result<ExitCode> {
-    let cache = std::env::var_os("BATON_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(default_cache_dir);
-    let engine = PluginEngine::new(EngineOptions {
-        cache_dir: Some(cache),
-        // As `baton run` with plugins of the default limit: the same
-        // compiled code, so a checked plugin is in the cache for the run.
-        largest_memory: Some(baton::runtime::DEFAULT_MEMORY_LIMIT),
-        ..EngineOptions::default()
-    })
-    .context("wasm engine")?;
-    let runtime = PluginRuntime::new(engine)?;
-    let mut ok = true;
-    for path in plugins {
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let p = path.clone();
-        let result = tokio::task::block_in_place(|| runtime.check(&name, &p));
-        // Its log lines (compiling, compiled) before its result.
-        baton::ops::logging::written(std::time::Duration::from_millis(500));
-        match result {
-            Ok(plugin) => {
-                println!("{}: ok: targets {}", path.display(), plugin.wit_world());
-                if plugin.uses_hosts() {
-                    println!(
-                        "  asks for the live hosts (current-hosts): its host keeps a membership record even without spreading"
-                    );
-                }
-                for c in plugin.capabilities() {
-                    println!("  also imports {}", c.describe());
-                }
-            }
-            Err(e) => {
-                ok = false;
-                println!("{}: cannot run: {}", path.display(), e.reason);
-            }
-        }
-    }
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -1,9 +1,16 @@
-//! Commands of the `baton` binary other than `run` (which is
-//! [`daemon`](crate::daemon)): the binary's `main.rs` parses the command
-//! line and calls them.
+//! The commands of the `baton` binary, one module each: the binary's
+//! `main.rs` parses the command line, handles the signals, and calls each
+//! command's `execute`.
 //!
-//! - [`status`]: `baton status`, of either store, as text or JSON.
+//! - [`run`]: `baton run`, the configuration with the command line's
+//!   settings handed to [`daemon`](crate::daemon), which serves it.
+//! - [`check`]: `baton check`, which world each component targets.
 //! - [`scaffold`]: `baton new`, a plugin project from a template.
+//! - [`status`]: `baton status`, of either store, as text or JSON.
+//! - [`yield_lease`]: `baton yield`, a lease handed over on request.
 
+pub mod check;
+pub mod run;
 pub mod scaffold;
 pub mod status;
+pub mod yield_lease;

@@ -6,6 +6,7 @@
 //! `baton.toml` that runs it.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
@@ -145,6 +146,18 @@ pub fn check_name(name: &str) -> Result<()> {
         bail!("invalid plugin name {name:?}: use lower-case letters, digits and '-', starting with a letter");
     }
     Ok(())
+}
+
+/// `baton new`: creates `parent/name` (see [`new_plugin`]) and says how
+/// to build it.
+pub fn execute(lang: Lang, world: World, name: &str, parent: &Path) -> Result<ExitCode> {
+    let root = new_plugin(lang, world, name, parent)?;
+    println!(
+        "created {}: build it with {}/build.sh",
+        root.display(),
+        root.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Creates `parent/name` with a new `lang` plugin for `world`; returns its

@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -75,6 +76,23 @@ pub struct Target {
     pub origin: String,
 }
 
+/// `baton status`: opens the store (see [`open`]), lists it once, and
+/// prints the report as `output` says.
+pub async fn execute(
+    config: Option<&Path>,
+    store_dir: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let target = open(config, store_dir, kubeconfig).await?;
+    let report = collect(&target).await?;
+    match output {
+        OutputFormat::Text => print!("{}", report.text()),
+        OutputFormat::Json => print!("{}", report.json()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Opens the store that `baton status` reads: `--store-dir` if given,
 /// else the configuration's `[store]`, with `--kubeconfig` over its
 /// `kubeconfig`. Makes no request. Every error names the file and field,
@@ -86,21 +104,9 @@ pub async fn open(
 ) -> anyhow::Result<Target> {
     let loaded = config.map(Config::load).transpose()?;
     let file = config.map_or_else(String::new, |p| p.display().to_string());
-    let spreading = match &loaded {
-        None => Spreading::Default,
-        Some(cfg) if cfg.spread.is_some() => {
-            Spreading::Leases(cfg.leases.iter().map(|l| l.name.clone()).collect())
-        }
-        Some(_) => Spreading::Off,
-    };
+    let spreading = spreading_of(loaded.as_ref());
     if let Some(dir) = store_dir {
-        let origin = "--store-dir (or BATON_STORE_DIR)".to_owned();
-        anyhow::ensure!(
-            kubeconfig.is_none(),
-            "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {origin} names an \
-             embedded store"
-        );
-        return open_embedded(&dir, origin, spreading);
+        return open_store_dir(&dir, kubeconfig.is_some(), spreading);
     }
     let Some(mut cfg) = loaded else {
         anyhow::bail!(
@@ -129,33 +135,65 @@ pub async fn open(
         StoreConfig::Kubernetes {
             kubeconfig: field, ..
         } => {
-            let which = match (&kubeconfig, &*field) {
-                (Some(path), _) => format!(
-                    "the kubeconfig {} (--kubeconfig or BATON_KUBECONFIG)",
-                    path.display()
-                ),
-                (None, Some(path)) => format!("the kubeconfig {} (field `kubeconfig`)", path.display()),
-                (None, None) => {
-                    "no kubeconfig named (field `kubeconfig`): KUBECONFIG, ~/.kube/config or the pod's \
-                     service account"
-                        .to_owned()
-                }
-            };
+            let which = which_kubeconfig(kubeconfig.as_deref(), field.as_deref());
             if let Some(path) = kubeconfig {
                 *field = Some(path);
             }
-            let origin = format!("{origin}, with {which}");
-            let store = crate::daemon::serve::open_store(&cfg)
-                .await
-                .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
-            Ok(Target {
-                store,
-                kind: "kubernetes",
-                spreading,
-                origin,
-            })
+            open_kubernetes(&cfg, format!("{origin}, with {which}"), spreading).await
         }
     }
+}
+
+/// Whether the leads are spread, by the configuration `loaded`, if any.
+fn spreading_of(loaded: Option<&Config>) -> Spreading {
+    match loaded {
+        None => Spreading::Default,
+        Some(cfg) if cfg.spread.is_some() => {
+            Spreading::Leases(cfg.leases.iter().map(|l| l.name.clone()).collect())
+        }
+        Some(_) => Spreading::Off,
+    }
+}
+
+/// The embedded store `--store-dir` names (`--kubeconfig`, if given,
+/// does not apply).
+fn open_store_dir(dir: &Path, kubeconfig_given: bool, spreading: Spreading) -> anyhow::Result<Target> {
+    let origin = "--store-dir (or BATON_STORE_DIR)".to_owned();
+    anyhow::ensure!(
+        !kubeconfig_given,
+        "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {origin} names an \
+         embedded store"
+    );
+    open_embedded(dir, origin, spreading)
+}
+
+/// Which kubeconfig a kubernetes store's client reads, in words: the
+/// flag's (`flag`), the file's (`field`), or the defaults.
+fn which_kubeconfig(flag: Option<&Path>, field: Option<&Path>) -> String {
+    match (flag, field) {
+        (Some(path), _) => format!(
+            "the kubeconfig {} (--kubeconfig or BATON_KUBECONFIG)",
+            path.display()
+        ),
+        (None, Some(path)) => format!("the kubeconfig {} (field `kubeconfig`)", path.display()),
+        (None, None) => "no kubeconfig named (field `kubeconfig`): KUBECONFIG, ~/.kube/config or the pod's \
+                         service account"
+            .to_owned(),
+    }
+}
+
+/// The kubernetes store of `cfg`, opened as `baton run` opens it; errors
+/// start with `origin`.
+async fn open_kubernetes(cfg: &Config, origin: String, spreading: Spreading) -> anyhow::Result<Target> {
+    let store = crate::daemon::serve::open_store(cfg)
+        .await
+        .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+    Ok(Target {
+        store,
+        kind: "kubernetes",
+        spreading,
+        origin,
+    })
 }
 
 fn open_embedded(dir: &Path, origin: String, spreading: Spreading) -> anyhow::Result<Target> {

@@ -1,56 +1,15 @@
 //! The TOML configuration: identity, lease store, leases with their
-//! timings, and plugins with their lease, limits and grants.
+//! timings, and plugins with their lease, limits and grants. Every field,
+//! its default and its errors: `docs/configuration.md`.
 //!
-//! Relative paths are resolved against the configuration file's folder.
-//! Every error names the file, and where it can, the line and the field.
-//!
-//! ```toml
-//! # identity = "node-a"          # default: <host name>-<pid>-<random>
-//! # instance-pool = false        # default: true (instances from a pool sized at start)
-//! # admin-address = "127.0.0.1:9090"  # default: none (no /metrics, /healthz, /readyz)
-//! # control-socket = "/run/baton/node-a.sock"  # default: .baton/control/<identity>.sock beside this file
-//! # watch = true                 # default: false (reload on SIGHUP only)
-//!
-//! [store]
-//! kind = "embedded"              # a directory of lease files
-//! dir = "leases"
-//!
-//! [defaults]                     # timings for every lease, unless it overrides them
-//! lease-duration = "15s"
-//! renew-deadline = "10s"
-//! retry-period = "2s"
-//! grace = "3s"
-//! request-timeout = "2s"
-//!
-//! [[lease]]
-//! name = "reconciler"
-//!
-//! [[plugin]]
-//! name = "ticker"
-//! path = "ticker.wasm"
-//! lease = "reconciler"
-//! memory-limit = "64 MiB"
-//! env = { GREETING = "hello" }   # variables the guest sees
-//! inherit-env = ["TZ"]           # host variables passed through by name
-//! dirs = [{ host = "data", guest = "/data", read-only = true }]
-//! connect = ["10.0.0.0/8:5432"]  # where it may connect over TCP
-//! name-lookup = true             # whether it may resolve names
-//! http = ["https://api.example.com", "http://127.0.0.1:8080"]  # where it may send HTTP requests
-//! # or with options: { url = "https://ca.internal", ca = "internal-ca.pem", term-headers = false }
-//! http-limits = { concurrent = 16, request-body = "10 MiB", response-body = "64 MiB", timeout = "30s" }
-//! # the Kubernetes API at http://kubernetes.baton, with the host's credentials
-//! kubernetes = { allow = [{ verbs = ["get", "update"], groups = [""], resources = ["configmaps"], namespaces = ["apps"] }] }
-//! output-rate = "64 KiB"         # guest output per second; the rest is dropped
-//! output-line = "4 KiB"          # the longest line; the rest is cut
-//! send-buffer = "64 KiB"         # what each TCP connection may queue in the kernel
-//! reload = "next-term"           # or "now": a new version hands the lease over at once
-//!
-//! [spread]                       # spreading the leads over the hosts
-//! enabled = true                 # default: on when the host has more than one lease
-//! head-start = "1s"              # the preferred host's head start after a release
-//! settle = "4s"                  # default: two retry periods of [defaults]
-//! ```
+//! Invariants: a [`Config`] is checked in full (every lease's timings obey
+//! the timing rules, every plugin names a declared lease, every grant
+//! parses) before anything uses it; relative paths are resolved against
+//! the configuration file's folder; every error ([`ConfigError`]) names the
+//! file, and where it can, the line and the lease, plugin or field.
 
+mod error;
+mod overrides;
 pub mod own_files;
 mod parse;
 
@@ -71,11 +30,8 @@ use crate::runtime::{
 };
 use crate::store::validate_lease_name;
 
-/// A configuration that cannot be used; the message names the file, line
-/// and field at fault.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(String);
+pub use error::{AdminAddressError, ConfigError, ConfigErrorKind, InvalidNamespace};
+pub use overrides::{LoadError, OverrideError, Overrides};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -408,12 +364,9 @@ pub fn default_identity() -> String {
 /// Checks a Kubernetes namespace name: an RFC 1123 label (at most 63
 /// characters of a-z, 0-9 and '-', starting and ending with a letter or
 /// digit).
-fn validate_namespace(ns: &str) -> Result<(), String> {
+fn validate_namespace(ns: &str) -> Result<(), InvalidNamespace> {
     if ns.len() > 63 || ns.contains('.') || validate_lease_name(ns).is_err() {
-        return Err(format!(
-            "invalid namespace {ns:?}: must be a lowercase RFC 1123 label (at most 63 characters \
-             of a-z, 0-9 and '-', starting and ending with a letter or digit)"
-        ));
+        return Err(InvalidNamespace(ns.to_owned()));
     }
     Ok(())
 }
@@ -421,13 +374,10 @@ fn validate_namespace(ns: &str) -> Result<(), String> {
 /// Reads an admin address: an IP address and a port, such as
 /// `127.0.0.1:9090` or `[::]:9090` (port 0: any free port). The error says
 /// what is wrong (no host names: the address is bound as given).
-pub fn parse_admin_address(text: &str) -> Result<SocketAddr, String> {
-    text.trim().parse::<SocketAddr>().map_err(|_| {
-        format!(
-            "{text:?} is not an IP address and port: write it like \"127.0.0.1:9090\" (this host only), \
-             \"0.0.0.0:9090\" (every IPv4 interface) or \"[::]:9090\"; host names are not resolved"
-        )
-    })
+pub fn parse_admin_address(text: &str) -> Result<SocketAddr, AdminAddressError> {
+    text.trim()
+        .parse::<SocketAddr>()
+        .map_err(|_| AdminAddressError::NotAnAddress(text.to_owned()))
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -437,8 +387,11 @@ fn line_of(text: &str, offset: usize) -> usize {
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("{}: cannot read the configuration: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
+            line: None,
+            kind: ConfigErrorKind::Unreadable(e),
+        })?;
         Config::parse(&text, Some(path))
     }
 
@@ -454,12 +407,10 @@ impl Config {
                 .map(Path::to_path_buf)
                 .unwrap_or_default(),
         };
-        let mut raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let at = e
-                .span()
-                .map(|s| format!(":{}", line_of(text, s.start)))
-                .unwrap_or_default();
-            ConfigError(format!("{}{at}: {}", src.file, e.message()))
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError {
+            file: src.file.clone(),
+            line: e.span().map(|s| line_of(text, s.start)),
+            kind: ConfigErrorKind::Syntax(e.message().to_owned()),
         })?;
         let leases = src.leases(&raw)?;
         let plugins = src.plugins(&raw, &leases)?;

@@ -18,7 +18,7 @@ pub(super) struct Source<'a> {
 }
 
 /// The verbs a `kubernetes` grant's rule may name.
-const VERBS: [&str; 9] = [
+pub(super) const VERBS: [&str; 9] = [
     "get",
     "list",
     "watch",
@@ -32,13 +32,41 @@ const VERBS: [&str; 9] = [
 
 impl Source<'_> {
     /// An error at byte `offset` of the text.
-    pub(super) fn err_at(&self, offset: usize, msg: String) -> ConfigError {
-        ConfigError(format!("{}:{}: {msg}", self.file, line_of(self.text, offset)))
+    pub(super) fn err_at(&self, offset: usize, kind: ConfigErrorKind) -> ConfigError {
+        ConfigError {
+            file: self.file.clone(),
+            line: Some(line_of(self.text, offset)),
+            kind,
+        }
     }
 
     /// An error of the file as a whole.
-    fn err(&self, msg: String) -> ConfigError {
-        ConfigError(format!("{}: {msg}", self.file))
+    fn err(&self, kind: ConfigErrorKind) -> ConfigError {
+        ConfigError {
+            file: self.file.clone(),
+            line: None,
+            kind,
+        }
+    }
+
+    /// A plugin's grant in `field` that its parser refused, saying why in
+    /// its own words.
+    fn grant_err(
+        &self,
+        at: usize,
+        plugin: &str,
+        field: &'static str,
+        why: impl std::fmt::Display,
+    ) -> ConfigError {
+        let reason = why.to_string();
+        self.err_at(
+            at,
+            ConfigErrorKind::Grant {
+                plugin: plugin.to_owned(),
+                field,
+                reason,
+            },
+        )
     }
 
     /// `p`, relative to the file's folder unless absolute.
@@ -57,24 +85,32 @@ impl Source<'_> {
         for lease in &raw.leases {
             let name = lease.name.get_ref();
             let at = lease.name.span().start;
-            validate_lease_name(name)
-                .map_err(|e| self.err_at(at, format!("lease {name:?}: field `name`: {e}")))?;
-            if name.starts_with(MEMBER_PREFIX) {
-                return Err(self.err_at(
+            validate_lease_name(name).map_err(|e| {
+                let reason = e.to_string();
+                self.err_at(
                     at,
-                    format!(
-                        "lease {name:?}: field `name`: names starting with {MEMBER_PREFIX:?} are kept for \
-                         the hosts' membership records"
-                    ),
-                ));
+                    ConfigErrorKind::LeaseName {
+                        lease: name.clone(),
+                        reason,
+                    },
+                )
+            })?;
+            if name.starts_with(MEMBER_PREFIX) {
+                return Err(self.err_at(at, ConfigErrorKind::ReservedLeaseName(name.clone())));
             }
             if leases.iter().any(|l| &l.name == name) {
-                return Err(self.err_at(at, format!("lease {name:?} is declared twice")));
+                return Err(self.err_at(at, ConfigErrorKind::LeaseDeclaredTwice(name.clone())));
             }
             let timings = lease.timings.over(&raw.defaults);
-            timings
-                .validate()
-                .map_err(|e| self.err_at(at, format!("lease {name:?}: unsafe timings: {e}")))?;
+            timings.validate().map_err(|error| {
+                self.err_at(
+                    at,
+                    ConfigErrorKind::UnsafeTimings {
+                        lease: name.clone(),
+                        error: Box::new(error),
+                    },
+                )
+            })?;
             if kubernetes {
                 self.whole_seconds(at, name, timings.lease_duration)?;
             }
@@ -94,13 +130,10 @@ impl Source<'_> {
         }
         Err(self.err_at(
             at,
-            format!(
-                "lease {name:?}: lease-duration {} is not a whole number of seconds: a \
-                 Kubernetes Lease holds leaseDurationSeconds; use {}s or {}s",
-                humantime::format_duration(d),
-                d.as_secs(),
-                d.as_secs() + 1
-            ),
+            ConfigErrorKind::FractionalLeaseDuration {
+                lease: name.to_owned(),
+                duration: d,
+            },
         ))
     }
 
@@ -116,7 +149,7 @@ impl Source<'_> {
             let at = p.name.span().start;
             self.plugin_name(at, name)?;
             if plugins.iter().any(|q| &q.spec.name == name) {
-                return Err(self.err_at(at, format!("plugin {name:?} is declared twice")));
+                return Err(self.err_at(at, ConfigErrorKind::PluginDeclaredTwice(name.clone())));
             }
             self.declared_lease(name, &p.lease, leases)?;
             plugins.push(PluginConfig {
@@ -141,15 +174,10 @@ impl Source<'_> {
     /// A plugin's name: lease records list plugins by name.
     fn plugin_name(&self, at: usize, name: &str) -> Result<(), ConfigError> {
         if name.is_empty() {
-            return Err(self.err_at(at, "plugin: field `name` is empty".into()));
+            return Err(self.err_at(at, ConfigErrorKind::EmptyPluginName));
         }
         if name.contains(',') || name.chars().any(char::is_control) {
-            return Err(self.err_at(
-                at,
-                format!(
-                    "plugin {name:?}: field `name`: no commas or control characters (lease records list plugins by name)"
-                ),
-            ));
+            return Err(self.err_at(at, ConfigErrorKind::PluginName(name.to_owned())));
         }
         Ok(())
     }
@@ -165,18 +193,13 @@ impl Source<'_> {
         if leases.iter().any(|l| &l.name == wanted) {
             return Ok(());
         }
-        let declared: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
-        let declared = if declared.is_empty() {
-            "none".to_owned()
-        } else {
-            declared.join(", ")
-        };
         Err(self.err_at(
             lease.span().start,
-            format!(
-                "plugin {name:?}: field `lease`: lease {wanted:?} is not declared in a [[lease]] table \
-                 (declared: {declared})"
-            ),
+            ConfigErrorKind::UndeclaredLease {
+                plugin: name.to_owned(),
+                lease: wanted.clone(),
+                declared: leases.iter().map(|l| l.name.clone()).collect(),
+            },
         ))
     }
 
@@ -196,12 +219,10 @@ impl Source<'_> {
     fn network(&self, name: &str, p: &RawPlugin) -> Result<NetworkGrant, ConfigError> {
         let mut connect = Vec::new();
         for grant in &p.connect {
-            let parsed = grant.get_ref().parse::<ConnectGrant>().map_err(|e| {
-                self.err_at(
-                    grant.span().start,
-                    format!("plugin {name:?}: field `connect`: {e}"),
-                )
-            })?;
+            let parsed = grant
+                .get_ref()
+                .parse::<ConnectGrant>()
+                .map_err(|e| self.grant_err(grant.span().start, name, "connect", e))?;
             connect.push(parsed);
         }
         Ok(NetworkGrant {
@@ -214,9 +235,7 @@ impl Source<'_> {
     fn http(&self, at: usize, name: &str, p: &RawPlugin) -> Result<HttpPolicy, ConfigError> {
         let mut grants = Vec::new();
         for grant in &p.http {
-            let field_err = |e: crate::runtime::HttpGrantError| {
-                self.err_at(grant.span().start, format!("plugin {name:?}: field `http`: {e}"))
-            };
+            let field_err = |e: crate::runtime::HttpGrantError| self.grant_err(grant.span().start, name, "http", e);
             let parsed = match grant.get_ref() {
                 RawHttpGrant::Origin(url) => url.parse::<HttpGrant>().map_err(field_err)?,
                 RawHttpGrant::Table(t) => {
@@ -229,8 +248,7 @@ impl Source<'_> {
             grants.push(parsed);
         }
         let limits = self.http_limits(at, name, p)?;
-        let http = HttpPolicy::new(&grants, limits)
-            .map_err(|e| self.err_at(at, format!("plugin {name:?}: field `http`: {e}")))?;
+        let http = HttpPolicy::new(&grants, limits).map_err(|e| self.grant_err(at, name, "http", e))?;
         match &p.kubernetes {
             Some(k) => Ok(http.with_kubernetes(self.kubernetes(at, name, k)?)),
             None => Ok(http),
@@ -250,13 +268,7 @@ impl Source<'_> {
             },
         };
         if limits.concurrent == 0 || limits.timeout.is_zero() {
-            return Err(self.err_at(
-                at,
-                format!(
-                    "plugin {name:?}: field `http-limits`: `concurrent` and `timeout` must be above zero \
-                     (to refuse every request, grant no `http`)"
-                ),
-            ));
+            return Err(self.err_at(at, ConfigErrorKind::ZeroHttpLimits(name.to_owned())));
         }
         Ok(limits)
     }
@@ -266,15 +278,14 @@ impl Source<'_> {
     fn kubernetes(&self, at: usize, name: &str, k: &RawKubeGrant) -> Result<KubeGrant, ConfigError> {
         let mut rules = Vec::new();
         for (i, r) in k.allow.iter().enumerate() {
-            let field = |what: &str| format!("plugin {name:?}: field `kubernetes.allow[{i}].{what}`");
             if let Some(v) = r.verbs.iter().find(|v| !VERBS.contains(&v.as_str())) {
                 return Err(self.err_at(
                     at,
-                    format!(
-                        "{}: {v:?} is not a verb: use {}",
-                        field("verbs"),
-                        VERBS.join(", ")
-                    ),
+                    ConfigErrorKind::UnknownVerb {
+                        plugin: name.to_owned(),
+                        rule: i,
+                        verb: v.clone(),
+                    },
                 ));
             }
             for (what, list) in [
@@ -286,10 +297,11 @@ impl Source<'_> {
                 if list.is_empty() {
                     return Err(self.err_at(
                         at,
-                        format!(
-                            "{}: empty, which allows nothing (`\"*\"` allows any; the core group is `\"\"`)",
-                            field(what)
-                        ),
+                        ConfigErrorKind::EmptyKubeList {
+                            plugin: name.to_owned(),
+                            rule: i,
+                            list: what,
+                        },
                     ));
                 }
             }
@@ -311,7 +323,7 @@ impl Source<'_> {
     fn memory_limit(&self, at: usize, name: &str, p: &RawPlugin) -> Result<u64, ConfigError> {
         let limit = p.memory_limit.map_or(DEFAULT_MEMORY_LIMIT, |m| m.as_u64());
         if limit < ByteSize::mib(1).as_u64() {
-            return Err(self.err_at(at, format!("plugin {name:?}: field `memory-limit`: below 1 MiB")));
+            return Err(self.err_at(at, ConfigErrorKind::MemoryLimitTooSmall(name.to_owned())));
         }
         Ok(limit)
     }
@@ -326,22 +338,10 @@ impl Source<'_> {
             }),
         };
         if output.line > crate::runtime::output::MAX_OUTPUT_LINE {
-            return Err(self.err_at(
-                at,
-                format!(
-                    "plugin {name:?}: field `output-line`: at most {} KiB (longer lines are cut)",
-                    crate::runtime::output::MAX_OUTPUT_LINE / 1024
-                ),
-            ));
+            return Err(self.err_at(at, ConfigErrorKind::OutputLineTooLong(name.to_owned())));
         }
         if output.bytes_per_second == 0 || output.line == 0 {
-            return Err(self.err_at(
-                at,
-                format!(
-                    "plugin {name:?}: fields `output-rate` and `output-line` must be above zero \
-                     (to silence a plugin, filter its log target: BATON_LOG=info,guest=off)"
-                ),
-            ));
+            return Err(self.err_at(at, ConfigErrorKind::ZeroOutput(name.to_owned())));
         }
         Ok(output)
     }
@@ -356,11 +356,10 @@ impl Source<'_> {
         }
         Err(self.err_at(
             at,
-            format!(
-                "plugin {name:?}: field `send-buffer`: {} is not between 4 KiB and 64 MiB \
-                 (what each TCP connection may queue in the kernel)",
-                ByteSize::b(send_buffer)
-            ),
+            ConfigErrorKind::SendBufferOutOfRange {
+                plugin: name.to_owned(),
+                bytes: send_buffer,
+            },
         ))
     }
 
@@ -379,8 +378,7 @@ impl Source<'_> {
                 labels,
             } => {
                 if let Some(ns) = &namespace {
-                    validate_namespace(ns)
-                        .map_err(|e| self.err(format!("[store]: field `namespace`: {e}")))?;
+                    validate_namespace(ns).map_err(|e| self.err(ConfigErrorKind::Namespace(e)))?;
                 }
                 self.labels(&labels)?;
                 Ok(StoreConfig::Kubernetes {
@@ -396,18 +394,13 @@ impl Source<'_> {
     fn labels(&self, labels: &BTreeMap<String, String>) -> Result<(), ConfigError> {
         for (k, v) in labels {
             if k.is_empty() || k.len() > 316 || v.len() > 63 {
-                return Err(self.err(format!(
-                    "[store]: field `labels`: invalid label {k:?} = {v:?}: keys are \
-                     non-empty, values at most 63 characters"
-                )));
+                return Err(self.err(ConfigErrorKind::Label {
+                    key: k.clone(),
+                    value: v.clone(),
+                }));
             }
             if k == crate::store::kube::ROLE_LABEL {
-                return Err(self.err(format!(
-                    "[store]: field `labels`: {k:?} is baton's own label (every Lease \
-                     it writes carries {k}={}; its watch selects its Leases by it): choose \
-                     another key",
-                    crate::store::kube::LEASE_ROLE
-                )));
+                return Err(self.err(ConfigErrorKind::OwnLabel(k.clone())));
             }
         }
         Ok(())
@@ -425,29 +418,20 @@ impl Source<'_> {
         let base = RawTimings::default().over(&raw.defaults);
         if let Err(e) = base.validate() {
             if spreading {
-                return Err(self.err(format!(
-                    "[defaults]: unsafe timings (the hosts' membership records derive theirs from them): {e}"
-                )));
+                return Err(self.err(ConfigErrorKind::UnsafeDefaults(Box::new(e))));
             }
             return Ok((None, false));
         }
         let head_start = raw.spread.head_start.unwrap_or(DEFAULT_HEAD_START);
         if head_start.is_zero() || head_start >= base.lease_duration {
-            return Err(self.err(format!(
-                "[spread]: field `head-start`: {} must be above zero and below the \
-                 lease duration ({}): a released lease whose preferred host is absent waits that \
-                 long, which should never exceed what a crashed holder costs",
-                humantime::format_duration(head_start),
-                humantime::format_duration(base.lease_duration)
-            )));
+            return Err(self.err(ConfigErrorKind::HeadStart {
+                head_start,
+                lease_duration: base.lease_duration,
+            }));
         }
         let forget_after = raw.spread.forget_after.unwrap_or(DEFAULT_FORGET_AFTER);
         if forget_after.is_zero() {
-            return Err(self.err(
-                "[spread]: field `forget-after`: must be above zero: the membership \
-                 record of a host gone that long is deleted"
-                    .to_owned(),
-            ));
+            return Err(self.err(ConfigErrorKind::ZeroForgetAfter));
         }
         let membership = SpreadConfig {
             forget_after,
@@ -465,22 +449,17 @@ impl Source<'_> {
         };
         let parsed = match a.get_ref() {
             toml::Value::String(text) => parse_admin_address(text),
-            other => Err(format!(
-                "must be a string like \"127.0.0.1:9090\" (found: {})",
-                other.type_str()
-            )),
+            other => Err(AdminAddressError::NotAString(other.type_str())),
         };
         parsed
             .map(Some)
-            .map_err(|e| self.err_at(a.span().start, format!("field `admin-address`: {e}")))
+            .map_err(|e| self.err_at(a.span().start, ConfigErrorKind::AdminAddress(e)))
     }
 
     /// `identity`: not empty; a unique default when left out.
     pub(super) fn identity(&self, raw: Option<String>) -> Result<String, ConfigError> {
         match raw {
-            Some(i) if i.trim().is_empty() => {
-                Err(self.err("field `identity` is empty (leave it out for a unique default)".to_owned()))
-            }
+            Some(i) if i.trim().is_empty() => Err(self.err(ConfigErrorKind::EmptyIdentity)),
             Some(i) => Ok(i),
             None => Ok(default_identity()),
         }

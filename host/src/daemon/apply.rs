@@ -12,12 +12,67 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use tokio::task::JoinError;
+
 use super::leases::{handover_bound, spec_key, wanted_spread};
 use super::reload;
 use super::serve::Daemon;
-use crate::config::{Config, PluginConfig, ReloadMode};
+use crate::config::own_files::OwnFilesGranted;
+use crate::config::{Config, LoadError, PluginConfig, ReloadMode};
 use crate::election::Intent;
-use crate::runtime::Plugin;
+use crate::runtime::{Plugin, PluginError};
+
+/// Why a reload was refused (nothing was changed).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReloadRefused {
+    /// The configuration, or a command-line setting over it, is broken.
+    #[error("{0}")]
+    Unreadable(LoadError),
+    /// Reading it panicked.
+    #[error("reading the configuration panicked: {0}")]
+    ReadPanicked(JoinError),
+    /// It cannot be applied now: each reason, after the file's name.
+    #[error("{file}: {}", join(.reasons))]
+    Refused {
+        /// The configuration file.
+        file: String,
+        /// Why not.
+        reasons: Vec<Refusal>,
+    },
+    /// A new or changed plugin cannot run.
+    #[error("{0}")]
+    Plugin(PluginError),
+    /// Loading a new or changed plugin panicked.
+    #[error("plugin {plugin:?}: loading it panicked: {error}")]
+    LoadPanicked {
+        /// The plugin.
+        plugin: String,
+        /// The panic.
+        error: JoinError,
+    },
+}
+
+/// One reason a configuration cannot be applied now.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Refusal {
+    /// A setting changed that needs a restart ([`reload::needs_restart`]).
+    #[error("{0}")]
+    NeedsRestart(String),
+    /// The lease is declared again before its handing over is done.
+    #[error(
+        "lease {0:?} is still being handed over after a reload removed it; reload again once \
+         \"lease removed by a reload\" is logged"
+    )]
+    StillHandedOver(String),
+    /// A `dirs` grant reaches the host's own files.
+    #[error("{0}")]
+    OwnFiles(OwnFilesGranted),
+}
+
+fn join(reasons: &[Refusal]) -> String {
+    let words: Vec<String> = reasons.iter().map(Refusal::to_string).collect();
+    words.join("; ")
+}
 
 /// A new or changed plugin, compiled: its configuration, its file's
 /// content hash, the plugin.
@@ -30,17 +85,17 @@ impl Daemon {
         &mut self,
         cause: &reload::Cause,
         load: &reload::Loader,
-    ) -> Result<Option<Config>, String> {
+    ) -> Result<Option<Config>, ReloadRefused> {
         tracing::info!(cause = %cause, "reloading: reading the configuration and plugin files again");
         let new = self.read_again(load).await?;
-        let why = self.refusals(&new);
-        if !why.is_empty() {
+        let reasons = self.refusals(&new);
+        if !reasons.is_empty() {
             let file = new
                 .source
                 .as_ref()
                 .map(|f| f.display().to_string())
                 .unwrap_or_default();
-            return Err(format!("{file}: {}", why.join("; ")));
+            return Err(ReloadRefused::Refused { file, reasons });
         }
         let fresh = self.compile_changed(&new).await?;
         let old = &self.config;
@@ -56,11 +111,12 @@ impl Daemon {
     }
 
     /// Reads the configuration again, off the runtime's threads.
-    async fn read_again(&self, load: &reload::Loader) -> Result<Config, String> {
+    async fn read_again(&self, load: &reload::Loader) -> Result<Config, ReloadRefused> {
         let load = load.clone();
         let mut new = tokio::task::spawn_blocking(move || load())
             .await
-            .map_err(|e| format!("reading the configuration panicked: {e}"))??;
+            .map_err(ReloadRefused::ReadPanicked)?
+            .map_err(ReloadRefused::Unreadable)?;
         if !new.identity_declared && !self.config.identity_declared {
             // Made up at random each time it is read: the running one stays.
             new.identity = self.config.identity.clone();
@@ -69,31 +125,30 @@ impl Daemon {
     }
 
     /// Why `new` cannot be applied now; empty if it can.
-    fn refusals(&self, new: &Config) -> Vec<String> {
-        let mut why = reload::needs_restart(&self.config, new, &self.fixed);
+    fn refusals(&self, new: &Config) -> Vec<Refusal> {
+        let mut why: Vec<Refusal> = reload::needs_restart(&self.config, new, &self.fixed)
+            .into_iter()
+            .map(Refusal::NeedsRestart)
+            .collect();
         // A lease a reload removed is contended for again only once its
         // elector has handed it over and returned.
         for lease in &new.leases {
             if self.runs.get(&lease.name).is_some_and(|r| r.retiring) {
-                why.push(format!(
-                    "lease {:?} is still being handed over after a reload removed it; reload again once \
-                     \"lease removed by a reload\" is logged",
-                    lease.name
-                ));
+                why.push(Refusal::StillHandedOver(lease.name.clone()));
             }
         }
         let fixed = &self.fixed;
         if let Err(e) =
             crate::config::own_files::check_grants(new, &fixed.cache_dir, fixed.control_socket.as_deref())
         {
-            why.push(e);
+            why.push(Refusal::OwnFiles(e));
         }
         why
     }
 
     /// Compiles every plugin of `new` that is new, changed (file, lease or
     /// settings), before anything changes.
-    async fn compile_changed(&self, new: &Config) -> Result<Vec<Fresh>, String> {
+    async fn compile_changed(&self, new: &Config) -> Result<Vec<Fresh>, ReloadRefused> {
         let mut fresh = Vec::new();
         for p in &new.plugins {
             let hash = reload::content_hash(&p.spec.path);
@@ -109,8 +164,11 @@ impl Daemon {
             let started_at = std::time::Instant::now();
             let plugin = tokio::task::spawn_blocking(move || rt.load(&spec))
                 .await
-                .map_err(|e| format!("plugin {:?}: loading it panicked: {e}", p.spec.name))?
-                .map_err(|e| e.to_string())?;
+                .map_err(|error| ReloadRefused::LoadPanicked {
+                    plugin: p.spec.name.clone(),
+                    error,
+                })?
+                .map_err(ReloadRefused::Plugin)?;
             tracing::info!(plugin = %p.spec.name, lease = %p.lease, world = plugin.wit_world(), load_ms = crate::support::rounding::ms(started_at.elapsed()), "new plugin version loaded");
             // What was compiled, which may be newer than what was hashed.
             let hash = Some(plugin.content_hash());

@@ -18,13 +18,35 @@ use crate::daemon::control::{ControlledLease, SharedLeases};
 use crate::election::LeaseClaims;
 use crate::election::spread::{LeaseChange, SpreadConfig, Spreader, SteeredLease, unsteer};
 use crate::election::{
-    ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, Hosts, Intent, LeaseView,
-    TermClock, Timings,
+    ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, ElectorError, Hosts, Intent,
+    LeaseView, TermClock, Timings,
 };
 use crate::ops::health::Health;
 use crate::runtime::Plugin;
 use crate::store::LeaseStore;
 use crate::supervisor::{Admission, TaskObserver, run_leader_tasks_of};
+use crate::support::rounding::human;
+
+/// Why an elector failed: it ended without being told to, or did not end
+/// in time.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ElectorFailure {
+    /// It returned its own error.
+    #[error("{0}")]
+    Error(ElectorError),
+    /// It panicked, with this message.
+    #[error("it panicked: {0}")]
+    Panicked(String),
+    /// It returned `Ok` without being told to.
+    #[error("it stopped on its own")]
+    StoppedOnItsOwn,
+    /// At shutdown, it did not hand its lease over within this bound.
+    #[error("it did not hand the lease over within {}", human(*.0))]
+    NoHandover(Duration),
+}
+
+/// An elector's end, as it reports it: its lease, and `Err` if it failed.
+pub(super) type ElectorEnd = (String, Result<(), ElectorFailure>);
 
 /// One lease being served.
 pub(super) struct LeaseRun {
@@ -57,11 +79,12 @@ pub(super) fn handover_bound(t: &Timings) -> Duration {
 impl LeaseRun {
     /// Its elector failed: says so, and ends its term (the tasks are told,
     /// then stopped by force); the lease is not released.
-    pub(super) fn failed(&mut self, lease: &str, reason: &str, clock: &TermClock) {
+    pub(super) fn failed(&mut self, lease: &str, failure: &ElectorFailure, clock: &TermClock) {
         self.ended = true;
+        let reason = failure.to_string();
         tracing::error!(
             lease,
-            reason,
+            reason = reason.as_str(),
             "an elector failed: its lease's tasks are stopped and the lease is not released; baton will exit with status 1"
         );
         let term = self.view.borrow().term.clone();
@@ -108,7 +131,7 @@ pub(super) struct Launcher {
     pub(super) task_observer: Arc<dyn TaskObserver>,
     pub(super) health: Option<Arc<Health>>,
     pub(super) identity: String,
-    pub(super) ended: mpsc::UnboundedSender<(String, Result<(), String>)>,
+    pub(super) ended: mpsc::UnboundedSender<ElectorEnd>,
     /// Where a spreader publishes the live hosts (for guests).
     pub(super) hosts: watch::Sender<Hosts>,
     /// The running spreader, if any.
@@ -215,8 +238,8 @@ impl Launcher {
             // a panic).
             let result = match AssertUnwindSafe(elector.run()).catch_unwind().await {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(panic) => Err(format!("it panicked: {}", panic_message(panic))),
+                Ok(Err(e)) => Err(ElectorFailure::Error(e)),
+                Err(panic) => Err(ElectorFailure::Panicked(panic_message(panic))),
             };
             let _ = ended_tx.send((name, result));
         });

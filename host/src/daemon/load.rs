@@ -98,7 +98,18 @@ pub(super) async fn load_plugins(
 
 /// What loading one plugin gave: the plugin or why not, and how long it
 /// took; `Err` if its thread failed.
-type LoadResult = Result<(Result<Plugin, crate::runtime::PluginError>, Duration), String>;
+type LoadResult = Result<(Result<Plugin, crate::runtime::PluginError>, Duration), ThreadFailed>;
+
+/// Why a plugin's compile thread gave no result.
+#[derive(Debug, thiserror::Error)]
+enum ThreadFailed {
+    /// It could not be started.
+    #[error("cannot start its thread: {0}")]
+    Spawn(std::io::Error),
+    /// It panicked.
+    #[error("it panicked")]
+    Panicked,
+}
 
 /// Loads `spec` on a thread of its own rather than the blocking pool: a
 /// shutdown during start-up abandons it (nothing is led yet), and the exit
@@ -117,8 +128,8 @@ fn load_on_thread(
             let _ = tx.send((result, started.elapsed()));
         });
     async move {
-        spawned.map_err(|e| format!("cannot start its thread: {e}"))?;
-        rx.await.map_err(|_| "it panicked".to_owned())
+        spawned.map_err(ThreadFailed::Spawn)?;
+        rx.await.map_err(|_| ThreadFailed::Panicked)
     }
 }
 

@@ -32,7 +32,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, LoadError};
 
 /// How often the watcher looks at the files.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -62,7 +62,7 @@ impl fmt::Display for Cause {
 }
 
 /// Reads the configuration again, with the command line's overrides.
-pub type Loader = Arc<dyn Fn() -> Result<Config, String> + Send + Sync>;
+pub type Loader = Arc<dyn Fn() -> Result<Config, LoadError> + Send + Sync>;
 
 /// What [`serve`](crate::daemon::serve) needs to reload.
 pub struct Reload {

@@ -36,10 +36,14 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::leases::{Launcher, LeaseRun, PluginRun, sync_controlled, wanted_spread};
+use super::apply::ReloadRefused;
+use super::leases::{
+    ElectorEnd, ElectorFailure, Launcher, LeaseRun, PluginRun, sync_controlled, wanted_spread,
+};
 use super::load::{Loaded, load_plugins};
+use crate::config::own_files::OwnFilesGranted;
 use crate::config::{Config, StoreConfig};
-use crate::daemon::control::{ControlSocket, ControlledHost, SharedLeases};
+use crate::daemon::control::{ControlError, ControlSocket, ControlledHost, SharedLeases};
 use crate::daemon::reload;
 use crate::election::{ClaimGate, Intent, NoObserver, TermClock};
 use crate::ops::admin::AdminServer;
@@ -52,7 +56,6 @@ use crate::store::embedded::EmbeddedStore;
 use crate::store::kube::{KubeOptions, KubeStore};
 use crate::store::{LeaseStore, StoreError, StoreTimings};
 use crate::supervisor::NoTaskObserver;
-use crate::support::rounding::human;
 
 /// Why the host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -88,22 +91,33 @@ pub enum ServeError {
     TasksNotStopped(String),
     /// The election's runtime could not be started.
     #[error("cannot start the election runtime: {0}")]
-    ElectionRuntime(String),
+    ElectionRuntime(std::io::Error),
     /// The admin endpoints could not listen on the configured address.
     #[error("admin-address {address}: cannot serve /metrics, /healthz and /readyz there: {error}")]
     Admin {
         /// The configured address.
         address: SocketAddr,
         /// Why not.
-        error: String,
+        error: std::io::Error,
     },
     /// The control socket could not be set up.
     #[error("{0}")]
-    Control(String),
+    Control(ControlError),
     /// A plugin's `dirs` grant reaches the host's own files (see
     /// [`crate::config::own_files`]).
-    #[error("{0}")]
-    Grants(String),
+    #[error("{}{error}", file_prefix(.file.as_deref()))]
+    Grants {
+        /// The configuration file, if any.
+        file: Option<PathBuf>,
+        /// The grants refused.
+        error: OwnFilesGranted,
+    },
+}
+
+/// `FILE: `, for a message about the configuration file `file`; nothing
+/// without one.
+fn file_prefix(file: Option<&Path>) -> String {
+    file.map(|f| format!("{}: ", f.display())).unwrap_or_default()
 }
 
 /// How [`serve_opts`] runs, beyond the configuration.
@@ -143,7 +157,7 @@ fn bind_control(config: &Config) -> Result<Option<ControlSocket>, ServeError> {
         (None, Some(file)) => ControlSocket::bind_default(Some(file), &config.identity),
         (None, None) => Ok(None),
     }
-    .map_err(|e| ServeError::Control(e.to_string()))
+    .map_err(ServeError::Control)
 }
 
 /// What the admin endpoints of one run serve, when configured (their
@@ -295,12 +309,8 @@ fn start_admin(config: &Config) -> Result<(Option<Monitoring>, Option<AdminServe
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::new());
     health.loading(config.plugins.len());
-    let server = crate::ops::admin::start(address, metrics.clone(), health.clone()).map_err(|e| {
-        ServeError::Admin {
-            address,
-            error: e.to_string(),
-        }
-    })?;
+    let server = crate::ops::admin::start(address, metrics.clone(), health.clone())
+        .map_err(|e| ServeError::Admin { address, error: e })?;
     tracing::info!(address = %server.address(), "admin endpoints listening: /metrics, /healthz, /readyz");
     health.watch_runtime("guest", &tokio::runtime::Handle::current());
     Ok((Some(Monitoring { metrics, health }), Some(server)))
@@ -323,9 +333,9 @@ fn open_engine(config: &Config, cache_dir: &Path) -> Result<PluginEngine, ServeE
 /// configuration, the cache, the control socket (see
 /// [`crate::config::own_files`]).
 fn check_own_files(config: &Config, cache_dir: &Path, control: Option<&Path>) -> Result<(), ServeError> {
-    crate::config::own_files::check_grants(config, cache_dir, control).map_err(|e| {
-        let file = config.source.as_ref().map(|f| format!("{}: ", f.display()));
-        ServeError::Grants(format!("{}{e}", file.unwrap_or_default()))
+    crate::config::own_files::check_grants(config, cache_dir, control).map_err(|error| ServeError::Grants {
+        file: config.source.clone(),
+        error,
     })
 }
 
@@ -375,7 +385,7 @@ pub(super) struct Daemon {
     /// waits for it.
     pub(super) removed: BTreeMap<String, CancellationToken>,
     /// Each elector's end: its lease and `Err(why)` if it failed.
-    ended: mpsc::UnboundedReceiver<(String, Result<(), String>)>,
+    ended: mpsc::UnboundedReceiver<ElectorEnd>,
     pub(super) runtime: Arc<PluginRuntime>,
     engine: PluginEngine,
     monitoring: Option<Monitoring>,
@@ -388,7 +398,7 @@ pub(super) struct Daemon {
     controlled: SharedLeases,
     control_stop: CancellationToken,
     /// Electors that failed, and why.
-    failures: Vec<(String, String)>,
+    failures: Vec<(String, ElectorFailure)>,
     /// Leases whose tasks could not be confirmed stopped.
     unconfirmed: Vec<String>,
     /// Plugins that could not be loaded at start.
@@ -549,7 +559,7 @@ impl Daemon {
     /// The elector of `lease` returned with `result`. `true` if serving
     /// goes on: it was removed by a reload and handed its lease over.
     /// Otherwise it failed: its guests are stopped before anything else.
-    async fn elector_ended(&mut self, lease: String, result: Result<(), String>) -> bool {
+    async fn elector_ended(&mut self, lease: String, result: Result<(), ElectorFailure>) -> bool {
         if let Some(run) = self.runs.get_mut(&lease).filter(|r| r.retiring && result.is_ok()) {
             run.ended = true;
             let mut run = self.runs.remove(&lease).expect("present");
@@ -563,7 +573,7 @@ impl Daemon {
             });
             return true;
         }
-        let reason = result.err().unwrap_or_else(|| "it stopped on its own".to_owned());
+        let reason = result.err().unwrap_or(ElectorFailure::StoppedOnItsOwn);
         let clock = self.launcher.clock.clone();
         if let Some(run) = self.runs.get_mut(&lease) {
             run.failed(&lease, &reason, &clock);
@@ -576,7 +586,7 @@ impl Daemon {
     }
 
     /// After a reload: the new configuration in force, or the refusal said.
-    fn reloaded(&mut self, cause: &reload::Cause, outcome: Result<Option<Config>, String>) {
+    fn reloaded(&mut self, cause: &reload::Cause, outcome: Result<Option<Config>, ReloadRefused>) {
         let ok = match outcome {
             Ok(Some(new)) => {
                 self.config = new;
@@ -636,8 +646,11 @@ impl Daemon {
             let _ = control.await;
         }
         tracing::info!("baton stopped");
-        if let Some((lease, reason)) = self.failures.into_iter().next() {
-            return Err(ServeError::ElectorFailed { lease, reason });
+        if let Some((lease, failure)) = self.failures.into_iter().next() {
+            return Err(ServeError::ElectorFailed {
+                lease,
+                reason: failure.to_string(),
+            });
         }
         if !self.unconfirmed.is_empty() {
             return Err(ServeError::TasksNotStopped(self.unconfirmed.join(", ")));
@@ -671,7 +684,7 @@ impl Daemon {
                 Ok(None) => break,
                 Err(_) => {
                     for (lease, run) in self.runs.iter_mut().filter(|(_, r)| !r.ended) {
-                        let reason = format!("it did not hand the lease over within {}", human(bound));
+                        let reason = ElectorFailure::NoHandover(bound);
                         run.failed(lease, &reason, &clock);
                         self.failures.push((lease.clone(), reason));
                     }
@@ -708,7 +721,7 @@ impl ElectionRuntime {
             .enable_all()
             .build()
             .map(|rt| ElectionRuntime(Some(rt)))
-            .map_err(|e| ServeError::ElectionRuntime(e.to_string()))
+            .map_err(ServeError::ElectionRuntime)
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {

@@ -176,71 +176,86 @@ impl Metrics {
             read: Arc::default(),
             registry: Registry::default(),
         };
+        m.register_lease_metrics(&mut registry);
+        m.register_task_metrics(&mut registry);
+        m.register_reloads(&mut registry);
+        registry.register_collector(Box::new(m.read.clone()));
+        Metrics { registry, ..m }
+    }
+
+    /// The electors' metrics, reported through [`ElectionObserver`].
+    fn register_lease_metrics(&self, registry: &mut Registry) {
         registry.register(
             "lease_role",
             "This host's role for the lease: 1 for the current role (pending, leading or following), 0 for the others",
-            m.role.clone(),
+            self.role.clone(),
         );
         registry.register(
             "lease_term",
             "The newest term of the lease this host knows of (the fencing token); 0 if none",
-            m.term.clone(),
+            self.term.clone(),
         );
         registry.register(
             "lease_leadership_changes",
             "Times this host started leading the lease (change=\"gained\") or stopped (change=\"lost\")",
-            m.changes.clone(),
+            self.changes.clone(),
         );
         registry.register(
             "lease_renewal_seconds",
             "How long the store took to confirm each renewal of the lease by this host",
-            m.renewals.clone(),
+            self.renewals.clone(),
         );
         registry.register(
             "lease_store_errors",
             "Failed requests of the lease's elector to the store (reads, acquisitions, renewals, releases), by kind: conflict, unavailable, malformed, refused, timeout",
-            m.store_errors.clone(),
+            self.store_errors.clone(),
         );
+    }
+
+    /// The supervisors' metrics, reported through [`TaskObserver`].
+    fn register_task_metrics(&self, registry: &mut Registry) {
         registry.register(
             "plugin_task_state",
             "Where the plugin's leader task is: 1 for the current state (waiting, running, stopping, backoff, finished), 0 for the others",
-            m.task_state.clone(),
+            self.task_state.clone(),
         );
         registry.register(
             "plugin_task_starts",
             "Instances of the plugin started in a term (first runs and retries)",
-            m.starts.clone(),
+            self.starts.clone(),
         );
         registry.register(
             "plugin_task_failures",
             "Runs of the plugin's task that returned an error",
-            m.failures.clone(),
+            self.failures.clone(),
         );
         registry.register(
             "plugin_task_traps",
             "Runs of the plugin's task that trapped (not counting stops by the host)",
-            m.traps.clone(),
+            self.traps.clone(),
         );
         registry.register(
             "plugin_forced_stops",
             "Runs of the plugin's task stopped by the host at their term's force-stop time (they did not return within the grace)",
-            m.forced.clone(),
+            self.forced.clone(),
         );
         registry.register(
             "plugin_stop_seconds",
             "How long after the end of its term each run of the plugin's task was gone, by how: cooperative (it returned) or forced",
-            m.stops.clone(),
+            self.stops.clone(),
         );
+    }
+
+    /// Reloads by result, both results present from the start.
+    fn register_reloads(&self, registry: &mut Registry) {
         registry.register(
             "reloads",
             "Reloads (SIGHUP, or a watched file that changed), by result: ok (applied, or nothing changed) or refused (a broken file, a plugin that cannot run, or a change that needs a restart; nothing was changed)",
-            m.reloads.clone(),
+            self.reloads.clone(),
         );
         for result in ["ok", "refused"] {
-            let _ = m.reloads.get_or_create(&ReloadLabels { result });
+            let _ = self.reloads.get_or_create(&ReloadLabels { result });
         }
-        registry.register_collector(Box::new(m.read.clone()));
-        Metrics { registry, ..m }
     }
 
     /// The plugins `baton run` loaded (with their leases), how many it
@@ -387,89 +402,105 @@ fn emit<M: EncodeMetric>(
 impl Collector for Read {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let read = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let since = Family::<LeaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        for (lease, at) in &read.confirmed {
-            since
-                .get_or_create(&LeaseLabels { lease: lease.clone() })
-                .set(at.elapsed().as_secs_f64());
-        }
-        emit(
-            &mut encoder,
-            "lease_seconds_since_renewal",
-            "Seconds since the store last confirmed this host's hold on the lease (its acquisition or a renewal); only while this host leads it",
-            &since,
-        )?;
-        let info = Family::<InfoLabels, Gauge>::default();
-        let dropped = Family::<PluginLabels, Counter>::default();
-        let memory = Family::<PluginLabels, Gauge>::default();
-        for (p, lease) in &read.plugins {
-            let plugin = PluginLabels {
-                plugin: p.name().to_owned(),
-            };
-            info.get_or_create(&InfoLabels {
-                plugin: p.name().to_owned(),
-                lease: lease.clone(),
-                world: p.wit_world(),
-            })
-            .set(1);
-            dropped
-                .get_or_create(&plugin)
-                .inc_by(p.output().dropped_lines_total());
-            memory
-                .get_or_create(&plugin)
-                .set(i64::try_from(p.memory_bytes()).unwrap_or(i64::MAX));
-        }
-        emit(
-            &mut encoder,
-            "plugin_info",
-            "1 for each loaded plugin, with its lease and the world it targets",
-            &info,
-        )?;
-        emit(
-            &mut encoder,
-            "plugin_output_dropped_lines",
-            "Lines of the plugin's output dropped by its output-rate limit",
-            &dropped,
-        )?;
-        emit(
-            &mut encoder,
-            "plugin_memory_bytes",
-            "Linear memory of the plugin's running instances, in bytes (0 while none runs)",
-            &memory,
-        )?;
-        emit(
-            &mut encoder,
-            "plugins_loaded",
-            "Plugins loaded and ready to run",
-            &Gauge::<i64>::default().tap(read.plugins.len() as i64),
-        )?;
-        emit(
-            &mut encoder,
-            "plugins_refused",
-            "Configured plugins that could not be loaded (each is named in the log and on /readyz)",
-            &Gauge::<i64>::default().tap(read.refused as i64),
-        )?;
-        if let Some((hits, misses)) = read.engine.as_ref().and_then(PluginEngine::cache_stats) {
-            emit(
-                &mut encoder,
-                "compiled_cache_hits",
-                "Components whose compiled code was found in the compiled-code cache",
-                &ConstCounter::new(hits as u64),
-            )?;
-            emit(
-                &mut encoder,
-                "compiled_cache_misses",
-                "Components compiled because the compiled-code cache did not hold them",
-                &ConstCounter::new(misses as u64),
-            )?;
-        }
-        emit(
-            &mut encoder,
-            "log_dropped_lines",
-            "Log lines dropped because standard error did not keep up",
-            &ConstCounter::new(crate::ops::logging::dropped_lines()),
-        )
+        encode_renewal_ages(&read, &mut encoder)?;
+        encode_plugins(&read, &mut encoder)?;
+        encode_counts(&read, &mut encoder)
     }
+}
+
+/// `lease_seconds_since_renewal`, for each lease this host leads.
+fn encode_renewal_ages(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+    let since = Family::<LeaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    for (lease, at) in &read.confirmed {
+        since
+            .get_or_create(&LeaseLabels { lease: lease.clone() })
+            .set(at.elapsed().as_secs_f64());
+    }
+    emit(
+        encoder,
+        "lease_seconds_since_renewal",
+        "Seconds since the store last confirmed this host's hold on the lease (its acquisition or a renewal); only while this host leads it",
+        &since,
+    )
+}
+
+/// Each loaded plugin's info, dropped output and memory.
+fn encode_plugins(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+    let info = Family::<InfoLabels, Gauge>::default();
+    let dropped = Family::<PluginLabels, Counter>::default();
+    let memory = Family::<PluginLabels, Gauge>::default();
+    for (p, lease) in &read.plugins {
+        let plugin = PluginLabels {
+            plugin: p.name().to_owned(),
+        };
+        info.get_or_create(&InfoLabels {
+            plugin: p.name().to_owned(),
+            lease: lease.clone(),
+            world: p.wit_world(),
+        })
+        .set(1);
+        dropped
+            .get_or_create(&plugin)
+            .inc_by(p.output().dropped_lines_total());
+        memory
+            .get_or_create(&plugin)
+            .set(i64::try_from(p.memory_bytes()).unwrap_or(i64::MAX));
+    }
+    emit(
+        encoder,
+        "plugin_info",
+        "1 for each loaded plugin, with its lease and the world it targets",
+        &info,
+    )?;
+    emit(
+        encoder,
+        "plugin_output_dropped_lines",
+        "Lines of the plugin's output dropped by its output-rate limit",
+        &dropped,
+    )?;
+    emit(
+        encoder,
+        "plugin_memory_bytes",
+        "Linear memory of the plugin's running instances, in bytes (0 while none runs)",
+        &memory,
+    )
+}
+
+/// The host's counts: plugins loaded and refused, the compiled-code
+/// cache's hits and misses, the log's dropped lines.
+fn encode_counts(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+    emit(
+        encoder,
+        "plugins_loaded",
+        "Plugins loaded and ready to run",
+        &Gauge::<i64>::default().tap(read.plugins.len() as i64),
+    )?;
+    emit(
+        encoder,
+        "plugins_refused",
+        "Configured plugins that could not be loaded (each is named in the log and on /readyz)",
+        &Gauge::<i64>::default().tap(read.refused as i64),
+    )?;
+    if let Some((hits, misses)) = read.engine.as_ref().and_then(PluginEngine::cache_stats) {
+        emit(
+            encoder,
+            "compiled_cache_hits",
+            "Components whose compiled code was found in the compiled-code cache",
+            &ConstCounter::new(hits as u64),
+        )?;
+        emit(
+            encoder,
+            "compiled_cache_misses",
+            "Components compiled because the compiled-code cache did not hold them",
+            &ConstCounter::new(misses as u64),
+        )?;
+    }
+    emit(
+        encoder,
+        "log_dropped_lines",
+        "Log lines dropped because standard error did not keep up",
+        &ConstCounter::new(crate::ops::logging::dropped_lines()),
+    )
 }
 
 /// Sets a gauge and hands it back.
@@ -485,78 +516,4 @@ impl Tap for Gauge<i64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn status(role: Role, term: u64) -> Status {
-        Status {
-            role,
-            holder: None,
-            lease: "demo".into(),
-            term,
-        }
-    }
-
-    /// The line of `metric` (name and labels as written), if any.
-    fn value(text: &str, metric: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(metric)?.strip_prefix(' ')?.parse().ok())
-    }
-
-    #[test]
-    fn lease_and_task_events_are_counted_under_their_names() {
-        let m = Metrics::new();
-        m.status_changed(&status(Role::Pending, 0), &status(Role::Following, 4));
-        m.status_changed(&status(Role::Following, 4), &status(Role::Leading, 5));
-        m.renewed("demo", Duration::from_millis(3));
-        m.store_error("demo", StoreErrorKind::Timeout);
-        m.store_error("demo", StoreErrorKind::Timeout);
-        m.state("p", TaskState::Running);
-        m.started("p");
-        m.ended("p", TaskEnd::Trapped);
-        m.ended("p", TaskEnd::Forced);
-        m.stopped("p", true, Duration::from_millis(510));
-        let text = m.encode();
-        let v = |metric: &str| value(&text, metric).unwrap_or_else(|| panic!("no {metric} in:\n{text}"));
-        assert_eq!(v("baton_lease_role{lease=\"demo\",role=\"leading\"}"), 1.0);
-        assert_eq!(v("baton_lease_role{lease=\"demo\",role=\"following\"}"), 0.0);
-        assert_eq!(v("baton_lease_term{lease=\"demo\"}"), 5.0);
-        assert_eq!(
-            v("baton_lease_leadership_changes_total{lease=\"demo\",change=\"gained\"}"),
-            1.0
-        );
-        assert_eq!(v("baton_lease_renewal_seconds_count{lease=\"demo\"}"), 1.0);
-        assert_eq!(
-            v("baton_lease_store_errors_total{lease=\"demo\",kind=\"timeout\"}"),
-            2.0
-        );
-        assert!(v("baton_lease_seconds_since_renewal{lease=\"demo\"}") < 5.0);
-        assert_eq!(v("baton_plugin_task_state{plugin=\"p\",state=\"running\"}"), 1.0);
-        assert_eq!(v("baton_plugin_task_state{plugin=\"p\",state=\"waiting\"}"), 0.0);
-        assert_eq!(v("baton_plugin_task_starts_total{plugin=\"p\"}"), 1.0);
-        assert_eq!(v("baton_plugin_task_traps_total{plugin=\"p\"}"), 1.0);
-        assert_eq!(v("baton_plugin_forced_stops_total{plugin=\"p\"}"), 1.0);
-        assert_eq!(
-            v("baton_plugin_stop_seconds_count{plugin=\"p\",how=\"forced\"}"),
-            1.0
-        );
-        assert_eq!(v("baton_plugins_loaded"), 0.0);
-        assert_eq!(v("baton_log_dropped_lines_total"), 0.0);
-        assert!(
-            text.contains("# TYPE baton_lease_renewal_seconds histogram"),
-            "{text}"
-        );
-
-        // Losing the lead: counted, and no time since a renewal any more.
-        m.status_changed(&status(Role::Leading, 5), &status(Role::Pending, 5));
-        let text = m.encode();
-        assert_eq!(
-            value(
-                &text,
-                "baton_lease_leadership_changes_total{lease=\"demo\",change=\"lost\"}"
-            ),
-            Some(1.0)
-        );
-        assert!(!text.contains("baton_lease_seconds_since_renewal{"), "{text}");
-    }
-}
+mod tests;

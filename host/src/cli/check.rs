@@ -1,0 +1,66 @@
+//! `baton check`: says which world each component targets, or exactly why
+//! it cannot run, compiling it as `baton run` would (so a checked plugin is
+//! in the compiled-code cache for the run).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::runtime::{
+    DEFAULT_MEMORY_LIMIT, EngineOptions, Plugin, PluginEngine, PluginRuntime, default_cache_dir,
+};
+
+/// Checks each of `plugins` and prints the result on standard output;
+/// fails (exit status 1) if any cannot run.
+pub async fn execute(plugins: Vec<PathBuf>) -> anyhow::Result<ExitCode> {
+    let runtime = PluginRuntime::new(engine()?)?;
+    let mut ok = true;
+    for path in plugins {
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let result = tokio::task::block_in_place(|| runtime.check(&name, &path));
+        // Its log lines (compiling, compiled) before its result.
+        crate::ops::logging::written(Duration::from_millis(500));
+        match result {
+            Ok(plugin) => print_checked(&path, &plugin),
+            Err(e) => {
+                ok = false;
+                println!("{}: cannot run: {}", path.display(), e.reason);
+            }
+        }
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The engine, on the compiled-code cache of `BATON_CACHE_DIR` or the
+/// default one.
+fn engine() -> anyhow::Result<PluginEngine> {
+    let cache = std::env::var_os("BATON_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_cache_dir);
+    PluginEngine::new(EngineOptions {
+        cache_dir: Some(cache),
+        // As `baton run` with plugins of the default limit: the same
+        // compiled code, so a checked plugin is in the cache for the run.
+        largest_memory: Some(DEFAULT_MEMORY_LIMIT),
+        ..EngineOptions::default()
+    })
+    .context("wasm engine")
+}
+
+/// What a component that can run targets and asks for.
+fn print_checked(path: &Path, plugin: &Plugin) {
+    println!("{}: ok: targets {}", path.display(), plugin.wit_world());
+    if plugin.uses_hosts() {
+        println!(
+            "  asks for the live hosts (current-hosts): its host keeps a membership record even without spreading"
+        );
+    }
+    for c in plugin.capabilities() {
+        println!("  also imports {}", c.describe());
+    }
+}

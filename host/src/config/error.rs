@@ -1,0 +1,257 @@
+//! What can be wrong with a configuration: [`ConfigError`] says where (the
+//! file, and the line when known) and [`ConfigErrorKind`] what, naming the
+//! lease, plugin, section or field at fault. The messages are part of the
+//! interface: operators and tests read them. Each message includes its
+//! cause's, so none is also given as a `source`.
+
+use std::time::Duration;
+
+use bytesize::ByteSize;
+
+use crate::election::TimingError;
+use crate::election::spread::MEMBER_PREFIX;
+
+/// A configuration that cannot be used: `FILE[:LINE]: WHAT`.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}{}: {kind}", line_suffix(*.line))]
+pub struct ConfigError {
+    /// The file as given (`<configuration>` for text without one).
+    pub file: String,
+    /// The line at fault, when the error is at one.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub kind: ConfigErrorKind,
+}
+
+fn line_suffix(line: Option<usize>) -> String {
+    line.map(|l| format!(":{l}")).unwrap_or_default()
+}
+
+/// What is wrong with a configuration, naming what is at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigErrorKind {
+    /// The file cannot be read.
+    #[error("cannot read the configuration: {0}")]
+    Unreadable(std::io::Error),
+    /// Not TOML, or not this file's tables (an unknown field, a wrong
+    /// type): the TOML parser's message.
+    #[error("{0}")]
+    Syntax(String),
+    /// A lease name that is not a valid one (the store's rule, in words).
+    #[error("lease {lease:?}: field `name`: {reason}")]
+    LeaseName {
+        /// The lease.
+        lease: String,
+        /// Why not.
+        reason: String,
+    },
+    /// A lease name kept for the hosts' membership records.
+    #[error(
+        "lease {0:?}: field `name`: names starting with {prefix:?} are kept for the hosts' \
+         membership records",
+        prefix = MEMBER_PREFIX
+    )]
+    ReservedLeaseName(String),
+    /// Two `[[lease]]` tables of one name.
+    #[error("lease {0:?} is declared twice")]
+    LeaseDeclaredTwice(String),
+    /// A lease's timings break the timing rules.
+    #[error("lease {lease:?}: unsafe timings: {error}")]
+    UnsafeTimings {
+        /// The lease.
+        lease: String,
+        /// The rule broken (boxed: timings are large).
+        error: Box<TimingError>,
+    },
+    /// A lease duration a Kubernetes Lease cannot hold.
+    #[error(
+        "lease {lease:?}: lease-duration {} is not a whole number of seconds: a Kubernetes Lease \
+         holds leaseDurationSeconds; use {}s or {}s",
+        humantime::format_duration(*.duration),
+        .duration.as_secs(),
+        .duration.as_secs() + 1
+    )]
+    FractionalLeaseDuration {
+        /// The lease.
+        lease: String,
+        /// Its lease duration.
+        duration: Duration,
+    },
+    /// A plugin without a name.
+    #[error("plugin: field `name` is empty")]
+    EmptyPluginName,
+    /// A plugin name that a lease record cannot list.
+    #[error(
+        "plugin {0:?}: field `name`: no commas or control characters (lease records list plugins by name)"
+    )]
+    PluginName(String),
+    /// Two `[[plugin]]` tables of one name.
+    #[error("plugin {0:?} is declared twice")]
+    PluginDeclaredTwice(String),
+    /// A plugin under a lease no `[[lease]]` table declares.
+    #[error(
+        "plugin {plugin:?}: field `lease`: lease {lease:?} is not declared in a [[lease]] table \
+         (declared: {})",
+        declared_list(.declared)
+    )]
+    UndeclaredLease {
+        /// The plugin.
+        plugin: String,
+        /// The lease it names.
+        lease: String,
+        /// The leases declared.
+        declared: Vec<String>,
+    },
+    /// A grant that does not parse, or grants that do not go together
+    /// (`field`: `connect` or `http`).
+    #[error("plugin {plugin:?}: field `{field}`: {reason}")]
+    Grant {
+        /// The plugin.
+        plugin: String,
+        /// The field of the grant.
+        field: &'static str,
+        /// Why not, as the grant's parser says it.
+        reason: String,
+    },
+    /// `http-limits` that refuse every request.
+    #[error(
+        "plugin {0:?}: field `http-limits`: `concurrent` and `timeout` must be above zero \
+         (to refuse every request, grant no `http`)"
+    )]
+    ZeroHttpLimits(String),
+    /// A `kubernetes` rule naming a verb that is not one.
+    #[error(
+        "plugin {plugin:?}: field `kubernetes.allow[{rule}].verbs`: {verb:?} is not a verb: use {}",
+        super::parse::VERBS.join(", ")
+    )]
+    UnknownVerb {
+        /// The plugin.
+        plugin: String,
+        /// The rule's index.
+        rule: usize,
+        /// The word that is not a verb.
+        verb: String,
+    },
+    /// A `kubernetes` rule with an empty list, which allows nothing.
+    #[error(
+        "plugin {plugin:?}: field `kubernetes.allow[{rule}].{list}`: empty, which allows nothing \
+         (`\"*\"` allows any; the core group is `\"\"`)"
+    )]
+    EmptyKubeList {
+        /// The plugin.
+        plugin: String,
+        /// The rule's index.
+        rule: usize,
+        /// The list: `verbs`, `groups`, `resources` or `namespaces`.
+        list: &'static str,
+    },
+    /// A `memory-limit` below 1 MiB.
+    #[error("plugin {0:?}: field `memory-limit`: below 1 MiB")]
+    MemoryLimitTooSmall(String),
+    /// An `output-line` above the longest line the host logs.
+    #[error(
+        "plugin {0:?}: field `output-line`: at most {kib} KiB (longer lines are cut)",
+        kib = crate::runtime::output::MAX_OUTPUT_LINE / 1024
+    )]
+    OutputLineTooLong(String),
+    /// An `output-rate` or `output-line` of zero.
+    #[error(
+        "plugin {0:?}: fields `output-rate` and `output-line` must be above zero \
+         (to silence a plugin, filter its log target: BATON_LOG=info,guest=off)"
+    )]
+    ZeroOutput(String),
+    /// A `send-buffer` out of its range.
+    #[error(
+        "plugin {plugin:?}: field `send-buffer`: {} is not between 4 KiB and 64 MiB \
+         (what each TCP connection may queue in the kernel)",
+        ByteSize::b(*.bytes)
+    )]
+    SendBufferOutOfRange {
+        /// The plugin.
+        plugin: String,
+        /// The size configured.
+        bytes: u64,
+    },
+    /// `[store] namespace` is not a namespace name.
+    #[error("[store]: field `namespace`: {0}")]
+    Namespace(InvalidNamespace),
+    /// A label that Kubernetes refuses.
+    #[error(
+        "[store]: field `labels`: invalid label {key:?} = {value:?}: keys are non-empty, values at \
+         most 63 characters"
+    )]
+    Label {
+        /// The label's key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// baton's own label, which the operator may not set.
+    #[error(
+        "[store]: field `labels`: {0:?} is baton's own label (every Lease it writes carries \
+         {0}={role}; its watch selects its Leases by it): choose another key",
+        role = crate::store::kube::LEASE_ROLE
+    )]
+    OwnLabel(String),
+    /// `[defaults]` timings that break the rules, while the membership
+    /// records need them.
+    #[error("[defaults]: unsafe timings (the hosts' membership records derive theirs from them): {0}")]
+    UnsafeDefaults(Box<TimingError>),
+    /// A `[spread] head-start` of zero, or one a lease duration long.
+    #[error(
+        "[spread]: field `head-start`: {} must be above zero and below the lease duration ({}): a \
+         released lease whose preferred host is absent waits that long, which should never exceed \
+         what a crashed holder costs",
+        humantime::format_duration(*.head_start),
+        humantime::format_duration(*.lease_duration)
+    )]
+    HeadStart {
+        /// The head start configured.
+        head_start: Duration,
+        /// The `[defaults]` lease duration.
+        lease_duration: Duration,
+    },
+    /// A `[spread] forget-after` of zero.
+    #[error(
+        "[spread]: field `forget-after`: must be above zero: the membership record of a host gone \
+         that long is deleted"
+    )]
+    ZeroForgetAfter,
+    /// An `admin-address` that is not one.
+    #[error("field `admin-address`: {0}")]
+    AdminAddress(AdminAddressError),
+    /// An empty `identity`.
+    #[error("field `identity` is empty (leave it out for a unique default)")]
+    EmptyIdentity,
+}
+
+/// The leases declared, for [`ConfigErrorKind::UndeclaredLease`].
+fn declared_list(declared: &[String]) -> String {
+    if declared.is_empty() {
+        "none".to_owned()
+    } else {
+        declared.join(", ")
+    }
+}
+
+/// A Kubernetes namespace name that is not one.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "invalid namespace {0:?}: must be a lowercase RFC 1123 label (at most 63 characters of a-z, 0-9 \
+     and '-', starting and ending with a letter or digit)"
+)]
+pub struct InvalidNamespace(pub String);
+
+/// An admin address that is not an IP address and a port.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminAddressError {
+    /// Text that does not parse (a host name is not resolved).
+    #[error(
+        "{0:?} is not an IP address and port: write it like \"127.0.0.1:9090\" (this host only), \
+         \"0.0.0.0:9090\" (every IPv4 interface) or \"[::]:9090\"; host names are not resolved"
+    )]
+    NotAnAddress(String),
+    /// Not a string in the file.
+    #[error("must be a string like \"127.0.0.1:9090\" (found: {0})")]
+    NotAString(&'static str),
+}

@@ -1,0 +1,101 @@
+//! `baton run`'s command-line settings (and their environment variables)
+//! over the file's: applied after every read of the file, at start and at
+//! each reload, so the command line always wins.
+
+use std::path::{Path, PathBuf};
+
+use super::{AdminAddressError, Config, ConfigError, StoreConfig, parse_admin_address};
+
+/// The command line's settings; `None`: the file's.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--identity`.
+    pub identity: Option<String>,
+    /// `--store-dir`: an embedded store there.
+    pub store_dir: Option<PathBuf>,
+    /// `--cache-dir`.
+    pub cache_dir: Option<PathBuf>,
+    /// `--coredump-dir`.
+    pub coredump_dir: Option<PathBuf>,
+    /// `--kubeconfig`, for a kubernetes store.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--admin-address`, as given.
+    pub admin_address: Option<String>,
+    /// `--control-socket`.
+    pub control_socket: Option<PathBuf>,
+}
+
+/// A command-line setting that cannot apply, naming the flag.
+#[derive(Debug, thiserror::Error)]
+pub enum OverrideError {
+    /// `--identity` is blank.
+    #[error("--identity (or BATON_IDENTITY) is empty")]
+    EmptyIdentity,
+    /// `--kubeconfig` with an embedded store.
+    #[error(
+        "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but the \
+         configuration uses the embedded store"
+    )]
+    KubeconfigWithoutKubernetes,
+    /// `--admin-address` is not an IP address and port.
+    #[error("--admin-address (or BATON_ADMIN_ADDRESS): {0}")]
+    AdminAddress(AdminAddressError),
+}
+
+/// Why a configuration could not be loaded with the command line's
+/// settings.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A command-line setting.
+    #[error(transparent)]
+    Override(#[from] OverrideError),
+}
+
+impl Overrides {
+    /// Sets these over `cfg`'s settings.
+    pub fn apply(&self, cfg: &mut Config) -> Result<(), OverrideError> {
+        if let Some(path) = &self.control_socket {
+            cfg.control_socket = Some(path.clone());
+        }
+        if let Some(identity) = &self.identity {
+            if identity.trim().is_empty() {
+                return Err(OverrideError::EmptyIdentity);
+            }
+            cfg.identity = identity.clone();
+            cfg.identity_declared = true;
+        }
+        if let Some(dir) = &self.store_dir {
+            cfg.store = StoreConfig::Embedded { dir: dir.clone() };
+        }
+        if let Some(dir) = &self.cache_dir {
+            cfg.cache_dir = Some(dir.clone());
+        }
+        if let Some(dir) = &self.coredump_dir {
+            cfg.coredump_dir = Some(dir.clone());
+        }
+        if let Some(path) = &self.kubeconfig {
+            match &mut cfg.store {
+                StoreConfig::Kubernetes { kubeconfig, .. } => *kubeconfig = Some(path.clone()),
+                StoreConfig::Embedded { .. } => return Err(OverrideError::KubeconfigWithoutKubernetes),
+            }
+        }
+        if let Some(address) = &self.admin_address {
+            let parsed = parse_admin_address(address).map_err(OverrideError::AdminAddress)?;
+            cfg.admin_address = Some(parsed);
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Reads and validates the file at `path`, then sets `overrides` over
+    /// it.
+    pub fn load_with_overrides(path: &Path, overrides: &Overrides) -> Result<Config, LoadError> {
+        let mut cfg = Config::load(path)?;
+        overrides.apply(&mut cfg)?;
+        Ok(cfg)
+    }
+}
