@@ -188,9 +188,7 @@ fn yield_hands_the_lease_over_through_the_api_server_and_the_yielder_stays_out_f
         let store = t.store(&[]);
         let held = store.create("yielded", &record(Some("a"), 1)).await.unwrap();
         let released = LeaseRecord {
-            holder: None,
             lease_duration: Duration::from_secs(1),
-            plugins: None,
             yielded: Some(Yielded {
                 by: "a".into(),
                 duration: Duration::from_millis(12_500),

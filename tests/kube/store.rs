@@ -75,14 +75,8 @@ fn store_reads_foreign_leases_leniently_and_never_erases_their_fields() {
 
         // A release: empty holder, 1 s.
         let released = LeaseRecord {
-            plugins: None,
-            yielded: None,
-            instance: None,
-            holder: None,
-            lease_duration: Duration::from_secs(1),
-            acquire_time: None,
             renew_time: Some(SystemTime::now()),
-            term: 6,
+            ..LeaseRecord::new(None, 6, Duration::from_secs(1))
         };
         let r = store.update("nodur", &w.version, &released).await.unwrap();
         let spec = leases.get("nodur").await.unwrap().spec.unwrap();
@@ -230,13 +224,7 @@ fn store_watch_yields_the_current_record_then_every_change_and_never_goes_back()
         assert_eq!(watcher.get("demo").await.unwrap(), Some(tombstone.clone()));
         // Created again above it, released, deleted again: released at its
         // term floor, so the next term is above it.
-        let released = LeaseRecord {
-            plugins: None,
-            yielded: None,
-            instance: None,
-            holder: None,
-            ..record(None, reserved + 1)
-        };
+        let released = record(None, reserved + 1);
         let back = watcher
             .update("demo", &tombstone.version, &released)
             .await

@@ -9,8 +9,6 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
     t.rt.block_on(async {
         let fresh = || t.store(&[]);
         let held = |holder: &str, term| LeaseRecord {
-            plugins: None,
-            yielded: None,
             instance: Some(format!("{holder}-instance")),
             ..record(Some(holder), term)
         };
@@ -189,9 +187,7 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
     // makes every older version too old, and no bookmark moves an idle
     // watch's version on.
     let server = OwnServer::start("--watch-cache=false");
-    let env = server.env();
-    let rt = runtime();
-    let admin = rt.block_on(env.admin());
+    let t = KubeTest::on(server.env(), "gone");
 
     // The store: a watch of a Lease nobody writes, while other Leases
     // change (written by someone else, without baton's labels, so that the
@@ -200,20 +196,19 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
     // watch after 2 s; resumed from its version, it gets 410 and the
     // stream ends with it; a new watch lists afresh and follows changes
     // again.
-    rt.block_on(async {
-        let ns = TestNamespace::create(admin.clone(), "gone").await;
+    t.rt.block_on(async {
         let options = KubeOptions {
             fallback_duration: Duration::from_secs(15),
             request_timeout: Duration::from_secs(2),
             watch_timeout_secs: Some(2),
             ..KubeOptions::default()
         };
-        let watcher = KubeStore::with_client(admin.clone(), &ns.name, "test".into(), &options);
-        let writer = store(admin.clone(), &ns.name, &[]);
+        let watcher = KubeStore::with_client(t.admin.clone(), &t.ns.name, "test".into(), &options);
+        let writer = t.store(&[]);
         let current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
         let mut watch = watcher.watch("demo").await.unwrap();
         assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
-        ns.leases()
+        t.ns.leases()
             .create(
                 &PostParams::default(),
                 &foreign_lease("other", held_by("b", 1, 60)),
@@ -222,9 +217,9 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
             .unwrap();
         let mut other = String::new();
         for i in 0..3 {
-            other = foreign_write(&ns, "other", &[], held_by("b", 2 + i, 60)).await;
+            other = foreign_write(&t.ns, "other", &[], held_by("b", 2 + i, 60)).await;
         }
-        compact_etcd(&env, &other);
+        compact_etcd(&t.env, &other);
         let ended = tokio::time::timeout(Duration::from_secs(10), watch.next())
             .await
             .expect("the resumed watch answers")
@@ -251,24 +246,24 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
     // its watch (resumed every lease duration) gets 410 after a compaction,
     // it polls and watches again, and takes the Lease as soon as it is
     // released.
-    let ns = rt.block_on(TestNamespace::create(admin.clone(), "gone-host"));
+    // In a second namespace.
+    let ns = t.rt.block_on(TestNamespace::create(t.admin.clone(), "gone-host"));
     let spec = LeaseSpec {
         holder_identity: Some("someone-else".into()),
         lease_duration_seconds: Some(60),
         lease_transitions: Some(5),
         ..LeaseSpec::default()
     };
-    rt.block_on(
+    t.rt.block_on(
         ns.leases()
             .create(&PostParams::default(), &foreign_lease("demo", spec)),
     )
     .unwrap();
-    let s = Scratch::new();
-    let cfg = s.write(
+    let cfg = t.scratch.write(
         "baton.toml",
         &kube_config(
             &ns.name,
-            Some(&env.admin_kubeconfig),
+            Some(&t.env.admin_kubeconfig),
             "demo",
             &[probe("probe", "pollable", "cooperative")],
         ),
@@ -277,16 +272,16 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
     host.wait_for(SECS(60), "following", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
-    let writer = rt.block_on(async { store(admin.clone(), &ns.name, &[]) });
-    let mut other = rt
-        .block_on(writer.create("other", &record(Some("b"), 1)))
-        .unwrap();
-    for _ in 0..3 {
-        other = rt
-            .block_on(writer.update("other", &other.version, &record(Some("b"), 1)))
+    let writer = t.rt.block_on(async { store(t.admin.clone(), &ns.name, &[]) });
+    let mut other =
+        t.rt.block_on(writer.create("other", &record(Some("b"), 1)))
             .unwrap();
+    for _ in 0..3 {
+        other =
+            t.rt.block_on(writer.update("other", &other.version, &record(Some("b"), 1)))
+                .unwrap();
     }
-    compact_etcd(&env, &other.version);
+    compact_etcd(&t.env, &other.version);
     let compacted = SystemTime::now();
     let broke = host.wait_for(SECS(10), "the watch's 410 Gone", |e| {
         e.message().starts_with("the lease watch broke") && e.str("error").is_some_and(|m| m.contains("410"))
@@ -303,10 +298,10 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
         "it watched again {:.0} ms later",
         ms_between(broke.at, rewatched.at)
     );
-    let mut lease = lease_of(&rt, &ns, "demo").unwrap();
+    let mut lease = lease_of(&t.rt, &ns, "demo").unwrap();
     lease.spec.as_mut().unwrap().holder_identity = Some(String::new());
     let released = SystemTime::now();
-    rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease))
+    t.rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease))
         .unwrap();
     let started = host.wait_for(SECS(10), "the guest's start", is_start);
     let took = ms_between(released, started.at);
