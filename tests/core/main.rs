@@ -7,6 +7,8 @@
 //! Timings: lease 2 s, renew deadline 1 s, retry period 200 ms, grace
 //! 500 ms, request timeout 200 ms.
 
+#[path = "../store_contract.rs"]
+mod store_contract;
 #[path = "../e2e/support.rs"]
 #[allow(dead_code)]
 mod support;
@@ -369,4 +371,44 @@ async fn a_store_that_stops_answering_never_fails_liveness_and_its_errors_are_co
     // The admin endpoints are gone with serve.
     sleep(Duration::from_millis(100)).await;
     assert!(support::http_get(&addr, "/healthz").is_err());
+}
+
+/// The store contract (`tests/store_contract.rs`) on the stores that need
+/// no server: each rule on a new, empty store.
+mod conformance {
+    /// On the memory store: every client another [`MemoryStore::client`].
+    mod memory {
+        use baton::store::memory::MemoryStore;
+
+        macro_rules! on_memory {
+            ($rule:ident) => {
+                #[tokio::test]
+                async fn $rule() {
+                    let store = MemoryStore::new();
+                    crate::store_contract::$rule(|| store.client()).await;
+                }
+            };
+        }
+
+        crate::store_contract::for_each_rule!(on_memory);
+    }
+
+    /// On the embedded store in a temporary directory: every client a store
+    /// opened on it anew.
+    mod embedded {
+        use baton::store::embedded::EmbeddedStore;
+
+        macro_rules! on_embedded {
+            ($rule:ident) => {
+                #[tokio::test]
+                async fn $rule() {
+                    let dir = tempfile::tempdir().unwrap();
+                    let leases = dir.path().join("leases");
+                    crate::store_contract::$rule(|| EmbeddedStore::open(&leases).unwrap()).await;
+                }
+            };
+        }
+
+        crate::store_contract::for_each_rule!(on_embedded);
+    }
 }

@@ -68,20 +68,16 @@ fn reset_warning(h: &Host) -> Option<Event> {
 
 #[test]
 fn a_lease_replaced_in_place_with_its_terms_reset_never_repeats_a_term() {
-    let env = KubeEnv::load();
-    let rt = runtime();
-    let admin = rt.block_on(env.admin());
-    let ns = rt.block_on(TestNamespace::create(admin.clone(), "reset"));
-    let s = Scratch::new();
-    let cfg = floor_config(&ns, &env, &s);
+    let t = KubeTest::new("reset");
+    let cfg = floor_config(&t.ns, &t.env, &t.scratch);
 
     // Four hosts lead one after another: terms 1 to 4.
     let (terms, mut last) = lead_in_turn(&cfg, &["reset-a", "reset-b", "reset-c", "reset-d"]);
     assert_eq!(terms, [1, 2, 3, 4]);
     last.sigterm();
     assert!(last.wait_exit(SECS(30)).success());
-    let floor = floor_term(&rt, &admin, &ns).expect("a floor");
-    let before = lease_of(&rt, &ns, "demo").expect("the Lease");
+    let floor = floor_term(&t.rt, &t.admin, &t.ns).expect("a floor");
+    let before = t.lease("demo").expect("the Lease");
     println!("terms {terms:?}, floor {floor}");
     assert!(floor >= 4, "{floor}");
 
@@ -102,9 +98,9 @@ fn a_lease_replaced_in_place_with_its_terms_reset_never_repeats_a_term() {
             ..LeaseSpec::default()
         }),
     };
-    let replaced = rt
-        .block_on(ns.leases().replace("demo", &PostParams::default(), &manifest))
-        .expect("replace");
+    let replaced =
+        t.rt.block_on(t.ns.leases().replace("demo", &PostParams::default(), &manifest))
+            .expect("replace");
     assert_eq!(replaced.metadata.uid, before.metadata.uid, "the same object");
     assert_eq!(spec_of(&replaced).lease_transitions, Some(0));
 
@@ -117,9 +113,9 @@ fn a_lease_replaced_in_place_with_its_terms_reset_never_repeats_a_term() {
         "term {next} after terms {terms:?} and floor {floor}; the host logged:\n{}",
         e.output()
     );
-    let lease = lease_of(&rt, &ns, "demo").unwrap();
+    let lease = t.lease("demo").unwrap();
     assert_eq!(spec_of(&lease).lease_transitions, Some(next as i32));
-    assert!(floor_term(&rt, &admin, &ns).unwrap() >= next);
+    assert!(floor_term(&t.rt, &t.admin, &t.ns).unwrap() >= next);
     let warned = reset_warning(&e).expect("a warning about the reset");
     println!("warned: {}", warned.json);
     assert_eq!(warned.str("lease"), Some("demo"));
@@ -129,13 +125,9 @@ fn a_lease_replaced_in_place_with_its_terms_reset_never_repeats_a_term() {
 
 #[test]
 fn a_floor_deleted_while_its_lease_lives_is_made_again_before_the_lease_is_deleted() {
-    let env = KubeEnv::load();
-    let rt = runtime();
-    let admin = rt.block_on(env.admin());
-    let ns = rt.block_on(TestNamespace::create(admin.clone(), "refloor"));
-    let s = Scratch::new();
-    let cfg = floor_config(&ns, &env, &s);
-    let floors: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), &ns.name);
+    let t = KubeTest::new("refloor");
+    let cfg = floor_config(&t.ns, &t.env, &t.scratch);
+    let floors: kube::Api<ConfigMap> = kube::Api::namespaced(t.admin.clone(), &t.ns.name);
     let name = baton::store::kube::floor_name("demo");
 
     let (terms, mut last) = lead_in_turn(&cfg, &["refloor-a", "refloor-b", "refloor-c"]);
@@ -144,11 +136,11 @@ fn a_floor_deleted_while_its_lease_lives_is_made_again_before_the_lease_is_delet
 
     // The floor ConfigMap is deleted while the Lease lives and is held: the
     // holder makes it again, from the Lease, within about a lease duration.
-    rt.block_on(floors.delete(&name, &DeleteParams::default()))
+    t.rt.block_on(floors.delete(&name, &DeleteParams::default()))
         .unwrap();
     let deleted_at = Instant::now();
     let remade = loop {
-        if let Some(f) = floor_term(&rt, &admin, &ns) {
+        if let Some(f) = floor_term(&t.rt, &t.admin, &t.ns) {
             break f;
         }
         assert!(
@@ -169,7 +161,7 @@ fn a_floor_deleted_while_its_lease_lives_is_made_again_before_the_lease_is_delet
     // remembers the term; the floor does.
     last.sigterm();
     assert!(last.wait_exit(SECS(30)).success());
-    rt.block_on(ns.leases().delete("demo", &DeleteParams::default()))
+    t.rt.block_on(t.ns.leases().delete("demo", &DeleteParams::default()))
         .unwrap();
     let d = host("refloor-d", &cfg);
     let next = started_term(&d, SystemTime::UNIX_EPOCH);
@@ -179,12 +171,8 @@ fn a_floor_deleted_while_its_lease_lives_is_made_again_before_the_lease_is_delet
 
 #[test]
 fn a_lease_reset_in_place_while_held_stops_its_holder_and_terms_go_on_above() {
-    let env = KubeEnv::load();
-    let rt = runtime();
-    let admin = rt.block_on(env.admin());
-    let ns = rt.block_on(TestNamespace::create(admin.clone(), "heldreset"));
-    let s = Scratch::new();
-    let (_, mut hosts) = three_hosts(&env, &ns, &s);
+    let t = KubeTest::new("heldreset");
+    let (_, mut hosts) = t.three_hosts();
     settled(&hosts);
     // One hand-over first, so that the floor reserves terms above the
     // current one for this very Lease object.
@@ -196,19 +184,22 @@ fn a_lease_reset_in_place_while_held_stops_its_holder_and_terms_go_on_above() {
     std::thread::sleep(Duration::from_secs(1));
     let leader = running(&hosts).pop().expect("a leader");
     let term = taken.guest_term().unwrap();
-    let floor = floor_term(&rt, &admin, &ns).expect("a floor");
+    let floor = floor_term(&t.rt, &t.admin, &t.ns).expect("a floor");
     assert!(floor > term, "terms reserved: floor {floor}, term {term}");
 
     // `kubectl edit` as a person would: leaseTransitions set to 0, the
     // holder, its annotation and its duration left as they are, a fresh
     // renewTime (read, modify, write with the resourceVersion read).
     let reset_at = loop {
-        let mut lease = lease_of(&rt, &ns, "demo").unwrap();
+        let mut lease = t.lease("demo").unwrap();
         let spec = lease.spec.get_or_insert_default();
         spec.lease_transitions = Some(0);
         spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         let at = SystemTime::now();
-        match rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease)) {
+        match t
+            .rt
+            .block_on(t.ns.leases().replace("demo", &PostParams::default(), &lease))
+        {
             Ok(written) => {
                 assert_eq!(
                     spec_of(&written).holder_identity.as_deref(),
@@ -250,20 +241,17 @@ fn a_lease_reset_in_place_while_held_stops_its_holder_and_terms_go_on_above() {
     std::thread::sleep(Duration::from_secs(1));
     assert_one_at_a_time(&hosts, &[]);
     assert_eq!(
-        spec_of(&lease_of(&rt, &ns, "demo").unwrap()).lease_transitions,
+        spec_of(&t.lease("demo").unwrap()).lease_transitions,
         Some(next as i32)
     );
 }
 
 #[test]
 fn store_a_running_host_remembers_the_term_when_floor_and_lease_are_both_deleted() {
-    let env = KubeEnv::load();
-    let rt = runtime();
-    rt.block_on(async {
-        let admin = env.admin().await;
-        let ns = TestNamespace::create(admin.clone(), "memfloor").await;
-        let floors: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), &ns.name);
-        let a = store(admin.clone(), &ns.name, &[]);
+    let t = KubeTest::new("memfloor");
+    t.rt.block_on(async {
+        let floors: kube::Api<ConfigMap> = kube::Api::namespaced(t.admin.clone(), &t.ns.name);
+        let a = t.store(&[]);
         let held = |holder: &str, term| LeaseRecord {
             instance: Some(format!("{holder}-instance")),
             ..record(Some(holder), term)
@@ -272,7 +260,7 @@ fn store_a_running_host_remembers_the_term_when_floor_and_lease_are_both_deleted
         let v2 = a.update("demo", &v1.version, &held("a", 2)).await.unwrap();
         a.update("demo", &v2.version, &record(None, 2)).await.unwrap();
         // A watching host that saw term 2, released.
-        let b = store(admin.clone(), &ns.name, &[]);
+        let b = t.store(&[]);
         assert_eq!(b.get("demo").await.unwrap().unwrap().record.term, 2);
 
         // The floor, then the Lease, deleted while no host holds it.
@@ -280,7 +268,7 @@ fn store_a_running_host_remembers_the_term_when_floor_and_lease_are_both_deleted
             .delete(&baton::store::kube::floor_name("demo"), &DeleteParams::default())
             .await
             .unwrap();
-        ns.leases()
+        t.ns.leases()
             .delete("demo", &DeleteParams::default())
             .await
             .unwrap();
@@ -295,10 +283,12 @@ fn store_a_running_host_remembers_the_term_when_floor_and_lease_are_both_deleted
         let gone = b.get("demo").await.unwrap().unwrap();
         let created = b.update("demo", &gone.version, &held("b", 3)).await.unwrap();
         assert_eq!(created.record.term, 3);
-        let floor = floor_of(&admin, &ns.name, "demo").await.expect("a floor again");
+        let floor = floor_of(&t.admin, &t.ns.name, "demo")
+            .await
+            .expect("a floor again");
         assert_eq!(floor.get("floor").map(String::as_str), Some("3"));
         // A host that saw nothing can know nothing more than the floor.
-        let c = store(admin.clone(), &ns.name, &[]);
+        let c = t.store(&[]);
         assert_eq!(c.get("demo").await.unwrap().unwrap().record.term, 3);
     });
 }

@@ -98,16 +98,7 @@ impl Candidate {
 }
 
 fn record(holder: Option<&str>, term: u64, lease_secs: u64) -> LeaseRecord {
-    LeaseRecord {
-        plugins: None,
-        yielded: None,
-        instance: None,
-        holder: holder.map(str::to_owned),
-        lease_duration: secs(lease_secs),
-        acquire_time: None,
-        renew_time: None,
-        term,
-    }
+    LeaseRecord::new(holder, term, secs(lease_secs))
 }
 
 #[tokio::test(start_paused = true)]

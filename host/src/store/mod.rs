@@ -210,6 +210,31 @@ pub struct Yielded {
 }
 
 impl LeaseRecord {
+    /// A record of `holder` (`None`: released) in `term`, for
+    /// `lease_duration`, and nothing else: no times, instance, claims or
+    /// yield. What a test or a tool writes where only those three matter;
+    /// the elector's writes fill in the rest.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use baton::store::LeaseRecord;
+    ///
+    /// let record = LeaseRecord::new(Some("node-a"), 3, Duration::from_secs(15));
+    /// assert_eq!((record.holder(), record.term), (Some("node-a"), 3));
+    /// ```
+    pub fn new(holder: Option<&str>, term: u64, lease_duration: Duration) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.map(str::to_owned),
+            lease_duration,
+            acquire_time: None,
+            renew_time: None,
+            term,
+            instance: None,
+            yielded: None,
+            plugins: None,
+        }
+    }
+
     /// The holder, treating an empty identity as no holder.
     pub fn holder(&self) -> Option<&str> {
         self.holder.as_deref().filter(|h| !h.is_empty())

@@ -293,16 +293,7 @@ mod tests {
     }
 
     fn record(holder: &str, term: u64) -> LeaseRecord {
-        LeaseRecord {
-            plugins: None,
-            yielded: None,
-            instance: None,
-            holder: Some(holder.into()),
-            lease_duration: Duration::from_secs(10),
-            acquire_time: None,
-            renew_time: None,
-            term,
-        }
+        LeaseRecord::new(Some(holder), term, Duration::from_secs(10))
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,16 +6,7 @@ use tokio::time::Instant;
 use super::*;
 
 fn record(holder: Option<&str>, term: u64) -> LeaseRecord {
-    LeaseRecord {
-        plugins: None,
-        yielded: None,
-        instance: None,
-        holder: holder.map(str::to_owned),
-        lease_duration: Duration::from_secs(15),
-        acquire_time: None,
-        renew_time: None,
-        term,
-    }
+    LeaseRecord::new(holder, term, Duration::from_secs(15))
 }
 
 fn is_unavailable(e: &StoreError) -> bool {

@@ -1,0 +1,219 @@
+//! Elections through Lease objects: one guest at a time across hosts, fast
+//! hand-over and bounded fail-over, a leader paused past its lease, two
+//! hosts under one identity.
+
+use super::*;
+
+#[test]
+fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests() {
+    let t = KubeTest::new("elect");
+    let (cfg, mut hosts) = t.three_hosts();
+    let t0 = SystemTime::UNIX_EPOCH;
+    wait_any(&hosts, SECS(60), "first guest start", t0, is_start);
+    for h in &hosts {
+        h.wait_for(SECS(60), "a status", |e| {
+            e.message() == "lease status changed" && e.str("role") != Some("pending")
+        });
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        running(&hosts).len(),
+        1,
+        "exactly one guest runs: {:?}",
+        running(&hosts)
+    );
+
+    // Idle: the leader renews once per retry period, followers only watch.
+    let idle = SECS(6);
+    let before = t.rt.block_on(lease_requests(&t.admin));
+    std::thread::sleep(idle);
+    let after = t.rt.block_on(lease_requests(&t.admin));
+    let idle_requests = delta(&before, &after);
+    println!(
+        "requests to leases in {idle:?} idle, 1 leader + 2 followers (retry period {RP:?}): {idle_requests:?}"
+    );
+    let count = |verb: &str| idle_requests.get(verb).copied().unwrap_or(0);
+    assert_eq!(count("GET") + count("LIST"), 0, "nobody polls: {idle_requests:?}");
+    assert!(
+        count("PUT") <= (idle.as_millis() / RP.as_millis()) as u64 + 1,
+        "the leader writes at most once per retry period: {idle_requests:?}"
+    );
+    assert!(
+        count("PUT") >= (idle.as_millis() / RP.as_millis()) as u64 - 2,
+        "the leader renews: {idle_requests:?}"
+    );
+    assert_eq!(count("POST"), 0, "no creating: {idle_requests:?}");
+    // Each of the three watches is resumed once per lease duration (x 1 to
+    // 1.25), the budget that finds a silent connection.
+    let rewatches = 3 * (idle.as_millis() / LD.as_millis() + 1) as u64;
+    assert!(
+        count("WATCH") <= rewatches,
+        "each watch resumed at most once per lease duration ({rewatches} in all): {idle_requests:?}"
+    );
+
+    // SIGTERM the leader, three times: a standby's guest runs within 500 ms.
+    let mut killed: Vec<(String, SystemTime)> = Vec::new();
+    let mut handovers = Vec::new();
+    for next_name in b'd'..=b'f' {
+        let leader = hosts
+            .iter()
+            .position(|h| running(std::slice::from_ref(h)).len() == 1)
+            .expect("a leader");
+        let termed = hosts[leader].sigterm();
+        let (idx, started) = wait_any(&hosts, SECS(5), "a standby's guest start", termed, is_start);
+        assert_ne!(idx, leader);
+        let took = ms_between(termed, started.at);
+        handovers.push(took);
+        assert!(
+            took < 500.0,
+            "SIGTERM handover took {took:.0} ms; what the hosts logged:\n{}",
+            story(&hosts, termed - SECS(1), started.at + SECS(1))
+        );
+        assert!(hosts[leader].wait_exit(SECS(5)).success());
+        assert_eq!(
+            hosts[leader].all(|e| e.message() == "released the lease").len(),
+            1,
+            "{} released the lease",
+            hosts[leader].name
+        );
+        // A new standby takes the stopped host's place.
+        let name = format!("host-{}", next_name as char);
+        let h = Host::start(&name, &cfg);
+        h.wait_for(SECS(60), "following", |e| {
+            e.message() == "lease status changed" && e.str("role") == Some("following")
+        });
+        hosts.push(h);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    println!(
+        "SIGTERM handover (signal to the standby's guest start): {}",
+        summary(handovers)
+    );
+
+    // SIGKILL the leader: another runs within LD + RP.
+    let leader = hosts
+        .iter()
+        .position(|h| running(std::slice::from_ref(h)).len() == 1)
+        .expect("a leader");
+    println!("SIGKILL {}", hosts[leader].name);
+    let killed_at = hosts[leader].sigkill();
+    killed.push((hosts[leader].name.clone(), killed_at));
+    let (_, started) = wait_any(
+        &hosts,
+        LD + RP + SECS(2),
+        "a guest start after SIGKILL",
+        killed_at,
+        is_start,
+    );
+    let took = ms_between(killed_at, started.at);
+    println!(
+        "SIGKILL failover: {took:.0} ms (bound LD + RP = {} ms)",
+        (LD + RP).as_millis()
+    );
+    assert!(took <= (LD + RP).as_millis() as f64, "failover took {took:.0} ms");
+    std::thread::sleep(Duration::from_millis(500));
+
+    // One at a time throughout, terms growing, and the last term is the
+    // Lease's leaseTransitions; each leading host reported the guest's term.
+    let all = assert_one_at_a_time(&hosts, &killed);
+    let alive: Vec<String> = running(&hosts)
+        .into_iter()
+        .filter(|n| !killed.iter().any(|(k, _)| k == n))
+        .collect();
+    assert_eq!(alive.len(), 1, "one guest runs: {alive:?}");
+    let last_term = all.last().unwrap().2;
+    let spec = spec_of(&t.lease("demo").expect("the Lease"));
+    assert_eq!(
+        spec.lease_transitions,
+        Some(last_term as i32),
+        "the term is the Lease's transitions"
+    );
+    assert_eq!(spec.lease_duration_seconds, Some(4));
+    for h in &hosts {
+        for led in h.all(|e| e.message() == "lease status changed" && e.str("role") == Some("leading")) {
+            let term = led.u64("term").unwrap();
+            assert!(
+                all.iter().any(|r| r.3 == h.name && r.2 == term),
+                "{} led term {term} and its guest ran in it",
+                h.name
+            );
+        }
+    }
+    println!(
+        "terms: {:?}",
+        all.iter().map(|r| format!("{}:{}", r.3, r.2)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_never_appends_after_its_terms_force_stop() {
+    // As the end-to-end test of the same name, on Leases: three hosts whose
+    // guests append term-tagged records back to back to one file, the
+    // leader stopped with SIGSTOP past its lease, again and again, with the
+    // CPUs busy.
+    let t = KubeTest::new("pauses");
+    let data = witness::records_dir(&t.scratch);
+    let mut text = t.config("demo", &[]);
+    text.push_str(&witness::appender_plugins("demo", &data));
+    let cfg = t.scratch.write("appenders.toml", &text);
+    let mut hosts = witness::start_hosts(&cfg, &["h1", "h2", "h3"], &[]);
+    const PAUSES: usize = 6;
+    {
+        let _load = witness::CpuLoad::start(2);
+        witness::pause_leaders(&hosts, PAUSES, LD + Duration::from_millis(500));
+        std::thread::sleep(SECS(1));
+    }
+    for h in &hosts {
+        h.sigterm();
+    }
+    for h in &mut hosts {
+        assert!(h.wait_exit(SECS(15)).success(), "{}", h.name);
+    }
+    let seen = witness::check_records(&data.join("records"), &hosts);
+    println!(
+        "{PAUSES} pauses of the leader past its lease on Kubernetes, CPUs busy: {} records in {} terms, all \
+         stamped before their term's force-stop, none out of order",
+        seen.records,
+        seen.terms.len()
+    );
+    assert!(
+        seen.terms.len() >= PAUSES,
+        "only {} terms wrote: {:?}",
+        seen.terms.len(),
+        seen.terms
+    );
+}
+
+#[test]
+fn two_hosts_under_one_identity_never_both_lead_and_the_second_says_why() {
+    let t = KubeTest::new("same-identity");
+    let cfg = t.scratch.write(
+        "baton.toml",
+        &t.config("demo", &[probe("probe", "pollable", "cooperative")]),
+    );
+    let a = Host::start("same", &cfg);
+    let first = a.wait_for(SECS(60), "a's guest start", is_start);
+    let lease = t.lease("demo").expect("the Lease");
+    let instance = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("baton.dev/holder-instance"))
+        .cloned();
+    assert!(instance.is_some(), "no holder instance on the Lease: {lease:?}");
+    let mut b = Host::start("same", &cfg);
+    let status = b.wait_exit(SECS(30));
+    assert_eq!(status.code(), Some(1), "b: {status}; its log:\n{}", b.output());
+    let output = b.output();
+    assert!(
+        output.contains("identities must be unique per process"),
+        "b did not say why; its log:\n{output}"
+    );
+    assert!(b.all(is_start).is_empty(), "b ran a guest");
+    std::thread::sleep(LD);
+    let starts = a.all(is_start);
+    assert_eq!(starts.len(), 1, "a's guest restarted: {starts:?}");
+    let spec = spec_of(&t.lease("demo").unwrap());
+    assert_eq!(spec.holder_identity.as_deref(), Some("same"));
+    assert_eq!(spec.lease_transitions.map(|t| t as u64), first.guest_term());
+}

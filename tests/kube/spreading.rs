@@ -1,0 +1,224 @@
+//! Spreading leases across hosts on Leases: membership Leases, thirty
+//! leases on three hosts, `baton status`, and what a hundred leases cost
+//! the API server.
+
+use super::*;
+
+#[test]
+fn guests_of_both_worlds_count_the_live_hosts_from_membership_leases() {
+    // As the end-to-end test of the same name: the membership records are
+    // Leases, listed every retry period.
+    let t = KubeTest::new("hosts");
+    let head = t.head();
+    let cfg = t.scratch.write("baton.toml", &spread::hosts_config(&head));
+    // The membership Lease lasts half the lease duration (2 s), listed
+    // every retry period.
+    spread::guests_count_the_live_hosts(&cfg, SECS(2) + 2 * RP + SECS(1));
+}
+
+#[test]
+fn the_membership_lease_of_a_host_gone_for_long_is_deleted_and_comes_back_with_it() {
+    let t = KubeTest::new("forget");
+    let head = t.head() + "\n[spread]\nforget-after = \"2s\"\n";
+    let cfg = t.scratch.write("baton.toml", &spread::hosts_config(&head));
+    spread::a_gone_host_is_forgotten_then_counted_again(&cfg, &[], SECS(2), SECS(2));
+}
+
+#[test]
+fn three_hosts_spread_thirty_leases_and_take_over_a_dead_hosts_share() {
+    // As the end-to-end test of the same name, on Leases: the membership
+    // records are Leases too, found by listing the namespace.
+    let t = KubeTest::new("spread");
+    let data = witness::records_dir(&t.scratch);
+    let head = t.head();
+    let cfg = t
+        .scratch
+        .write("baton.toml", &spread::spread_config(&head, &data));
+    // LD + RP, and a few seconds for the moves that follow.
+    spread::three_hosts_share_thirty_leases(&cfg, &data, &[], LD + RP + SECS(6));
+    let leases = t.rt.block_on(async {
+        kube::Api::<Lease>::namespaced(t.admin.clone(), &t.ns.name)
+            .list(&Default::default())
+            .await
+            .unwrap()
+    });
+    let members = leases
+        .items
+        .iter()
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("baton-member."))
+        })
+        .count();
+    assert_eq!(members, 3, "one membership Lease per host identity");
+}
+
+#[test]
+fn status_shows_two_hosts_spreading_leases_as_json_and_text() {
+    // As the end-to-end test of the same name, on Leases, the kubeconfig
+    // given to `baton run` and `baton status` alike by --kubeconfig (the
+    // file names none). A membership Lease without baton's labels, as a
+    // baton from before them wrote, is shown but not counted, as the hosts
+    // do not count it.
+    let t = KubeTest::new("status");
+    let ghost = Lease {
+        metadata: ObjectMeta {
+            name: Some("baton-member.ghost".into()),
+            labels: Some([("app".to_owned(), "baton-test".to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(held_by("ghost", 1, 60)),
+    };
+    t.rt.block_on(t.ns.leases().create(&PostParams::default(), &ghost))
+        .unwrap();
+    let head = format!("{}\n{DEFAULTS}", store_table(&t.ns.name, None, true));
+    let cfg = t.scratch.write("baton.toml", &status::status_config(&head));
+    let args = [OsStr::new("--kubeconfig"), t.env.admin_kubeconfig.as_os_str()];
+    status::two_hosts_as_status_shows_them(&cfg, &args, &args, LD, "kubernetes");
+    let json_args = [args[0], args[1], OsStr::new("-o"), OsStr::new("json")];
+    let json: serde_json::Value = serde_json::from_str(&status::status(&cfg, &json_args)).unwrap();
+    assert!(
+        json["store"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains(&t.ns.name)),
+        "{json:#}"
+    );
+    let ghost = json["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["identity"] == "ghost")
+        .unwrap_or_else(|| panic!("{json:#}"));
+    assert_eq!(
+        (&ghost["counted"], &ghost["live"]),
+        (&false.into(), &false.into()),
+        "{json:#}"
+    );
+    // Both hosts have stopped and released their records.
+    assert_eq!(json["live_hosts"], serde_json::json!([]), "{json:#}");
+    let text = status::status(&cfg, &args);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("ghost ") && l.contains("not counted")),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_read_only_after_a_failed_write()
+ {
+    // The API server's own counts (/metrics) over an idle window: each
+    // lease's leader renews once per retry period and reads nothing; the
+    // hosts find the live hosts (their membership Leases, every retry
+    // period) in their watch's memory, with no request; each host keeps one
+    // watch of the namespace's Leases, resumed once per lease duration. A
+    // lease is read only after a write of its elector failed: a renewal
+    // slower than the request timeout (500 ms: a busy 2-core machine has
+    // them) is retried, conflicts and is answered by a read. Each read must
+    // follow such a failure, which the hosts count (/metrics).
+    const LEASES: u64 = 100;
+    let t = KubeTest::new("hundred");
+    let mut text = t.head();
+    for i in 0..LEASES {
+        text.push_str(&format!("\n[[lease]]\nname = \"lease-{i:03}\"\n"));
+    }
+    let cfg = t.scratch.write("baton.toml", &text);
+    let admin_args = [OsStr::new("--admin-address"), OsStr::new("127.0.0.1:0")];
+    let hosts = ["a", "b"].map(|n| Host::start_with_args(n, &cfg, &shared_cache_dir(), &admin_args));
+    let led = |h: &Host| support::led(h).len() as u64;
+    // Failed requests of the electors that are answered by a read.
+    let failures = |hosts: &[Host]| -> f64 {
+        hosts
+            .iter()
+            .map(|h| {
+                let text = h.scrape();
+                ["conflict", "timeout"]
+                    .iter()
+                    .map(|kind| {
+                        support::metric_sum(
+                            &text,
+                            "baton_lease_store_errors_total",
+                            &[&format!("kind=\"{kind}\"")],
+                        )
+                    })
+                    .sum::<f64>()
+            })
+            .sum()
+    };
+    let until = Instant::now() + SECS(60);
+    while led(&hosts[0]) + led(&hosts[1]) != LEASES || led(&hosts[0]).abs_diff(LEASES / 2) > 1 {
+        assert!(
+            Instant::now() < until,
+            "not spread: {} and {}",
+            led(&hosts[0]),
+            led(&hosts[1])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Let the hand-overs' watches and floors settle.
+    std::thread::sleep(SECS(2));
+    let idle = SECS(6);
+    let failed_before = failures(&hosts);
+    let before = t.rt.block_on(lease_requests(&t.admin));
+    std::thread::sleep(idle);
+    let requests = delta(&before, &t.rt.block_on(lease_requests(&t.admin)));
+    // A read in the window answers a failure counted by the time it ends.
+    std::thread::sleep(SECS(1));
+    let failed = (failures(&hosts) - failed_before) as u64;
+    let count = |verb: &str| requests.get(verb).copied().unwrap_or(0);
+    let periods = (idle.as_millis() / RP.as_millis()) as u64;
+    let records = LEASES + 2;
+    println!(
+        "requests to leases in {idle:?} idle, {LEASES} leases and 2 membership Leases on 2 hosts \
+         (retry period {RP:?}): {requests:?}; writes per record per retry period: {:.2}; \
+         failed writes (conflicts, timeouts) the hosts counted: {failed}",
+        count("PUT") as f64 / (records * periods) as f64
+    );
+    assert!(
+        count("GET") <= failed,
+        "a lease is read only after a failed write: {requests:?}, {failed} failures"
+    );
+    assert_eq!(count("POST"), 0, "no creating: {requests:?}");
+    assert!(
+        count("PUT") <= records * (periods + 1) + failed,
+        "at most one write per record per retry period, and a retry per failure: {requests:?}"
+    );
+    assert!(
+        count("PUT") >= records * (periods - 2),
+        "every record is renewed: {requests:?}"
+    );
+    // Listing the membership Leases from the API server cost one LIST per
+    // host per retry period here (24 in 6 s); the namespace's watch serves
+    // it now, and an idle host in sync lists nothing.
+    println!(
+        "list requests in {idle:?}: {} (2 hosts finding the live hosts every retry period: {} listings)",
+        count("LIST"),
+        2 * periods
+    );
+    assert_eq!(
+        count("LIST"),
+        0,
+        "the membership listing is served from the watch: {requests:?}"
+    );
+    // One watch per host for the whole namespace, resumed once per lease
+    // duration (x 1 to 1.25): at most two ends of it in 6 s, and one more
+    // per host as slack for a shared watch broken and started again (still
+    // one per namespace). One watch per lease cost 209 to 275 here: each of
+    // 204 watches resumed.
+    let rewatches = 2 * (idle.as_millis() / LD.as_millis() + 2) as u64;
+    println!(
+        "watch requests in {idle:?}: {} for {} records on 2 hosts (at most {rewatches}: one watch per host and namespace)",
+        count("WATCH"),
+        records
+    );
+    assert!(
+        count("WATCH") <= rewatches,
+        "one watch per host, resumed at most once per lease duration ({rewatches} in all): {requests:?}"
+    );
+    for mut h in hosts {
+        h.sigterm();
+        assert!(h.wait_exit(SECS(30)).success());
+    }
+}
