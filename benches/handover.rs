@@ -12,6 +12,8 @@
 //!
 //! Run: `scripts/bench.sh` (builds the guests, then `cargo bench --bench
 //! handover`). `BATON_BENCH_RUNS` sets the number of runs (default 8).
+// A bench is a test program: exempt from the production length limit.
+#![allow(clippy::too_many_lines)]
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]

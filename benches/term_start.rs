@@ -16,6 +16,8 @@
 //! Prints p50, p99 (with fewer than 100 samples: the largest) and max per
 //! guest, in milliseconds. `BATON_BENCH_RUNS` sets the samples per guest
 //! (default 30). Run: `scripts/bench.sh --bench term_start`.
+// A bench is a test program: exempt from the production length limit.
+#![allow(clippy::too_many_lines)]
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]

@@ -51,6 +51,8 @@
 //! about 4; plus about 90 s the first time, to build the Go program). The
 //! Kubernetes test server must be installed (`scripts/kube-testenv.sh
 //! install`); the bench starts and stops a server of its own.
+// A bench is a test program: exempt from the production length limit.
+#![allow(clippy::too_many_lines)]
 
 #[path = "../tests/e2e/support.rs"]
 #[allow(dead_code)]

@@ -30,9 +30,7 @@ fn production_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The lines of the module doc that opens `text`.
 fn module_doc_lines(text: &str) -> usize {
-    text.lines()
-        .take_while(|l| l.starts_with("//!"))
-        .count()
+    text.lines().take_while(|l| l.starts_with("//!")).count()
 }
 
 /// What breaks a limit, one line each, with the file and the figure.

@@ -6,6 +6,8 @@
 //!
 //! Timings: lease 2 s, renew deadline 1 s, retry period 200 ms, grace
 //! 500 ms, request timeout 200 ms.
+// Tests may be long; production functions may not (clippy.toml).
+#![allow(clippy::too_many_lines)]
 
 #[path = "../store_contract.rs"]
 mod store_contract;

@@ -13,6 +13,8 @@
 //! server), `terms.rs` (terms and floors), `reset.rs`, `plugins.rs`
 //! (plugins through the host), `chaos.rs`, and `conformance.rs` (the
 //! store contract of `tests/store_contract.rs`).
+// Tests may be long; production functions may not (clippy.toml).
+#![allow(clippy::too_many_lines)]
 
 mod blackhole;
 mod chaos;

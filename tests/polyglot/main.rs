@@ -12,6 +12,8 @@
 //! stopped by force after the grace when it ignores the change.
 //!
 //! A missing guest fails the test: scripts/test.sh always builds them.
+// Tests may be long; production functions may not (clippy.toml).
+#![allow(clippy::too_many_lines)]
 
 #[path = "../e2e/http_server.rs"]
 mod http_server;

@@ -235,7 +235,8 @@ impl Source<'_> {
     fn http(&self, at: usize, name: &str, p: &RawPlugin) -> Result<HttpPolicy, ConfigError> {
         let mut grants = Vec::new();
         for grant in &p.http {
-            let field_err = |e: crate::runtime::HttpGrantError| self.grant_err(grant.span().start, name, "http", e);
+            let field_err =
+                |e: crate::runtime::HttpGrantError| self.grant_err(grant.span().start, name, "http", e);
             let parsed = match grant.get_ref() {
                 RawHttpGrant::Origin(url) => url.parse::<HttpGrant>().map_err(field_err)?,
                 RawHttpGrant::Table(t) => {
