@@ -4,6 +4,8 @@
 //! ([`CompileError`]) says why it cannot run; the caller names the plugin
 //! and the file.
 
+use std::hash::{Hash, Hasher};
+
 use wasmtime::component::{Component, InstancePre, types};
 
 use super::linkers::Linkers;
@@ -95,6 +97,24 @@ fn hint_of(import: &str) -> String {
         .find(|(prefix, _)| import.starts_with(prefix))
         .map(|(_, h)| format!("; {h}"))
         .unwrap_or_default()
+}
+
+/// A component's identity by content: its length and a hash of its bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct ContentKey {
+    len: usize,
+    pub(super) hash: u64,
+}
+
+impl ContentKey {
+    pub(super) fn of(bytes: &[u8]) -> ContentKey {
+        let mut hasher = std::hash::DefaultHasher::new();
+        bytes.hash(&mut hasher);
+        ContentKey {
+            len: bytes.len(),
+            hash: hasher.finish(),
+        }
+    }
 }
 
 /// Refuses what is not a component by its first bytes, before wasmtime

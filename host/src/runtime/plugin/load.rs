@@ -8,13 +8,12 @@
 //! plugin that names it.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 
-use super::component::{self, CompileError, Compiled};
+use super::component::{self, CompileError, Compiled, ContentKey};
 use super::linkers::Linkers;
 use super::spec::PluginSpec;
 use super::task::Plugin;
@@ -73,24 +72,6 @@ impl FileId {
 /// One content's compilation: done once, by the first load that needs it;
 /// the error says why the component cannot run.
 type CompiledSlot = Arc<OnceLock<Result<Compiled, CompileError>>>;
-
-/// A component's identity by content: its length and a hash of its bytes.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct ContentKey {
-    len: usize,
-    pub(super) hash: u64,
-}
-
-impl ContentKey {
-    fn of(bytes: &[u8]) -> ContentKey {
-        let mut hasher = std::hash::DefaultHasher::new();
-        bytes.hash(&mut hasher);
-        ContentKey {
-            len: bytes.len(),
-            hash: hasher.finish(),
-        }
-    }
-}
 
 impl PluginRuntime {
     /// Linkers for both worlds, in every version of the contract, on

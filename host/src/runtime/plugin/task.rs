@@ -16,8 +16,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 use wasmtime_wasi_http::WasiHttpCtx;
 
-use super::component::Pre;
-use super::load::ContentKey;
+use super::component::{ContentKey, Pre};
 use super::spec::PluginSpec;
 use super::{Capability, Contract, DEFAULT_MEMORY_LIMIT, FIRST_HOSTS_WAIT, World};
 use crate::election::{Hosts, LeaseView, Term};
