@@ -42,20 +42,35 @@ pub fn to_versioned(
     obj: &DynamicObject,
     fallback_duration: Duration,
 ) -> Result<Versioned, StoreError> {
-    read_lease(obj, fallback_duration).map_err(|detail| StoreError::Malformed {
+    read_lease(obj, fallback_duration).map_err(|e| StoreError::Malformed {
         lease: lease.to_owned(),
-        detail,
+        detail: e.to_string(),
     })
 }
 
+/// What makes a Lease object unreadable: a value of the wrong JSON type.
+#[derive(Debug, thiserror::Error)]
+enum Malformed {
+    #[error("the Lease object has no metadata.resourceVersion")]
+    NoVersion,
+    #[error("spec is not an object: {0}")]
+    Spec(Value),
+    #[error("spec.{field} is not {expected}: {value}")]
+    Field {
+        field: &'static str,
+        expected: &'static str,
+        value: Value,
+    },
+}
+
 /// [`to_versioned`], with what is malformed as the error.
-fn read_lease(obj: &DynamicObject, fallback_duration: Duration) -> Result<Versioned, String> {
+fn read_lease(obj: &DynamicObject, fallback_duration: Duration) -> Result<Versioned, Malformed> {
     let version = obj
         .metadata
         .resource_version
         .clone()
         .filter(|v| !v.is_empty())
-        .ok_or("the Lease object has no metadata.resourceVersion")?;
+        .ok_or(Malformed::NoVersion)?;
     let spec = Spec::of(obj)?;
     let holder = spec.holder()?;
     let lease_duration = spec.lease_duration(fallback_duration)?;
@@ -84,16 +99,26 @@ fn read_lease(obj: &DynamicObject, fallback_duration: Duration) -> Result<Versio
     })
 }
 
+impl Malformed {
+    fn field(field: &'static str, expected: &'static str, value: &Value) -> Malformed {
+        Malformed::Field {
+            field,
+            expected,
+            value: value.clone(),
+        }
+    }
+}
+
 /// A Lease's `spec`, read field by field: a missing `spec`, and a field
 /// that is `null`, read as missing.
 struct Spec<'a>(Option<&'a Map<String, Value>>);
 
 impl<'a> Spec<'a> {
-    fn of(obj: &'a DynamicObject) -> Result<Spec<'a>, String> {
+    fn of(obj: &'a DynamicObject) -> Result<Spec<'a>, Malformed> {
         match obj.data.get("spec") {
             None | Some(Value::Null) => Ok(Spec(None)),
             Some(Value::Object(spec)) => Ok(Spec(Some(spec))),
-            Some(other) => Err(format!("spec is not an object: {other}")),
+            Some(other) => Err(Malformed::Spec(other.clone())),
         }
     }
 
@@ -102,36 +127,36 @@ impl<'a> Spec<'a> {
     }
 
     /// `holderIdentity`; empty reads as none.
-    fn holder(&self) -> Result<Option<String>, String> {
+    fn holder(&self) -> Result<Option<String>, Malformed> {
         match self.field("holderIdentity") {
             None => Ok(None),
             Some(Value::String(h)) if h.is_empty() => Ok(None),
             Some(Value::String(h)) => Ok(Some(h.clone())),
-            Some(other) => Err(format!("spec.holderIdentity is not a string: {other}")),
+            Some(other) => Err(Malformed::field("holderIdentity", "a string", other)),
         }
     }
 
     /// `leaseDurationSeconds`; the fallback duration when it is missing or
     /// not positive.
-    fn lease_duration(&self, fallback_duration: Duration) -> Result<Duration, String> {
+    fn lease_duration(&self, fallback_duration: Duration) -> Result<Duration, Malformed> {
         let Some(v) = self.field("leaseDurationSeconds") else {
             return Ok(fallback_duration);
         };
         match v.as_i64() {
             Some(s) if s > 0 => Ok(Duration::from_secs(s as u64)),
             Some(_) => Ok(fallback_duration),
-            None => Err(format!("spec.leaseDurationSeconds is not an integer: {v}")),
+            None => Err(Malformed::field("leaseDurationSeconds", "an integer", v)),
         }
     }
 
     /// `leaseTransitions`, the term; 0 when missing or negative.
-    fn transitions(&self) -> Result<u64, String> {
+    fn transitions(&self) -> Result<u64, Malformed> {
         let Some(v) = self.field("leaseTransitions") else {
             return Ok(0);
         };
         match v.as_i64() {
             Some(t) => Ok(t.max(0) as u64),
-            None => Err(format!("spec.leaseTransitions is not an integer: {v}")),
+            None => Err(Malformed::field("leaseTransitions", "an integer", v)),
         }
     }
 

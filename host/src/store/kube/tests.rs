@@ -162,14 +162,23 @@ fn a_listing_keeps_the_prefix_sorted_by_name_and_reads_objects_as_they_are() {
 
 #[test]
 fn wrong_types_and_missing_versions_are_malformed() {
-    for spec in [
-        json!("not an object"),
-        json!({"holderIdentity": 5}),
-        json!({"leaseDurationSeconds": "4s"}),
-        json!({"leaseTransitions": 1.5}),
+    for (spec, says) in [
+        (json!("not an object"), "spec is not an object: \"not an object\""),
+        (
+            json!({"holderIdentity": 5}),
+            "spec.holderIdentity is not a string: 5",
+        ),
+        (
+            json!({"leaseDurationSeconds": "4s"}),
+            "spec.leaseDurationSeconds is not an integer: \"4s\"",
+        ),
+        (
+            json!({"leaseTransitions": 1.5}),
+            "spec.leaseTransitions is not an integer: 1.5",
+        ),
     ] {
         match to_versioned("demo", &object(spec.clone()), FALLBACK) {
-            Err(StoreError::Malformed { lease, .. }) => assert_eq!(lease, "demo"),
+            Err(StoreError::Malformed { lease, detail }) => assert_eq!((&*lease, &*detail), ("demo", says)),
             other => panic!("{spec}: expected Malformed, got {other:?}"),
         }
     }
@@ -177,7 +186,7 @@ fn wrong_types_and_missing_versions_are_malformed() {
     o.metadata.resource_version = None;
     assert!(matches!(
         to_versioned("demo", &o, FALLBACK),
-        Err(StoreError::Malformed { .. })
+        Err(StoreError::Malformed { detail, .. }) if detail == "the Lease object has no metadata.resourceVersion"
     ));
 }
 
