@@ -71,15 +71,23 @@ pub fn config(store: &Path, plugins: &[PluginDef]) -> String {
          retry-period = \"200ms\"\ngrace = \"500ms\"\n\n[[lease]]\nname = \"demo\"\n",
         store.display().to_string()
     );
-    for p in plugins {
-        text.push_str(&format!(
-            "\n[[plugin]]\nname = {:?}\npath = {:?}\nlease = \"demo\"\nenv = {{ PROBE_MODE = {:?} }}\n",
-            p.name,
-            p.path.display().to_string(),
-            p.mode
-        ));
-    }
+    text.push_str(&plugin_tables("demo", plugins));
     text
+}
+
+/// A `[[plugin]]` table under `lease` for each of `plugins`, with its mode.
+pub fn plugin_tables(lease: &str, plugins: &[PluginDef]) -> String {
+    plugins
+        .iter()
+        .map(|p| {
+            format!(
+                "\n[[plugin]]\nname = {:?}\npath = {:?}\nlease = {lease:?}\nenv = {{ PROBE_MODE = {:?} }}\n",
+                p.name,
+                p.path.display().to_string(),
+                p.mode
+            )
+        })
+        .collect()
 }
 
 /// A scratch folder with a lease store and config files.

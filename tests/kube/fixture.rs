@@ -112,14 +112,7 @@ pub fn kube_config(ns: &str, kubeconfig: Option<&Path>, lease: &str, plugins: &[
         "{}\n{DEFAULTS}\n[[lease]]\nname = {lease:?}\n",
         store_table(ns, kubeconfig, true)
     );
-    for p in plugins {
-        text.push_str(&format!(
-            "\n[[plugin]]\nname = {:?}\npath = {:?}\nlease = {lease:?}\nenv = {{ PROBE_MODE = {:?} }}\n",
-            p.name,
-            p.path.display().to_string(),
-            p.mode
-        ));
-    }
+    text.push_str(&plugin_tables(lease, plugins));
     text
 }
 
