@@ -515,3 +515,5 @@ impl MemoryWatch {
 
 #[cfg(test)]
 mod tests;
+
+pub mod buckets;

@@ -43,6 +43,7 @@ use std::time::{Duration, SystemTime};
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
+pub mod buckets;
 pub mod deleted;
 pub mod embedded;
 pub mod kube;

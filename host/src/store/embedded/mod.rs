@@ -54,6 +54,7 @@ use super::{
 };
 use crate::support::rounding::human;
 
+pub mod buckets;
 mod commit;
 mod floor;
 mod layout;
