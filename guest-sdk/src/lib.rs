@@ -29,11 +29,23 @@
 //! cargo build --release --target wasm32-wasip2
 //! ```
 //!
-//! Enabling both features at once is fine (Cargo does that when it builds a
-//! `future` and a `pollable` plugin in one command): the world of a plugin
-//! is chosen by the export macro it calls, and each plugin must call exactly
-//! one of them, once. The imports of the other world are left out of the
+//! Enabling both world features at once is fine (Cargo does that when it
+//! builds a `future` and a `pollable` plugin in one command): the world of
+//! a plugin is chosen by the export macro it calls, and each plugin must
+//! call exactly one of them, once. The imports of the other world are left out of the
 //! component because nothing calls them.
+//!
+//! Three more features add what a plugin may import in either world:
+//!
+//! | Cargo feature | module     | imports                                            |
+//! |---------------|------------|----------------------------------------------------|
+//! | `http`        | [`http`]   | `wasi:http/outgoing-handler@0.2.12`                |
+//! | `keyvalue`    | [`kv`]     | `wasi:keyvalue/{store,atomics,batch}@0.2.0-draft2` |
+//! | `config`      | [`config`] | `wasi:config/store@0.2.0-draft`                    |
+//!
+//! [`kv`] keeps state across terms (a counter or a cursor that the next
+//! leader continues), in buckets the host fences by term; [`config`] reads
+//! the plugin's settings. Both are plain blocking calls in either world.
 //!
 //! # Writing a task
 //!
@@ -63,10 +75,14 @@
 
 use std::fmt;
 
+#[cfg(feature = "config")]
+pub mod config;
 #[cfg(feature = "future")]
 pub mod future;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "keyvalue")]
+pub mod kv;
 #[cfg(feature = "pollable")]
 pub mod pollable;
 
@@ -249,8 +265,14 @@ pub mod __private {
 
     /// The WASI 0.2 imports (`wasi:io`, the 0.2 clock, `wasi:http`), bound
     /// once so that a pollable of the change signal, of a timer and of an
-    /// HTTP response are one type and can be polled together.
-    #[cfg(any(feature = "pollable", feature = "http"))]
+    /// HTTP response are one type and can be polled together; and
+    /// `wasi:keyvalue` and `wasi:config`, which either world may import.
+    #[cfg(any(
+        feature = "pollable",
+        feature = "http",
+        feature = "keyvalue",
+        feature = "config"
+    ))]
     pub mod wasi_bindings {
         wit_bindgen::generate!({
             world: "baton:guest-sdk/wasi-imports@0.1.0",
