@@ -28,6 +28,7 @@ guests=(
     "http-probe:http_probe.wasm"
     "hosts-pollable:hosts_pollable.wasm"
     "hosts-future:hosts_future.wasm"
+    "kv-counter:kv_counter.wasm"
 )
 
 # `rustup target add` is idempotent but slow-ish; skip it when the target's
