@@ -77,6 +77,16 @@ pub enum ConfigErrorKind {
         /// Its lease duration.
         duration: Duration,
     },
+    /// A plugin's field that cannot be used, and why.
+    #[error("plugin {plugin:?}: field `{field}`: {reason}")]
+    PluginField {
+        /// The plugin.
+        plugin: String,
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// A plugin without a name.
     #[error("plugin: field `name` is empty")]
     EmptyPluginName,

@@ -162,6 +162,34 @@ struct RawPlugin {
     send_buffer: Option<ByteSize>,
     #[serde(default)]
     reload: ReloadMode,
+    keyvalue: Option<Vec<String>>,
+    keyvalue_limits: Option<RawKeyValueLimits>,
+    #[serde(default)]
+    config: BTreeMap<String, RawConfigValue>,
+}
+
+/// `keyvalue-limits`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawKeyValueLimits {
+    key: Option<ByteSize>,
+    value: Option<ByteSize>,
+    bucket: Option<ByteSize>,
+}
+
+/// A `config` value: the value itself, or where to read it.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawConfigValue {
+    Value(String),
+    Source(RawConfigSource),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawConfigSource {
+    from_file: Option<PathBuf>,
+    env: Option<String>,
 }
 
 /// When a new version of a plugin (its file or its settings changed, seen

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use bytesize::ByteSize;
 
 use super::*;
+use crate::runtime::{BucketGrant, ConfigGrant, ConfigSource, OWN_BUCKET};
+use crate::store::buckets::validate_bucket_name;
 
 /// The file being parsed: its name for messages, its text for line
 /// numbers, its folder for relative paths.
@@ -163,12 +165,92 @@ impl Source<'_> {
                     http: self.http(at, name, p)?,
                     output: self.output(at, name, p)?,
                     send_buffer: self.send_buffer(at, name, p)?,
+                    keyvalue: self.keyvalue(at, name, p)?,
+                    config: self.config_values(at, name, p)?,
                 },
                 lease: p.lease.get_ref().clone(),
                 reload: p.reload,
             });
         }
+        self.own_buckets_apart(&raw.plugins, &plugins)?;
         Ok(plugins)
+    }
+
+    /// `keyvalue` and `keyvalue-limits`: the buckets a plugin may open.
+    fn keyvalue(&self, at: usize, name: &str, p: &RawPlugin) -> Result<BucketGrant, ConfigError> {
+        let field_err = |field, reason: String| {
+            self.err_at(at, ConfigErrorKind::PluginField { plugin: name.to_owned(), field, reason })
+        };
+        let mut grant = BucketGrant::default();
+        if let Some(buckets) = &p.keyvalue {
+            for b in buckets {
+                if b != OWN_BUCKET {
+                    validate_bucket_name(b).map_err(|e| field_err("keyvalue", e))?;
+                }
+            }
+            grant.buckets = buckets.clone();
+        }
+        let raw = p.keyvalue_limits.as_ref();
+        let limit = |l: Option<&ByteSize>, default: u64| l.map_or(default, ByteSize::as_u64);
+        let limits = &mut grant.limits;
+        limits.key = limit(raw.and_then(|r| r.key.as_ref()), limits.key as u64) as usize;
+        limits.value = limit(raw.and_then(|r| r.value.as_ref()), limits.value as u64) as usize;
+        limits.bucket = limit(raw.and_then(|r| r.bucket.as_ref()), limits.bucket);
+        if limits.key == 0 || limits.value as u64 > limits.bucket {
+            return Err(field_err(
+                "keyvalue-limits",
+                format!("key must be above 0 and value ({}) at most bucket ({})", limits.value, limits.bucket),
+            ));
+        }
+        Ok(grant)
+    }
+
+    /// A bucket granted by name is shared under the lease; it must not be
+    /// another plugin's own bucket (stored under that plugin's name).
+    fn own_buckets_apart(&self, raw: &[RawPlugin], plugins: &[PluginConfig]) -> Result<(), ConfigError> {
+        for (r, p) in raw.iter().zip(plugins) {
+            let clash = p.spec.keyvalue.buckets.iter().find(|b| {
+                plugins.iter().any(|q| q.lease == p.lease && q.spec.name != p.spec.name && &&q.spec.name == b)
+            });
+            if let Some(b) = clash {
+                return Err(self.err_at(
+                    r.name.span().start,
+                    ConfigErrorKind::PluginField {
+                        plugin: p.spec.name.clone(),
+                        field: "keyvalue",
+                        reason: format!("bucket {b:?} is the own bucket of plugin {b:?} of the same lease; name another"),
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `config`: values, files (relative to the configuration file) and
+    /// environment variables.
+    fn config_values(&self, at: usize, name: &str, p: &RawPlugin) -> Result<ConfigGrant, ConfigError> {
+        let mut values = Vec::new();
+        for (key, raw) in &p.config {
+            let source = match raw {
+                RawConfigValue::Value(v) => ConfigSource::Value(v.clone()),
+                RawConfigValue::Source(RawConfigSource { from_file: Some(f), env: None }) => {
+                    ConfigSource::File(self.resolve(f))
+                }
+                RawConfigValue::Source(RawConfigSource { from_file: None, env: Some(v) }) => ConfigSource::Env(v.clone()),
+                RawConfigValue::Source(_) => {
+                    return Err(self.err_at(
+                        at,
+                        ConfigErrorKind::PluginField {
+                            plugin: name.to_owned(),
+                            field: "config",
+                            reason: format!("key {key:?}: give a string, {{ from-file = \"…\" }} or {{ env = \"…\" }}"),
+                        },
+                    ));
+                }
+            };
+            values.push((key.clone(), source));
+        }
+        Ok(ConfigGrant { values })
     }
 
     /// A plugin's name: lease records list plugins by name.

@@ -6,6 +6,7 @@
 //!   restart, the file watcher.
 //! - [`control`]: the control socket (`baton yield`): protocol, server and
 //!   client.
+//! - `stores` (private): opening the lease store and the buckets.
 //! - `load`, `leases` and `apply` (private): the plugins loaded at start,
 //!   the leases and plugins served, and a reload applied to them.
 
@@ -15,3 +16,4 @@ mod leases;
 mod load;
 pub mod reload;
 pub mod serve;
+mod stores;

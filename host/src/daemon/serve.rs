@@ -41,8 +41,9 @@ use super::leases::{
     ElectorEnd, ElectorFailure, Launcher, LeaseRun, PluginRun, sync_controlled, wanted_spread,
 };
 use super::load::{Loaded, load_plugins};
+pub use super::stores::{open_buckets, open_store};
 use crate::config::own_files::OwnFilesGranted;
-use crate::config::{Config, StoreConfig};
+use crate::config::Config;
 use crate::daemon::control::{ControlError, ControlSocket, ControlledHost, SharedLeases};
 use crate::daemon::reload;
 use crate::election::{ClaimGate, Intent, NoObserver, TermClock};
@@ -52,9 +53,8 @@ use crate::ops::metrics::Metrics;
 use crate::runtime::{
     EngineOptions, Plugin, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
 };
-use crate::store::embedded::EmbeddedStore;
-use crate::store::kube::{KubeOptions, KubeStore};
-use crate::store::{LeaseStore, StoreError, StoreTimings};
+use crate::store::buckets::BucketStore;
+use crate::store::{LeaseStore, StoreTimings};
 use crate::supervisor::NoTaskObserver;
 
 /// Why the host could not start.
@@ -135,6 +135,9 @@ pub struct ServeOptions {
     /// Reloads (SIGHUP, a watched file): see [`crate::daemon::reload`]. `None`:
     /// none.
     pub reload: Option<crate::daemon::reload::Reload>,
+    /// The buckets to use instead of the configured store's (tests); with
+    /// [`store`](Self::store) given and this not, plugins have none.
+    pub buckets: Option<Arc<dyn BucketStore>>,
 }
 
 impl Default for ServeOptions {
@@ -144,6 +147,7 @@ impl Default for ServeOptions {
             clock: TermClock::system(),
             stall_election_after: None,
             reload: None,
+            buckets: None,
         }
     }
 }
@@ -165,43 +169,6 @@ fn bind_control(config: &Config) -> Result<Option<ControlSocket>, ServeError> {
 pub(super) struct Monitoring {
     pub(super) metrics: Arc<Metrics>,
     pub(super) health: Arc<Health>,
-}
-
-/// Opens the configured lease store. For a Kubernetes store this builds
-/// the client (no request is made yet): a Lease with a holder but no
-/// duration is read as the longest configured lease duration, and the
-/// client's connect timeout is the shortest configured request timeout.
-pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeError> {
-    match &config.store {
-        StoreConfig::Embedded { dir } => EmbeddedStore::open(dir)
-            .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
-            .map_err(|e| ServeError::Store(format!("embedded store at {}: {e}", dir.display()))),
-        StoreConfig::Kubernetes {
-            namespace,
-            kubeconfig,
-            labels,
-        } => {
-            let timings = store_timings(config);
-            let options = KubeOptions {
-                namespace: namespace.clone(),
-                kubeconfig: kubeconfig.clone(),
-                labels: labels.clone(),
-                fallback_duration: timings.fallback_duration,
-                request_timeout: timings.request_timeout,
-                watch_timeout_secs: None,
-            };
-            KubeStore::connect(options)
-                .await
-                .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
-                .map_err(|e| match e {
-                    // Not about any one lease.
-                    StoreError::Refused { detail, .. } => {
-                        ServeError::Store(format!("kubernetes store: {detail}"))
-                    }
-                    other => ServeError::Store(format!("kubernetes store: {other}")),
-                })
-        }
-    }
 }
 
 /// What the store derives from the configured leases' timings: the longest
@@ -267,6 +234,11 @@ pub async fn serve_opts(
     check_own_files(&config, &cache_dir, control_path.as_deref())?;
     let election = ElectionRuntime::start()?;
     election.watched(monitoring.as_ref(), options.stall_election_after);
+    let buckets = match (&options.store, options.buckets) {
+        (_, Some(buckets)) => Some(buckets),
+        (None, None) => open_buckets(&config).await?,
+        (Some(_), None) => None,
+    };
     let store = match options.store {
         Some(store) => store,
         None => election.open_store(&config).await?,
@@ -277,6 +249,10 @@ pub async fn serve_opts(
     let progress = Arc::new(crate::ops::logging::progress(config.plugins.len()));
     let mut runtime = PluginRuntime::new(engine.clone())?;
     runtime.set_compile_observer(progress.clone());
+    if let Some(buckets) = buckets {
+        tracing::info!(buckets = %buckets.describe(), "plugins' key-value buckets");
+        runtime.set_bucket_store(buckets);
+    }
     let runtime = Arc::new(runtime);
     let loaded = load_plugins(&config, &runtime, &progress, &shutdown).await;
     if loaded.cancelled {

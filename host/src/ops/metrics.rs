@@ -24,6 +24,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::election::{ElectionObserver, Role, Status, StoreErrorKind};
+use crate::runtime::keyvalue::Outcome;
 use crate::runtime::{Plugin, PluginEngine};
 use crate::supervisor::{TaskEnd, TaskObserver, TaskState};
 
@@ -57,6 +58,13 @@ struct ErrorLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PluginLabels {
     plugin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KeyValueLabels {
+    plugin: String,
+    kind: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -429,7 +437,17 @@ fn encode_plugins(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt
     let info = Family::<InfoLabels, Gauge>::default();
     let dropped = Family::<PluginLabels, Counter>::default();
     let memory = Family::<PluginLabels, Gauge>::default();
+    let keyvalue = Family::<KeyValueLabels, Counter>::default();
     for (p, lease) in &read.plugins {
+        for (write, kind) in [(false, "read"), (true, "write")] {
+            for outcome in Outcome::ALL {
+                let n = p.bucket_counts().map_or(0, |c| c.get(write, outcome));
+                if n > 0 {
+                    let labels = KeyValueLabels { plugin: p.name().to_owned(), kind, outcome: outcome.label() };
+                    keyvalue.get_or_create(&labels).inc_by(n);
+                }
+            }
+        }
         let plugin = PluginLabels {
             plugin: p.name().to_owned(),
         };
@@ -457,6 +475,12 @@ fn encode_plugins(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt
         "plugin_output_dropped_lines",
         "Lines of the plugin's output dropped by its output-rate limit",
         &dropped,
+    )?;
+    emit(
+        encoder,
+        "plugin_keyvalue_operations",
+        "The plugin's wasi:keyvalue operations, by kind (read, write) and outcome: ok, conflict (a compare-and-swap found the entry changed), stale (a write refused because a newer term claimed the bucket or the term was past its force-stop time), limit, error",
+        &keyvalue,
     )?;
     emit(
         encoder,

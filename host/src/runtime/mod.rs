@@ -18,6 +18,8 @@
 //! - [`http`]: outgoing HTTP requests under grants, carrying the term.
 //! - [`kubernetes`]: the Kubernetes API through the host, under a grant,
 //!   with the host's credentials.
+//! - [`keyvalue`]: `wasi:keyvalue` over the lease store's fenced buckets.
+//! - [`config`]: `wasi:config` from the plugin's `config` table.
 //! - [`output`]: guest stdout/stderr as log lines, within limits.
 //! - [`trap`]: why an instance trapped, in one line.
 //!
@@ -29,10 +31,12 @@ use std::path::{Path, PathBuf};
 
 pub mod bindings;
 pub mod compile;
+pub mod config;
 pub mod connections;
 pub mod engine;
 pub mod fence;
 pub mod http;
+pub mod keyvalue;
 pub mod kubernetes;
 pub mod lookup;
 pub mod network;
@@ -44,6 +48,8 @@ pub mod trap;
 pub use compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
 pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, PoolLimits, default_cache_dir};
 pub use http::{HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError};
+pub use config::{ConfigGrant, ConfigSource};
+pub use keyvalue::{BucketGrant, OWN_BUCKET};
 pub use kubernetes::{KubeGrant, KubeRule};
 pub use network::{ConnectGrant, ConnectGrantError, NetworkGrant};
 pub use output::OutputLimits;

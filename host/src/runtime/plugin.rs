@@ -95,6 +95,11 @@ pub enum Capability {
     Sockets,
     /// `wasi:filesystem`: the `dirs` grants.
     Files,
+    /// `wasi:keyvalue`: the `keyvalue` grant (by default the plugin's own
+    /// bucket).
+    KeyValue,
+    /// `wasi:config`: the `config` table.
+    Config,
 }
 
 impl Capability {
@@ -104,6 +109,8 @@ impl Capability {
             Capability::Http => "wasi:http/outgoing-handler (needs `http` grants)",
             Capability::Sockets => "wasi:sockets (needs `connect` or `name-lookup` grants)",
             Capability::Files => "wasi:filesystem (needs `dirs` grants; Rust's std imports it anyway)",
+            Capability::KeyValue => "wasi:keyvalue (the plugin's own bucket; other buckets need a `keyvalue` grant)",
+            Capability::Config => "wasi:config (values from the plugin's `config` table)",
         }
     }
 
@@ -115,6 +122,10 @@ impl Capability {
             Some(Capability::Sockets)
         } else if name.starts_with("wasi:filesystem/") {
             Some(Capability::Files)
+        } else if name.starts_with("wasi:keyvalue/") {
+            Some(Capability::KeyValue)
+        } else if name.starts_with("wasi:config/") {
+            Some(Capability::Config)
         } else {
             None
         }

@@ -12,6 +12,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::bindings::{WitHosts, WitStatus, v0_1, v0_2};
 use super::connections::Connections;
 use super::http::GuestHttp;
+use super::keyvalue::KeyValueCtx;
 use super::output::StderrTail;
 use super::trap::GuestLimits;
 use crate::election::{Hosts, LeaseView, Role, Status, Term};
@@ -40,6 +41,10 @@ pub struct GuestState {
     /// `wasi:http`: its context, and the plugin's grants and limits.
     pub(crate) http: WasiHttpCtx,
     pub(crate) http_hooks: GuestHttp,
+    /// `wasi:keyvalue`: the plugin's buckets and the instance's term.
+    pub(crate) keyvalue: KeyValueCtx,
+    /// `wasi:config`: the plugin's values as read for this run.
+    pub(crate) config: wasmtime_wasi_config::WasiConfigVariables,
 }
 
 impl Drop for GuestState {

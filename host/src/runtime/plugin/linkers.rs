@@ -1,6 +1,7 @@
 //! The host's imports, linked once for each world: WASI 0.2 (with file
 //! streams that write inline; see [`fence`]), `wasi:http` 0.2 (outgoing
-//! requests under the plugin's grants; see [`crate::runtime::http`]), the
+//! requests under the plugin's grants; see [`crate::runtime::http`]),
+//! `wasi:keyvalue` and `wasi:config` (see [`keyvalue`], [`config`]), the
 //! WASI 0.3 clocks and random interfaces (the future world only), and
 //! `current-status` and `current-hosts` in every version of the contract.
 //!
@@ -15,7 +16,7 @@ use super::World;
 use crate::runtime::RuntimeError;
 use crate::runtime::bindings::{v0_1, v0_2};
 use crate::runtime::state::{CurrentStatus, GuestState};
-use crate::runtime::{connections, fence, lookup};
+use crate::runtime::{config, connections, fence, keyvalue, lookup};
 
 /// One linker per world, on one engine.
 pub(super) struct Linkers {
@@ -50,6 +51,8 @@ fn add_shared(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     connections::add_to_linker(linker)?;
     lookup::add_to_linker(linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+    keyvalue::add_to_linker(linker)?;
+    config::add_to_linker(linker)?;
     Ok(())
 }
 

@@ -20,6 +20,8 @@ use super::task::Plugin;
 use crate::election::Hosts;
 use crate::runtime::compile::{Compile, CompileObserver, NoCompileObserver};
 use crate::runtime::engine::PluginEngine;
+use crate::runtime::keyvalue::PluginBuckets;
+use crate::store::buckets::BucketStore;
 use crate::runtime::output::{OutputBudget, OutputLimits};
 use crate::runtime::{PluginError, RuntimeError};
 use crate::support::rounding::human;
@@ -43,6 +45,8 @@ pub struct PluginRuntime {
     hosts: watch::Sender<Hosts>,
     /// Told of each compilation (see [`crate::runtime::compile`]).
     observer: Arc<dyn CompileObserver>,
+    /// The lease store's buckets, for plugins' `wasi:keyvalue`.
+    buckets: Option<Arc<dyn BucketStore>>,
 }
 
 /// A file's identity and version: device, inode, length and modification
@@ -84,6 +88,7 @@ impl PluginRuntime {
             files: Mutex::default(),
             hosts: watch::Sender::new(Hosts::default()),
             observer: Arc::new(NoCompileObserver),
+            buckets: None,
         })
     }
 
@@ -102,6 +107,12 @@ impl PluginRuntime {
             .values()
             .filter(|slot| slot.get().is_some_and(Result::is_ok))
             .count()
+    }
+
+    /// Serves plugins' `wasi:keyvalue` from `buckets` (without, every
+    /// `open` is `no-such-store`).
+    pub fn set_bucket_store(&mut self, buckets: Arc<dyn BucketStore>) {
+        self.buckets = Some(buckets);
     }
 
     /// Where the live hosts are published for the plugins' instances (the
@@ -186,6 +197,7 @@ impl PluginRuntime {
             spec: None,
             engine: self.engine.clone(),
             memory: Default::default(),
+            buckets: None,
         }
     }
 
@@ -221,6 +233,14 @@ impl PluginRuntime {
             }
         }
         plugin.output = OutputBudget::new(plugin.name.clone(), spec.output);
+        plugin.buckets = self.buckets.as_ref().map(|store| {
+            Arc::new(PluginBuckets {
+                store: store.clone(),
+                plugin: plugin.name.clone(),
+                grant: spec.keyvalue.clone(),
+                counts: Arc::default(),
+            })
+        });
         plugin.spec = Some(spec.clone());
         Ok(plugin)
     }

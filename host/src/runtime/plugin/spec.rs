@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
+use crate::runtime::config::ConfigGrant;
 use crate::runtime::http::HttpPolicy;
+use crate::runtime::keyvalue::BucketGrant;
 use crate::runtime::network::NetworkGrant;
 use crate::runtime::output::OutputLimits;
 
@@ -42,6 +44,10 @@ pub struct PluginSpec {
     /// bytes: what one may still deliver if the host is paused or killed
     /// across its force-stop.
     pub send_buffer: u64,
+    /// The buckets it may open (`wasi:keyvalue`) and their limits.
+    pub keyvalue: BucketGrant,
+    /// Its configuration values (`wasi:config`).
+    pub config: ConfigGrant,
 }
 
 impl PluginSpec {
@@ -61,6 +67,8 @@ impl PluginSpec {
     ///     http: HttpPolicy::new(&["https://api.example.com".parse().unwrap()], Default::default()).unwrap(),
     ///     output: Default::default(),
     ///     send_buffer: 64 << 10,
+    ///     keyvalue: Default::default(),
+    ///     config: Default::default(),
     /// };
     /// assert_eq!(
     ///     spec.grants(),
@@ -102,6 +110,13 @@ impl PluginSpec {
                 })
                 .collect();
             parts.push(format!("kubernetes {}", rules.join(",")));
+        }
+        if self.keyvalue.buckets != BucketGrant::default().buckets {
+            parts.push(format!("keyvalue {}", self.keyvalue.buckets.join(",")));
+        }
+        let keys: Vec<&str> = self.config.keys().collect();
+        if !keys.is_empty() {
+            parts.push(format!("config {}", keys.join(",")));
         }
         if parts.is_empty() {
             "none".into()

@@ -25,6 +25,7 @@ use crate::runtime::connections::{self, Connections};
 use crate::runtime::engine::PluginEngine;
 use crate::runtime::fence;
 use crate::runtime::http::{GuestHttp, HttpPolicy};
+use crate::runtime::keyvalue::{BucketCounts, KeyValueCtx, PluginBuckets};
 use crate::runtime::output::{GuestOutput, GuestStream, OutputBudget, StderrTail};
 use crate::runtime::state::{GuestState, shown_status};
 use crate::runtime::trap::{GuestLimits, Trap};
@@ -50,11 +51,19 @@ pub struct Plugin {
     pub(super) memory: Arc<std::sync::atomic::AtomicU64>,
     /// The bytes it was compiled from.
     pub(super) content: ContentKey,
+    /// Its buckets (`wasi:keyvalue`), where the host has a lease store.
+    pub(super) buckets: Option<Arc<PluginBuckets>>,
 }
 
 /// Why a Store for one run could not be made.
 #[derive(Debug, thiserror::Error)]
 enum SetupError {
+    /// A configuration value could not be read.
+    #[error("{0}")]
+    Config(#[from] crate::runtime::config::ConfigValueError),
+    /// The plugin's buckets could not be claimed for the term.
+    #[error("cannot claim the plugin's buckets for the term: {0}")]
+    Claim(#[from] crate::store::buckets::BucketError),
     /// A granted directory could not be opened.
     #[error("cannot open granted directory {}: {error}", dir.display())]
     GrantedDir {
@@ -175,7 +184,9 @@ impl Plugin {
         let mut http = HttpPolicy::default();
         let mut send_buffer = connections::DEFAULT_SEND_BUFFER;
         let mut name_lookup = false;
+        let mut config = wasmtime_wasi_config::WasiConfigVariables::new();
         if let Some(spec) = &self.spec {
+            config = spec.config.resolve()?;
             http = spec.http.clone();
             name_lookup = spec.network.name_lookup;
             send_buffer = spec.send_buffer;
@@ -198,6 +209,7 @@ impl Plugin {
             spec.network.add_to_wasi(&mut wasi);
         }
         let connections = Connections::new(self.name.clone(), term.clone(), send_buffer);
+        let lease = view.borrow().status.lease.clone();
         let state = GuestState {
             connections: connections.clone(),
             wasi: wasi.build(),
@@ -210,6 +222,12 @@ impl Plugin {
             stderr_tail: tail,
             http: WasiHttpCtx::new(),
             http_hooks: GuestHttp::new(self.name.clone(), http, term.clone(), connections),
+            keyvalue: KeyValueCtx {
+                buckets: self.buckets.clone(),
+                lease,
+                term: term.clone(),
+            },
+            config,
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -246,6 +264,22 @@ impl Plugin {
         }
     }
 
+    /// Claims the plugin's buckets for `term` before its guest runs, if it
+    /// imports `wasi:keyvalue`: from then on no older term writes them.
+    async fn claim_buckets(&self, term: &Term, view: &watch::Receiver<LeaseView>) -> Result<(), SetupError> {
+        let Some(buckets) = &self.buckets else { return Ok(()) };
+        if !self.capabilities.contains(&Capability::KeyValue) {
+            return Ok(());
+        }
+        let lease = view.borrow().status.lease.clone();
+        Ok(buckets.claim(&lease, term.number()).await?)
+    }
+
+    /// Its bucket operations, counted (none where there is no lease store).
+    pub fn bucket_counts(&self) -> Option<&Arc<BucketCounts>> {
+        self.buckets.as_ref().map(|b| &b.counts)
+    }
+
     /// Waits until the live hosts count this host, so that a task's first
     /// `current-hosts` reading does, as long as the lease is led here and
     /// for [`FIRST_HOSTS_WAIT`] at most (then the task starts with what
@@ -279,6 +313,9 @@ impl Plugin {
             Ok(s) => s,
             Err(e) => return TaskOutcome::Trapped(Trap::setup(e.to_string())),
         };
+        if let Err(e) = self.claim_buckets(&term, &view).await {
+            return TaskOutcome::Trapped(Trap::setup(e.to_string()));
+        }
         match self.instantiate_and_run(&mut store, &term, &view).await {
             Ok(outcome) => outcome,
             Err(e) => self.trapped(&mut store, &term, e),

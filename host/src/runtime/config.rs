@@ -1,0 +1,114 @@
+//! `wasi:config/store@0.2.0-draft` for plugins (`wasmtime-wasi-config`):
+//! the values of the plugin's `config` table, read again at the start of
+//! each run, so a file that changed (a Kubernetes Secret mounted as a file)
+//! or a reload's new values apply from the plugin's next run.
+
+use std::path::PathBuf;
+
+use wasmtime::component::Linker;
+use wasmtime_wasi_config::{WasiConfig, WasiConfigVariables};
+
+use crate::runtime::state::GuestState;
+
+/// Where one configuration value comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// The value itself.
+    Value(String),
+    /// The contents of a file (a trailing newline removed).
+    File(PathBuf),
+    /// A variable of the host's environment.
+    Env(String),
+}
+
+/// A plugin's configuration values, by key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigGrant {
+    /// Each key and where its value comes from, in key order.
+    pub values: Vec<(String, ConfigSource)>,
+}
+
+/// Why a configuration value could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigValueError {
+    /// Its file could not be read.
+    #[error("config key {key:?}: cannot read {}: {error}", file.display())]
+    File {
+        /// The key.
+        key: String,
+        /// The file.
+        file: PathBuf,
+        /// What reading said.
+        error: std::io::Error,
+    },
+    /// Its environment variable is not set (or not Unicode).
+    #[error("config key {key:?}: the host's environment variable {var} is not set")]
+    Env {
+        /// The key.
+        key: String,
+        /// The variable.
+        var: String,
+    },
+}
+
+impl ConfigGrant {
+    /// The values as they are now.
+    pub fn resolve(&self) -> Result<WasiConfigVariables, ConfigValueError> {
+        let mut vars = WasiConfigVariables::new();
+        for (key, source) in &self.values {
+            let value = match source {
+                ConfigSource::Value(v) => v.clone(),
+                ConfigSource::File(file) => std::fs::read_to_string(file)
+                    .map(|s| s.strip_suffix('\n').map(str::to_owned).unwrap_or(s))
+                    .map_err(|error| ConfigValueError::File {
+                        key: key.clone(),
+                        file: file.clone(),
+                        error,
+                    })?,
+                ConfigSource::Env(var) => std::env::var(var).map_err(|_| ConfigValueError::Env {
+                    key: key.clone(),
+                    var: var.clone(),
+                })?,
+            };
+            vars.insert(key.clone(), value);
+        }
+        Ok(vars)
+    }
+
+    /// The keys, for the log (never the values: they may be secrets).
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.values.iter().map(|(k, _)| k.as_str())
+    }
+}
+
+/// Links `wasi:config/store`.
+pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    wasmtime_wasi_config::add_to_linker(linker, |s: &mut GuestState| WasiConfig::from(&s.config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_come_from_the_table_a_file_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let grant = ConfigGrant {
+            values: vec![
+                ("region".into(), ConfigSource::Value("eu".into())),
+                ("token".into(), ConfigSource::File(file.clone())),
+                ("path".into(), ConfigSource::Env("PATH".into())),
+            ],
+        };
+        grant.resolve().unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let e = grant.resolve().unwrap_err();
+        assert!(e.to_string().contains("\"token\"") && e.to_string().contains("token"), "{e}");
+        let missing = ConfigGrant {
+            values: vec![("k".into(), ConfigSource::Env("BATON_SURELY_UNSET_VAR".into()))],
+        };
+        assert!(missing.resolve().unwrap_err().to_string().contains("BATON_SURELY_UNSET_VAR"));
+    }
+}
