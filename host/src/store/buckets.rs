@@ -466,13 +466,13 @@ mod tests {
     #[test]
     fn limits_name_the_bucket_and_the_limit() {
         let mut entries = BTreeMap::new();
-        let limits = Limits { key: 4, value: 4, bucket: 10 };
+        let limits = Limits { key: 4, value: 4, bucket: 9 };
         let long_key = [Op::Set { key: "abcde".into(), value: vec![] }];
         let e = apply_to_entries(&b(), &mut entries, 0, &long_key, limits).unwrap_err();
         assert!(e.to_string().contains("demo/counter") && e.to_string().contains("limit of 4 bytes"), "{e}");
         let full = [Op::Set { key: "a".into(), value: b"1234".to_vec() }, Op::Set { key: "b".into(), value: b"1234".to_vec() }];
         let e = apply_to_entries(&b(), &mut entries, 0, &full, limits).unwrap_err();
-        assert!(e.to_string().contains("10 bytes"), "{e}");
+        assert!(e.to_string().contains("10 bytes, more than the limit of 9"), "{e}");
     }
 
     #[test]
