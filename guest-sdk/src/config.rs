@@ -1,4 +1,4 @@
-//! The plugin's settings, over `wasi:config/store` (`0.2.0-draft`).
+//! The plugin's settings, over `wasi:config/store` (`0.2.0-rc.1`).
 //!
 //! Needs the `config` feature, and works in both worlds (plain blocking
 //! calls, answered from the host's memory). The values are those of the
