@@ -1,10 +1,10 @@
 //! The plugin's settings, over `wasi:config/store` (`0.2.0-rc.1`).
 //!
 //! Needs the `config` feature, and works in both worlds (plain blocking
-//! calls, answered from the host's memory). The values are those of the
-//! plugin's `config` table in the host's configuration: a literal, the
-//! contents of a file (`{ from-file = "/run/secrets/token" }`) or a variable
-//! of the host's environment (`{ env = "REGION" }`):
+//! calls). The values are those of the plugin's `config` table in the
+//! host's configuration: a literal, the contents of a file
+//! (`{ from-file = "/run/secrets/token" }`) or a variable of the host's
+//! environment (`{ env = "REGION" }`):
 //!
 //! ```toml
 //! [[plugin]]

@@ -41,7 +41,7 @@
 //! |---------------|------------|----------------------------------------------------|
 //! | `http`        | [`http`]   | `wasi:http/outgoing-handler@0.2.12`                |
 //! | `keyvalue`    | [`kv`]     | `wasi:keyvalue/{store,atomics,batch}@0.2.0-draft2` |
-//! | `config`      | [`config`] | `wasi:config/store@0.2.0-rc.1`                    |
+//! | `config`      | [`config`] | `wasi:config/store@0.2.0-rc.1`                     |
 //!
 //! [`kv`] keeps state across terms (a counter or a cursor that the next
 //! leader continues), in buckets the host fences by term; [`config`] reads
