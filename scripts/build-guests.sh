@@ -21,6 +21,7 @@ target=wasm32-wasip2
 guests=(
     "rust-future-ticker:rust_future_ticker.wasm"
     "rust-pollable-ticker:rust_pollable_ticker.wasm"
+    "rust-kv-counter:rust_kv_counter.wasm"
     "probe-future:probe_future.wasm"
     "probe-pollable:probe_pollable.wasm"
     "not-a-plugin:not-a-plugin.wasm"

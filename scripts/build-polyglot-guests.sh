@@ -125,14 +125,19 @@ done_with() { # done_with OUT INPUTS...: records OUT's inputs and prints OUT
 # 0.2.0.)
 contract="$repo/wit/v0.1.0"
 
+# The key-value examples (examples/*-kv-counter) import wasi:keyvalue, new
+# with baton:leader@0.2.0, and target that contract.
+contract_now="$repo/wit"
+
 # A WIT folder for a guest with its own world (wit/world.wit that includes a
-# baton world): the guest's wit/ plus baton's contract and its WASI deps.
-stage_wit() {
-    local guest=$1 stage
+# baton world): the guest's wit/ plus baton's contract (CONTRACT, default
+# 0.1.0) and its WASI deps.
+stage_wit() { # stage_wit GUEST [CONTRACT]
+    local guest=$1 leader=${2:-$contract} stage
     stage="$(mktemp -d)"
     cp -r "$guest/wit/." "$stage/"
     mkdir -p "$stage/deps/baton-leader"
-    cp "$contract/leader.wit" "$stage/deps/baton-leader/"
+    cp "$leader/leader.wit" "$stage/deps/baton-leader/"
     cp -r "$repo/wit/deps/." "$stage/deps/"
     echo "$stage"
 }
@@ -156,6 +161,23 @@ python_guest() { # python_guest NAME WORLD
     done_with "$wasm" "$ex/$name"
 }
 
+# python_world_guest NAME PKG/WORLD: a guest with its own wit/world.wit on
+# the 0.2.0 contract.
+python_world_guest() {
+    local name=$1 world=$2 wasm="$out/${1//-/_}.wasm" src stage
+    if ! fresh "$wasm" "$ex/$name"; then
+        install_python
+        src="$(mktemp -d)"
+        cp "$ex/$name"/*.py "$src/"
+        stage="$(stage_wit "$ex/$name" "$contract_now")"
+        timed "$name" "$componentize_py" -d "$stage" -w "$world" \
+            componentize -p "$src" app -o "$wasm.tmp" >&2
+        rm -rf "$src" "$stage"
+        mv "$wasm.tmp" "$wasm"
+    fi
+    done_with "$wasm" "$ex/$name"
+}
+
 # js_guest NAME FILE [FLAGS...]: componentize-js (StarlingMonkey), pollable world.
 js_guest() {
     local name=$1 file=$2 wasm stage src="$ex/js-pollable-ticker"
@@ -170,6 +192,21 @@ js_guest() {
         mv "$wasm.tmp" "$wasm"
     fi
     done_with "$wasm" "$src"
+}
+
+# js_world_guest NAME PKG/WORLD SOURCE: componentize-js, a guest with its own
+# wit/world.wit on the 0.2.0 contract.
+js_world_guest() {
+    local name=$1 world=$2 wasm="$out/${1//-/_}.wasm" stage
+    if ! fresh "$wasm" "$ex/$name"; then
+        install_node
+        stage="$(stage_wit "$ex/$name" "$contract_now")"
+        timed "$name" "$componentize_js" --wit "$stage" --world-name "$world" \
+            -d http fetch-event -o "$wasm.tmp" "$ex/$name/$3" >&2
+        rm -rf "$stage"
+        mv "$wasm.tmp" "$wasm"
+    fi
+    done_with "$wasm" "$ex/$name"
 }
 
 js_qjs_guest() { # componentize-qjs (QuickJS), future world
@@ -206,6 +243,30 @@ c_guest() {
     done_with "$wasm" "$ex/$name"
 }
 
+# c_world_guest NAME PKG/WORLD SOURCE: a C guest with its own wit/world.wit
+# on the 0.2.0 contract (wit-bindgen names its files after the world).
+c_world_guest() {
+    local name=$1 world=$2 source=$3 wasm="$out/${1//-/_}.wasm" work stage
+    if ! fresh "$wasm" "$ex/$name"; then
+        install_c
+        install_node
+        work="$(mktemp -d)"
+        stage="$(stage_wit "$ex/$name" "$contract_now")"
+        build() {
+            local base=${world##*/}
+            "$wit_bindgen" c "$stage" --world "$world" --out-dir "$work" >&2
+            "$CLANG" --target=wasm32-wasi --sysroot=/usr -mexec-model=reactor -O2 \
+                -I "$work" "$ex/$name/$source" "$work/$base.c" \
+                "$work/${base}_component_type.o" -o "$work/$name.core.wasm"
+            "$jco" new "$work/$name.core.wasm" --wasi-reactor -o "$wasm.tmp" >&2
+        }
+        timed "$name" build
+        rm -rf "$work" "$stage"
+        mv "$wasm.tmp" "$wasm"
+    fi
+    done_with "$wasm" "$ex/$name"
+}
+
 python_guest python-pollable-ticker pollable-plugin
 python_guest python-future-ticker future-plugin
 js_guest js-pollable-ticker js_pollable_ticker.wasm -d http fetch-event
@@ -215,6 +276,10 @@ c_guest
 # wasi:http, which the host provides under grants (the tests check that it
 # loads and that `baton check` names the import).
 js_guest js-http-import js_http_import.wasm
+# The key-value counters (baton:leader@0.2.0 plus wasi:keyvalue).
+python_world_guest python-kv-counter example:python-kv-counter/counter
+js_world_guest js-kv-counter example:js-kv-counter/counter counter.js
+c_world_guest c-kv-counter example:c-kv-counter/counter counter.c
 
 # Where the tools are, for the tests that build `baton new` templates.
 {
