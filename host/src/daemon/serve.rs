@@ -41,7 +41,7 @@ use super::leases::{
     ElectorEnd, ElectorFailure, Launcher, LeaseRun, PluginRun, sync_controlled, wanted_spread,
 };
 use super::load::{Loaded, load_plugins};
-pub use super::stores::{open_buckets, open_store};
+pub use super::stores::{open_store, open_stores};
 use crate::config::own_files::OwnFilesGranted;
 use crate::config::Config;
 use crate::daemon::control::{ControlError, ControlSocket, ControlledHost, SharedLeases};
@@ -234,14 +234,12 @@ pub async fn serve_opts(
     check_own_files(&config, &cache_dir, control_path.as_deref())?;
     let election = ElectionRuntime::start()?;
     election.watched(monitoring.as_ref(), options.stall_election_after);
-    let buckets = match (&options.store, options.buckets) {
-        (_, Some(buckets)) => Some(buckets),
-        (None, None) => open_buckets(&config).await?,
-        (Some(_), None) => None,
-    };
-    let store = match options.store {
-        Some(store) => store,
-        None => election.open_store(&config).await?,
+    let (store, buckets) = match options.store {
+        Some(store) => (store, options.buckets),
+        None => {
+            let (store, buckets) = election.open_stores(&config).await?;
+            (store, Some(options.buckets.unwrap_or(buckets)))
+        }
     };
     tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), "baton starting");
     // On a terminal, the plugins loaded out of all and a spinner per
@@ -720,10 +718,10 @@ impl ElectionRuntime {
     }
 
     /// Opens the configured store on this runtime, where its requests run.
-    async fn open_store(&self, config: &Config) -> Result<Arc<dyn LeaseStore>, ServeError> {
+    async fn open_stores(&self, config: &Config) -> Result<(Arc<dyn LeaseStore>, Arc<dyn BucketStore>), ServeError> {
         let config = config.clone();
         self.handle()
-            .spawn(async move { open_store(&config).await })
+            .spawn(async move { open_stores(&config).await })
             .await
             .map_err(|e| ServeError::Store(format!("opening the store failed: {e}")))?
     }

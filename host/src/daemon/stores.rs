@@ -20,6 +20,15 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
         StoreConfig::Embedded { dir } => EmbeddedStore::open(dir)
             .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
             .map_err(|e| ServeError::Store(format!("embedded store at {}: {e}", dir.display()))),
+        StoreConfig::Kubernetes { .. } => Ok(Arc::new(open_kube(config).await?)),
+    }
+}
+
+/// Opens the configured Kubernetes store (a configuration of another store
+/// is refused).
+async fn open_kube(config: &Config) -> Result<KubeStore, ServeError> {
+    match &config.store {
+        StoreConfig::Embedded { .. } => Err(ServeError::Store("not a Kubernetes store".into())),
         StoreConfig::Kubernetes {
             namespace,
             kubeconfig,
@@ -36,7 +45,6 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
             };
             KubeStore::connect(options)
                 .await
-                .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
                 .map_err(|e| match e {
                     // Not about any one lease.
                     StoreError::Refused { detail, .. } => {
@@ -48,13 +56,20 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
     }
 }
 
-/// Opens the buckets of the configured store: the embedded store's SQLite
-/// database in its directory. `None` for a store that keeps none.
-pub async fn open_buckets(config: &Config) -> Result<Option<Arc<dyn BucketStore>>, ServeError> {
+/// Opens the configured lease store and the buckets beside it: the
+/// embedded store's SQLite database in its directory, or ConfigMaps in the
+/// Kubernetes store's namespace.
+pub async fn open_stores(config: &Config) -> Result<(Arc<dyn LeaseStore>, Arc<dyn BucketStore>), ServeError> {
     match &config.store {
-        StoreConfig::Embedded { dir } => EmbeddedBuckets::open(dir)
-            .map(|b| Some(Arc::new(b) as Arc<dyn BucketStore>))
-            .map_err(|e| ServeError::Store(format!("embedded store at {}: {e}", dir.display()))),
-        StoreConfig::Kubernetes { .. } => Ok(None),
+        StoreConfig::Embedded { dir } => {
+            let buckets = EmbeddedBuckets::open(dir)
+                .map_err(|e| ServeError::Store(format!("embedded store at {}: {e}", dir.display())))?;
+            Ok((open_store(config).await?, Arc::new(buckets)))
+        }
+        StoreConfig::Kubernetes { .. } => {
+            let store = open_kube(config).await?;
+            let buckets = Arc::new(store.buckets());
+            Ok((Arc::new(store), buckets))
+        }
     }
 }

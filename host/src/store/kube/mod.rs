@@ -41,6 +41,7 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+pub mod buckets;
 pub mod floor;
 mod reads;
 mod record;
@@ -256,6 +257,12 @@ impl KubeStore {
     /// The namespace of the Lease objects.
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
+    }
+
+    /// The buckets of plugins' key-value state beside the Leases: ConfigMaps
+    /// of the same namespace, through the same client.
+    pub fn buckets(&self) -> buckets::KubeBuckets {
+        buckets::KubeBuckets::new(self.inner.api.clone().into_client(), &self.inner.namespace)
     }
 }
 
