@@ -572,3 +572,71 @@ fn baton_new_js_builds_checks_and_runs() {
 fn baton_new_c_builds_checks_and_runs() {
     new_builds_and_checks("c", "pollable");
 }
+
+/// The `total` of a kv counter's `tick term=T total=N` line.
+fn total(e: &Event) -> Option<u64> {
+    e.message()
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("total="))
+        .and_then(|n| n.parse().ok())
+}
+
+/// A kv counter example (`examples/*-kv-counter`) keeps its count in the
+/// plugin's bucket across a hand-over: one host counts in its term and is
+/// stopped with SIGTERM; another host, with the same store, continues in a
+/// newer term from the next total, never from 1.
+fn counts_across_terms(path: PathBuf) {
+    let file = path.file_name().unwrap().to_string_lossy().into_owned();
+    let s = Scratch::new();
+    let plugin = PluginDef {
+        name: "kv",
+        path,
+        mode: "cooperative",
+    };
+    let cfg = s.write("baton.toml", &config(&s.store(), &[plugin]));
+    let tick = |e: &Event| e.guest_line("kv", "tick term=");
+
+    let mut a = Host::start("host-a", &cfg);
+    a.wait_for(SECS(120), "a's second tick", |e| tick(e) && total(e) == Some(2));
+    a.sigterm();
+    a.wait_for(SECS(5), "a's stop line", |e| e.guest_line("kv", "stop term="));
+    assert!(a.wait_exit(SECS(5)).success(), "{}", a.output());
+    let a_ticks = a.all(tick);
+    let a_totals: Vec<u64> = a_ticks.iter().filter_map(total).collect();
+    let last = a_totals.len() as u64;
+    assert_eq!(a_totals, (1..=last).collect::<Vec<_>>(), "{}", a.output());
+    let term_a = a_ticks[0].guest_term().unwrap();
+
+    let b = Host::start("host-b", &cfg);
+    let first = b.wait_for(SECS(120), "b's first tick", tick);
+    let term_b = first.guest_term().unwrap();
+    assert!(term_b > term_a, "term {term_b} after {term_a}");
+    assert_eq!(total(&first), Some(last + 1), "{}", b.output());
+    b.wait_for(SECS(3), "b's next tick", |e| {
+        tick(e) && total(e) == Some(last + 2)
+    });
+    println!(
+        "{file}: term {term_a} counted to {last}, term {term_b} went on from {}",
+        last + 1
+    );
+}
+
+#[test]
+fn a_rust_kv_counter_continues_its_count_in_the_next_term() {
+    counts_across_terms(guest("rust_kv_counter.wasm"));
+}
+
+#[test]
+fn a_python_kv_counter_continues_its_count_in_the_next_term() {
+    counts_across_terms(guest_file("python_kv_counter.wasm"));
+}
+
+#[test]
+fn a_js_kv_counter_continues_its_count_in_the_next_term() {
+    counts_across_terms(guest_file("js_kv_counter.wasm"));
+}
+
+#[test]
+fn a_c_kv_counter_continues_its_count_in_the_next_term() {
+    counts_across_terms(guest_file("c_kv_counter.wasm"));
+}
