@@ -115,6 +115,13 @@ enum Command {
         #[arg(long, default_value = ".")]
         dir: PathBuf,
     },
+    /// Lists, reads and writes the plugins' key-value buckets, on the
+    /// configured store; writes are made in a term of their own, which
+    /// fences the plugin's older terms.
+    Kv {
+        #[command(subcommand)]
+        action: cli::kv::KvAction,
+    },
     /// Show each lease of the store (embedded or kubernetes): holder, term,
     /// expiry, the preferred holder while the leads are spread, and the
     /// hosts' membership records.
@@ -139,7 +146,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = match cli.command {
-        Command::Status { .. } | Command::Yield { .. } => baton::ops::logging::QUIET_FILTER,
+        Command::Status { .. } | Command::Yield { .. } | Command::Kv { .. } => baton::ops::logging::QUIET_FILTER,
         _ => baton::ops::logging::DEFAULT_FILTER,
     };
     // Only `baton run` draws progress: the other commands print their
@@ -192,6 +199,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             run(config, overrides, watch, test_stall_election_runtime).await
         }
         Command::Check { plugins } => cli::check::execute(plugins).await,
+        Command::Kv { action } => cli::kv::execute(action).await,
         Command::Yield {
             lease,
             duration,

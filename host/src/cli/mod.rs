@@ -8,8 +8,11 @@
 //! - [`scaffold`]: `baton new`, a plugin project from a template.
 //! - [`status`]: `baton status`, of either store, as text or JSON.
 //! - [`yield_lease`]: `baton yield`, a lease handed over on request.
+//! - [`kv`]: `baton kv`, the plugins' buckets, read and written by an
+//!   operator.
 
 pub mod check;
+pub mod kv;
 pub mod run;
 pub mod scaffold;
 pub mod status;

@@ -98,6 +98,30 @@ const WIT_DEPS: &[(&str, &str)] = &[
         "wit/deps/cli-0.2.12/cli.wit",
         include_str!("../../../wit/deps/cli-0.2.12/cli.wit"),
     ),
+    (
+        "wit/deps/keyvalue-0.2.0-draft2/store.wit",
+        include_str!("../../../wit/deps/keyvalue-0.2.0-draft2/store.wit"),
+    ),
+    (
+        "wit/deps/keyvalue-0.2.0-draft2/atomic.wit",
+        include_str!("../../../wit/deps/keyvalue-0.2.0-draft2/atomic.wit"),
+    ),
+    (
+        "wit/deps/keyvalue-0.2.0-draft2/batch.wit",
+        include_str!("../../../wit/deps/keyvalue-0.2.0-draft2/batch.wit"),
+    ),
+    (
+        "wit/deps/keyvalue-0.2.0-draft2/world.wit",
+        include_str!("../../../wit/deps/keyvalue-0.2.0-draft2/world.wit"),
+    ),
+    (
+        "wit/deps/config-0.2.0-rc.1/store.wit",
+        include_str!("../../../wit/deps/config-0.2.0-rc.1/store.wit"),
+    ),
+    (
+        "wit/deps/config-0.2.0-rc.1/world.wit",
+        include_str!("../../../wit/deps/config-0.2.0-rc.1/world.wit"),
+    ),
 ];
 
 /// Where the Rust SDK was when this binary was built.
@@ -229,6 +253,8 @@ mod tests {
                 "wit/world.wit",
                 "wit/deps/baton-leader/leader.wit",
                 "wit/deps/http-0.2.12/http.wit",
+                "wit/deps/keyvalue-0.2.0-draft2/atomic.wit",
+                "wit/deps/config-0.2.0-rc.1/store.wit",
             ] {
                 assert_eq!(root.join(wit).is_file(), lang != Lang::Rust, "{lang:?}: {wit}");
             }

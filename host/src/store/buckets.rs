@@ -17,7 +17,8 @@
 //!   ([`Op::Swap`]) that read version `v` cannot succeed after the entry was
 //!   deleted and written again.
 //!
-//! Reads are not fenced: they change nothing.
+//! Reads are not fenced: they change nothing. An operator writes in a term
+//! of its own ([`operator`]).
 //!
 //! Backends: [`embedded`](crate::store::embedded::buckets) (SQLite in the
 //! store's directory), [`kube`](crate::store::kube::buckets) (ConfigMaps in
@@ -25,6 +26,8 @@
 //! (tests).
 
 use std::fmt;
+
+pub mod operator;
 
 /// A bucket: a lease's name and the bucket's name under it. Terms are
 /// counted per lease, so a bucket is fenced by the terms of its lease only.
