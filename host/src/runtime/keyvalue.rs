@@ -229,33 +229,46 @@ impl KeyValueCtx {
     }
 
     /// Writes `ops` to `bucket` in the instance's term; see the [module
-    /// documentation](self).
+    /// documentation](self). The write runs as a task of its own: once
+    /// handed to the store it runs to its end even if the instance is
+    /// dropped at its force-stop, so it lands before its last check or is
+    /// refused, and a refusal is logged either way.
     async fn write(&self, bucket: &BucketName, ops: Vec<Op>) -> Result<Applied, BucketError> {
-        let Some(buckets) = &self.buckets else {
+        let Some(buckets) = self.buckets.clone() else {
             return Err(BucketError::Unavailable {
                 bucket: bucket.clone(),
                 detail: "no lease store".into(),
             });
         };
-        if let Some(delay) = test_write_delay() {
-            tokio::time::sleep(delay).await;
-        }
         let term = self.term.clone();
+        let number = term.number();
         let write = Write {
-            term: term.number(),
+            term: number,
             ops,
             limits: buckets.grant.limits,
             may_commit: Arc::new(move || !term.must_stop()),
         };
-        let result = buckets.store.apply(bucket, write).await;
-        buckets.counts.count(true, Outcome::of(&result));
-        if let Err(e) = &result
-            && e.is_stale()
-        {
-            tracing::warn!(plugin = %buckets.plugin, %bucket, term = self.term.number(), error = %e,
-                "refused a stale write");
-        }
-        result
+        let name = bucket.clone();
+        let task = tokio::spawn(async move {
+            if let Some(delay) = test_write_delay() {
+                tokio::time::sleep(delay).await;
+            }
+            let result = buckets.store.apply(&name, write).await;
+            buckets.counts.count(true, Outcome::of(&result));
+            if let Err(e) = &result
+                && e.is_stale()
+            {
+                tracing::warn!(plugin = %buckets.plugin, bucket = %name, term = number, error = %e,
+                    "refused a stale write");
+            }
+            result
+        });
+        task.await.unwrap_or_else(|e| {
+            Err(BucketError::Unavailable {
+                bucket: bucket.clone(),
+                detail: format!("the write failed: {e}"),
+            })
+        })
     }
 }
 
