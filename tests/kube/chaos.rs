@@ -8,6 +8,8 @@
 //! API server black-holed (a proxy that holds every byte without closing
 //! anything) and restored.
 
+#[path = "../e2e/chaos/counter.rs"]
+mod counter;
 #[path = "../e2e/chaos/engine.rs"]
 mod engine;
 #[path = "../e2e/chaos/layout.rs"]

@@ -4,7 +4,8 @@
 //! and faults injected at random moments: the leader killed, terminated,
 //! stopped past its lease or for less than its renew deadline, a follower
 //! stopped, and the faults of the store under test (a [`Bed`]). A checker
-//! then reads the records and every host's log.
+//! then reads the records and every host's log; another the counter that a
+//! guest keeps in its bucket ([`super::counter`]).
 //!
 //! The [`Scenario::Spread`] runs several leases with spreading on instead,
 //! and adds faults that rewrite the configuration file the hosts watch and
@@ -36,6 +37,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::counter;
 use super::layout::{self, Layout, Logged};
 use crate::support::*;
 use crate::witness::*;
@@ -53,6 +55,9 @@ pub const ALLOWANCE: Duration = Duration::from_millis(400);
 
 /// The guests' tick: a record every 5 ms each.
 const TICK_MS: &str = "5";
+
+/// The counter's tick (see [`counter`]): an increment every 10 ms.
+const COUNTER_MS: u64 = 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[allow(dead_code)] // each store injects only its own
@@ -280,6 +285,7 @@ fn segment(
         Scenario::OneLease => {
             let mut text = bed.config(&s);
             text.push_str(&plugins(&data));
+            text.push_str(&counter::plugin(COUNTER_MS));
             (bed.faults(), None, text)
         }
         Scenario::Spread => {
@@ -475,6 +481,10 @@ fn segment(
         }
     }
     bed.end();
+    if scenario == Scenario::OneLease {
+        let hosts: Vec<&Host> = all.iter().map(|p| &p.host).collect();
+        counter::check(&cfg, &bed.env(&s, names[0]), &hosts, seed);
+    }
     let bound = lease_duration + retry_period + ALLOWANCE;
     let mut figures = match scenario {
         Scenario::OneLease => check(&data.join("records"), &all, &injected, bound, lease_duration),

@@ -3,6 +3,7 @@
 //! operator can, by deleting it); and the spread scenario ([`layout`]):
 //! several leases spread, reloads of the watched file and `baton yield`.
 
+pub mod counter;
 pub mod engine;
 pub mod layout;
 

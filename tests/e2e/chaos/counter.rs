@@ -1,0 +1,127 @@
+//! The counter of the chaos runs: the `kv-counter` guest increments one
+//! key of its bucket by compare-and-swap on every host that leads, under
+//! every fault, and this checker reads its lines and the final value.
+//!
+//! What must hold, from the guests' own lines (`kv try`, `kv ok`) and the
+//! value left in the store (`"<n> <term>"`, read with `baton kv get`):
+//!
+//! - no count is acknowledged twice (`kv ok n=N` once per `N`): no
+//!   increment applied twice;
+//! - every count up to the final one was acknowledged, or was tried by an
+//!   instance that never saw the answer (a process killed, an instance
+//!   stopped at its force-stop, a request that timed out): no increment
+//!   lost, and none appeared from nowhere;
+//! - acknowledged counts, in order, never go back in term: no write of an
+//!   older term landed after the first write of a newer term.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use crate::support::*;
+
+/// The `[[plugin]]` table of the counter under "demo", writing every
+/// `interval_ms`.
+pub fn plugin(interval_ms: u64) -> String {
+    format!(
+        "\n[[plugin]]\nname = \"counter\"\npath = {:?}\nlease = \"demo\"\nenv = {{ KV_INTERVAL_MS = \"{interval_ms}\" }}\n",
+        guest("kv_counter.wasm").display().to_string()
+    )
+}
+
+/// What the counter came to.
+#[derive(Debug, Default)]
+pub struct Counted {
+    /// The final count in the store.
+    pub value: u64,
+    /// Counts acknowledged to a guest.
+    pub acknowledged: usize,
+    /// Tries whose instance never saw an answer.
+    pub in_doubt: usize,
+}
+
+/// A guest line `kv WHAT n=N term=T`: (what, n, term).
+fn parse(line: &str) -> Option<(&str, u64, u64)> {
+    let mut words = line.split_whitespace();
+    if words.next()? != "kv" {
+        return None;
+    }
+    let what = words.next()?;
+    let n = words.next()?.strip_prefix("n=")?.parse().ok()?;
+    let term = words.next()?.strip_prefix("term=")?.parse().ok()?;
+    Some((what, n, term))
+}
+
+/// Reads the counter's final value with `baton kv get` on `config` (with
+/// `env`), and checks it against every host's lines; panics with the
+/// reason on a broken rule.
+pub fn check(config: &Path, env: &[(String, String)], hosts: &[&Host], seed: u64) -> Counted {
+    let out = baton()
+        .args(["kv", "get", "--config"])
+        .arg(config)
+        .args(["--plugin", "counter", "count"])
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let value: u64 = text.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let mut ok: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut in_doubt = 0;
+    for h in hosts {
+        // Per term of this process: the last try not yet answered.
+        let mut open: BTreeMap<u64, u64> = BTreeMap::new();
+        for e in h.all(|e| e.guest_line("counter", "kv ")) {
+            let Some((what, n, term)) = parse(e.message()) else { continue };
+            match what {
+                "try" => {
+                    in_doubt += usize::from(open.insert(term, n).is_some());
+                }
+                "ok" => {
+                    open.remove(&term);
+                    let before = ok.insert(n, term);
+                    assert!(before.is_none(), "seed {seed}: count {n} acknowledged twice (terms {before:?} and {term})");
+                }
+                "conflict" => {
+                    open.remove(&term);
+                }
+                _ => {}
+            }
+        }
+        in_doubt += open.len();
+    }
+    assert!(
+        ok.keys().all(|n| *n <= value),
+        "seed {seed}: counts acknowledged above the final value {value}: {:?}",
+        ok.keys().rev().take(3).collect::<Vec<_>>()
+    );
+    let missing = (1..=value).filter(|n| !ok.contains_key(n)).count();
+    assert!(
+        missing <= in_doubt,
+        "seed {seed}: {missing} counts up to {value} were never acknowledged, but only {in_doubt} tries went unanswered"
+    );
+    let terms: Vec<u64> = ok.values().copied().collect();
+    let back = terms.windows(2).find(|w| w[1] < w[0]);
+    assert!(back.is_none(), "seed {seed}: a write of term {:?} landed after one of a newer term", back);
+    let distinct: BTreeSet<u64> = terms.iter().copied().collect();
+    println!(
+        "  counter: final {value}, {} acknowledged over {} terms, {in_doubt} tries unanswered",
+        ok.len(),
+        distinct.len()
+    );
+    Counted {
+        value,
+        acknowledged: ok.len(),
+        in_doubt,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn lines_are_read() {
+        assert_eq!(parse("kv ok n=12 term=3"), Some(("ok", 12, 3)));
+        assert_eq!(parse("kv error n=2 term=3 error=x"), Some(("error", 2, 3)));
+        assert_eq!(parse("tick 1"), None);
+    }
+}
