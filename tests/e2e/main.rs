@@ -20,6 +20,7 @@ mod ops;
 mod reload;
 mod sockets;
 mod spread;
+mod state;
 mod status;
 mod support;
 mod terms;
