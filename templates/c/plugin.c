@@ -1,8 +1,15 @@
 // {{name}}: a baton plugin in C for the `pollable-plugin` world.
 //
-// While this host leads, it prints `tick term=T n=N` once a second; it waits
-// on the change pollable and the timer together, so it returns as soon as the
-// term is over.
+// While this host leads, it prints `tick term=T n=N` once a second (the
+// setting `interval-ms` of its `config` table in baton.toml changes the
+// period); it waits on the change pollable and the timer together, so it
+// returns as soon as the term is over.
+//
+// `N` counts the ticks of every term: it is kept in the plugin's own
+// key-value bucket (`default`), which outlives the instance, so the next
+// leader, on this host or another, goes on from where this one stopped. The
+// host refuses a write from a term that is over, and the task then ends
+// with that error.
 //
 // With REPORT_URL set (see baton.toml: the variable and an `http` grant),
 // each tick also sends `POST REPORT_URL` with a small JSON body over
@@ -51,10 +58,10 @@ static bool wait_or_change(wasi_io_poll_own_pollable_t p, wasi_io_poll_own_polla
     return changed;
 }
 
-// Whether `change` fired before a one-second timer did.
-static bool wait_change_or_second(wasi_io_poll_own_pollable_t change) {
+// Whether `change` fired before a timer of `ms` milliseconds did.
+static bool wait_change_or(wasi_io_poll_own_pollable_t change, uint64_t ms) {
     wasi_io_poll_own_pollable_t timer =
-        wasi_clocks_0_2_12_monotonic_clock_subscribe_duration(1000000000ull);
+        wasi_clocks_0_2_12_monotonic_clock_subscribe_duration(ms * 1000000ull);
     bool changed = wait_or_change(timer, change);
     wasi_io_poll_pollable_drop_own(timer);
     return changed;
@@ -62,6 +69,47 @@ static bool wait_change_or_second(wasi_io_poll_own_pollable_t change) {
 
 static plugin_string_t str(const char *s, size_t len) {
     return (plugin_string_t){(uint8_t *)s, len};
+}
+
+// The setting `key` of the plugin's `config` table as a number, or
+// `fallback` when it has none (or it cannot be read).
+static uint64_t setting_u64(const char *key, uint64_t fallback) {
+    plugin_string_t k = str(key, strlen(key));
+    plugin_option_string_t value;
+    wasi_config_store_error_t error;
+    if (!wasi_config_store_get(&k, &value, &error)) {
+        wasi_config_store_error_free(&error);
+        return fallback;
+    }
+    uint64_t n = fallback;
+    if (value.is_some) {
+        char text[32];
+        snprintf(text, sizeof text, "%.*s", (int)value.val.len, (const char *)value.val.ptr);
+        char *end;
+        unsigned long long parsed = strtoull(text, &end, 10);
+        if (end != text && *end == 0) n = parsed;
+    }
+    plugin_option_string_free(&value);
+    return n;
+}
+
+// Sets `err` (the `err` of `run`'s result) to "WHAT: WHY" and frees `e`.
+static void kv_failed(plugin_string_t *err, const char *what, wasi_keyvalue_store_error_t *e) {
+    char text[512];
+    switch (e->tag) {
+    case WASI_KEYVALUE_STORE_ERROR_NO_SUCH_STORE:
+        snprintf(text, sizeof text, "%s: no-such-store", what);
+        break;
+    case WASI_KEYVALUE_STORE_ERROR_ACCESS_DENIED:
+        snprintf(text, sizeof text, "%s: access-denied", what);
+        break;
+    default:
+        snprintf(text, sizeof text, "%s: %.*s", what, (int)e->val.other.len,
+                 (const char *)e->val.other.ptr);
+    }
+    wasi_keyvalue_store_error_free(e);
+    // Heap-allocated: the generated code frees it after `run` returns.
+    plugin_string_dup(err, text);
 }
 
 // POSTs `body` to `url` (http://HOST[:PORT]/PATH or https://...). Returns the
@@ -172,11 +220,22 @@ static int post(const char *url, const char *body, wasi_io_poll_own_pollable_t c
 
 bool exports_baton_leader_task_sync_run(exports_baton_leader_task_sync_status_t *status,
                                         plugin_string_t *err) {
-    (void)err;
     uint64_t term = status->term;
+    bool ok = true;
     printf("start term=%llu\n", (unsigned long long)term);
     fflush(stdout);
     const char *report_url = getenv("REPORT_URL");
+    // A setting, with a default when the `config` table has none.
+    uint64_t interval_ms = setting_u64("interval-ms", 1000);
+    // The plugin's own bucket: granted without configuration.
+    plugin_string_t bucket_name = str("default", 7), key = str("ticks", 5);
+    wasi_keyvalue_store_own_bucket_t bucket;
+    wasi_keyvalue_store_error_t kv_error;
+    if (!wasi_keyvalue_store_open(&bucket_name, &bucket, &kv_error)) {
+        kv_failed(err, "open", &kv_error);
+        exports_baton_leader_task_sync_status_free(status);
+        return false;
+    }
 
     // Watch first: if the status already differs from the one `run` got, the
     // term is over before it started; otherwise the pollable is ready on the
@@ -184,31 +243,45 @@ bool exports_baton_leader_task_sync_run(exports_baton_leader_task_sync_status_t 
     baton_leader_status_pollable_tuple2_status_own_pollable_t now;
     baton_leader_status_pollable_current_status(&now);
     if (same_status(&now.f0, status)) {
-        for (unsigned long n = 1; !wait_change_or_second(now.f1); n++) {
-            printf("tick term=%llu n=%lu\n", (unsigned long long)term, n);
+        while (!wait_change_or(now.f1, interval_ms)) {
+            // One atomic step in the store; fails once a newer term has
+            // claimed the bucket.
+            int64_t n;
+            if (!wasi_keyvalue_atomics_increment(wasi_keyvalue_store_borrow_bucket(bucket), &key, 1,
+                                                 &n, &kv_error)) {
+                kv_failed(err, "increment", &kv_error);
+                ok = false;
+                break;
+            }
+            printf("tick term=%llu n=%lld\n", (unsigned long long)term, (long long)n);
             fflush(stdout);
             if (report_url && *report_url) {
                 char body[256], why[128];
-                snprintf(body, sizeof body, "{\"lease\":\"%.*s\",\"term\":%llu,\"tick\":%lu}",
+                snprintf(body, sizeof body, "{\"lease\":\"%.*s\",\"term\":%llu,\"tick\":%lld}",
                          (int)status->lease.len, (const char *)status->lease.ptr,
-                         (unsigned long long)term, n);
+                         (unsigned long long)term, (long long)n);
                 int code = post(report_url, body, now.f1, why, sizeof why);
                 if (code == 0) break; // the status changed
                 if (code > 0) {
-                    printf("report status=%d term=%llu n=%lu\n", code, (unsigned long long)term, n);
+                    printf("report status=%d term=%llu n=%lld\n", code, (unsigned long long)term,
+                           (long long)n);
                 } else {
-                    printf("report error %s term=%llu n=%lu\n", why, (unsigned long long)term, n);
+                    printf("report error %s term=%llu n=%lld\n", why, (unsigned long long)term,
+                           (long long)n);
                 }
                 fflush(stdout);
             }
         }
     }
     baton_leader_status_pollable_tuple2_status_own_pollable_free(&now);
+    wasi_keyvalue_store_bucket_drop_own(bucket);
 
-    baton_leader_status_pollable_current_status(&now);
-    printf("stop term=%llu role=%s\n", (unsigned long long)term, role_name(now.f0.role));
-    fflush(stdout);
-    baton_leader_status_pollable_tuple2_status_own_pollable_free(&now);
+    if (ok) {
+        baton_leader_status_pollable_current_status(&now);
+        printf("stop term=%llu role=%s\n", (unsigned long long)term, role_name(now.f0.role));
+        fflush(stdout);
+        baton_leader_status_pollable_tuple2_status_own_pollable_free(&now);
+    }
     exports_baton_leader_task_sync_status_free(status);
-    return true;
+    return ok;
 }

@@ -1,8 +1,16 @@
 """{{name}}: a baton plugin in Python for the `future-plugin` world.
 
-While this host leads, it prints `tick term=T n=N` once a second; it awaits
-the change future and a one-second timer together, so it returns as soon as
-the term is over.
+While this host leads, it prints `tick term=T n=N` once a second (the
+setting `interval-ms` of its `config` table in `baton.toml` changes the
+period); it awaits the change future and the timer together, so it returns
+as soon as the term is over.
+
+`N` counts the ticks of every term: it is kept in the plugin's own key-value
+bucket (`default`), which outlives the instance, so the next leader, on this
+host or another, goes on from where this one stopped. The host refuses a
+write from a term that is over, and the task then ends with that error. The
+key-value and config calls are plain (blocking) calls in this world too: no
+`await`.
 
 The timer is `wasi:clocks/monotonic-clock@0.3.0.wait-for`: `asyncio.sleep`
 does not work in componentize-py's event loop (it has no `call_later`).
@@ -22,15 +30,30 @@ from typing import Optional
 from componentize_py_async_support import spawn
 from componentize_py_types import Err, Ok
 from wit_world import exports
-from wit_world.imports import outgoing_handler, poll, status_future
+from wit_world.imports import atomics, outgoing_handler, poll, status_future
+from wit_world.imports import wasi_config_store as config
+from wit_world.imports import wasi_keyvalue_store as kv
 from wit_world.imports import wasi_clocks_monotonic_clock_0_2_12 as clock02
 from wit_world.imports import wasi_clocks_monotonic_clock_0_3_0 as monotonic_clock
 from wit_world.imports import wasi_http_types as http
 from wit_world.imports.baton_leader_types import Status
 from wit_world.imports.streams import StreamError_Closed
 
-SECOND_NS = 1_000_000_000
 MILLI_NS = 1_000_000
+
+
+def why(e: Err) -> str:
+    """The text of a `wasi:keyvalue` or `wasi:config` error raised as `Err`."""
+    return str(getattr(e.value, "value", type(e.value).__name__.removeprefix("Error_")))
+
+
+def setting(key: str, default: str) -> str:
+    """The plugin's setting `key` (its `config` table), or `default`."""
+    try:
+        value = config.get(key)
+    except Err as e:
+        raise Err(f"config {key}: {why(e)}")
+    return default if value is None else value
 
 
 async def ready(pollable: poll.Pollable, changed: "asyncio.Future[Status]") -> bool:
@@ -100,14 +123,18 @@ class TaskAsync(exports.TaskAsync):
         term = status.term
         print(f"start term={term}", flush=True)
         report_url = os.environ.get("REPORT_URL")
+        interval_ns = int(setting("interval-ms", "1000")) * MILLI_NS
+        try:
+            bucket = kv.open("default")
+        except Err as e:
+            raise Err(f"open: {why(e)}")
         # Resolves, with the new status, on the next change; if `now`
         # already differs from the status `run` got, the term is over.
         now, change = status_future.current_status()
         if now == status:
             changed = asyncio.ensure_future(change.read())
-            n = 0
             while True:
-                timer = asyncio.ensure_future(monotonic_clock.wait_for(SECOND_NS))
+                timer = asyncio.ensure_future(monotonic_clock.wait_for(interval_ns))
                 done, _ = await asyncio.wait(
                     [changed, timer], return_when=asyncio.FIRST_COMPLETED
                 )
@@ -118,7 +145,13 @@ class TaskAsync(exports.TaskAsync):
                     # after `run` has returned.
                     spawn(_finish(timer))
                     break
-                n += 1
+                # One atomic step in the store; fails once a newer term has
+                # claimed the bucket.
+                try:
+                    n = atomics.increment(bucket, "ticks", 1)
+                except Err as e:
+                    spawn(_finish(changed))
+                    raise Err(f"increment: {why(e)}")
                 print(f"tick term={term} n={n}", flush=True)
                 if report_url:
                     body = json.dumps({"lease": status.lease, "term": term, "tick": n}).encode()

@@ -1,8 +1,14 @@
 """{{name}}: a baton plugin in Python for the `pollable-plugin` world.
 
-While this host leads, it prints `tick term=T n=N` once a second; it waits
-on the change pollable and the timer together, so it returns as soon as the
-term is over.
+While this host leads, it prints `tick term=T n=N` once a second (the
+setting `interval-ms` of its `config` table in `baton.toml` changes the
+period); it waits on the change pollable and the timer together, so it
+returns as soon as the term is over.
+
+`N` counts the ticks of every term: it is kept in the plugin's own key-value
+bucket (`default`), which outlives the instance, so the next leader, on this
+host or another, goes on from where this one stopped. The host refuses a
+write from a term that is over, and the task then ends with that error.
 
 With `REPORT_URL` set (see `baton.toml`: the variable and an `http` grant),
 each tick also sends `POST REPORT_URL` with a small JSON body over
@@ -17,12 +23,28 @@ from typing import Optional
 
 from componentize_py_types import Err, Ok
 from wit_world import exports
-from wit_world.imports import monotonic_clock, outgoing_handler, poll, status_pollable
+from wit_world.imports import atomics, monotonic_clock, outgoing_handler, poll, status_pollable
+from wit_world.imports import wasi_config_store as config
 from wit_world.imports import wasi_http_types as http
+from wit_world.imports import wasi_keyvalue_store as kv
 from wit_world.imports.baton_leader_types import Status
 from wit_world.imports.streams import StreamError_Closed
 
-SECOND_NS = 1_000_000_000
+MILLI_NS = 1_000_000
+
+
+def why(e: Err) -> str:
+    """The text of a `wasi:keyvalue` or `wasi:config` error raised as `Err`."""
+    return str(getattr(e.value, "value", type(e.value).__name__.removeprefix("Error_")))
+
+
+def setting(key: str, default: str) -> str:
+    """The plugin's setting `key` (its `config` table), or `default`."""
+    try:
+        value = config.get(key)
+    except Err as e:
+        raise Err(f"config {key}: {why(e)}")
+    return default if value is None else value
 
 
 def post(url: str, body: bytes, change: poll.Pollable) -> Optional[int]:
@@ -73,15 +95,24 @@ class TaskSync(exports.TaskSync):
         term = status.term
         print(f"start term={term}", flush=True)
         report_url = os.environ.get("REPORT_URL")
+        interval_ns = int(setting("interval-ms", "1000")) * MILLI_NS
         # Ready once the status differs from `now`; if `now` already differs
         # from the status `run` got, the term is over.
         now, change = status_pollable.current_status()
-        n = 0
+        try:
+            bucket = kv.open("default")
+        except Err as e:
+            raise Err(f"open: {why(e)}")
         while now == status:
-            timer = monotonic_clock.subscribe_duration(SECOND_NS)
+            timer = monotonic_clock.subscribe_duration(interval_ns)
             if 0 in poll.poll([change, timer]):
                 break
-            n += 1
+            # One atomic step in the store; fails once a newer term has
+            # claimed the bucket.
+            try:
+                n = atomics.increment(bucket, "ticks", 1)
+            except Err as e:
+                raise Err(f"increment: {why(e)}")
             print(f"tick term={term} n={n}", flush=True)
             if report_url:
                 body = json.dumps({"lease": status.lease, "term": term, "tick": n}).encode()

@@ -541,6 +541,26 @@ fn new_builds_and_checks(lang: &str, world: &str) {
         e.is(STOPPED, Some(&name)) || e.is("leader task finished for this term", Some(&name))
     });
     assert!(h.wait_exit(SECS(5)).success());
+
+    // Its tick count is in its key-value bucket (the embedded store's,
+    // beside the leases): the next host goes on counting, in a newer term.
+    let counts = |h: &Host| -> Vec<u64> {
+        h.all(|e| e.guest_line(&name, "tick term="))
+            .iter()
+            .filter_map(|e| e.message().split_whitespace().find_map(|w| w.strip_prefix("n=")))
+            .map(|n| n.parse().unwrap())
+            .collect()
+    };
+    let first = counts(&h);
+    let last = *first.last().unwrap();
+    assert_eq!(first, (1..=last).collect::<Vec<_>>(), "{}", h.output());
+    let next = Host::start("host-2", &cfg);
+    let tick = next.wait_for(SECS(60), "a tick of the next term", |e| {
+        e.guest_line(&name, "tick term=")
+    });
+    assert!(tick.guest_term().unwrap() > term, "{}", next.output());
+    assert_eq!(counts(&next).first(), Some(&(last + 1)), "{}", next.output());
+    println!("{lang} {world}: term {term} counted to {last}, the next term went on");
 }
 
 #[test]
