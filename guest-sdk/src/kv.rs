@@ -7,9 +7,11 @@
 //! on this host or another, reads it back.
 //!
 //! [`Bucket::open("default")`](Bucket::open) opens the plugin's own bucket,
-//! which every plugin may use. Other names must be granted in the plugin's
-//! `keyvalue` list in the host's configuration; an ungranted name fails with
-//! [`Error::AccessDenied`]. The host *fences* the buckets: before the term's
+//! which every plugin may use. Other names (lowercase DNS labels) must be
+//! granted in the plugin's `keyvalue` list in the host's configuration; an
+//! ungranted name fails with [`Error::AccessDenied`]. Such a bucket belongs
+//! to the plugin's lease: every plugin of that lease granted the name sees
+//! the same data. The host *fences* the buckets: before the term's
 //! first call it claims them for the term, and a write from an older term
 //! fails ([`Error::is_fenced`]). So a write that succeeds was made while
 //! this host still led, and a task whose write fails should stop (return
@@ -83,10 +85,12 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether the host refused a write because a newer term has claimed
-    /// the bucket: this task's term is over, whatever its status says yet.
+    /// Whether the host refused a write because this task's term is over:
+    /// a newer term has claimed the bucket, or the term is past its
+    /// force-stop time. Whatever the status says yet, stop.
     pub fn is_fenced(&self) -> bool {
-        matches!(self, Error::Other(m) if m.contains("has claimed the bucket"))
+        matches!(self, Error::Other(m)
+            if m.contains("has claimed the bucket") || m.contains("past its force-stop time"))
     }
 }
 
@@ -352,6 +356,10 @@ mod tests {
         let fenced =
             Error::Other("bucket default: refused a write of term 3: term 4 has claimed the bucket".into());
         assert!(fenced.is_fenced());
+        let stopped = Error::Other(
+            "bucket demo/default: refused a write of term 3: the term is past its force-stop time".into(),
+        );
+        assert!(stopped.is_fenced());
         assert!(!Error::Other("value too large".into()).is_fenced());
         assert!(!Error::AccessDenied.is_fenced());
         assert!(Error::AccessDenied.to_string().contains("keyvalue grant"));
