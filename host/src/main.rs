@@ -146,7 +146,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = match cli.command {
-        Command::Status { .. } | Command::Yield { .. } | Command::Kv { .. } => baton::ops::logging::QUIET_FILTER,
+        Command::Status { .. } | Command::Yield { .. } | Command::Kv { .. } => {
+            baton::ops::logging::QUIET_FILTER
+        }
         _ => baton::ops::logging::DEFAULT_FILTER,
     };
     // Only `baton run` draws progress: the other commands print their

@@ -28,7 +28,13 @@ fn config_with(s: &Scratch, tables: &str) -> std::path::PathBuf {
 
 /// `baton kv ARGS --config CFG`: (exit success, stdout, stderr).
 fn kv(cfg: &std::path::Path, args: &[&str]) -> (bool, String, String) {
-    let out = baton().arg("kv").args(args).arg("--config").arg(cfg).output().unwrap();
+    let out = baton()
+        .arg("kv")
+        .args(args)
+        .arg("--config")
+        .arg(cfg)
+        .output()
+        .unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -49,25 +55,46 @@ fn n_of(e: &Event) -> u64 {
 fn a_leader_paused_in_a_write_past_its_lease_cannot_land_it() {
     let s = Scratch::new();
     let cfg = config_with(&s, &counter("counter", "env = { KV_INTERVAL_MS = \"50\" }"));
-    let a = Host::start_opts("a", &cfg, Opts { env: &[("BATON_TEST_BUCKET_WRITE_DELAY", "3s")], ..Opts::default() });
+    let a = Host::start_opts(
+        "a",
+        &cfg,
+        Opts {
+            env: &[("BATON_TEST_BUCKET_WRITE_DELAY", "3s")],
+            ..Opts::default()
+        },
+    );
     let tried = a.wait_for(SECS(30), "a's first try", |e| e.guest_line("counter", "kv try"));
     a.signal(libc::SIGSTOP);
     let stale_term = tried.guest_term().unwrap();
     let mut b = Host::start("b", &cfg);
     let first = b.wait_for(SECS(30), "b's first write", |e| e.guest_line("counter", "kv ok"));
     assert!(first.guest_term().unwrap() > stale_term);
-    assert_eq!(n_of(&first), 1, "a's write was not in the store before b's: {}", first.message());
+    assert_eq!(
+        n_of(&first),
+        1,
+        "a's write was not in the store before b's: {}",
+        first.message()
+    );
     a.signal(libc::SIGCONT);
-    let refused = a.wait_for(SECS(10), "a's write refused", |e| e.message() == "refused a stale write");
+    let refused = a.wait_for(SECS(10), "a's write refused", |e| {
+        e.message() == "refused a stale write"
+    });
     assert_eq!(refused.u64("term"), Some(stale_term));
     let error = refused.str("error").unwrap_or_default();
-    assert!(error.contains(&format!("term {} has claimed", first.guest_term().unwrap())), "{error}");
+    assert!(
+        error.contains(&format!("term {} has claimed", first.guest_term().unwrap())),
+        "{error}"
+    );
     std::thread::sleep(Duration::from_millis(300));
     b.sigterm();
     b.wait_exit(SECS(10));
     let (_, value, _) = kv(&cfg, &["get", "count"]);
     let term: u64 = value.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert_eq!(term, first.guest_term().unwrap(), "the value was last written by b's term: {value}");
+    assert_eq!(
+        term,
+        first.guest_term().unwrap(),
+        "the value was last written by b's term: {value}"
+    );
 }
 
 #[test]
@@ -85,17 +112,34 @@ fn buckets_not_granted_are_denied_and_limits_are_errors_in_the_guest() {
     .concat();
     let cfg = config_with(&s, &tables);
     let mut h = Host::start("h", &cfg);
-    let line = |plugin: &str, prefix: &str| h.wait_for(SECS(30), prefix, |e| e.guest_line(plugin, prefix)).message().to_owned();
+    let line = |plugin: &str, prefix: &str| {
+        h.wait_for(SECS(30), prefix, |e| e.guest_line(plugin, prefix))
+            .message()
+            .to_owned()
+    };
     assert_eq!(line("own", "kv open"), "kv open bucket=default result=ok");
     assert_eq!(line("own", "kv set"), "kv set bytes=10 result=ok");
-    assert_eq!(line("denied", "kv open"), "kv open bucket=other result=access-denied");
-    assert_eq!(line("no-default", "kv open"), "kv open bucket=default result=access-denied");
+    assert_eq!(
+        line("denied", "kv open"),
+        "kv open bucket=other result=access-denied"
+    );
+    assert_eq!(
+        line("no-default", "kv open"),
+        "kv open bucket=default result=access-denied"
+    );
     assert_eq!(line("shared", "kv open"), "kv open bucket=jobs result=ok");
     let set = line("shared", "kv set");
-    assert!(set.contains("result=other:") && set.contains("demo/jobs") && set.contains("limit of 1024 bytes"), "{set}");
+    assert!(
+        set.contains("result=other:plugin \"shared\"")
+            && set.contains("demo/jobs")
+            && set.contains("limit of 1024 bytes"),
+        "{set}"
+    );
     // The host goes on: every plugin's task ended by itself.
     for p in ["own", "denied", "shared", "no-default"] {
-        h.wait_for(SECS(10), "task ended", |e| e.is("leader task finished for this term", Some(p)));
+        h.wait_for(SECS(10), "task ended", |e| {
+            e.is("leader task finished for this term", Some(p))
+        });
     }
     assert!(h.exited().is_none());
 }
@@ -114,13 +158,23 @@ fn baton_kv_reads_writes_and_fences_a_running_leader_only_when_forced() {
     let (_, keys, _) = kv(&cfg, &["list", "--plugin", "counter"]);
     assert_eq!(keys.lines().collect::<Vec<_>>(), ["count", "note"]);
     let (ok, _, err) = kv(&cfg, &["put", "note", "refused"]);
-    assert!(!ok && err.contains("is held by") && err.contains(&format!("in term {term}")), "{err}");
+    assert!(
+        !ok && err.contains("is held by") && err.contains(&format!("in term {term}")),
+        "{err}"
+    );
     let (ok, out, err) = kv(&cfg, &["put", "note", "forced", "--force"]);
     assert!(ok, "{err}");
-    assert!(out.contains(&format!("in term {}", term + 1)) && out.contains("was displaced"), "{out}");
+    assert!(
+        out.contains(&format!("in term {}", term + 1)) && out.contains("was displaced"),
+        "{out}"
+    );
     // The leader's next write is refused, or its task was stopped first.
-    h.wait_for(SECS(10), "the old term stopped", |e| e.is("leader task stopped", Some("counter")) && e.u64("term") == Some(term));
-    let next = h.wait_for(SECS(30), "a write of a later term", |e| e.guest_line("counter", "kv ok") && e.guest_term() > Some(term + 1));
+    h.wait_for(SECS(10), "the old term stopped", |e| {
+        e.is("leader task stopped", Some("counter")) && e.u64("term") == Some(term)
+    });
+    let next = h.wait_for(SECS(30), "a write of a later term", |e| {
+        e.guest_line("counter", "kv ok") && e.guest_term() > Some(term + 1)
+    });
     assert!(next.guest_term().unwrap() > term + 1);
     let (_, note, _) = kv(&cfg, &["get", "note"]);
     assert_eq!(note, "forced");
@@ -128,7 +182,9 @@ fn baton_kv_reads_writes_and_fences_a_running_leader_only_when_forced() {
     assert!(ok);
     let (ok, _, err) = kv(&cfg, &["get", "note"]);
     assert!(!ok && err.contains("no key \"note\""), "{err}");
-    let written = h.all(|e| e.guest_line("counter", "kv ok") && e.guest_term() == Some(term)).len();
+    let written = h
+        .all(|e| e.guest_line("counter", "kv ok") && e.guest_term() == Some(term))
+        .len();
     assert!(written > 0);
 }
 
@@ -145,15 +201,24 @@ fn writers_killed_at_random_points_leave_every_acknowledged_write() {
         std::thread::sleep(Duration::from_millis(rng.random_range(50..400)));
         h.sigkill();
         h.wait_exit(SECS(10));
-        let last = h.all(|e| e.guest_line("counter", "kv ok")).last().map(n_of).unwrap();
+        let last = h
+            .all(|e| e.guest_line("counter", "kv ok"))
+            .last()
+            .map(n_of)
+            .unwrap();
         let conn = rusqlite::Connection::open(&db).unwrap();
-        let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(check, "ok", "round {round}");
         drop(conn);
         let (ok, value, err) = kv(&cfg, &["get", "count"]);
         assert!(ok, "round {round}: {err}");
         let n: u64 = value.split_whitespace().next().unwrap().parse().unwrap();
-        assert!(n >= last && n <= last + 1, "round {round}: stored {n}, last acknowledged {last}");
+        assert!(
+            n >= last && n <= last + 1,
+            "round {round}: stored {n}, last acknowledged {last}"
+        );
         assert!(last > acknowledged, "round {round}: no progress");
         acknowledged = last;
         // The next host takes over once this one's lease ran out.
@@ -170,14 +235,38 @@ fn config_values_come_from_the_table_a_file_and_the_environment() {
         secret.display().to_string()
     );
     let cfg = config_with(&s, &counter("cfg", &extra));
-    let h = Host::start_opts("h", &cfg, Opts { env: &[("BATON_TEST_HOME", "/srv")], ..Opts::default() });
-    let line = |prefix: &str| h.wait_for(SECS(30), prefix, |e| e.guest_line("cfg", prefix)).message().to_owned();
-    assert_eq!(line("config get key=region"), "config get key=region value=eu-west");
+    let h = Host::start_opts(
+        "h",
+        &cfg,
+        Opts {
+            env: &[("BATON_TEST_HOME", "/srv")],
+            ..Opts::default()
+        },
+    );
+    let line = |prefix: &str| {
+        h.wait_for(SECS(30), prefix, |e| e.guest_line("cfg", prefix))
+            .message()
+            .to_owned()
+    };
+    assert_eq!(
+        line("config get key=region"),
+        "config get key=region value=eu-west"
+    );
     assert_eq!(line("config get key=token"), "config get key=token value=s3cret");
     assert_eq!(line("config get key=home"), "config get key=home value=/srv");
-    assert_eq!(line("config get key=missing"), "config get key=missing value=none");
+    assert_eq!(
+        line("config get key=missing"),
+        "config get key=missing value=none"
+    );
     assert_eq!(line("config all"), "config all n=3");
-    let out = baton().arg("check").arg(guest("kv_counter.wasm")).output().unwrap();
+    let out = baton()
+        .arg("check")
+        .arg(guest("kv_counter.wasm"))
+        .output()
+        .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains("wasi:keyvalue") && said.contains("wasi:config"), "{said}");
+    assert!(
+        said.contains("wasi:keyvalue") && said.contains("wasi:config"),
+        "{said}"
+    );
 }

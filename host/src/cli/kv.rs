@@ -87,7 +87,12 @@ pub async fn execute(action: KvAction) -> anyhow::Result<ExitCode> {
     match action {
         KvAction::List { target } => list(&target).await,
         KvAction::Get { target, key } => get(&target, &key).await,
-        KvAction::Put { target, key, value, force } => {
+        KvAction::Put {
+            target,
+            key,
+            value,
+            force,
+        } => {
             let value = if value == "-" {
                 let mut bytes = Vec::new();
                 std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)?;
@@ -111,7 +116,11 @@ struct Opened {
 async fn open(file: &Path) -> anyhow::Result<Opened> {
     let config = Config::load(file)?;
     let (leases, buckets) = crate::daemon::serve::open_stores(&config).await?;
-    Ok(Opened { config, leases, buckets })
+    Ok(Opened {
+        config,
+        leases,
+        buckets,
+    })
 }
 
 /// The lease named, or the configuration's only one.
@@ -119,9 +128,16 @@ fn lease_of(config: &Config, target: &Target) -> anyhow::Result<String> {
     let names: Vec<&str> = config.leases.iter().map(|l| l.name.as_str()).collect();
     match (&target.lease, names.as_slice()) {
         (Some(l), _) if names.contains(&l.as_str()) => Ok(l.clone()),
-        (Some(l), _) => bail!("lease {l:?} is not in the configuration (its leases: {})", names.join(", ")),
+        (Some(l), _) => bail!(
+            "lease {l:?} is not in the configuration (its leases: {})",
+            names.join(", ")
+        ),
         (None, [only]) => Ok((*only).to_owned()),
-        (None, _) => bail!("the configuration has {} leases ({}): name one with --lease", names.len(), names.join(", ")),
+        (None, _) => bail!(
+            "the configuration has {} leases ({}): name one with --lease",
+            names.len(),
+            names.join(", ")
+        ),
     }
 }
 
@@ -139,9 +155,16 @@ fn bucket_of(config: &Config, target: &Target) -> anyhow::Result<BucketName> {
         .collect();
     let plugin = match (&target.plugin, plugins.as_slice()) {
         (Some(p), _) if plugins.contains(&p.as_str()) => p.clone(),
-        (Some(p), _) => bail!("plugin {p:?} is not under lease {lease:?} (its plugins: {})", plugins.join(", ")),
+        (Some(p), _) => bail!(
+            "plugin {p:?} is not under lease {lease:?} (its plugins: {})",
+            plugins.join(", ")
+        ),
         (None, [only]) => (*only).to_owned(),
-        (None, _) => bail!("lease {lease:?} has {} plugins ({}): name one with --plugin, or --bucket", plugins.len(), plugins.join(", ")),
+        (None, _) => bail!(
+            "lease {lease:?} has {} plugins ({}): name one with --plugin, or --bucket",
+            plugins.len(),
+            plugins.join(", ")
+        ),
     };
     Ok(BucketName::new(&lease, &plugin))
 }
@@ -149,7 +172,11 @@ fn bucket_of(config: &Config, target: &Target) -> anyhow::Result<BucketName> {
 async fn list(target: &Target) -> anyhow::Result<ExitCode> {
     let opened = open(&target.config).await?;
     if target.bucket.is_none() && target.plugin.is_none() {
-        let lease = target.lease.as_ref().map(|_| lease_of(&opened.config, target)).transpose()?;
+        let lease = target
+            .lease
+            .as_ref()
+            .map(|_| lease_of(&opened.config, target))
+            .transpose()?;
         let all = opened.buckets.buckets(lease.as_deref()).await?;
         if target.output == OutputFormat::Json {
             let json: Vec<_> = all
@@ -158,9 +185,15 @@ async fn list(target: &Target) -> anyhow::Result<ExitCode> {
                 .collect();
             println!("{}", serde_json::to_string_pretty(&json)?);
         } else {
-            println!("{:<24} {:<24} {:>8} {:>8} {:>10}", "LEASE", "BUCKET", "FENCE", "ENTRIES", "BYTES");
+            println!(
+                "{:<24} {:<24} {:>8} {:>8} {:>10}",
+                "LEASE", "BUCKET", "FENCE", "ENTRIES", "BYTES"
+            );
             for b in &all {
-                println!("{:<24} {:<24} {:>8} {:>8} {:>10}", b.name.lease, b.name.bucket, b.fence, b.entries, b.bytes);
+                println!(
+                    "{:<24} {:<24} {:>8} {:>8} {:>10}",
+                    b.name.lease, b.name.bucket, b.fence, b.entries, b.bytes
+                );
             }
         }
         return Ok(ExitCode::SUCCESS);
@@ -168,7 +201,10 @@ async fn list(target: &Target) -> anyhow::Result<ExitCode> {
     let bucket = bucket_of(&opened.config, target)?;
     let mut keys = Vec::new();
     loop {
-        let page = opened.buckets.list_keys(&bucket, keys.last().map(String::as_str), 1000).await?;
+        let page = opened
+            .buckets
+            .list_keys(&bucket, keys.last().map(String::as_str), 1000)
+            .await?;
         let done = page.len() < 1000;
         keys.extend(page);
         if done {
@@ -176,7 +212,12 @@ async fn list(target: &Target) -> anyhow::Result<ExitCode> {
         }
     }
     if target.output == OutputFormat::Json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"lease": bucket.lease, "bucket": bucket.bucket, "keys": keys}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"lease": bucket.lease, "bucket": bucket.bucket, "keys": keys})
+            )?
+        );
     } else {
         for k in keys {
             println!("{k}");
@@ -195,10 +236,14 @@ async fn get(target: &Target, key: &str) -> anyhow::Result<ExitCode> {
     if target.output == OutputFormat::Json {
         let value = match std::str::from_utf8(&entry.value) {
             Ok(text) => serde_json::json!({"value": text}),
-            Err(_) => serde_json::json!({"value_base64": base64::engine::general_purpose::STANDARD.encode(&entry.value)}),
+            Err(_) => {
+                serde_json::json!({"value_base64": base64::engine::general_purpose::STANDARD.encode(&entry.value)})
+            }
         };
         let mut json = serde_json::json!({"lease": bucket.lease, "bucket": bucket.bucket, "key": key, "version": entry.version});
-        json.as_object_mut().context("an object")?.extend(value.as_object().cloned().unwrap_or_default());
+        json.as_object_mut()
+            .context("an object")?
+            .extend(value.as_object().cloned().unwrap_or_default());
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         use std::io::Write as _;
@@ -213,12 +258,23 @@ async fn get(target: &Target, key: &str) -> anyhow::Result<ExitCode> {
 async fn write(target: &Target, op: Op, force: bool) -> anyhow::Result<ExitCode> {
     let opened = open(&target.config).await?;
     let bucket = bucket_of(&opened.config, target)?;
-    let lease = opened.config.leases.iter().find(|l| l.name == bucket.lease).context("the lease")?;
+    let lease = opened
+        .config
+        .leases
+        .iter()
+        .find(|l| l.name == bucket.lease)
+        .context("the lease")?;
     let limits = opened
         .config
         .plugins
         .iter()
-        .find(|p| p.lease == bucket.lease && p.spec.keyvalue.stored(&bucket.lease, &p.spec.name).contains(&bucket))
+        .find(|p| {
+            p.lease == bucket.lease
+                && p.spec
+                    .keyvalue
+                    .stored(&bucket.lease, &p.spec.name)
+                    .contains(&bucket)
+        })
         .map_or_else(Default::default, |p| p.spec.keyvalue.limits);
     let operator = Operator {
         leases: &*opened.leases,
@@ -237,7 +293,10 @@ async fn write(target: &Target, op: Op, force: bool) -> anyhow::Result<ExitCode>
         None => String::new(),
     };
     if target.output == OutputFormat::Json {
-        println!("{}", serde_json::json!({"lease": bucket.lease, "bucket": bucket.bucket, "term": written.term, "displaced": written.displaced}));
+        println!(
+            "{}",
+            serde_json::json!({"lease": bucket.lease, "bucket": bucket.bucket, "term": written.term, "displaced": written.displaced})
+        );
     } else {
         println!("written to bucket {bucket} in term {}{note}", written.term);
     }

@@ -179,7 +179,14 @@ impl Source<'_> {
     /// `keyvalue` and `keyvalue-limits`: the buckets a plugin may open.
     fn keyvalue(&self, at: usize, name: &str, p: &RawPlugin) -> Result<BucketGrant, ConfigError> {
         let field_err = |field, reason: String| {
-            self.err_at(at, ConfigErrorKind::PluginField { plugin: name.to_owned(), field, reason })
+            self.err_at(
+                at,
+                ConfigErrorKind::PluginField {
+                    plugin: name.to_owned(),
+                    field,
+                    reason,
+                },
+            )
         };
         let mut grant = BucketGrant::default();
         if let Some(buckets) = &p.keyvalue {
@@ -199,7 +206,10 @@ impl Source<'_> {
         if limits.key == 0 || limits.value as u64 > limits.bucket {
             return Err(field_err(
                 "keyvalue-limits",
-                format!("key must be above 0 and value ({}) at most bucket ({})", limits.value, limits.bucket),
+                format!(
+                    "key must be above 0 and value ({}) at most bucket ({})",
+                    limits.value, limits.bucket
+                ),
             ));
         }
         Ok(grant)
@@ -210,7 +220,9 @@ impl Source<'_> {
     fn own_buckets_apart(&self, raw: &[RawPlugin], plugins: &[PluginConfig]) -> Result<(), ConfigError> {
         for (r, p) in raw.iter().zip(plugins) {
             let clash = p.spec.keyvalue.buckets.iter().find(|b| {
-                plugins.iter().any(|q| q.lease == p.lease && q.spec.name != p.spec.name && &&q.spec.name == b)
+                plugins
+                    .iter()
+                    .any(|q| q.lease == p.lease && q.spec.name != p.spec.name && &&q.spec.name == b)
             });
             if let Some(b) = clash {
                 return Err(self.err_at(
@@ -218,7 +230,9 @@ impl Source<'_> {
                     ConfigErrorKind::PluginField {
                         plugin: p.spec.name.clone(),
                         field: "keyvalue",
-                        reason: format!("bucket {b:?} is the own bucket of plugin {b:?} of the same lease; name another"),
+                        reason: format!(
+                            "bucket {b:?} is the own bucket of plugin {b:?} of the same lease; name another"
+                        ),
                     },
                 ));
             }
@@ -233,17 +247,23 @@ impl Source<'_> {
         for (key, raw) in &p.config {
             let source = match raw {
                 RawConfigValue::Value(v) => ConfigSource::Value(v.clone()),
-                RawConfigValue::Source(RawConfigSource { from_file: Some(f), env: None }) => {
-                    ConfigSource::File(self.resolve(f))
-                }
-                RawConfigValue::Source(RawConfigSource { from_file: None, env: Some(v) }) => ConfigSource::Env(v.clone()),
+                RawConfigValue::Source(RawConfigSource {
+                    from_file: Some(f),
+                    env: None,
+                }) => ConfigSource::File(self.resolve(f)),
+                RawConfigValue::Source(RawConfigSource {
+                    from_file: None,
+                    env: Some(v),
+                }) => ConfigSource::Env(v.clone()),
                 RawConfigValue::Source(_) => {
                     return Err(self.err_at(
                         at,
                         ConfigErrorKind::PluginField {
                             plugin: name.to_owned(),
                             field: "config",
-                            reason: format!("key {key:?}: give a string, {{ from-file = \"…\" }} or {{ env = \"…\" }}"),
+                            reason: format!(
+                                "key {key:?}: give a string, {{ from-file = \"…\" }} or {{ env = \"…\" }}"
+                            ),
                         },
                     ));
                 }

@@ -42,8 +42,8 @@ use super::leases::{
 };
 use super::load::{Loaded, load_plugins};
 pub use super::stores::{open_store, open_stores};
-use crate::config::own_files::OwnFilesGranted;
 use crate::config::Config;
+use crate::config::own_files::OwnFilesGranted;
 use crate::daemon::control::{ControlError, ControlSocket, ControlledHost, SharedLeases};
 use crate::daemon::reload;
 use crate::election::{ClaimGate, Intent, NoObserver, TermClock};
@@ -718,7 +718,10 @@ impl ElectionRuntime {
     }
 
     /// Opens the configured store on this runtime, where its requests run.
-    async fn open_stores(&self, config: &Config) -> Result<(Arc<dyn LeaseStore>, Arc<dyn BucketStore>), ServeError> {
+    async fn open_stores(
+        &self,
+        config: &Config,
+    ) -> Result<(Arc<dyn LeaseStore>, Arc<dyn BucketStore>), ServeError> {
         let config = config.clone();
         self.handle()
             .spawn(async move { open_stores(&config).await })

@@ -43,15 +43,13 @@ async fn open_kube(config: &Config) -> Result<KubeStore, ServeError> {
                 request_timeout: timings.request_timeout,
                 watch_timeout_secs: None,
             };
-            KubeStore::connect(options)
-                .await
-                .map_err(|e| match e {
-                    // Not about any one lease.
-                    StoreError::Refused { detail, .. } => {
-                        ServeError::Store(format!("kubernetes store: {detail}"))
-                    }
-                    other => ServeError::Store(format!("kubernetes store: {other}")),
-                })
+            KubeStore::connect(options).await.map_err(|e| match e {
+                // Not about any one lease.
+                StoreError::Refused { detail, .. } => {
+                    ServeError::Store(format!("kubernetes store: {detail}"))
+                }
+                other => ServeError::Store(format!("kubernetes store: {other}")),
+            })
         }
     }
 }

@@ -443,7 +443,11 @@ fn encode_plugins(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt
             for outcome in Outcome::ALL {
                 let n = p.bucket_counts().map_or(0, |c| c.get(write, outcome));
                 if n > 0 {
-                    let labels = KeyValueLabels { plugin: p.name().to_owned(), kind, outcome: outcome.label() };
+                    let labels = KeyValueLabels {
+                        plugin: p.name().to_owned(),
+                        kind,
+                        outcome: outcome.label(),
+                    };
                     keyvalue.get_or_create(&labels).inc_by(n);
                 }
             }

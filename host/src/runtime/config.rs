@@ -104,12 +104,19 @@ mod tests {
         };
         grant.resolve().unwrap();
         std::fs::remove_file(&file).unwrap();
-        let Err(e) = grant.resolve() else { panic!("a missing file must fail") };
-        assert!(e.to_string().contains("\"token\"") && e.to_string().contains("token"), "{e}");
+        let Err(e) = grant.resolve() else {
+            panic!("a missing file must fail")
+        };
+        assert!(
+            e.to_string().contains("\"token\"") && e.to_string().contains("token"),
+            "{e}"
+        );
         let missing = ConfigGrant {
             values: vec![("k".into(), ConfigSource::Env("BATON_SURELY_UNSET_VAR".into()))],
         };
-        let Err(e) = missing.resolve() else { panic!("an unset variable must fail") };
+        let Err(e) = missing.resolve() else {
+            panic!("an unset variable must fail")
+        };
         assert!(e.to_string().contains("BATON_SURELY_UNSET_VAR"), "{e}");
     }
 }

@@ -73,12 +73,18 @@ impl BucketGrant {
     /// The bucket that the guest's name `name` opens for `plugin` under
     /// `lease`, if granted.
     pub fn resolve(&self, lease: &str, plugin: &str, name: &str) -> Option<BucketName> {
-        self.buckets.iter().any(|b| b == name).then(|| stored_bucket(lease, plugin, name))
+        self.buckets
+            .iter()
+            .any(|b| b == name)
+            .then(|| stored_bucket(lease, plugin, name))
     }
 
     /// Every bucket granted to `plugin` under `lease`, as stored.
     pub fn stored(&self, lease: &str, plugin: &str) -> Vec<BucketName> {
-        self.buckets.iter().map(|b| stored_bucket(lease, plugin, b)).collect()
+        self.buckets
+            .iter()
+            .map(|b| stored_bucket(lease, plugin, b))
+            .collect()
     }
 }
 
@@ -114,7 +120,13 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in the order of the counts.
-    pub const ALL: [Outcome; 5] = [Outcome::Ok, Outcome::Conflict, Outcome::Stale, Outcome::Limit, Outcome::Error];
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Ok,
+        Outcome::Conflict,
+        Outcome::Stale,
+        Outcome::Limit,
+        Outcome::Error,
+    ];
 
     /// Its label.
     pub fn label(self) -> &'static str {
@@ -168,7 +180,7 @@ impl PluginBuckets {
     /// A read's result, counted, as the guest sees it.
     fn read<R>(&self, result: Result<R, BucketError>) -> Result<R, store::Error> {
         self.counts.count(false, Outcome::of(&result));
-        result.map_err(other)
+        result.map_err(|e| guest_error(&self.plugin, e))
     }
 
     /// Claims every granted bucket of the lease for `term`, before the
@@ -221,6 +233,12 @@ fn test_write_delay() -> Option<Duration> {
 impl KeyValueCtx {
     fn buckets(&self) -> Result<&Arc<PluginBuckets>, store::Error> {
         self.buckets.as_ref().ok_or(store::Error::NoSuchStore)
+    }
+
+    /// A bucket error as the guest sees it.
+    fn error(&self, e: BucketError) -> store::Error {
+        let plugin = self.buckets.as_ref().map_or("?", |b| &*b.plugin);
+        guest_error(plugin, e)
     }
 
     /// The plugin's buckets, or the guest's error.
@@ -283,8 +301,9 @@ macro_rules! read {
     };
 }
 
-fn other(e: BucketError) -> store::Error {
-    store::Error::Other(e.to_string())
+/// A bucket error as the guest sees it: `other`, naming the plugin.
+fn guest_error(plugin: &str, e: BucketError) -> store::Error {
+    store::Error::Other(format!("plugin {plugin:?}: {e}"))
 }
 
 impl GuestState {
@@ -294,7 +313,10 @@ impl GuestState {
 }
 
 impl store::Host for GuestState {
-    async fn open(&mut self, identifier: String) -> wasmtime::Result<Result<Resource<OpenBucket>, store::Error>> {
+    async fn open(
+        &mut self,
+        identifier: String,
+    ) -> wasmtime::Result<Result<Resource<OpenBucket>, store::Error>> {
         let kv = &self.keyvalue;
         let buckets = match kv.buckets() {
             Ok(b) => b,
@@ -310,23 +332,50 @@ impl store::Host for GuestState {
 }
 
 impl store::HostBucket for GuestState {
-    async fn get(&mut self, bucket: Resource<OpenBucket>, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, store::Error>> {
+    async fn get(
+        &mut self,
+        bucket: Resource<OpenBucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, store::Error>> {
         let name = self.bucket_name(&bucket)?;
         let got = read!(self, get(&name, &key));
         Ok(got.map(|e| e.map(|e| e.value)))
     }
 
-    async fn set(&mut self, bucket: Resource<OpenBucket>, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), store::Error>> {
+    async fn set(
+        &mut self,
+        bucket: Resource<OpenBucket>,
+        key: String,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), store::Error>> {
         let name = self.bucket_name(&bucket)?;
-        Ok(self.keyvalue.write(&name, vec![Op::Set { key, value }]).await.map(drop).map_err(other))
+        Ok(self
+            .keyvalue
+            .write(&name, vec![Op::Set { key, value }])
+            .await
+            .map(drop)
+            .map_err(|e| self.keyvalue.error(e)))
     }
 
-    async fn delete(&mut self, bucket: Resource<OpenBucket>, key: String) -> wasmtime::Result<Result<(), store::Error>> {
+    async fn delete(
+        &mut self,
+        bucket: Resource<OpenBucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<(), store::Error>> {
         let name = self.bucket_name(&bucket)?;
-        Ok(self.keyvalue.write(&name, vec![Op::Delete { key }]).await.map(drop).map_err(other))
+        Ok(self
+            .keyvalue
+            .write(&name, vec![Op::Delete { key }])
+            .await
+            .map(drop)
+            .map_err(|e| self.keyvalue.error(e)))
     }
 
-    async fn exists(&mut self, bucket: Resource<OpenBucket>, key: String) -> wasmtime::Result<Result<bool, store::Error>> {
+    async fn exists(
+        &mut self,
+        bucket: Resource<OpenBucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<bool, store::Error>> {
         let name = self.bucket_name(&bucket)?;
         Ok(read!(self, get(&name, &key)).map(|e| e.is_some()))
     }
@@ -339,7 +388,9 @@ impl store::HostBucket for GuestState {
         let name = self.bucket_name(&bucket)?;
         let keys = read!(self, list_keys(&name, cursor.as_deref(), KEYS_PER_PAGE));
         Ok(keys.map(|keys| store::KeyResponse {
-            cursor: (keys.len() == KEYS_PER_PAGE).then(|| keys.last().cloned()).flatten(),
+            cursor: (keys.len() == KEYS_PER_PAGE)
+                .then(|| keys.last().cloned())
+                .flatten(),
             keys,
         }))
     }
@@ -358,14 +409,27 @@ impl atomics::Host for GuestState {
         delta: i64,
     ) -> wasmtime::Result<Result<i64, store::Error>> {
         let name = self.bucket_name(&bucket)?;
-        let applied = self.keyvalue.write(&name, vec![Op::Increment { key, delta }]).await;
-        Ok(applied.map(|a| a.first().copied().unwrap_or_default()).map_err(other))
+        let applied = self
+            .keyvalue
+            .write(&name, vec![Op::Increment { key, delta }])
+            .await;
+        Ok(applied
+            .map(|a| a.first().copied().unwrap_or_default())
+            .map_err(|e| self.keyvalue.error(e)))
     }
 
-    async fn swap(&mut self, cas: Resource<Cas>, value: Vec<u8>) -> wasmtime::Result<Result<(), atomics::CasError>> {
+    async fn swap(
+        &mut self,
+        cas: Resource<Cas>,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), atomics::CasError>> {
         let cas = self.table.delete(cas)?;
         let version = cas.seen.as_ref().map_or(0, |e| e.version);
-        let op = Op::Swap { key: cas.key.clone(), version, value };
+        let op = Op::Swap {
+            key: cas.key.clone(),
+            version,
+            value,
+        };
         match self.keyvalue.write(&cas.bucket, vec![op]).await {
             Ok(_) => Ok(Ok(())),
             Err(BucketError::Changed { .. }) => {
@@ -378,22 +442,33 @@ impl atomics::Host for GuestState {
                     Err(e) => Ok(Err(atomics::CasError::StoreError(e))),
                 }
             }
-            Err(e) => Ok(Err(atomics::CasError::StoreError(other(e)))),
+            Err(e) => Ok(Err(atomics::CasError::StoreError(self.keyvalue.error(e)))),
         }
     }
 }
 
 impl atomics::HostCas for GuestState {
-    async fn new(&mut self, bucket: Resource<OpenBucket>, key: String) -> wasmtime::Result<Result<Resource<Cas>, store::Error>> {
+    async fn new(
+        &mut self,
+        bucket: Resource<OpenBucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<Resource<Cas>, store::Error>> {
         let name = self.bucket_name(&bucket)?;
         let seen = match read!(self, get(&name, &key)) {
             Ok(seen) => seen,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(self.table.push(Cas { bucket: name, key, seen })?))
+        Ok(Ok(self.table.push(Cas {
+            bucket: name,
+            key,
+            seen,
+        })?))
     }
 
-    async fn current(&mut self, cas: Resource<Cas>) -> wasmtime::Result<Result<Option<Vec<u8>>, store::Error>> {
+    async fn current(
+        &mut self,
+        cas: Resource<Cas>,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, store::Error>> {
         Ok(Ok(self.table.get(&cas)?.seen.as_ref().map(|e| e.value.clone())))
     }
 
@@ -425,14 +500,31 @@ impl batch::Host for GuestState {
         key_values: Vec<(String, Vec<u8>)>,
     ) -> wasmtime::Result<Result<(), store::Error>> {
         let name = self.bucket_name(&bucket)?;
-        let ops = key_values.into_iter().map(|(key, value)| Op::Set { key, value }).collect();
-        Ok(self.keyvalue.write(&name, ops).await.map(drop).map_err(other))
+        let ops = key_values
+            .into_iter()
+            .map(|(key, value)| Op::Set { key, value })
+            .collect();
+        Ok(self
+            .keyvalue
+            .write(&name, ops)
+            .await
+            .map(drop)
+            .map_err(|e| self.keyvalue.error(e)))
     }
 
-    async fn delete_many(&mut self, bucket: Resource<OpenBucket>, keys: Vec<String>) -> wasmtime::Result<Result<(), store::Error>> {
+    async fn delete_many(
+        &mut self,
+        bucket: Resource<OpenBucket>,
+        keys: Vec<String>,
+    ) -> wasmtime::Result<Result<(), store::Error>> {
         let name = self.bucket_name(&bucket)?;
         let ops = keys.into_iter().map(|key| Op::Delete { key }).collect();
-        Ok(self.keyvalue.write(&name, ops).await.map(drop).map_err(other))
+        Ok(self
+            .keyvalue
+            .write(&name, ops)
+            .await
+            .map(drop)
+            .map_err(|e| self.keyvalue.error(e)))
     }
 }
 

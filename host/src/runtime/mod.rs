@@ -46,9 +46,9 @@ pub mod state;
 pub mod trap;
 
 pub use compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
+pub use config::{ConfigGrant, ConfigSource};
 pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, PoolLimits, default_cache_dir};
 pub use http::{HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError};
-pub use config::{ConfigGrant, ConfigSource};
 pub use keyvalue::{BucketGrant, OWN_BUCKET};
 pub use kubernetes::{KubeGrant, KubeRule};
 pub use network::{ConnectGrant, ConnectGrantError, NetworkGrant};

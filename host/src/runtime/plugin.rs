@@ -109,7 +109,9 @@ impl Capability {
             Capability::Http => "wasi:http/outgoing-handler (needs `http` grants)",
             Capability::Sockets => "wasi:sockets (needs `connect` or `name-lookup` grants)",
             Capability::Files => "wasi:filesystem (needs `dirs` grants; Rust's std imports it anyway)",
-            Capability::KeyValue => "wasi:keyvalue (the plugin's own bucket; other buckets need a `keyvalue` grant)",
+            Capability::KeyValue => {
+                "wasi:keyvalue (the plugin's own bucket; other buckets need a `keyvalue` grant)"
+            }
             Capability::Config => "wasi:config (values from the plugin's `config` table)",
         }
     }

@@ -133,7 +133,9 @@ impl Op {
     /// The key the change is to.
     pub fn key(&self) -> &str {
         match self {
-            Op::Set { key, .. } | Op::Delete { key } | Op::Increment { key, .. } | Op::Swap { key, .. } => key,
+            Op::Set { key, .. } | Op::Delete { key } | Op::Increment { key, .. } | Op::Swap { key, .. } => {
+                key
+            }
         }
     }
 }
@@ -303,12 +305,17 @@ pub trait BucketStore: Send + Sync + 'static {
     async fn get(&self, bucket: &BucketName, key: &str) -> Result<Option<Entry>, BucketError>;
 
     /// The values of `keys`, in order, read at one moment.
-    async fn get_many(&self, bucket: &BucketName, keys: &[String]) -> Result<Vec<Option<Entry>>, BucketError>;
+    async fn get_many(&self, bucket: &BucketName, keys: &[String])
+    -> Result<Vec<Option<Entry>>, BucketError>;
 
     /// Up to `limit` keys after `after` (all from the first if `None`), in
     /// byte order.
-    async fn list_keys(&self, bucket: &BucketName, after: Option<&str>, limit: usize)
-    -> Result<Vec<String>, BucketError>;
+    async fn list_keys(
+        &self,
+        bucket: &BucketName,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, BucketError>;
 
     /// Applies `write` if its term is not older than the bucket's fence, and
     /// raises the fence to it: all of its ops or none.
@@ -338,33 +345,66 @@ pub fn apply_to_entries(
         match op {
             Op::Set { key, value } => {
                 check_value(bucket, key, value, limits)?;
-                entries.insert(key.clone(), Entry { value: value.clone(), version });
+                entries.insert(
+                    key.clone(),
+                    Entry {
+                        value: value.clone(),
+                        version,
+                    },
+                );
             }
             Op::Delete { key } => {
                 entries.remove(key);
             }
             Op::Increment { key, delta } => {
                 let next = incremented(bucket, key, entries.get(key).map(|e| e.value.as_slice()), *delta)?;
-                entries.insert(key.clone(), Entry { value: next.to_string().into_bytes(), version });
+                entries.insert(
+                    key.clone(),
+                    Entry {
+                        value: next.to_string().into_bytes(),
+                        version,
+                    },
+                );
                 applied.push(next);
             }
-            Op::Swap { key, version: seen, value } => {
+            Op::Swap {
+                key,
+                version: seen,
+                value,
+            } => {
                 let now = entries.get(key).map_or(0, |e| e.version);
                 if now != *seen {
-                    return Err(BucketError::Changed { bucket: bucket.clone(), key: key.clone() });
+                    return Err(BucketError::Changed {
+                        bucket: bucket.clone(),
+                        key: key.clone(),
+                    });
                 }
                 check_value(bucket, key, value, limits)?;
-                entries.insert(key.clone(), Entry { value: value.clone(), version });
+                entries.insert(
+                    key.clone(),
+                    Entry {
+                        value: value.clone(),
+                        version,
+                    },
+                );
             }
         }
     }
-    let size: u64 = entries.iter().map(|(k, e)| (k.len() + e.value.len()) as u64).sum();
+    let size: u64 = entries
+        .iter()
+        .map(|(k, e)| (k.len() + e.value.len()) as u64)
+        .sum();
     check_size(bucket, size, limits)?;
     Ok(applied)
 }
 
 /// The new value of an increment of `current` by `delta`.
-pub fn incremented(bucket: &BucketName, key: &str, current: Option<&[u8]>, delta: i64) -> Result<i64, BucketError> {
+pub fn incremented(
+    bucket: &BucketName,
+    key: &str,
+    current: Option<&[u8]>,
+    delta: i64,
+) -> Result<i64, BucketError> {
     let not_integer = |detail: String| BucketError::NotAnInteger {
         bucket: bucket.clone(),
         key: key.to_owned(),
@@ -386,7 +426,11 @@ pub fn check_key(bucket: &BucketName, key: &str, limits: Limits) -> Result<(), B
     if key.len() > limits.key {
         return Err(BucketError::Limit {
             bucket: bucket.clone(),
-            detail: format!("key of {} bytes, longer than the limit of {} bytes", key.len(), limits.key),
+            detail: format!(
+                "key of {} bytes, longer than the limit of {} bytes",
+                key.len(),
+                limits.key
+            ),
         });
     }
     Ok(())
@@ -446,36 +490,91 @@ mod tests {
     #[test]
     fn increments_are_decimal_and_start_at_zero() {
         let mut entries = BTreeMap::new();
-        let ops = [Op::Increment { key: "n".into(), delta: 5 }, Op::Increment { key: "n".into(), delta: -2 }];
+        let ops = [
+            Op::Increment {
+                key: "n".into(),
+                delta: 5,
+            },
+            Op::Increment {
+                key: "n".into(),
+                delta: -2,
+            },
+        ];
         let applied = apply_to_entries(&b(), &mut entries, 7, &ops, Limits::default()).unwrap();
         assert_eq!(applied, vec![5, 3]);
-        assert_eq!(entries["n"], Entry { value: b"3".to_vec(), version: 8 });
+        assert_eq!(
+            entries["n"],
+            Entry {
+                value: b"3".to_vec(),
+                version: 8
+            }
+        );
     }
 
     #[test]
     fn a_swap_fails_once_the_entry_changed_even_if_rewritten() {
         let mut entries = BTreeMap::new();
-        let set = [Op::Set { key: "k".into(), value: b"a".to_vec() }];
+        let set = [Op::Set {
+            key: "k".into(),
+            value: b"a".to_vec(),
+        }];
         apply_to_entries(&b(), &mut entries, 0, &set, Limits::default()).unwrap();
-        apply_to_entries(&b(), &mut entries, 1, &[Op::Delete { key: "k".into() }], Limits::default()).unwrap();
+        apply_to_entries(
+            &b(),
+            &mut entries,
+            1,
+            &[Op::Delete { key: "k".into() }],
+            Limits::default(),
+        )
+        .unwrap();
         apply_to_entries(&b(), &mut entries, 2, &set, Limits::default()).unwrap();
-        let swap = [Op::Swap { key: "k".into(), version: 1, value: b"b".to_vec() }];
+        let swap = [Op::Swap {
+            key: "k".into(),
+            version: 1,
+            value: b"b".to_vec(),
+        }];
         let e = apply_to_entries(&b(), &mut entries, 3, &swap, Limits::default()).unwrap_err();
         assert!(matches!(e, BucketError::Changed { .. }), "{e}");
-        let swap = [Op::Swap { key: "k".into(), version: 3, value: b"b".to_vec() }];
+        let swap = [Op::Swap {
+            key: "k".into(),
+            version: 3,
+            value: b"b".to_vec(),
+        }];
         apply_to_entries(&b(), &mut entries, 3, &swap, Limits::default()).unwrap();
     }
 
     #[test]
     fn limits_name_the_bucket_and_the_limit() {
         let mut entries = BTreeMap::new();
-        let limits = Limits { key: 4, value: 4, bucket: 9 };
-        let long_key = [Op::Set { key: "abcde".into(), value: vec![] }];
+        let limits = Limits {
+            key: 4,
+            value: 4,
+            bucket: 9,
+        };
+        let long_key = [Op::Set {
+            key: "abcde".into(),
+            value: vec![],
+        }];
         let e = apply_to_entries(&b(), &mut entries, 0, &long_key, limits).unwrap_err();
-        assert!(e.to_string().contains("demo/counter") && e.to_string().contains("limit of 4 bytes"), "{e}");
-        let full = [Op::Set { key: "a".into(), value: b"1234".to_vec() }, Op::Set { key: "b".into(), value: b"1234".to_vec() }];
+        assert!(
+            e.to_string().contains("demo/counter") && e.to_string().contains("limit of 4 bytes"),
+            "{e}"
+        );
+        let full = [
+            Op::Set {
+                key: "a".into(),
+                value: b"1234".to_vec(),
+            },
+            Op::Set {
+                key: "b".into(),
+                value: b"1234".to_vec(),
+            },
+        ];
         let e = apply_to_entries(&b(), &mut entries, 0, &full, limits).unwrap_err();
-        assert!(e.to_string().contains("10 bytes, more than the limit of 9"), "{e}");
+        assert!(
+            e.to_string().contains("10 bytes, more than the limit of 9"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -483,6 +582,9 @@ mod tests {
         assert!(check_fence(&b(), 3, 3).is_ok());
         assert!(check_fence(&b(), 4, 3).is_ok());
         let e = check_fence(&b(), 2, 3).unwrap_err();
-        assert!(e.is_stale() && e.to_string().contains("term 3 has claimed"), "{e}");
+        assert!(
+            e.is_stale() && e.to_string().contains("term 3 has claimed"),
+            "{e}"
+        );
     }
 }

@@ -28,17 +28,6 @@ pub fn plugin(interval_ms: u64) -> String {
     )
 }
 
-/// What the counter came to.
-#[derive(Debug, Default)]
-pub struct Counted {
-    /// The final count in the store.
-    pub value: u64,
-    /// Counts acknowledged to a guest.
-    pub acknowledged: usize,
-    /// Tries whose instance never saw an answer.
-    pub in_doubt: usize,
-}
-
 /// A guest line `kv WHAT n=N term=T`: (what, n, term).
 fn parse(line: &str) -> Option<(&str, u64, u64)> {
     let mut words = line.split_whitespace();
@@ -54,7 +43,7 @@ fn parse(line: &str) -> Option<(&str, u64, u64)> {
 /// Reads the counter's final value with `baton kv get` on `config` (with
 /// `env`), and checks it against every host's lines; panics with the
 /// reason on a broken rule.
-pub fn check(config: &Path, env: &[(String, String)], hosts: &[&Host], seed: u64) -> Counted {
+pub fn check(config: &Path, env: &[(String, String)], hosts: &[&Host], seed: u64) {
     let out = baton()
         .args(["kv", "get", "--config"])
         .arg(config)
@@ -63,14 +52,20 @@ pub fn check(config: &Path, env: &[(String, String)], hosts: &[&Host], seed: u64
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let value: u64 = text.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let value: u64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     let mut ok: BTreeMap<u64, u64> = BTreeMap::new();
     let mut in_doubt = 0;
     for h in hosts {
         // Per term of this process: the last try not yet answered.
         let mut open: BTreeMap<u64, u64> = BTreeMap::new();
         for e in h.all(|e| e.guest_line("counter", "kv ")) {
-            let Some((what, n, term)) = parse(e.message()) else { continue };
+            let Some((what, n, term)) = parse(e.message()) else {
+                continue;
+            };
             match what {
                 "try" => {
                     in_doubt += usize::from(open.insert(term, n).is_some());
@@ -78,7 +73,10 @@ pub fn check(config: &Path, env: &[(String, String)], hosts: &[&Host], seed: u64
                 "ok" => {
                     open.remove(&term);
                     let before = ok.insert(n, term);
-                    assert!(before.is_none(), "seed {seed}: count {n} acknowledged twice (terms {before:?} and {term})");
+                    assert!(
+                        before.is_none(),
+                        "seed {seed}: count {n} acknowledged twice (terms {before:?} and {term})"
+                    );
                 }
                 "conflict" => {
                     open.remove(&term);
@@ -100,18 +98,17 @@ pub fn check(config: &Path, env: &[(String, String)], hosts: &[&Host], seed: u64
     );
     let terms: Vec<u64> = ok.values().copied().collect();
     let back = terms.windows(2).find(|w| w[1] < w[0]);
-    assert!(back.is_none(), "seed {seed}: a write of term {:?} landed after one of a newer term", back);
+    assert!(
+        back.is_none(),
+        "seed {seed}: a write of term {:?} landed after one of a newer term",
+        back
+    );
     let distinct: BTreeSet<u64> = terms.iter().copied().collect();
     println!(
         "  counter: final {value}, {} acknowledged over {} terms, {in_doubt} tries unanswered",
         ok.len(),
         distinct.len()
     );
-    Counted {
-        value,
-        acknowledged: ok.len(),
-        in_doubt,
-    }
 }
 
 #[cfg(test)]

@@ -21,9 +21,9 @@ use crate::election::Hosts;
 use crate::runtime::compile::{Compile, CompileObserver, NoCompileObserver};
 use crate::runtime::engine::PluginEngine;
 use crate::runtime::keyvalue::PluginBuckets;
-use crate::store::buckets::BucketStore;
 use crate::runtime::output::{OutputBudget, OutputLimits};
 use crate::runtime::{PluginError, RuntimeError};
+use crate::store::buckets::BucketStore;
 use crate::support::rounding::human;
 
 /// Links both worlds' imports (see `linkers`), compiles and checks

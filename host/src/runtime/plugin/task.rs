@@ -267,7 +267,9 @@ impl Plugin {
     /// Claims the plugin's buckets for `term` before its guest runs, if it
     /// imports `wasi:keyvalue`: from then on no older term writes them.
     async fn claim_buckets(&self, term: &Term, view: &watch::Receiver<LeaseView>) -> Result<(), SetupError> {
-        let Some(buckets) = &self.buckets else { return Ok(()) };
+        let Some(buckets) = &self.buckets else {
+            return Ok(());
+        };
         if !self.capabilities.contains(&Capability::KeyValue) {
             return Ok(());
         }

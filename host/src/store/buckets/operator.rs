@@ -78,12 +78,17 @@ pub enum OperatorError {
 impl Operator<'_> {
     /// Writes `ops` to `bucket` in a term of its own; see the [module
     /// documentation](self).
-    pub async fn write(&self, bucket: &BucketName, ops: Vec<Op>, limits: Limits) -> Result<Written, OperatorError> {
+    pub async fn write(
+        &self,
+        bucket: &BucketName,
+        ops: Vec<Op>,
+        limits: Limits,
+    ) -> Result<Written, OperatorError> {
         let lease = bucket.lease.as_str();
         let current = self.leases.get(lease).await?;
-        let (term, holder) = current
-            .as_ref()
-            .map_or((0, None), |v| (v.record.term, v.record.holder().map(str::to_owned)));
+        let (term, holder) = current.as_ref().map_or((0, None), |v| {
+            (v.record.term, v.record.holder().map(str::to_owned))
+        });
         if let Some(holder) = &holder
             && !self.force
         {
@@ -109,7 +114,11 @@ impl Operator<'_> {
             let released = LeaseRecord::new(None, term, RELEASED_LEASE_DURATION);
             self.leases.update(lease, &taken.version, &released).await?;
         }
-        Ok(Written { term, displaced: holder, applied: applied? })
+        Ok(Written {
+            term,
+            displaced: holder,
+            applied: applied?,
+        })
     }
 }
 
@@ -122,7 +131,10 @@ mod tests {
     use crate::store::memory::buckets::MemoryBuckets;
 
     fn set(key: &str) -> Vec<Op> {
-        vec![Op::Set { key: key.into(), value: b"v".to_vec() }]
+        vec![Op::Set {
+            key: key.into(),
+            value: b"v".to_vec(),
+        }]
     }
 
     #[tokio::test]
@@ -130,7 +142,10 @@ mod tests {
         let leases = MemoryStore::new();
         let buckets = Arc::new(MemoryBuckets::new());
         let b = BucketName::new("demo", "p");
-        leases.create("demo", &LeaseRecord::new(None, 4, RELEASED_LEASE_DURATION)).await.unwrap();
+        leases
+            .create("demo", &LeaseRecord::new(None, 4, RELEASED_LEASE_DURATION))
+            .await
+            .unwrap();
         buckets.claim(&b, 4).await.unwrap();
         let op = Operator {
             leases: &leases,
@@ -142,8 +157,15 @@ mod tests {
         let written = op.write(&b, set("k"), Limits::default()).await.unwrap();
         assert_eq!((written.term, written.displaced), (5, None));
         let after = leases.get("demo").await.unwrap().unwrap().record;
-        assert_eq!((after.holder(), after.term), (None, 5), "released in its own term");
-        let stale = buckets.apply(&b, Write::new(4, set("k"), Limits::default())).await.unwrap_err();
+        assert_eq!(
+            (after.holder(), after.term),
+            (None, 5),
+            "released in its own term"
+        );
+        let stale = buckets
+            .apply(&b, Write::new(4, set("k"), Limits::default()))
+            .await
+            .unwrap_err();
         assert!(stale.is_stale(), "{stale}");
     }
 
@@ -152,7 +174,13 @@ mod tests {
         let leases = MemoryStore::new();
         let buckets = MemoryBuckets::new();
         let b = BucketName::new("demo", "p");
-        leases.create("demo", &LeaseRecord::new(Some("node-a"), 7, Duration::from_secs(15))).await.unwrap();
+        leases
+            .create(
+                "demo",
+                &LeaseRecord::new(Some("node-a"), 7, Duration::from_secs(15)),
+            )
+            .await
+            .unwrap();
         let mut op = Operator {
             leases: &leases,
             buckets: &buckets,
@@ -166,6 +194,9 @@ mod tests {
         let written = op.write(&b, set("k"), Limits::default()).await.unwrap();
         assert_eq!((written.term, written.displaced.as_deref()), (8, Some("node-a")));
         let after = leases.get("demo").await.unwrap().unwrap().record;
-        assert_eq!((after.holder(), after.lease_duration), (Some("baton-kv"), Duration::from_secs(15)));
+        assert_eq!(
+            (after.holder(), after.lease_duration),
+            (Some("baton-kv"), Duration::from_secs(15))
+        );
     }
 }

@@ -25,8 +25,8 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::store::buckets::{
-    Applied, BucketError, BucketInfo, BucketName, BucketStore, Entry, Limits, Op, Write, check_fence, check_key,
-    check_size, check_value, incremented,
+    Applied, BucketError, BucketInfo, BucketName, BucketStore, Entry, Limits, Op, Write, check_fence,
+    check_key, check_size, check_value, incremented,
 };
 
 /// How long a call waits for another process's write to finish.
@@ -64,7 +64,9 @@ pub struct EmbeddedBuckets {
 
 impl std::fmt::Debug for EmbeddedBuckets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedBuckets").field("path", &self.path).finish()
+        f.debug_struct("EmbeddedBuckets")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -90,8 +92,10 @@ impl EmbeddedBuckets {
         }
         let db = Connection::open(&path).map_err(|e| fail(&e))?;
         db.busy_timeout(BUSY_TIMEOUT).map_err(|e| fail(&e))?;
-        db.pragma_update(None, "journal_mode", "WAL").map_err(|e| fail(&e))?;
-        db.pragma_update(None, "synchronous", "FULL").map_err(|e| fail(&e))?;
+        db.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| fail(&e))?;
+        db.pragma_update(None, "synchronous", "FULL")
+            .map_err(|e| fail(&e))?;
         db.execute_batch(SCHEMA).map_err(|e| fail(&e))?;
         Ok(EmbeddedBuckets {
             path: Arc::new(path),
@@ -149,7 +153,13 @@ fn write_row(tx: &Connection, b: &BucketName, row: Row) -> Result<(), BucketErro
     tx.execute(
         "INSERT INTO buckets (lease, bucket, fence, revision, bytes) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (lease, bucket) DO UPDATE SET fence = ?3, revision = ?4, bytes = ?5",
-        params![b.lease, b.bucket, row.fence as i64, row.revision as i64, row.bytes as i64],
+        params![
+            b.lease,
+            b.bucket,
+            row.fence as i64,
+            row.revision as i64,
+            row.bytes as i64
+        ],
     )
     .map_err(sql(b))?;
     Ok(())
@@ -171,7 +181,13 @@ fn read_entry(tx: &Connection, b: &BucketName, key: &str) -> Result<Option<Entry
 }
 
 /// Sets `key` and returns the change in the bucket's bytes.
-fn put_entry(tx: &Connection, b: &BucketName, key: &str, value: &[u8], version: u64) -> Result<i64, BucketError> {
+fn put_entry(
+    tx: &Connection,
+    b: &BucketName,
+    key: &str,
+    value: &[u8],
+    version: u64,
+) -> Result<i64, BucketError> {
     let old = read_entry(tx, b, key)?.map_or(0, |e| (key.len() + e.value.len()) as i64);
     tx.execute(
         "INSERT INTO entries (lease, bucket, key, value, version) VALUES (?1, ?2, ?3, ?4, ?5)
@@ -212,12 +228,22 @@ fn apply_op(
         Op::Increment { key, delta } => {
             let now = read_entry(tx, b, key)?;
             let next = incremented(b, key, now.as_ref().map(|e| e.value.as_slice()), *delta)?;
-            Ok((put_entry(tx, b, key, next.to_string().as_bytes(), version)?, Some(next)))
+            Ok((
+                put_entry(tx, b, key, next.to_string().as_bytes(), version)?,
+                Some(next),
+            ))
         }
-        Op::Swap { key, version: seen, value } => {
+        Op::Swap {
+            key,
+            version: seen,
+            value,
+        } => {
             let now = read_entry(tx, b, key)?.map_or(0, |e| e.version);
             if now != *seen {
-                return Err(BucketError::Changed { bucket: b.clone(), key: key.clone() });
+                return Err(BucketError::Changed {
+                    bucket: b.clone(),
+                    key: key.clone(),
+                });
             }
             check_value(b, key, value, limits)?;
             Ok((put_entry(tx, b, key, value, version)?, None))
@@ -227,7 +253,9 @@ fn apply_op(
 
 /// One write in one transaction; see the [module documentation](self).
 fn apply_in(db: &mut Connection, b: &BucketName, write: &Write) -> Result<Applied, BucketError> {
-    let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql(b))?;
+    let tx = db
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql(b))?;
     let mut row = read_row(&tx, b)?.unwrap_or_default();
     check_fence(b, write.term, row.fence)?;
     let version = row.revision + 1;
@@ -239,10 +267,17 @@ fn apply_in(db: &mut Connection, b: &BucketName, write: &Write) -> Result<Applie
         applied.extend(value);
     }
     check_size(b, bytes.max(0) as u64, write.limits)?;
-    row = Row { fence: write.term, revision: version, bytes: bytes.max(0) as u64 };
+    row = Row {
+        fence: write.term,
+        revision: version,
+        bytes: bytes.max(0) as u64,
+    };
     write_row(&tx, b, row)?;
     if !(write.may_commit)() {
-        return Err(BucketError::Stopped { bucket: b.clone(), term: write.term });
+        return Err(BucketError::Stopped {
+            bucket: b.clone(),
+            term: write.term,
+        });
     }
     tx.commit().map_err(sql(b))?;
     Ok(applied)
@@ -257,7 +292,9 @@ impl BucketStore for EmbeddedBuckets {
     async fn claim(&self, bucket: &BucketName, term: u64) -> Result<u64, BucketError> {
         let b = bucket.clone();
         self.call(bucket, move |db| {
-            let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql(&b))?;
+            let tx = db
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sql(&b))?;
             let row = read_row(&tx, &b)?.unwrap_or_default();
             check_fence(&b, term, row.fence)?;
             if row.fence != term {
@@ -274,7 +311,11 @@ impl BucketStore for EmbeddedBuckets {
         self.call(bucket, move |db| read_entry(db, &b, &key)).await
     }
 
-    async fn get_many(&self, bucket: &BucketName, keys: &[String]) -> Result<Vec<Option<Entry>>, BucketError> {
+    async fn get_many(
+        &self,
+        bucket: &BucketName,
+        keys: &[String],
+    ) -> Result<Vec<Option<Entry>>, BucketError> {
         let (b, keys) = (bucket.clone(), keys.to_vec());
         self.call(bucket, move |db| {
             let tx = db.transaction().map_err(sql(&b))?;
@@ -298,7 +339,9 @@ impl BucketStore for EmbeddedBuckets {
                 )
                 .map_err(sql(&b))?;
             let keys = q
-                .query_map(params![b.lease, b.bucket, after, limit as i64], |r| r.get::<_, String>(0))
+                .query_map(params![b.lease, b.bucket, after, limit as i64], |r| {
+                    r.get::<_, String>(0)
+                })
                 .map_err(sql(&b))?;
             keys.collect::<Result<Vec<_>, _>>().map_err(sql(&b))
         })
@@ -324,7 +367,10 @@ impl BucketStore for EmbeddedBuckets {
             let rows = q
                 .query_map(params![lease], |r| {
                     Ok(BucketInfo {
-                        name: BucketName { lease: r.get(0)?, bucket: r.get(1)? },
+                        name: BucketName {
+                            lease: r.get(0)?,
+                            bucket: r.get(1)?,
+                        },
                         fence: r.get::<_, i64>(2)? as u64,
                         bytes: r.get::<_, i64>(3)? as u64,
                         entries: r.get::<_, i64>(4)? as u64,

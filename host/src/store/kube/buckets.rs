@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use super::ROLE_LABEL;
 use super::requests::post_params;
 use crate::store::buckets::{
-    Applied, BucketError, BucketInfo, BucketName, BucketStore, Entry, Limits, Write, apply_to_entries, check_fence,
+    Applied, BucketError, BucketInfo, BucketName, BucketStore, Entry, Limits, Write, apply_to_entries,
+    check_fence,
 };
 
 /// The value of [`ROLE_LABEL`] on a bucket's ConfigMap.
@@ -85,10 +86,15 @@ pub fn bucket_object_name(bucket: &BucketName) -> String {
     }
     let hash = format!("{}\0{}", bucket.lease, bucket.bucket)
         .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
     let keep = MAX_NAME - BUCKET_PREFIX.len() - 17;
     let lease = &bucket.lease[..bucket.lease.len().min(keep)];
-    format!("{BUCKET_PREFIX}{}.{hash:016x}", lease.trim_end_matches(['.', '-']))
+    format!(
+        "{BUCKET_PREFIX}{}.{hash:016x}",
+        lease.trim_end_matches(['.', '-'])
+    )
 }
 
 /// An entry as stored.
@@ -129,12 +135,18 @@ impl KubeBuckets {
         let name = bucket_object_name(b);
         let object = self.api.get_opt(&name).await.map_err(unavailable(b, "get"))?;
         let Some(object) = object else {
-            return Ok(Loaded { object: None, fence: 0, revision: 0, entries: BTreeMap::new() });
+            return Ok(Loaded {
+                object: None,
+                fence: 0,
+                revision: 0,
+                entries: BTreeMap::new(),
+            });
         };
         let notes = object.metadata.annotations.clone().unwrap_or_default();
         let number = |key: &str| -> Result<u64, BucketError> {
             notes.get(key).map_or(Ok(0), |v| {
-                v.parse().map_err(|_| malformed(b, &name, format!("annotation {key} is {v:?}, not a number")))
+                v.parse()
+                    .map_err(|_| malformed(b, &name, format!("annotation {key} is {v:?}, not a number")))
             })
         };
         let (fence, revision) = (number(FENCE_ANNOTATION)?, number(REVISION_ANNOTATION)?);
@@ -142,7 +154,12 @@ impl KubeBuckets {
             None => BTreeMap::new(),
             Some(json) => decode_entries(json).map_err(|e| malformed(b, &name, e))?,
         };
-        Ok(Loaded { object: Some(object), fence, revision, entries })
+        Ok(Loaded {
+            object: Some(object),
+            fence,
+            revision,
+            entries,
+        })
     }
 
     /// Writes `loaded` back with the new fence, revision and entries: a
@@ -187,7 +204,15 @@ fn new_object(b: &BucketName, name: &str) -> ConfigMap {
 fn encode_entries(entries: &BTreeMap<String, Entry>) -> String {
     let stored: BTreeMap<&str, StoredEntry> = entries
         .iter()
-        .map(|(k, e)| (k.as_str(), StoredEntry { v: STANDARD.encode(&e.value), r: e.version }))
+        .map(|(k, e)| {
+            (
+                k.as_str(),
+                StoredEntry {
+                    v: STANDARD.encode(&e.value),
+                    r: e.version,
+                },
+            )
+        })
         .collect();
     serde_json::to_string(&stored).unwrap_or_default()
 }
@@ -198,7 +223,9 @@ fn decode_entries(json: &str) -> Result<BTreeMap<String, Entry>, String> {
     stored
         .into_iter()
         .map(|(k, s)| {
-            let value = STANDARD.decode(&s.v).map_err(|e| format!("{ENTRIES}: key {k:?}: {e}"))?;
+            let value = STANDARD
+                .decode(&s.v)
+                .map_err(|e| format!("{ENTRIES}: key {k:?}: {e}"))?;
             Ok((k, Entry { value, version: s.r }))
         })
         .collect()
@@ -221,7 +248,10 @@ fn malformed(b: &BucketName, name: &str, detail: String) -> BucketError {
 /// A plugin's limits, with the bucket's size capped at what a ConfigMap
 /// holds.
 fn capped(limits: Limits) -> Limits {
-    Limits { bucket: limits.bucket.min(MAX_BUCKET_BYTES), ..limits }
+    Limits {
+        bucket: limits.bucket.min(MAX_BUCKET_BYTES),
+        ..limits
+    }
 }
 
 #[async_trait::async_trait]
@@ -250,7 +280,11 @@ impl BucketStore for KubeBuckets {
         Ok(self.load(bucket).await?.entries.remove(key))
     }
 
-    async fn get_many(&self, bucket: &BucketName, keys: &[String]) -> Result<Vec<Option<Entry>>, BucketError> {
+    async fn get_many(
+        &self,
+        bucket: &BucketName,
+        keys: &[String],
+    ) -> Result<Vec<Option<Entry>>, BucketError> {
         let entries = self.load(bucket).await?.entries;
         Ok(keys.iter().map(|k| entries.get(k).cloned()).collect())
     }
@@ -276,16 +310,21 @@ impl BucketStore for KubeBuckets {
             check_fence(bucket, write.term, loaded.fence)?;
             let applied = apply_to_entries(bucket, &mut loaded.entries, loaded.revision, &write.ops, limits)
                 .map_err(|e| match e {
-                    BucketError::Limit { bucket, detail } if limits.bucket < write.limits.bucket => BucketError::Limit {
-                        bucket,
-                        detail: format!("{detail} (a ConfigMap holds at most 1 MiB)"),
-                    },
+                    BucketError::Limit { bucket, detail } if limits.bucket < write.limits.bucket => {
+                        BucketError::Limit {
+                            bucket,
+                            detail: format!("{detail} (a ConfigMap holds at most 1 MiB)"),
+                        }
+                    }
                     e => e,
                 })?;
             loaded.fence = write.term;
             loaded.revision += 1;
             if !(write.may_commit)() {
-                return Err(BucketError::Stopped { bucket: bucket.clone(), term: write.term });
+                return Err(BucketError::Stopped {
+                    bucket: bucket.clone(),
+                    term: write.term,
+                });
             }
             if self.store(bucket, loaded).await? {
                 return Ok(applied);
@@ -317,9 +356,15 @@ impl BucketStore for KubeBuckets {
                 .map_err(|e| malformed(&name, &bucket_object_name(&name), e))?
                 .unwrap_or_default();
             all.push(BucketInfo {
-                fence: notes.get(FENCE_ANNOTATION).and_then(|f| f.parse().ok()).unwrap_or(0),
+                fence: notes
+                    .get(FENCE_ANNOTATION)
+                    .and_then(|f| f.parse().ok())
+                    .unwrap_or(0),
                 entries: entries.len() as u64,
-                bytes: entries.iter().map(|(k, e)| (k.len() + e.value.len()) as u64).sum(),
+                bytes: entries
+                    .iter()
+                    .map(|(k, e)| (k.len() + e.value.len()) as u64)
+                    .sum(),
                 name,
             });
         }

@@ -51,10 +51,16 @@ impl BucketStore for MemoryBuckets {
         Ok(self.with(|all| all.get(bucket).and_then(|b| b.entries.get(key).cloned())))
     }
 
-    async fn get_many(&self, bucket: &BucketName, keys: &[String]) -> Result<Vec<Option<Entry>>, BucketError> {
+    async fn get_many(
+        &self,
+        bucket: &BucketName,
+        keys: &[String],
+    ) -> Result<Vec<Option<Entry>>, BucketError> {
         Ok(self.with(|all| {
             let b = all.get(bucket);
-            keys.iter().map(|k| b.and_then(|b| b.entries.get(k).cloned())).collect()
+            keys.iter()
+                .map(|k| b.and_then(|b| b.entries.get(k).cloned()))
+                .collect()
         }))
     }
 
@@ -65,7 +71,9 @@ impl BucketStore for MemoryBuckets {
         limit: usize,
     ) -> Result<Vec<String>, BucketError> {
         Ok(self.with(|all| {
-            let Some(b) = all.get(bucket) else { return Vec::new() };
+            let Some(b) = all.get(bucket) else {
+                return Vec::new();
+            };
             b.entries
                 .keys()
                 .filter(|k| after.is_none_or(|a| k.as_str() > a))
@@ -82,7 +90,10 @@ impl BucketStore for MemoryBuckets {
             let mut entries = b.entries.clone();
             let applied = apply_to_entries(bucket, &mut entries, b.revision, &write.ops, write.limits)?;
             if !(write.may_commit)() {
-                return Err(BucketError::Stopped { bucket: bucket.clone(), term: write.term });
+                return Err(BucketError::Stopped {
+                    bucket: bucket.clone(),
+                    term: write.term,
+                });
             }
             b.entries = entries;
             b.revision += 1;
@@ -99,7 +110,11 @@ impl BucketStore for MemoryBuckets {
                     name: n.clone(),
                     fence: b.fence,
                     entries: b.entries.len() as u64,
-                    bytes: b.entries.iter().map(|(k, e)| (k.len() + e.value.len()) as u64).sum(),
+                    bytes: b
+                        .entries
+                        .iter()
+                        .map(|(k, e)| (k.len() + e.value.len()) as u64)
+                        .sum(),
                 })
                 .collect()
         });
