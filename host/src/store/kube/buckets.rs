@@ -58,6 +58,27 @@ const ENTRIES: &str = "entries.json";
 /// 1 MiB a ConfigMap may hold.
 pub const MAX_BUCKET_BYTES: u64 = 640 << 10;
 
+/// The bound on each request: an API server that does not answer makes
+/// the guest's call fail, never hang.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `request` within [`REQUEST_TIMEOUT`].
+async fn bounded<T>(
+    b: &BucketName,
+    verb: &str,
+    request: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<Result<T, kube::Error>, BucketError> {
+    tokio::time::timeout(REQUEST_TIMEOUT, request)
+        .await
+        .map_err(|_| BucketError::Unavailable {
+            bucket: b.clone(),
+            detail: format!(
+                "{verb} ConfigMap {}: no answer within {REQUEST_TIMEOUT:?}",
+                bucket_object_name(b)
+            ),
+        })
+}
+
 /// How many times a write that lost a race to another writer starts over.
 const ATTEMPTS: usize = 16;
 
@@ -133,7 +154,9 @@ impl KubeBuckets {
 
     async fn load(&self, b: &BucketName) -> Result<Loaded, BucketError> {
         let name = bucket_object_name(b);
-        let object = self.api.get_opt(&name).await.map_err(unavailable(b, "get"))?;
+        let object = bounded(b, "get", self.api.get_opt(&name))
+            .await?
+            .map_err(unavailable(b, "get"))?;
         let Some(object) = object else {
             return Ok(Loaded {
                 object: None,
@@ -174,9 +197,9 @@ impl KubeBuckets {
         notes.insert(REVISION_ANNOTATION.into(), loaded.revision.to_string());
         object.data.get_or_insert_default().insert(ENTRIES.into(), json);
         let result = if object.metadata.resource_version.is_some() {
-            self.api.replace(&name, &post_params(), &object).await
+            bounded(b, "replace", self.api.replace(&name, &post_params(), &object)).await?
         } else {
-            self.api.create(&post_params(), &object).await
+            bounded(b, "create", self.api.create(&post_params(), &object)).await?
         };
         match result {
             Ok(_) => Ok(true),
@@ -336,7 +359,9 @@ impl BucketStore for KubeBuckets {
     async fn buckets(&self, lease: Option<&str>) -> Result<Vec<BucketInfo>, BucketError> {
         let any = BucketName::new(lease.unwrap_or("*"), "*");
         let params = ListParams::default().labels(&format!("{ROLE_LABEL}={BUCKET_ROLE}"));
-        let list = self.api.list(&params).await.map_err(unavailable(&any, "list"))?;
+        let list = bounded(&any, "list", self.api.list(&params))
+            .await?
+            .map_err(unavailable(&any, "list"))?;
         let mut all = Vec::new();
         for object in list.items {
             let notes = object.metadata.annotations.clone().unwrap_or_default();
