@@ -11,12 +11,15 @@
 //! in files by theme: `elections.rs`, `spreading.rs`, `outages.rs`,
 //! `foreign.rs` (other writers, RBAC), `store.rs` (the store against the
 //! server), `terms.rs` (terms and floors), `reset.rs`, `plugins.rs`
-//! (plugins through the host), `chaos.rs`, and `conformance.rs` (the
-//! store contract of `tests/store_contract.rs`).
+//! (plugins through the host), `state.rs` (plugins' key-value buckets
+//! through real hosts and `baton kv`), `chaos.rs`, `conformance.rs` (the
+//! store contract of `tests/store_contract.rs`) and `bucket_conformance.rs`
+//! (the bucket contract of `tests/bucket_contract.rs`).
 // Tests may be long; production functions may not (clippy.toml).
 #![allow(clippy::too_many_lines)]
 
 mod blackhole;
+mod bucket_conformance;
 mod chaos;
 mod conformance;
 mod elections;
@@ -27,9 +30,12 @@ mod outages;
 mod plugins;
 mod reset;
 mod spreading;
+mod state;
 mod store;
 mod terms;
 
+#[path = "../bucket_contract.rs"]
+mod bucket_contract;
 #[path = "../e2e/moving.rs"]
 mod moving;
 #[allow(dead_code)]
