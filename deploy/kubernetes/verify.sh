@@ -8,9 +8,15 @@
 #      ServiceAccount, and the test user baton-a bound to the same Role by an
 #      extra RoleBinding made here (not shipped), may get, list, watch, create,
 #      update and delete Leases in the namespace, and may not patch them,
-#      read Secrets, or touch Leases in another namespace; user nobody may
-#      do nothing with Leases;
-#   3. baton-a really creates, updates and deletes a Lease;
+#      read Secrets, or touch Leases in another namespace; may get, list,
+#      create and update ConfigMaps (term floors, buckets) but not watch,
+#      patch or delete them; user nobody may do nothing with Leases;
+#   3. baton-a really creates, updates and deletes a Lease; and, running a
+#      real `baton` host (built here with `cargo build -p baton` unless
+#      BATON_BIN names one) with the kv-counter guest
+#      (scripts/build-guests.sh), a plugin's write to its key-value bucket
+#      lands (a ConfigMap labelled baton.dev/role=bucket), and `baton kv
+#      list`, `get` and `put` work, all as baton-a;
 #   4. the admin port agrees everywhere: the ConfigMap's admin-address, the
 #      container port, the prometheus.io/port annotation, and the liveness
 #      (/healthz) and readiness (/readyz) probes on it.
@@ -132,8 +138,8 @@ leases=leases.coordination.k8s.io
 for who in sa baton-a; do
     for verb in get list watch create update delete; do expect "$who" yes "$verb" "$leases" "$ns"; done
     for verb in patch deletecollection; do expect "$who" no "$verb" "$leases" "$ns"; done
-    for verb in get create update; do expect "$who" yes "$verb" configmaps "$ns"; done
-    for verb in list watch delete patch; do expect "$who" no "$verb" configmaps "$ns"; done
+    for verb in get list create update; do expect "$who" yes "$verb" configmaps "$ns"; done
+    for verb in watch delete patch; do expect "$who" no "$verb" configmaps "$ns"; done
     expect "$who" no get secrets "$ns"
     expect "$who" no create "$leases" default
 done
@@ -191,6 +197,90 @@ else
     fail "nobody's create failed, but not as forbidden: $out"
 fi
 as_admin delete "$leases" "$lease" -n "$ns" --ignore-not-found >/dev/null 2>&1 || true
+
+# ---- 3b. a plugin's bucket and `baton kv`, as baton-a under the Role
+kv_lease=baton-verify-kv
+bucket_cm="baton-bucket.$kv_lease.counter"
+guests="${BATON_GUESTS_DIR:-$CARGO_TARGET_DIR/wasm32-wasip2/release}"
+if [ ! -f "$guests/kv_counter.wasm" ]; then
+    "$repo/scripts/build-guests.sh" >/dev/null || die "cannot build the guests (scripts/build-guests.sh)"
+fi
+if [ -n "${BATON_BIN:-}" ]; then
+    baton="$BATON_BIN"
+else
+    (cd "$repo" && cargo build -p baton --quiet) || die "cannot build baton (cargo build -p baton)"
+    baton="$CARGO_TARGET_DIR/debug/baton"
+fi
+kv_dir="$(mktemp -d)"
+host_pid=
+cleanup_kv() {
+    [ -z "$host_pid" ] || kill "$host_pid" 2>/dev/null || true
+    rm -rf "$kv_dir"
+}
+trap cleanup_kv EXIT
+# A fresh start: the bucket, the lease and its term floor of an earlier run.
+kv_clean() {
+    as_admin delete configmap "$bucket_cm" "baton-terms.$kv_lease" -n "$ns" --ignore-not-found >/dev/null 2>&1 || true
+    as_admin delete "$leases" "$kv_lease" -n "$ns" --ignore-not-found >/dev/null 2>&1 || true
+}
+kv_clean
+cat >"$kv_dir/baton.toml" <<EOF
+[store]
+kind = "kubernetes"
+namespace = "$ns"
+kubeconfig = "$KUBE_TEST_KUBECONFIG_DIR/baton-a.kubeconfig"
+[defaults]
+lease-duration = "4s"
+renew-deadline = "2s"
+retry-period = "500ms"
+grace = "1s"
+[[lease]]
+name = "$kv_lease"
+[[plugin]]
+name = "counter"
+path = "$guests/kv_counter.wasm"
+lease = "$kv_lease"
+env = { KV_MODE = "once" }
+EOF
+kv() { "$baton" kv "$@" --config "$kv_dir/baton.toml"; }
+"$baton" --log-format json run --config "$kv_dir/baton.toml" --identity verify-kv \
+    2>"$kv_dir/host.log" >/dev/null &
+host_pid=$!
+for _ in $(seq 600); do
+    grep -q -e '"message":"kv ok n=1 ' -e '"message":"kv error' "$kv_dir/host.log" 2>/dev/null && break
+    kill -0 "$host_pid" 2>/dev/null || break
+    sleep 0.1
+done
+if grep -q '"message":"kv ok n=1 ' "$kv_dir/host.log"; then
+    ok "a plugin's write to its bucket as baton-a: $(grep -o '"message":"kv ok[^"]*"' "$kv_dir/host.log" | head -1)"
+else
+    fail "the kv-counter guest's write as baton-a did not land in 60 s; the host's log: $(tail -c 2000 "$kv_dir/host.log")"
+fi
+kill -TERM "$host_pid" 2>/dev/null || true
+wait "$host_pid" 2>/dev/null || true
+host_pid=
+if out="$(as_user baton-a get configmaps -n "$ns" -l baton.dev/role=bucket -o name 2>&1)" &&
+    grep -qx "configmap/$bucket_cm" <<<"$out"; then
+    ok "the bucket is ConfigMap $bucket_cm, labelled baton.dev/role=bucket"
+else
+    fail "no ConfigMap $bucket_cm labelled baton.dev/role=bucket: $out"
+fi
+if out="$(kv list -o json 2>&1)" && grep -q '"bucket": "counter"' <<<"$out" && grep -q '"entries": 1' <<<"$out"; then
+    ok "baton kv list as baton-a: bucket counter, 1 entry"
+else
+    fail "baton kv list as baton-a: $out"
+fi
+if out="$(kv get count 2>&1)" && [[ "$out" == "1 "* ]]; then
+    ok "baton kv get count as baton-a: $out"
+else
+    fail "baton kv get count as baton-a: $out"
+fi
+if out="$(kv put note verified 2>&1)" && [ "$(kv get note 2>&1)" = verified ]; then
+    ok "baton kv put as baton-a (an operator's term of its own): $out"
+else
+    fail "baton kv put as baton-a: $out"
+fi
+kv_clean
 
 # ---- 4. the admin port
 admin_port="$(sed -n 's/^ *admin-address *= *"[^"]*:\([0-9][0-9]*\)".*/\1/p' "$here/configmap.yaml")"
