@@ -243,6 +243,21 @@ c_guest() {
     done_with "$wasm" "$ex/$name"
 }
 
+# js_qjs_world_guest NAME PKG/WORLD SOURCE: componentize-qjs, a guest with
+# its own wit/world.wit on the 0.2.0 contract.
+js_qjs_world_guest() {
+    local name=$1 world=$2 wasm="$out/${1//-/_}.wasm" stage
+    if ! fresh "$wasm" "$ex/$name"; then
+        install_node
+        stage="$(stage_wit "$ex/$name" "$contract_now")"
+        timed "$name" "$componentize_qjs" --wit "$stage" --world "$world" \
+            --js "$ex/$name/$3" -o "$wasm.tmp" >&2
+        rm -rf "$stage"
+        mv "$wasm.tmp" "$wasm"
+    fi
+    done_with "$wasm" "$ex/$name"
+}
+
 # c_world_guest NAME PKG/WORLD SOURCE: a C guest with its own wit/world.wit
 # on the 0.2.0 contract (wit-bindgen names its files after the world).
 c_world_guest() {
@@ -279,6 +294,7 @@ js_guest js-http-import js_http_import.wasm
 # The key-value counters (baton:leader@0.2.0 plus wasi:keyvalue).
 python_world_guest python-kv-counter example:python-kv-counter/counter
 js_world_guest js-kv-counter example:js-kv-counter/counter counter.js
+js_qjs_world_guest js-future-kv-counter example:js-future-kv-counter/counter counter.js
 c_world_guest c-kv-counter example:c-kv-counter/counter counter.c
 
 # Where the tools are, for the tests that build `baton new` templates.

@@ -657,6 +657,11 @@ fn a_js_kv_counter_continues_its_count_in_the_next_term() {
 }
 
 #[test]
+fn a_js_future_kv_counter_continues_its_count_in_the_next_term() {
+    counts_across_terms(guest_file("js_future_kv_counter.wasm"));
+}
+
+#[test]
 fn a_c_kv_counter_continues_its_count_in_the_next_term() {
     counts_across_terms(guest_file("c_kv_counter.wasm"));
 }
