@@ -9,9 +9,9 @@
 // Tests may be long; production functions may not (clippy.toml).
 #![allow(clippy::too_many_lines)]
 
+mod bucket_conformance;
 #[path = "../bucket_contract.rs"]
 mod bucket_contract;
-mod bucket_conformance;
 #[path = "../store_contract.rs"]
 mod store_contract;
 #[path = "../e2e/support.rs"]
