@@ -361,7 +361,13 @@ impl BucketStore for KubeBuckets {
         let params = ListParams::default().labels(&format!("{ROLE_LABEL}={BUCKET_ROLE}"));
         let list = bounded(&any, "list", self.api.list(&params))
             .await?
-            .map_err(unavailable(&any, "list"))?;
+            .map_err(|e| BucketError::Unavailable {
+                bucket: any.clone(),
+                detail: format!(
+                    "list ConfigMaps labelled {ROLE_LABEL}={BUCKET_ROLE} in namespace {:?}: {e} (the Role needs \"list\" on configmaps: deploy/kubernetes/role.yaml)",
+                    self.namespace
+                ),
+            })?;
         let mut all = Vec::new();
         for object in list.items {
             let notes = object.metadata.annotations.clone().unwrap_or_default();
