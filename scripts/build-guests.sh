@@ -30,6 +30,7 @@ guests=(
     "hosts-pollable:hosts_pollable.wasm"
     "hosts-future:hosts_future.wasm"
     "kv-counter:kv_counter.wasm"
+    "sched-probe:sched_probe.wasm"
 )
 
 # `rustup target add` is idempotent but slow-ish; skip it when the target's

@@ -122,12 +122,13 @@ done_with() { # done_with OUT INPUTS...: records OUT's inputs and prints OUT
 # The examples are built against baton:leader@0.1.0 (wit/v0.1.0), which
 # hosts keep serving: they prove that plugins built before 0.2.0 run
 # unchanged. (The templates of `baton new`, built by the tests, target
-# 0.2.0.)
+# the newest, 0.3.0, in wit/.)
 contract="$repo/wit/v0.1.0"
 
 # The key-value examples (examples/*-kv-counter) import wasi:keyvalue, new
-# with baton:leader@0.2.0, and target that contract.
-contract_now="$repo/wit"
+# with baton:leader@0.2.0, and are kept on that contract (wit/v0.2.0), which
+# hosts keep serving too.
+contract_now="$repo/wit/v0.2.0"
 
 # A WIT folder for a guest with its own world (wit/world.wit that includes a
 # baton world): the guest's wit/ plus baton's contract (CONTRACT, default

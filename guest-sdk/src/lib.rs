@@ -3,14 +3,14 @@
 //! A baton host takes part in a lease election and runs a plugin's leader
 //! task only while it holds the plugin's lease. A plugin is a WebAssembly
 //! component that exports the task and watches the lease status to learn
-//! when its term is over. The contract (`baton:leader@0.2.0`, in the `wit/`
+//! when its term is over. The contract (`baton:leader@0.3.0`, in the `wit/`
 //! folder of the baton repository) comes in two flavours, one WIT world
 //! each; this crate wraps both behind a small API:
 //!
 //! | Cargo feature | module       | world                                  | task       |
 //! |---------------|--------------|----------------------------------------|------------|
-//! | `future`      | [`future`]   | `baton:leader/future-plugin@0.2.0`     | `async fn` |
-//! | `pollable`    | [`pollable`] | `baton:leader/pollable-plugin@0.2.0`   | `fn`       |
+//! | `future`      | [`future`]   | `baton:leader/future-plugin@0.3.0`     | `async fn` |
+//! | `pollable`    | [`pollable`] | `baton:leader/pollable-plugin@0.3.0`   | `fn`       |
 //!
 //! Neither feature is on by default: enable the one your plugin targets,
 //! implement that module's `LeaderTask` trait and export it with
@@ -34,6 +34,9 @@
 //! a plugin is chosen by the export macro it calls, and each plugin must
 //! call exactly one of them, once. The imports of the other world are left out of the
 //! component because nothing calls them.
+//!
+//! In either world, [`schedule::current_run`] tells a plugin with a
+//! schedule which due time its run is for.
 //!
 //! Three more features add what a plugin may import in either world:
 //!
@@ -85,6 +88,8 @@ pub mod http;
 pub mod kv;
 #[cfg(feature = "pollable")]
 pub mod pollable;
+#[cfg(any(feature = "future", feature = "pollable"))]
+pub mod schedule;
 
 /// This host's role for one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -284,7 +289,7 @@ pub mod __private {
     #[cfg(feature = "pollable")]
     pub mod pollable_bindings {
         wit_bindgen::generate!({
-            world: "baton:leader/pollable-plugin@0.2.0",
+            world: "baton:leader/pollable-plugin@0.3.0",
             path: "../wit",
             // The world's exports are described by a custom section that the
             // export macro emits in the plugin crate; this crate only
@@ -314,7 +319,7 @@ pub mod __private {
     #[cfg(feature = "future")]
     pub mod future_bindings {
         wit_bindgen::generate!({
-            world: "baton:leader/future-plugin@0.2.0",
+            world: "baton:leader/future-plugin@0.3.0",
             path: "../wit",
             // See `pollable_bindings`.
             pub_export_macro: true,
@@ -336,7 +341,7 @@ pub mod __private {
 }
 
 /// Exports a [`pollable::LeaderTask`] as the plugin's task, making the
-/// component target `baton:leader/pollable-plugin@0.2.0`.
+/// component target `baton:leader/pollable-plugin@0.3.0`.
 ///
 /// Call it once, in the plugin's (`cdylib`) crate, with the type that
 /// implements the task. Needs the `pollable` feature.
@@ -366,7 +371,7 @@ macro_rules! export_pollable {
 }
 
 /// Exports a [`future::LeaderTask`] as the plugin's task, making the
-/// component target `baton:leader/future-plugin@0.2.0`.
+/// component target `baton:leader/future-plugin@0.3.0`.
 ///
 /// Call it once, in the plugin's (`cdylib`) crate, with the type that
 /// implements the task. Needs the `future` feature.

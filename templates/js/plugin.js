@@ -23,7 +23,7 @@
 // While a `fetch` is pending the change is not watched: keep requests short
 // (the host drops a request still in flight when the grace is over).
 
-import { currentStatus } from "baton:leader/status-pollable@0.2.0";
+import { currentStatus } from "baton:leader/status-pollable@0.3.0";
 import { getEnvironment } from "wasi:cli/environment@0.2.12";
 import { subscribeDuration } from "wasi:clocks/monotonic-clock@0.2.12";
 import { poll } from "wasi:io/poll@0.2.12";

@@ -345,10 +345,13 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
         );
     }
     for (file, world) in [
-        ("probe_pollable.wasm", "baton:leader/pollable-plugin@0.2.0"),
-        ("probe_future.wasm", "baton:leader/future-plugin@0.2.0"),
-        ("rust_future_ticker.wasm", "baton:leader/future-plugin@0.2.0"),
-        ("rust_pollable_ticker.wasm", "baton:leader/pollable-plugin@0.2.0"),
+        ("probe_pollable.wasm", "baton:leader/pollable-plugin@0.3.0"),
+        ("probe_future.wasm", "baton:leader/future-plugin@0.3.0"),
+        ("rust_future_ticker.wasm", "baton:leader/future-plugin@0.3.0"),
+        ("rust_pollable_ticker.wasm", "baton:leader/pollable-plugin@0.3.0"),
+        ("sched_probe.wasm", "baton:leader/pollable-plugin@0.3.0"),
+        // Kept on 0.2.0 (built against wit/v0.2.0), which hosts still serve.
+        ("hosts_pollable.wasm", "baton:leader/pollable-plugin@0.2.0"),
     ] {
         let out = baton().arg("check").arg(guest(file)).output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -358,10 +361,11 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(stdout.contains(&format!("ok: targets {world}")), "{stdout}");
-        // The future ticker prints the live hosts; `baton check` says so.
+        // The future ticker and hosts-pollable print the live hosts;
+        // `baton check` says so.
         assert_eq!(
             stdout.contains("asks for the live hosts"),
-            file == "rust_future_ticker.wasm",
+            matches!(file, "rust_future_ticker.wasm" | "hosts_pollable.wasm"),
             "{stdout}"
         );
     }

@@ -485,7 +485,7 @@ fn new_builds_and_checks(lang: &str, world: &str) {
     let wasm = root.join(format!("{name}.wasm"));
     let (ok, out) = baton_check(&wasm);
     assert!(
-        ok && out.contains(&format!("ok: targets baton:leader/{world}-plugin@0.2.0")),
+        ok && out.contains(&format!("ok: targets baton:leader/{world}-plugin@0.3.0")),
         "{out}"
     );
 

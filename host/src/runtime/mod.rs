@@ -7,6 +7,7 @@
 //! - [`bindings`]: `bindgen!` output for `future-plugin` and
 //!   `pollable-plugin`.
 //! - [`state`]: what a Store holds, and the host side of `current-status`.
+//! - [`schedule`]: the scheduled run an instance is for (`current-run`).
 //! - [`fence`]: the host-call fence, the epoch check and inline file
 //!   streams: nothing of a term acts after its force-stop time.
 //! - [`plugin`]: checking, loading and running a plugin.
@@ -42,6 +43,7 @@ pub mod lookup;
 pub mod network;
 pub mod output;
 pub mod plugin;
+pub mod schedule;
 pub mod state;
 pub mod trap;
 
@@ -57,6 +59,7 @@ pub use plugin::{
     Capability, Contract, DEFAULT_MEMORY_LIMIT, DirGrant, Plugin, PluginRuntime, PluginSpec, TaskOutcome,
     World,
 };
+pub use schedule::ScheduledRun;
 pub use trap::{StoppedByHost, Trap};
 
 /// The engine could not be set up.

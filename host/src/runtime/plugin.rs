@@ -48,7 +48,7 @@ pub enum World {
 impl World {
     /// The world's WIT name in the newest version of the contract.
     pub fn wit_name(self) -> &'static str {
-        self.wit_name_in(Contract::V0_2)
+        self.wit_name_in(Contract::NEWEST)
     }
 
     /// The world's WIT name in `contract`.
@@ -58,28 +58,45 @@ impl World {
             (World::Pollable, Contract::V0_1) => "baton:leader/pollable-plugin@0.1.0",
             (World::Future, Contract::V0_2) => "baton:leader/future-plugin@0.2.0",
             (World::Pollable, Contract::V0_2) => "baton:leader/pollable-plugin@0.2.0",
+            (World::Future, Contract::V0_3) => "baton:leader/future-plugin@0.3.0",
+            (World::Pollable, Contract::V0_3) => "baton:leader/pollable-plugin@0.3.0",
         }
     }
 }
 
 /// The version of the contract (`baton:leader`) a plugin was built
-/// against. Both are served: a 0.x minor version is a breaking one, so a
-/// plugin of 0.1.0 cannot run as one of 0.2.0.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// against. Every one is served: a 0.x minor version is a breaking one, so
+/// a plugin of 0.1.0 cannot run as one of 0.2.0, nor one of 0.2.0 as one
+/// of 0.3.0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Contract {
-    /// `baton:leader@0.1.0` (`wit/leader-0.1.0.wit`).
+    /// `baton:leader@0.1.0` (`wit/v0.1.0/leader.wit`).
     V0_1,
-    /// `baton:leader@0.2.0` (`wit/leader.wit`): adds the live hosts.
+    /// `baton:leader@0.2.0` (`wit/v0.2.0/leader.wit`): adds the live hosts.
     V0_2,
+    /// `baton:leader@0.3.0` (`wit/leader.wit`): adds the scheduled run
+    /// (`current-run`).
+    V0_3,
 }
 
 impl Contract {
+    /// The newest version, which `wit/leader.wit` and the Rust SDK target.
+    pub const NEWEST: Contract = Contract::V0_3;
+
+    /// Whether a plugin of this version can learn which scheduled run it
+    /// is for (`current-run`, from 0.3.0). An older one still runs on a
+    /// schedule; it is just not told the due time.
+    pub fn tells_scheduled_run(self) -> bool {
+        self >= Contract::V0_3
+    }
+
     /// Which version an export's version suffix names, if one this host
     /// serves.
     fn of_version(version: &str) -> Option<Contract> {
         match version {
             "0.1.0" => Some(Contract::V0_1),
             "0.2.0" => Some(Contract::V0_2),
+            "0.3.0" => Some(Contract::V0_3),
             _ => None,
         }
     }

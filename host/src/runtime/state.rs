@@ -1,5 +1,6 @@
 //! The data of one instance's Store, and the host side of the
-//! `current-status` and `current-hosts` imports of every world.
+//! `current-status` and `current-hosts` imports of every world (that of
+//! `current-run` is in [`schedule`](super::schedule)).
 
 use std::sync::Arc;
 
@@ -9,11 +10,12 @@ use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::{WitHosts, WitStatus, v0_1, v0_2};
+use super::bindings::{WitHosts, WitStatus, v0_1, v0_2, v0_3};
 use super::connections::Connections;
 use super::http::GuestHttp;
 use super::keyvalue::KeyValueCtx;
 use super::output::StderrTail;
+use super::schedule::ScheduledRun;
 use super::trap::GuestLimits;
 use crate::election::{Hosts, LeaseView, Role, Status, Term};
 
@@ -35,6 +37,9 @@ pub struct GuestState {
     pub(crate) view: watch::Receiver<LeaseView>,
     /// The live hosts (`baton:leader@0.2.0`'s `current-hosts`).
     pub(crate) hosts: watch::Receiver<Hosts>,
+    /// The scheduled run this instance is for (`baton:leader@0.3.0`'s
+    /// `current-run`); none for a plugin without a schedule.
+    pub(crate) scheduled: Option<ScheduledRun>,
     /// The last lines the instance wrote to stderr (a panic message), for
     /// the trap report.
     pub(crate) stderr_tail: StderrTail,
@@ -171,15 +176,34 @@ impl<T: Send> v0_2::future_plugin::baton::leader::status_future::HostWithStore<T
     }
 }
 
+impl<T: Send> v0_3::future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
+    fn current_status(host: Access<'_, T, Self>) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
+        status_with_future(host)
+    }
+}
+
+/// `hosts-future.current-hosts`, in every version that has it.
+fn hosts_with_future<T: Send>(
+    mut host: Access<'_, T, CurrentStatus>,
+) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
+    let mut rx = host.get().hosts.clone();
+    let seen = *rx.borrow_and_update();
+    let future = FutureReader::new(&mut host, async move {
+        let next = hosts_changed_from(rx, seen).await;
+        wasmtime::error::Ok(WitHosts::from(next))
+    })?;
+    Ok((seen.into(), future))
+}
+
 impl<T: Send> v0_2::future_plugin::baton::leader::hosts_future::HostWithStore<T> for CurrentStatus {
-    fn current_hosts(mut host: Access<'_, T, Self>) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
-        let mut rx = host.get().hosts.clone();
-        let seen = *rx.borrow_and_update();
-        let future = FutureReader::new(&mut host, async move {
-            let next = hosts_changed_from(rx, seen).await;
-            wasmtime::error::Ok(WitHosts::from(next))
-        })?;
-        Ok((seen.into(), future))
+    fn current_hosts(host: Access<'_, T, Self>) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
+        hosts_with_future(host)
+    }
+}
+
+impl<T: Send> v0_3::future_plugin::baton::leader::hosts_future::HostWithStore<T> for CurrentStatus {
+    fn current_hosts(host: Access<'_, T, Self>) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
+        hosts_with_future(host)
     }
 }
 
@@ -188,6 +212,8 @@ impl v0_1::future_plugin::baton::leader::types::Host for GuestState {}
 impl v0_2::future_plugin::baton::leader::status_future::Host for GuestState {}
 impl v0_2::future_plugin::baton::leader::hosts_future::Host for GuestState {}
 impl v0_2::future_plugin::baton::leader::membership::Host for GuestState {}
+impl v0_3::future_plugin::baton::leader::status_future::Host for GuestState {}
+impl v0_3::future_plugin::baton::leader::hosts_future::Host for GuestState {}
 
 /// Resolves once the live hosts differ from `seen`, with the new value;
 /// never, if nobody keeps them any more (the host is shutting down).
@@ -238,6 +264,17 @@ impl GuestState {
         let pollable = subscribe(&mut self.table, change)?;
         Ok(((&status).into(), pollable))
     }
+
+    /// `hosts-pollable.current-hosts`, in every version that has it.
+    fn hosts_with_pollable(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
+        let seen = *self.hosts.borrow();
+        let change = self.table.push(HostsChange {
+            rx: self.hosts.clone(),
+            seen,
+        })?;
+        let pollable = subscribe(&mut self.table, change)?;
+        Ok((seen.into(), pollable))
+    }
 }
 
 impl v0_1::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
@@ -254,12 +291,18 @@ impl v0_2::pollable_plugin::baton::leader::status_pollable::Host for GuestState 
 
 impl v0_2::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
     fn current_hosts(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
-        let seen = *self.hosts.borrow();
-        let change = self.table.push(HostsChange {
-            rx: self.hosts.clone(),
-            seen,
-        })?;
-        let pollable = subscribe(&mut self.table, change)?;
-        Ok((seen.into(), pollable))
+        self.hosts_with_pollable()
+    }
+}
+
+impl v0_3::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
+    fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
+        self.status_with_pollable()
+    }
+}
+
+impl v0_3::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
+    fn current_hosts(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
+        self.hosts_with_pollable()
     }
 }

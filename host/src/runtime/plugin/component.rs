@@ -10,7 +10,7 @@ use wasmtime::component::{Component, InstancePre, types};
 
 use super::linkers::Linkers;
 use super::{Capability, Contract, World, unversioned};
-use crate::runtime::bindings::{v0_1, v0_2};
+use crate::runtime::bindings::{v0_1, v0_2, v0_3};
 use crate::runtime::compile::CacheUse;
 use crate::runtime::engine::PluginEngine;
 use crate::runtime::state::GuestState;
@@ -65,7 +65,7 @@ pub enum CompileError {
     /// serve.
     #[error(
         "exports `{export}`, a version of the contract this host does not serve (it serves \
-         baton:leader@0.1.0 and @0.2.0)"
+         baton:leader@0.1.0, @0.2.0 and @0.3.0)"
     )]
     UnservedContract {
         /// The export, version included.
@@ -150,6 +150,8 @@ pub(super) enum Pre {
     Pollable01(v0_1::pollable_plugin::PollablePluginPre<GuestState>),
     Future02(v0_2::future_plugin::FuturePluginPre<GuestState>),
     Pollable02(v0_2::pollable_plugin::PollablePluginPre<GuestState>),
+    Future03(v0_3::future_plugin::FuturePluginPre<GuestState>),
+    Pollable03(v0_3::pollable_plugin::PollablePluginPre<GuestState>),
 }
 
 /// Compiles a component and checks its world and imports. `cache` is set
@@ -217,6 +219,12 @@ fn typed_pre(world: World, contract: Contract, linked: InstancePre<GuestState>) 
         }
         (World::Pollable, Contract::V0_2) => {
             Pre::Pollable02(v0_2::pollable_plugin::PollablePluginPre::new(linked).map_err(checked)?)
+        }
+        (World::Future, Contract::V0_3) => {
+            Pre::Future03(v0_3::future_plugin::FuturePluginPre::new(linked).map_err(checked)?)
+        }
+        (World::Pollable, Contract::V0_3) => {
+            Pre::Pollable03(v0_3::pollable_plugin::PollablePluginPre::new(linked).map_err(checked)?)
         }
     })
 }

@@ -3,7 +3,8 @@
 //! requests under the plugin's grants; see [`crate::runtime::http`]),
 //! `wasi:keyvalue` and `wasi:config` (see [`keyvalue`], [`config`]), the
 //! WASI 0.3 clocks and random interfaces (the future world only), and
-//! `current-status` and `current-hosts` in every version of the contract.
+//! `current-status`, `current-hosts` and `current-run` in every version of
+//! the contract that has them.
 //!
 //! Other WASI 0.3 interfaces (filesystem, sockets, cli) are not offered:
 //! their host tasks act after the import has returned, outside the
@@ -14,7 +15,7 @@ use wasmtime::component::Linker;
 
 use super::World;
 use crate::runtime::RuntimeError;
-use crate::runtime::bindings::{v0_1, v0_2};
+use crate::runtime::bindings::{v0_1, v0_2, v0_3};
 use crate::runtime::state::{CurrentStatus, GuestState};
 use crate::runtime::{config, connections, fence, keyvalue, lookup};
 
@@ -57,7 +58,8 @@ fn add_shared(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
 }
 
 /// `future-plugin`: the shared imports, WASI 0.3 clocks and random, and the
-/// contract's `status-future` (0.1.0, 0.2.0) and `hosts-future` (0.2.0).
+/// contract's `status-future` (every version), `hosts-future` (from 0.2.0)
+/// and `schedule` (0.3.0).
 fn future_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     add_shared(&mut linker)?;
@@ -66,11 +68,15 @@ fn future_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     v0_1::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
     v0_2::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
     v0_2::future_plugin::baton::leader::hosts_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
+    v0_3::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
+    v0_3::future_plugin::baton::leader::hosts_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
+    v0_3::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
     Ok(linker)
 }
 
 /// `pollable-plugin`: the shared imports and the contract's
-/// `status-pollable` (0.1.0, 0.2.0) and `hosts-pollable` (0.2.0).
+/// `status-pollable` (every version), `hosts-pollable` (from 0.2.0) and
+/// `schedule` (0.3.0, the same interface as the future world's).
 fn pollable_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     add_shared(&mut linker)?;
@@ -86,5 +92,14 @@ fn pollable_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
         &mut linker,
         |s| s,
     )?;
+    v0_3::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
+        &mut linker,
+        |s| s,
+    )?;
+    v0_3::pollable_plugin::baton::leader::hosts_pollable::add_to_linker::<_, CurrentStatus>(
+        &mut linker,
+        |s| s,
+    )?;
+    v0_3::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
     Ok(linker)
 }

@@ -27,6 +27,7 @@ use crate::runtime::fence;
 use crate::runtime::http::{GuestHttp, HttpPolicy};
 use crate::runtime::keyvalue::{BucketCounts, KeyValueCtx, PluginBuckets};
 use crate::runtime::output::{GuestOutput, GuestStream, OutputBudget, StderrTail};
+use crate::runtime::schedule::ScheduledRun;
 use crate::runtime::state::{GuestState, shown_status};
 use crate::runtime::trap::{GuestLimits, Trap};
 use crate::support::rounding::human;
@@ -164,12 +165,14 @@ impl Plugin {
         self.memory.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A fresh Store for one run in `term`: WASI with the plugin's grants,
-    /// its memory limit, and the fence (see [`fence`]).
+    /// A fresh Store for one run in `term` (for the scheduled run
+    /// `scheduled`, if one): WASI with the plugin's grants, its memory
+    /// limit, and the fence (see [`fence`]).
     fn new_store(
         &self,
         term: Arc<Term>,
         view: watch::Receiver<LeaseView>,
+        scheduled: Option<ScheduledRun>,
     ) -> Result<Store<GuestState>, SetupError> {
         let tail = StderrTail::default();
         let mut wasi = WasiCtxBuilder::new();
@@ -219,6 +222,7 @@ impl Plugin {
             name_lookup,
             view,
             hosts: self.hosts.clone(),
+            scheduled,
             stderr_tail: tail,
             http: WasiHttpCtx::new(),
             http_hooks: GuestHttp::new(self.name.clone(), http, term.clone(), connections),
@@ -305,13 +309,36 @@ impl Plugin {
     /// until it returns or traps. Dropping the returned future drops the
     /// Store and so ends the task wherever it is.
     pub async fn run_task(&self, term: Arc<Term>, view: watch::Receiver<LeaseView>) -> TaskOutcome {
+        self.run_once(term, view, None).await
+    }
+
+    /// Runs the leader task once for the scheduled run `run`, as
+    /// [`run_task`](Self::run_task) does; the instance's `current-run`
+    /// (`baton:leader@0.3.0`) returns `run`. A plugin of an older contract
+    /// runs the same, without being told.
+    pub async fn run_scheduled(
+        &self,
+        term: Arc<Term>,
+        view: watch::Receiver<LeaseView>,
+        run: ScheduledRun,
+    ) -> TaskOutcome {
+        self.run_once(term, view, Some(run)).await
+    }
+
+    /// One run of the task, for `scheduled` if it is a scheduled run.
+    async fn run_once(
+        &self,
+        term: Arc<Term>,
+        view: watch::Receiver<LeaseView>,
+        scheduled: Option<ScheduledRun>,
+    ) -> TaskOutcome {
         // Declared before the Store, so dropped after it: the epoch
         // advances for as long as this instance may run.
         let _ticking = self.engine.ticking();
         if self.uses_hosts {
             self.await_counted(&view).await;
         }
-        let mut store = match self.new_store(term.clone(), view.clone()) {
+        let mut store = match self.new_store(term.clone(), view.clone(), scheduled) {
             Ok(s) => s,
             Err(e) => return TaskOutcome::Trapped(Trap::setup(e.to_string())),
         };
@@ -364,6 +391,8 @@ impl Plugin {
             Pre::Pollable01(pre) => run_pollable!(pre, baton_leader_task_sync),
             Pre::Future02(pre) => run_future!(pre, baton_leader_task_async),
             Pre::Pollable02(pre) => run_pollable!(pre, baton_leader_task_sync),
+            Pre::Future03(pre) => run_future!(pre, baton_leader_task_async),
+            Pre::Pollable03(pre) => run_pollable!(pre, baton_leader_task_sync),
         };
         Ok(match returned {
             Ok(()) => TaskOutcome::Finished,

@@ -106,24 +106,32 @@ fn each_compilation_is_announced_with_where_its_code_came_from() {
 }
 
 #[test]
-fn both_versions_of_the_contract_are_served_and_told_apart() {
+fn every_version_of_the_contract_is_served_and_told_apart() {
     let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
-    // Built with the SDK: 0.2.0; these call `current-hosts`, the probes
-    // do not (and so do not import it).
+    // Built with the SDK: the newest, 0.3.0; `hosts_future` calls
+    // `current-hosts`, the probes do not (and so do not import it).
     for (file, world, hosts) in [
-        ("hosts_pollable.wasm", World::Pollable, true),
         ("hosts_future.wasm", World::Future, true),
         ("probe_pollable.wasm", World::Pollable, false),
         ("probe_future.wasm", World::Future, false),
+        ("sched_probe.wasm", World::Pollable, false),
     ] {
         let p = runtime.check(file, &guest(file)).unwrap();
         assert_eq!(
             (p.world(), p.contract(), p.uses_hosts()),
-            (world, Contract::V0_2, hosts),
+            (world, Contract::V0_3, hosts),
             "{file}"
         );
-        assert_eq!(p.wit_world(), world.wit_name_in(Contract::V0_2));
+        assert_eq!(p.wit_world(), world.wit_name_in(Contract::V0_3));
+        assert_eq!(p.wit_world(), world.wit_name());
     }
+    // Built with wit-bindgen against wit/v0.2.0, calling `current-hosts`.
+    let p = runtime.check("hosts", &guest("hosts_pollable.wasm")).unwrap();
+    assert_eq!(
+        (p.world(), p.contract(), p.uses_hosts()),
+        (World::Pollable, Contract::V0_2, true)
+    );
+    assert_eq!(p.wit_world(), "baton:leader/pollable-plugin@0.2.0");
     // Built with wit-bindgen against wit/v0.1.0.
     let p = runtime.check("http", &guest("http_probe.wasm")).unwrap();
     assert_eq!(
@@ -135,5 +143,145 @@ fn both_versions_of_the_contract_are_served_and_told_apart() {
     let p = runtime
         .check("ticker", &guest("rust_pollable_ticker.wasm"))
         .unwrap();
-    assert_eq!((p.contract(), p.uses_hosts()), (Contract::V0_2, false));
+    assert_eq!((p.contract(), p.uses_hosts()), (Contract::V0_3, false));
+    assert!(Contract::V0_3.tells_scheduled_run() && !Contract::V0_2.tells_scheduled_run());
+}
+
+/// What the guests print while `f` runs on this thread (a current-thread
+/// runtime), one log message a line.
+fn guest_lines<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> String {
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f());
+    String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+}
+
+/// A lease led in term `number` for a minute, as a task is given it.
+fn led(
+    number: u64,
+) -> (
+    Arc<crate::election::Term>,
+    tokio::sync::watch::Receiver<crate::election::LeaseView>,
+) {
+    use crate::election::{LeaseView, Role, Status, Term, TermClock};
+    let clock = TermClock::system();
+    let now = clock.now();
+    let term = Term::begin(
+        "sched",
+        number,
+        std::time::Duration::from_millis(500),
+        clock,
+        now + std::time::Duration::from_secs(60),
+    );
+    let view = LeaseView {
+        status: Status {
+            role: Role::Leading,
+            holder: Some("me".into()),
+            lease: "sched".into(),
+            term: number,
+        },
+        term: Some(term.clone()),
+        since: now,
+        yielded: None,
+    };
+    let (tx, rx) = tokio::sync::watch::channel(view);
+    // The elector stays: a closed channel is not a change.
+    std::mem::forget(tx);
+    (term, rx)
+}
+
+/// A spec for the test guest `file` with the variables `env` and, if
+/// given, a directory granted as `/records`.
+fn spec_of(file: &str, env: &[(&str, &str)], records: Option<&Path>) -> PluginSpec {
+    PluginSpec {
+        name: file.trim_end_matches(".wasm").replace('_', "-"),
+        path: guest(file),
+        memory_limit: DEFAULT_MEMORY_LIMIT,
+        env: env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        dirs: records
+            .map(|host| DirGrant {
+                host: host.to_owned(),
+                guest: "/records".into(),
+                read_only: false,
+            })
+            .into_iter()
+            .collect(),
+        network: Default::default(),
+        http: Default::default(),
+        output: Default::default(),
+        send_buffer: 64 << 10,
+        keyvalue: Default::default(),
+        config: Default::default(),
+    }
+}
+
+#[test]
+fn a_scheduled_run_is_told_to_its_instance_and_none_to_a_run_per_term() {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use crate::runtime::ScheduledRun;
+    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
+    let records = tempfile::tempdir().unwrap();
+    let env = [("SCHED_RECORDS", "/records"), ("SCHED_HOST", "h1")];
+    let pollable = runtime
+        .load(&spec_of("sched_probe.wasm", &env, Some(records.path())))
+        .unwrap();
+    let future = runtime
+        .load(&spec_of("probe_future.wasm", &[("PROBE_MODE", "schedule")], None))
+        .unwrap();
+    let run = ScheduledRun {
+        due: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+        attempt: 2,
+        on_demand: true,
+    };
+    let lines = guest_lines(|| async {
+        for plugin in [&pollable, &future] {
+            let (term, view) = led(5);
+            let outcome = plugin.run_scheduled(term, view, run.clone()).await;
+            assert!(matches!(outcome, TaskOutcome::Finished), "{outcome}");
+            let (term, view) = led(6);
+            let outcome = plugin.run_task(term, view).await;
+            assert!(matches!(outcome, TaskOutcome::Finished), "{outcome}");
+        }
+    });
+    // The pollable world (sched-probe), with its record of each run.
+    assert!(
+        lines.contains("sched run due=1700000000123 attempt=2 on_demand=true term=5"),
+        "{lines}"
+    );
+    assert!(lines.contains("sched done due=1700000000123 term=5"), "{lines}");
+    assert!(lines.contains("sched run none term=6"), "{lines}");
+    assert!(lines.contains("sched done due=none term=6"), "{lines}");
+    let written = std::fs::read_to_string(records.path().join("records")).unwrap();
+    assert_eq!(written, "1700000000123 5 h1\nnone 6 h1\n");
+    // The future world (probe-future).
+    assert!(
+        lines.contains("probe schedule due=1700000000123 attempt=2 on_demand=true term=5"),
+        "{lines}"
+    );
+    assert!(lines.contains("probe schedule none term=6"), "{lines}");
 }

@@ -28,6 +28,9 @@
 //!   100 ms until the status changes; a change while a request waits for
 //!   its answer ends the wait at once: `probe http abandoned term=N`. Then
 //!   `probe stop term=N role=R`, and returns `Ok`.
+//! - `schedule`: prints the run `current-run` gives (`baton:leader@0.3.0`),
+//!   `probe schedule due=UNIX_MS attempt=N on_demand=B term=N` or
+//!   `probe schedule none term=N`, and returns `Ok`.
 //! - `fail`: returns `Err("probe failure on purpose")`.
 //! - `trap`: panics (`probe trap on purpose`), i.e. traps.
 //! - `done`: returns `Ok` at once.
@@ -146,6 +149,18 @@ impl LeaderTask for Probe {
                     }
                 };
                 say(format_args!("probe stop term={term} role={}", now.role));
+                Ok(())
+            }
+            "schedule" => {
+                match baton_guest::schedule::current_run() {
+                    Some(run) => say(format_args!(
+                        "probe schedule due={} attempt={} on_demand={} term={term}",
+                        run.due_unix_millis(),
+                        run.attempt,
+                        run.on_demand
+                    )),
+                    None => say(format_args!("probe schedule none term={term}")),
+                }
                 Ok(())
             }
             "fail" => Err("probe failure on purpose".to_string()),
