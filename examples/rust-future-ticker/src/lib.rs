@@ -1,5 +1,5 @@
 //! An example baton plugin for the `future-plugin` world
-//! (`baton:leader@0.2.0`).
+//! (`baton:leader@0.3.0`).
 //!
 //! While this host leads, it prints `tick term=T n=N` once a second. It
 //! awaits the change future together with the one-second timer, so it
