@@ -11,6 +11,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("support", 0),
     ("store", 1),
     ("election", 2),
+    ("schedule", 2),
     ("runtime", 3),
     ("supervisor", 4),
     ("config", 5),

@@ -9,7 +9,7 @@
 //! | edges | [`cli`] (commands), [`daemon`] (`baton run`'s wiring), [`config`], [`ops`] (log, metrics, health, admin) |
 //! | tasks | [`supervisor`]: each plugin's task per term |
 //! | guests | [`runtime`]: wasmtime, the contract's host side, grants, the fence |
-//! | election | [`election`]: terms, the elector, spreading; decisions without I/O of their own |
+//! | election | [`election`]: terms, the elector, spreading; [`schedule`]: when scheduled runs are due; decisions without I/O of their own |
 //! | storage | [`store`]: the `LeaseStore` trait and its backends |
 //! | base | [`support`]: rounding, recurring warnings |
 #![deny(missing_docs)]
@@ -22,6 +22,7 @@ pub mod daemon;
 pub mod election;
 pub mod ops;
 pub mod runtime;
+pub mod schedule;
 pub mod store;
 pub mod supervisor;
 pub mod support;

@@ -95,6 +95,18 @@ enum Command {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+    /// Asks the host that leads a scheduled plugin's lease for one extra
+    /// run of it now.
+    RunNow {
+        /// The plugin.
+        plugin: String,
+        #[arg(long, short, env = "BATON_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long, env = "BATON_IDENTITY")]
+        identity: Option<String>,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
     /// Say which world each component targets, or exactly why it cannot run.
     Check {
         /// Component files.
@@ -146,7 +158,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = match cli.command {
-        Command::Status { .. } | Command::Yield { .. } | Command::Kv { .. } => {
+        Command::Status { .. } | Command::Yield { .. } | Command::Kv { .. } | Command::RunNow { .. } => {
             baton::ops::logging::QUIET_FILTER
         }
         _ => baton::ops::logging::DEFAULT_FILTER,
@@ -201,6 +213,12 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             run(config, overrides, watch, test_stall_election_runtime).await
         }
         Command::Check { plugins } => cli::check::execute(plugins).await,
+        Command::RunNow {
+            plugin,
+            config,
+            identity,
+            socket,
+        } => cli::run_now::execute(plugin, config, identity, socket).await,
         Command::Kv { action } => cli::kv::execute(action).await,
         Command::Yield {
             lease,

@@ -19,6 +19,9 @@
 //! other lease's do (see [`crate::election::claims`]), so that it never runs
 //! under two leases at once, on this host or another.
 //!
+//! A plugin with a schedule runs each due time instead, in a fresh
+//! instance, while the term lasts ([`scheduled`]).
+//!
 //! What happens to each task is told to a [`TaskObserver`] (metrics, at
 //! the edge); the supervisor itself keeps no counts.
 
@@ -30,6 +33,10 @@ use tokio::time::sleep;
 
 use crate::election::{ClaimGate, LeaseClaims, LeaseView, Moment, Term};
 use crate::runtime::{Plugin, TaskOutcome};
+
+mod scheduled;
+
+pub use scheduled::{SCHEDULES_BUCKET, Scheduling};
 
 /// The first retry of a failed task waits this long; each further failure
 /// in the same term doubles it, up to [`MAX_BACKOFF`].
@@ -117,6 +124,17 @@ pub trait TaskObserver: Send + Sync + 'static {
     fn stopped(&self, plugin: &str, forced: bool, after: Duration) {
         let _ = (plugin, forced, after);
     }
+
+    /// A scheduled run of `plugin` ended with `outcome` (`ok`, `failed`,
+    /// `trapped`); it started `lateness` after its due time.
+    fn scheduled_run(&self, plugin: &str, outcome: &'static str, lateness: Duration) {
+        let _ = (plugin, outcome, lateness);
+    }
+
+    /// `count` due times of `plugin` were skipped for `reason`.
+    fn schedule_skipped(&self, plugin: &str, reason: &'static str, count: u64) {
+        let _ = (plugin, reason, count);
+    }
 }
 
 /// A task observer that ignores everything.
@@ -147,7 +165,7 @@ pub async fn run_leader_tasks(
     observer: Arc<dyn TaskObserver>,
 ) {
     let (_keep, versions) = watch::channel(plugin);
-    run_leader_tasks_of(versions, view, observer, None).await
+    run_leader_tasks_of(versions, view, observer, None, None).await
 }
 
 /// [`run_leader_tasks`], for a plugin whose version may change (a reload):
@@ -155,12 +173,14 @@ pub async fn run_leader_tasks(
 /// runs from the next term and never beside the old one. Returns, too,
 /// once the versions' sender is dropped (the plugin was removed) and no
 /// task of it runs. With `admission`, a term's task starts only once it
-/// admits the plugin.
+/// admits the plugin. With `scheduling` and a schedule in it, each term
+/// runs the plugin's due times instead of one task.
 pub async fn run_leader_tasks_of(
     mut versions: watch::Receiver<Arc<Plugin>>,
     mut view: watch::Receiver<LeaseView>,
     observer: Arc<dyn TaskObserver>,
     admission: Option<Admission>,
+    scheduling: Option<Scheduling>,
 ) {
     let name = versions.borrow().name().to_owned();
     loop {
@@ -191,7 +211,10 @@ pub async fn run_leader_tasks_of(
         }
         let plugin = versions.borrow_and_update().clone();
         if admitted && let Some(_entry) = term.enter() {
-            run_term(&plugin, &term, &view, &*observer).await;
+            match scheduling.as_ref().filter(|s| s.schedule.borrow().is_some()) {
+                Some(s) => scheduled::run_scheduled_term(&plugin, &term, &view, &*observer, s).await,
+                None => run_term(&plugin, &term, &view, &*observer).await,
+            }
         }
         // Not again in this term.
         term.over().await;
@@ -226,7 +249,8 @@ async fn run_term(
             "leader task started"
         );
         let started = term.clock().now();
-        let Some(outcome) = run_attempt(plugin, term, view, observer).await else {
+        let task = plugin.run_task(term.clone(), view.clone());
+        let Some(outcome) = run_attempt(plugin, term, observer, task).await else {
             return;
         };
         if !try_again(name, term, outcome, started, backoff, observer) {
@@ -241,18 +265,19 @@ async fn run_term(
     }
 }
 
-/// Runs one attempt of the task until it returns, or until the term's
-/// force-stop time, when it is dropped (`None`). Reports how it ended.
+/// Runs one attempt of the task, `task`, until it returns, or until the
+/// term's force-stop time, when it is dropped (`None`). Reports how it
+/// ended.
 async fn run_attempt(
     plugin: &Arc<Plugin>,
     term: &Arc<Term>,
-    view: &watch::Receiver<LeaseView>,
     observer: &dyn TaskObserver,
+    task: impl std::future::Future<Output = TaskOutcome>,
 ) -> Option<TaskOutcome> {
     let name = plugin.name();
     observer.started(name);
     observer.state(name, TaskState::Running);
-    let mut task = Box::pin(plugin.run_task(term.clone(), view.clone()));
+    let mut task = Box::pin(task);
     let mut told = false;
     let outcome = loop {
         tokio::select! {

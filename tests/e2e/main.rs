@@ -18,6 +18,7 @@ mod misbehaving;
 mod moving;
 mod ops;
 mod reload;
+mod schedules;
 mod sockets;
 mod spread;
 mod state;

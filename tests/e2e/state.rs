@@ -215,10 +215,9 @@ fn writers_killed_at_random_points_leave_every_acknowledged_write() {
         let (ok, value, err) = kv(&cfg, &["get", "count"]);
         assert!(ok, "round {round}: {err}");
         let n: u64 = value.split_whitespace().next().unwrap().parse().unwrap();
-        assert!(
-            n >= last && n <= last + 1,
-            "round {round}: stored {n}, last acknowledged {last}"
-        );
+        // The host's last log lines may be lost with it, so the store may
+        // hold more than the log shows acknowledged, never less.
+        assert!(n >= last, "round {round}: stored {n}, last acknowledged {last}");
         assert!(last > acknowledged, "round {round}: no progress");
         acknowledged = last;
         // The next host takes over once this one's lease ran out.

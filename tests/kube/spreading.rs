@@ -151,9 +151,11 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_r
     while led(&hosts[0]) + led(&hosts[1]) != LEASES || led(&hosts[0]).abs_diff(LEASES / 2) > 1 {
         assert!(
             Instant::now() < until,
-            "not spread: {} and {}",
+            "not spread: {} and {}; a's log ends:\n{}\nb's log ends:\n{}",
             led(&hosts[0]),
-            led(&hosts[1])
+            led(&hosts[1]),
+            support::tail(&hosts[0].output(), 30),
+            support::tail(&hosts[1].output(), 30)
         );
         std::thread::sleep(Duration::from_millis(100));
     }

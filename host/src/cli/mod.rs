@@ -8,12 +8,14 @@
 //! - [`scaffold`]: `baton new`, a plugin project from a template.
 //! - [`status`]: `baton status`, of either store, as text or JSON.
 //! - [`yield_lease`]: `baton yield`, a lease handed over on request.
+//! - [`run_now`]: `baton run-now`, one extra run of a scheduled plugin.
 //! - [`kv`]: `baton kv`, the plugins' buckets, read and written by an
 //!   operator.
 
 pub mod check;
 pub mod kv;
 pub mod run;
+pub mod run_now;
 pub mod scaffold;
 pub mod status;
 pub mod yield_lease;

@@ -32,7 +32,9 @@ use serde::Serialize;
 
 use crate::config::{Config, StoreConfig};
 use crate::election::spread::{MEMBER_PREFIX, assign};
+use crate::store::buckets::BucketStore;
 use crate::store::embedded::EmbeddedStore;
+use crate::store::embedded::buckets::EmbeddedBuckets;
 use crate::store::{LeaseRecord, LeaseStore, StoreError, Versioned};
 use crate::support::rounding::{human, secs};
 
@@ -74,6 +76,9 @@ pub struct Target {
     /// Where the store came from, for errors: the file and field, or the
     /// flag.
     pub origin: String,
+    /// The configuration and the store's buckets, for its schedules (none
+    /// with `--store-dir`).
+    pub schedules: Option<(Config, Arc<dyn BucketStore>)>,
 }
 
 /// `baton status`: opens the store (see [`open`]), lists it once, and
@@ -85,7 +90,10 @@ pub async fn execute(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let target = open(config, store_dir, kubeconfig).await?;
-    let report = collect(&target).await?;
+    let mut report = collect(&target).await?;
+    if let Some((cfg, buckets)) = &target.schedules {
+        report.schedules = schedules::collect(cfg, buckets, report.now).await;
+    }
     match output {
         OutputFormat::Text => print!("{}", report.text()),
         OutputFormat::Json => print!("{}", report.json()),
@@ -130,7 +138,15 @@ pub async fn open(
                     dir.display()
                 );
             }
-            open_embedded(&dir, origin, spreading)
+            let mut target = open_embedded(&dir, origin, spreading)?;
+            // The buckets only if they exist: status creates nothing.
+            if cfg.plugins.iter().any(|p| p.schedule.is_some())
+                && dir.join(crate::store::embedded::buckets::DATABASE).is_file()
+                && let Ok(buckets) = EmbeddedBuckets::open(&dir)
+            {
+                target.schedules = Some((cfg.clone(), Arc::new(buckets)));
+            }
+            Ok(target)
         }
         StoreConfig::Kubernetes {
             kubeconfig: field, ..
@@ -139,7 +155,13 @@ pub async fn open(
             if let Some(path) = kubeconfig {
                 *field = Some(path);
             }
-            open_kubernetes(&cfg, format!("{origin}, with {which}"), spreading).await
+            let mut target = open_kubernetes(&cfg, format!("{origin}, with {which}"), spreading).await?;
+            if cfg.plugins.iter().any(|p| p.schedule.is_some())
+                && let Ok((_, buckets)) = crate::daemon::serve::open_stores(&cfg).await
+            {
+                target.schedules = Some((cfg.clone(), buckets));
+            }
+            Ok(target)
         }
     }
 }
@@ -193,6 +215,7 @@ async fn open_kubernetes(cfg: &Config, origin: String, spreading: Spreading) -> 
         kind: "kubernetes",
         spreading,
         origin,
+        schedules: None,
     })
 }
 
@@ -209,6 +232,7 @@ fn open_embedded(dir: &Path, origin: String, spreading: Spreading) -> anyhow::Re
         kind: "embedded",
         spreading,
         origin,
+        schedules: None,
     })
 }
 
@@ -306,6 +330,9 @@ pub struct Report {
     /// The live hosts' identities, sorted: the membership the preferred
     /// holders are computed under.
     pub live_hosts: Vec<String>,
+    /// The configuration's scheduled plugins (with `--config`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub schedules: Vec<schedules::ScheduleStatus>,
 }
 
 /// A record that cannot be read: the hosts leave it as it is.
@@ -426,6 +453,7 @@ pub fn report(
         hosts,
         unreadable: Vec::new(),
         live_hosts,
+        schedules: Vec::new(),
     }
 }
 
@@ -594,6 +622,10 @@ impl Report {
             out.push('\n');
             out.push_str(&self.hosts_table());
         }
+        if !self.schedules.is_empty() {
+            out.push('\n');
+            out.push_str(&schedules::table(&self.schedules, 5));
+        }
         out.push('\n');
         out.push_str(&self.footer());
         out
@@ -678,6 +710,8 @@ impl Report {
         text
     }
 }
+
+pub mod schedules;
 
 #[cfg(test)]
 mod tests;

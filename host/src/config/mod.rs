@@ -166,6 +166,35 @@ struct RawPlugin {
     keyvalue_limits: Option<RawKeyValueLimits>,
     #[serde(default)]
     config: BTreeMap<String, RawConfigValue>,
+    schedule: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    every: Option<Duration>,
+    time_zone: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    starting_deadline: Option<Duration>,
+    catch_up: Option<RawCatchUp>,
+    overlap: Option<RawOverlap>,
+    #[serde(default, with = "humantime_serde")]
+    jitter: Option<Duration>,
+    #[serde(default)]
+    suspend: bool,
+}
+
+/// `catch-up`.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum RawCatchUp {
+    Latest,
+    All,
+}
+
+/// `overlap`.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum RawOverlap {
+    Skip,
+    QueueOne,
+    Replace,
 }
 
 /// `keyvalue-limits`.
@@ -299,6 +328,8 @@ pub struct PluginConfig {
     pub lease: String,
     /// When a new version of it runs after a reload.
     pub reload: ReloadMode,
+    /// Its schedule: `None` runs its task once per term.
+    pub schedule: Option<crate::schedule::Schedule>,
 }
 
 /// A validated configuration.

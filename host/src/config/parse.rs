@@ -9,6 +9,7 @@ use bytesize::ByteSize;
 
 use super::*;
 use crate::runtime::{BucketGrant, ConfigGrant, ConfigSource, OWN_BUCKET};
+use crate::schedule::{CatchUp, Overlap, Schedule, When};
 use crate::store::buckets::validate_bucket_name;
 
 /// The file being parsed: its name for messages, its text for line
@@ -170,6 +171,7 @@ impl Source<'_> {
                 },
                 lease: p.lease.get_ref().clone(),
                 reload: p.reload,
+                schedule: self.schedule(at, name, p)?,
             });
         }
         self.own_buckets_apart(&raw.plugins, &plugins)?;
@@ -193,6 +195,14 @@ impl Source<'_> {
             for b in buckets {
                 if b != OWN_BUCKET {
                     validate_bucket_name(b).map_err(|e| field_err("keyvalue", e))?;
+                }
+                if b.starts_with("baton-") {
+                    return Err(field_err(
+                        "keyvalue",
+                        format!(
+                            "bucket {b:?}: names starting with \"baton-\" are kept for the host's own buckets"
+                        ),
+                    ));
                 }
             }
             grant.buckets = buckets.clone();
@@ -238,6 +248,76 @@ impl Source<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `schedule` or `every`, and the policies of a schedule.
+    fn schedule(&self, at: usize, name: &str, p: &RawPlugin) -> Result<Option<Schedule>, ConfigError> {
+        let err = |field, reason: String| {
+            self.err_at(
+                at,
+                ConfigErrorKind::PluginField {
+                    plugin: name.to_owned(),
+                    field,
+                    reason,
+                },
+            )
+        };
+        let when = match (&p.schedule, p.every) {
+            (Some(_), Some(_)) => return Err(err("every", "give `schedule` or `every`, not both".into())),
+            (Some(pattern), None) => {
+                When::cron(pattern, p.time_zone.as_deref()).map_err(|e| err("schedule", e.to_string()))?
+            }
+            (None, Some(period)) => When::every(period).map_err(|e| err("every", e.to_string()))?,
+            (None, None) => {
+                let policy = p.time_zone.is_some()
+                    || p.starting_deadline.is_some()
+                    || p.catch_up.is_some()
+                    || p.overlap.is_some()
+                    || p.jitter.is_some()
+                    || p.suspend;
+                if policy {
+                    return Err(err(
+                        "schedule",
+                        "a schedule's settings without `schedule` or `every`".into(),
+                    ));
+                }
+                return Ok(None);
+            }
+        };
+        if p.time_zone.is_some() && matches!(when, When::Every(_)) {
+            return Err(err(
+                "time-zone",
+                "only for a cron `schedule`; `every` counts from the Unix epoch".into(),
+            ));
+        }
+        let mut schedule = Schedule::new(when);
+        schedule.starting_deadline = p.starting_deadline;
+        schedule.jitter = p.jitter.unwrap_or_default();
+        schedule.suspend = p.suspend;
+        schedule.catch_up = match p.catch_up {
+            Some(RawCatchUp::All) => CatchUp::All,
+            _ => CatchUp::Latest,
+        };
+        schedule.overlap = match p.overlap {
+            Some(RawOverlap::QueueOne) => Overlap::QueueOne,
+            Some(RawOverlap::Replace) => Overlap::Replace,
+            _ => Overlap::Skip,
+        };
+        let now = std::time::SystemTime::now();
+        let deadline = schedule.when.next_after(now).map(|d| schedule.deadline_of(d));
+        if let Some(deadline) = deadline
+            && schedule.jitter >= deadline
+        {
+            return Err(err(
+                "jitter",
+                format!(
+                    "{} is not shorter than the starting deadline, {}: a run could never start in time",
+                    humantime::format_duration(schedule.jitter),
+                    humantime::format_duration(deadline)
+                ),
+            ));
+        }
+        Ok(Some(schedule))
     }
 
     /// `config`: values, files (relative to the configuration file) and

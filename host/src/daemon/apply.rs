@@ -101,7 +101,17 @@ impl Daemon {
         let old = &self.config;
         let lease_changes = old.leases != new.leases;
         let spread_changes = old.spread != new.spread || old.membership != new.membership;
-        if fresh.is_empty() && !lease_changes && !spread_changes && self.plugins.len() == new.plugins.len() {
+        let schedule_changes = new.plugins.iter().any(|p| {
+            self.plugins
+                .get(&p.spec.name)
+                .is_some_and(|r| *r.schedule.borrow() != p.schedule)
+        });
+        if fresh.is_empty()
+            && !lease_changes
+            && !spread_changes
+            && !schedule_changes
+            && self.plugins.len() == new.plugins.len()
+        {
             tracing::info!(cause = %cause, "reload: nothing changed");
             return Ok(Some(new));
         }
@@ -187,6 +197,7 @@ impl Daemon {
         self.change_timings(new, &mut summary);
         self.add_leases(new, &mut summary);
         self.add_plugins(fresh, &mut handover, &mut summary);
+        self.reschedule(new, &mut summary);
         self.hand_over(handover);
         // Spreading, for the leases and plugins as they are now: the
         // spreader is replaced if it should do something else.
@@ -290,6 +301,28 @@ impl Daemon {
             let supervised = self.launcher.plugin(run, &p, plugin, hash, after);
             self.plugins.insert(name.clone(), supervised);
             summary.push(format!("plugin {name} added to lease {}", p.lease));
+        }
+    }
+
+    /// Sends each plugin its schedule as `new` configures it: a reload
+    /// suspends, resumes or changes a schedule at once.
+    fn reschedule(&self, new: &Config, summary: &mut Vec<String>) {
+        for p in &new.plugins {
+            let Some(run) = self.plugins.get(&p.spec.name) else {
+                continue;
+            };
+            let changed = run.schedule.send_if_modified(|s| {
+                let changed = *s != p.schedule;
+                *s = p.schedule.clone();
+                changed
+            });
+            if changed {
+                let what = p.schedule.as_ref().map_or("none".into(), |s| {
+                    format!("{}{}", s.when, if s.suspend { " (suspended)" } else { "" })
+                });
+                tracing::info!(plugin = %p.spec.name, schedule = %what, "schedule changed");
+                summary.push(format!("plugin {} schedule: {what}", p.spec.name));
+            }
         }
     }
 

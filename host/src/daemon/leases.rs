@@ -23,8 +23,10 @@ use crate::election::{
 };
 use crate::ops::health::Health;
 use crate::runtime::Plugin;
+use crate::schedule::Schedule;
 use crate::store::LeaseStore;
-use crate::supervisor::{Admission, TaskObserver, run_leader_tasks_of};
+use crate::store::buckets::BucketStore;
+use crate::supervisor::{Admission, Scheduling, TaskObserver, run_leader_tasks_of};
 use crate::support::rounding::human;
 
 /// Why an elector failed: it ended without being told to, or did not end
@@ -139,6 +141,8 @@ pub(super) struct Launcher {
     /// Checks, before a plugin's task starts, that no other lease claims
     /// the plugin.
     pub(super) gate: Arc<ClaimGate>,
+    /// The store's buckets, where scheduled plugins keep their progress.
+    pub(super) buckets: Option<Arc<dyn BucketStore>>,
 }
 
 /// A running spreader (see [`Launcher::respread`]).
@@ -403,6 +407,14 @@ impl Launcher {
             claims: run.claims.clone(),
             poll: run.timings.retry_period / 2,
         };
+        let (schedule, scheduled) = watch::channel(p.schedule.clone());
+        let (run_now, asked) = mpsc::unbounded_channel();
+        let scheduling = self.buckets.clone().map(|store| Scheduling {
+            schedule: scheduled,
+            store,
+            host: self.identity.clone(),
+            run_now: Arc::new(tokio::sync::Mutex::new(asked)),
+        });
         run.supervisors.spawn(async move {
             let _done = done.drop_guard();
             let claims = admission.claims.clone();
@@ -412,7 +424,7 @@ impl Launcher {
             if let Some(before) = after {
                 before.cancelled().await;
             }
-            run_leader_tasks_of(versions, view, observer, Some(admission)).await;
+            run_leader_tasks_of(versions, view, observer, Some(admission), scheduling).await;
             claims.remove(&name);
         });
         PluginRun {
@@ -421,6 +433,8 @@ impl Launcher {
             spec: spec_key(p),
             hash,
             gone,
+            schedule,
+            run_now,
         }
     }
 }
@@ -446,6 +460,10 @@ pub(super) struct PluginRun {
     pub(super) hash: Option<u64>,
     /// Cancelled once its supervisor has returned: no task of it runs.
     pub(super) gone: CancellationToken,
+    /// Its schedule, as configured (a reload sends a new one).
+    pub(super) schedule: watch::Sender<Option<Schedule>>,
+    /// `baton run-now`: one extra run of a scheduled plugin each.
+    pub(super) run_now: mpsc::UnboundedSender<()>,
 }
 
 /// A plugin's settings, compared by reloads: every field of its spec.
@@ -454,7 +472,11 @@ pub(super) fn spec_key(p: &PluginConfig) -> String {
 }
 
 /// The control socket's leases: those of `runs` not being removed.
-pub(super) fn sync_controlled(controlled: &SharedLeases, runs: &BTreeMap<String, LeaseRun>) {
+pub(super) fn sync_controlled(
+    controlled: &SharedLeases,
+    runs: &BTreeMap<String, LeaseRun>,
+    plugins: &BTreeMap<String, PluginRun>,
+) {
     let leases = runs
         .iter()
         .filter(|(_, r)| !r.retiring)
@@ -464,6 +486,11 @@ pub(super) fn sync_controlled(controlled: &SharedLeases, runs: &BTreeMap<String,
                 view: run.view.clone(),
                 timings: run.timings,
                 handover_bound: run.handover_bound,
+                run_now: plugins
+                    .iter()
+                    .filter(|(_, p)| &p.lease == name && p.schedule.borrow().is_some())
+                    .map(|(plugin, p)| (plugin.clone(), p.run_now.clone()))
+                    .collect(),
             };
             (name.clone(), lease)
         })

@@ -247,9 +247,14 @@ pub async fn serve_opts(
     let progress = Arc::new(crate::ops::logging::progress(config.plugins.len()));
     let mut runtime = PluginRuntime::new(engine.clone())?;
     runtime.set_compile_observer(progress.clone());
-    if let Some(buckets) = buckets {
+    if let Some(buckets) = &buckets {
         tracing::info!(buckets = %buckets.describe(), "plugins' key-value buckets");
-        runtime.set_bucket_store(buckets);
+        runtime.set_bucket_store(buckets.clone());
+    } else if let Some(p) = config.plugins.iter().find(|p| p.schedule.is_some()) {
+        return Err(ServeError::Store(format!(
+            "plugin {:?} has a schedule, which keeps its progress in the store's buckets, and this store has none",
+            p.spec.name
+        )));
     }
     let runtime = Arc::new(runtime);
     let loaded = load_plugins(&config, &runtime, &progress, &shutdown).await;
@@ -260,6 +265,7 @@ pub async fn serve_opts(
     let fixed = fixed_settings(&config, cache_dir, control_path);
     let parts = Parts {
         store,
+        buckets,
         clock: options.clock,
         election: election.handle().clone(),
         monitoring,
@@ -337,6 +343,7 @@ fn fixed_settings(config: &Config, cache_dir: PathBuf, control_socket: Option<Pa
 /// What the daemon is made of once the plugins are loaded.
 struct Parts {
     store: Arc<dyn LeaseStore>,
+    buckets: Option<Arc<dyn BucketStore>>,
     clock: TermClock,
     election: tokio::runtime::Handle,
     monitoring: Option<Monitoring>,
@@ -403,6 +410,7 @@ impl Daemon {
             },
             health: parts.monitoring.as_ref().map(|o| o.health.clone()),
             identity: config.identity.clone(),
+            buckets: parts.buckets.clone(),
             ended: ended_tx,
             hosts: parts.runtime.hosts().clone(),
             spread: None,
@@ -438,7 +446,7 @@ impl Daemon {
         // spreader when what it should do changes (`Launcher::respread`).
         let wanted = wanted_spread(&daemon.config, &daemon.runs, &daemon.plugins);
         daemon.launcher.respread(wanted, &daemon.runs).await;
-        sync_controlled(&daemon.controlled, &daemon.runs);
+        sync_controlled(&daemon.controlled, &daemon.runs, &daemon.plugins);
         daemon.watch_files();
         Ok(daemon)
     }
@@ -566,7 +574,7 @@ impl Daemon {
                 self.config = new;
                 self.launcher.store.set_timings(store_timings(&self.config));
                 self.files.send_replace(reload::watched_files(&self.config));
-                sync_controlled(&self.controlled, &self.runs);
+                sync_controlled(&self.controlled, &self.runs, &self.plugins);
                 if let Some(m) = &self.monitoring {
                     let all: Vec<_> = self
                         .plugins

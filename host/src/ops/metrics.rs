@@ -61,6 +61,18 @@ struct PluginLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    plugin: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    plugin: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KeyValueLabels {
     plugin: String,
     kind: &'static str,
@@ -106,6 +118,11 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
+/// A scheduled run's lateness: 100 µs to about 100 s, doubling.
+fn lateness_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+}
+
 /// Stop latencies after the end of a term: 1 ms to about 32 s, doubling
 /// (a forced stop comes after the grace).
 fn stop_histogram() -> Histogram {
@@ -128,6 +145,9 @@ pub struct Metrics {
     forced: Family<PluginLabels, Counter>,
     stops: Family<StopLabels, Histogram, fn() -> Histogram>,
     reloads: Family<ReloadLabels, Counter>,
+    schedule_runs: Family<OutcomeLabels, Counter>,
+    schedule_skips: Family<ReasonLabels, Counter>,
+    schedule_lateness: Family<PluginLabels, Histogram, fn() -> Histogram>,
     read: Arc<Read>,
 }
 
@@ -181,12 +201,16 @@ impl Metrics {
             forced: Family::default(),
             stops: Family::new_with_constructor(stop_histogram as fn() -> Histogram),
             reloads: Family::default(),
+            schedule_runs: Family::default(),
+            schedule_skips: Family::default(),
+            schedule_lateness: Family::new_with_constructor(lateness_histogram as fn() -> Histogram),
             read: Arc::default(),
             registry: Registry::default(),
         };
         m.register_lease_metrics(&mut registry);
         m.register_task_metrics(&mut registry);
         m.register_reloads(&mut registry);
+        m.register_schedules(&mut registry);
         registry.register_collector(Box::new(m.read.clone()));
         Metrics { registry, ..m }
     }
@@ -251,6 +275,25 @@ impl Metrics {
             "plugin_stop_seconds",
             "How long after the end of its term each run of the plugin's task was gone, by how: cooperative (it returned) or forced",
             self.stops.clone(),
+        );
+    }
+
+    /// Scheduled runs, skips and lateness, reported through [`TaskObserver`].
+    fn register_schedules(&self, registry: &mut Registry) {
+        registry.register(
+            "schedule_runs",
+            "Scheduled runs of the plugin that ended, by outcome: ok, failed, trapped (runs cut off by their term's end are run again and not counted here)",
+            self.schedule_runs.clone(),
+        );
+        registry.register(
+            "schedule_skipped",
+            "Due times of the plugin's schedule skipped, by reason: missed (no host ran it within its starting deadline), superseded (catch-up = latest), overlap (a run still went), cut-off (cut off by its term's end and past its deadline)",
+            self.schedule_skips.clone(),
+        );
+        registry.register(
+            "schedule_lateness_seconds",
+            "How long after its due time each scheduled run of the plugin started (jitter included)",
+            self.schedule_lateness.clone(),
         );
     }
 
@@ -394,6 +437,28 @@ impl TaskObserver for Metrics {
                 how: if forced { "forced" } else { "cooperative" },
             })
             .observe(after.as_secs_f64());
+    }
+
+    fn scheduled_run(&self, plugin: &str, outcome: &'static str, lateness: Duration) {
+        let labels = OutcomeLabels {
+            plugin: plugin.to_owned(),
+            outcome,
+        };
+        self.schedule_runs.get_or_create(&labels).inc();
+        let plugin = PluginLabels {
+            plugin: plugin.to_owned(),
+        };
+        self.schedule_lateness
+            .get_or_create(&plugin)
+            .observe(lateness.as_secs_f64());
+    }
+
+    fn schedule_skipped(&self, plugin: &str, reason: &'static str, count: u64) {
+        let labels = ReasonLabels {
+            plugin: plugin.to_owned(),
+            reason,
+        };
+        self.schedule_skips.get_or_create(&labels).inc_by(count);
     }
 }
 

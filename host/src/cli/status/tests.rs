@@ -142,6 +142,7 @@ async fn an_unreadable_lease_is_shown_as_such_beside_the_others() {
         kind: "embedded",
         spreading: Spreading::Off,
         origin: "--store-dir".into(),
+        schedules: None,
     };
     let r = collect(&target).await.unwrap();
     let names: Vec<_> = r.leases.iter().map(|l| l.name.as_str()).collect();

@@ -24,6 +24,11 @@ pub enum Request {
     },
     /// The host's leases, its identity and configuration file.
     Leases,
+    /// One extra run of a scheduled plugin, by the host that leads it.
+    RunNow {
+        /// The plugin.
+        plugin: String,
+    },
 }
 
 /// Why a request was not done.
@@ -43,6 +48,8 @@ pub enum Failure {
     BadRequest,
     /// The peer is neither this process's user nor root.
     Forbidden,
+    /// The host has no such plugin with a schedule.
+    NoSuchSchedule,
 }
 
 /// One lease of a host, in a reply to [`Request::Leases`].

@@ -192,6 +192,8 @@ pub struct ControlledLease {
     pub view: watch::Receiver<LeaseView>,
     /// Its timings.
     pub timings: Timings,
+    /// Its scheduled plugins: where `baton run-now` asks each for a run.
+    pub run_now: BTreeMap<String, tokio::sync::mpsc::UnboundedSender<()>>,
     /// How long its elector may take to end a term, drain it and release
     /// the lease, by the longest timings the lease has had: after a reload
     /// that shortened them, the current term keeps the ones it began with.
@@ -262,6 +264,7 @@ impl ControlledHost {
             Ok(Request::Yield { lease, for_ms }) => {
                 self.yield_lease(&lease, for_ms.map(Duration::from_millis)).await
             }
+            Ok(Request::RunNow { plugin }) => self.run_now(&plugin),
             Err(e) => Reply::failed(&self.identity, Failure::BadRequest, format!("not a request: {e}")),
         }
     }
@@ -287,6 +290,33 @@ impl ControlledHost {
             config: self.config.as_ref().map(|c| c.display().to_string()),
             leases,
             ..Reply::new(&self.identity)
+        }
+    }
+
+    /// `baton run-now`: asks the scheduled plugin's supervisor for one more
+    /// run, if this host leads its lease.
+    fn run_now(&self, plugin: &str) -> Reply {
+        let id = &self.identity;
+        let all = self.leases.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some((lease, l, asked)) = all
+            .iter()
+            .find_map(|(name, l)| l.run_now.get(plugin).map(|tx| (name, l, tx)))
+        else {
+            let message = format!("host {id} has no scheduled plugin {plugin:?}");
+            return Reply::failed(id, Failure::NoSuchSchedule, message);
+        };
+        let Some(term) = l.view.borrow().leading_term().map(|t| t.number()) else {
+            return self.not_leader(lease, l);
+        };
+        if asked.send(()).is_err() {
+            let message = format!("host {id}: plugin {plugin:?} is being removed");
+            return Reply::failed(id, Failure::NoSuchSchedule, message);
+        }
+        tracing::info!(plugin, lease = %lease, term, "a run asked for (baton run-now)");
+        Reply {
+            ok: true,
+            message: format!("host {id} runs plugin {plugin:?} once more now (lease {lease}, term {term})"),
+            ..Reply::new(id)
         }
     }
 
