@@ -269,3 +269,45 @@ fn config_values_come_from_the_table_a_file_and_the_environment() {
         "{said}"
     );
 }
+
+#[test]
+fn a_counter_counts_each_increment_once_across_yields_between_two_hosts() {
+    let s = Scratch::new();
+    let cfg = config_with(&s, &crate::chaos::counter::plugin(10));
+    let a = Host::start("a", &cfg);
+    a.wait_for(SECS(30), "a counts", |e| e.guest_line("counter", "kv ok"));
+    let b = Host::start("b", &cfg);
+    b.wait_for(SECS(30), "b follows", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("following")
+    });
+    for round in 0..4 {
+        let (from, to) = if round % 2 == 0 { ("a", &b) } else { ("b", &a) };
+        let counted = || to.all(|e| e.guest_line("counter", "kv ok")).len();
+        let before = counted();
+        let socket = crate::yielding::socket_of(&cfg, from);
+        let out = crate::yielding::yield_cmd(&[
+            "demo".as_ref(),
+            "--for".as_ref(),
+            "100ms".as_ref(),
+            "--socket".as_ref(),
+            socket.as_os_str(),
+        ]);
+        assert!(
+            out.status.success(),
+            "round {round}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let until = std::time::Instant::now() + SECS(30);
+        while counted() < before + 10 {
+            assert!(
+                std::time::Instant::now() < until,
+                "round {round}: the other host does not count"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    a.sigterm();
+    b.sigterm();
+    std::thread::sleep(SECS(2));
+    crate::chaos::counter::check(&cfg, &[], &[&a, &b], 0);
+}
