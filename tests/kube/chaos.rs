@@ -14,6 +14,8 @@ mod counter;
 mod engine;
 #[path = "../e2e/chaos/layout.rs"]
 mod layout;
+#[path = "../e2e/chaos/schedule.rs"]
+mod schedule;
 
 use std::collections::HashMap;
 use std::path::Path;

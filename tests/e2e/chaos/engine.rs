@@ -5,7 +5,8 @@
 //! stopped past its lease or for less than its renew deadline, a follower
 //! stopped, and the faults of the store under test (a [`Bed`]). A checker
 //! then reads the records and every host's log; another the counter that a
-//! guest keeps in its bucket ([`super::counter`]).
+//! guest keeps in its bucket ([`super::counter`]); another the runs of a
+//! plugin scheduled every second ([`super::schedule`]).
 //!
 //! The [`Scenario::Spread`] runs several leases with spreading on instead,
 //! and adds faults that rewrite the configuration file the hosts watch and
@@ -39,6 +40,7 @@ use rand::{Rng, SeedableRng};
 
 use super::counter;
 use super::layout::{self, Layout, Logged};
+use super::schedule;
 use crate::support::*;
 use crate::witness::*;
 
@@ -238,6 +240,7 @@ fn plugins(dir: &Path) -> String {
 fn start(bed: &mut dyn Bed, s: &Scratch, name: &str, config: &Path, scenario: Scenario) -> Host {
     let mut vars = bed.env(s, name);
     vars.push(("PROBE_HOST".into(), name.into()));
+    vars.push(("SCHED_HOST".into(), name.into()));
     let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let watch: &[&std::ffi::OsStr] = match scenario {
         Scenario::OneLease => &[],
@@ -281,11 +284,13 @@ fn segment(
     let (lease_duration, retry_period) = bed.timings();
     let s = Scratch::new();
     let data = records_dir(&s);
+    let sched = schedule::records_dir(&s);
     let (kinds, mut layout, text) = match scenario {
         Scenario::OneLease => {
             let mut text = bed.config(&s);
             text.push_str(&plugins(&data));
             text.push_str(&counter::plugin(COUNTER_MS));
+            text.push_str(&schedule::plugin(&sched));
             (bed.faults(), None, text)
         }
         Scenario::Spread => {
@@ -484,6 +489,7 @@ fn segment(
     if scenario == Scenario::OneLease {
         let hosts: Vec<&Host> = all.iter().map(|p| &p.host).collect();
         counter::check(&cfg, &bed.env(&s, names[0]), &hosts, seed);
+        schedule::check(&cfg, &bed.env(&s, names[0]), &hosts, &sched, seed);
     }
     let bound = lease_duration + retry_period + ALLOWANCE;
     let mut figures = match scenario {

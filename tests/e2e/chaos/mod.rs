@@ -6,6 +6,7 @@
 pub mod counter;
 pub mod engine;
 pub mod layout;
+pub mod schedule;
 
 use std::time::{Duration, SystemTime};
 
