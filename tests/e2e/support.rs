@@ -428,7 +428,16 @@ pub fn read_lease(store: &Path, lease: &str) -> Option<Value> {
 pub fn delete_lease(store: &Path, lease: &str) {
     let trash = store.join(format!(".{lease}.deleted-by-test"));
     std::fs::rename(lease_dir(store, lease), &trash).unwrap();
-    std::fs::remove_dir_all(&trash).unwrap();
+    // A holder writing through a handle it opened before the rename may
+    // add a version while the directory is removed: try again.
+    for attempt in 0.. {
+        match std::fs::remove_dir_all(&trash) {
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && attempt < 20 => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
+    }
 }
 
 /// Overwrites the newest version of `lease` with `garbage`, again until it

@@ -167,13 +167,8 @@ impl Ctx<'_> {
     ) -> Result<(), Stop> {
         progress.cut_off();
         progress.skipped(upto, count, reason);
-        if !self.write(progress).await? {
-            return Ok(());
-        }
-        if count > 0 {
-            tracing::warn!(plugin = self.name(), term = self.term.number(), count, reason = reason.label(),
-                upto = %humantime::format_rfc3339_millis(upto), "scheduled runs skipped");
-            self.observer.schedule_skipped(self.name(), reason.label(), count);
+        if self.write(progress).await? {
+            self.skipped_said(upto, count, reason);
         }
         Ok(())
     }
@@ -220,19 +215,23 @@ impl Ctx<'_> {
     /// it is written or the term's writes are refused: a run that ended and
     /// is not recorded would run again.
     async fn ended(&self, schedule: &Schedule, run: &ScheduledRun, label: &str) -> Result<(), Stop> {
+        let (due, term) = (millis(run.due), self.term.number());
         loop {
             let Some(mut progress) = self.read().await? else {
                 continue;
             };
-            if progress
-                .running
-                .as_ref()
-                .is_none_or(|r| r.term != self.term.number() || r.due != millis(run.due))
-            {
-                return Ok(());
+            let mine = |r: &RunRecord| r.term == term && r.due == due;
+            if !progress.running.as_ref().is_some_and(mine) {
+                // Written by an earlier try whose answer was lost, or taken
+                // over by a newer term: only the former counts as ended.
+                let written = progress.history.iter().any(|r| mine(r) && r.ended.is_some());
+                return if written { Ok(()) } else { Err(Stop::Term) };
             }
-            self.overlapped(schedule, run, &mut progress, label);
+            let skip = self.overlapped(schedule, run, &mut progress, label);
             if self.write(&progress).await? {
+                if let Some((upto, count)) = skip {
+                    self.skipped_said(upto, count, SkipReason::Overlap);
+                }
                 return Ok(());
             }
         }
@@ -240,7 +239,14 @@ impl Ctx<'_> {
 
     /// The run ended with `label`; under `overlap = "skip"`, the due times
     /// that came while it ran are skipped.
-    fn overlapped(&self, schedule: &Schedule, run: &ScheduledRun, progress: &mut Progress, label: &str) {
+    /// Returns the skip it recorded: up to which due time, and how many.
+    fn overlapped(
+        &self,
+        schedule: &Schedule,
+        run: &ScheduledRun,
+        progress: &mut Progress,
+        label: &str,
+    ) -> Option<(SystemTime, u64)> {
         progress.ended(SystemTime::now(), label);
         if schedule.overlap == Overlap::Skip
             && !run.on_demand
@@ -249,9 +255,19 @@ impl Ctx<'_> {
         {
             let count = count_after(schedule, run.due, upto);
             progress.skipped(upto, count, SkipReason::Overlap);
-            self.observer
-                .schedule_skipped(self.name(), SkipReason::Overlap.label(), count);
+            return Some((upto, count));
         }
+        None
+    }
+
+    /// A skip written: logged and counted.
+    fn skipped_said(&self, upto: SystemTime, count: u64, reason: SkipReason) {
+        if count == 0 {
+            return;
+        }
+        tracing::warn!(plugin = self.name(), term = self.term.number(), count, reason = reason.label(),
+            upto = %humantime::format_rfc3339_millis(upto), "scheduled runs skipped");
+        self.observer.schedule_skipped(self.name(), reason.label(), count);
     }
 
     /// The run's task, until it returns (`Some`) or is stopped (`None`): at
