@@ -172,7 +172,15 @@ fn overlapping_runs_are_skipped_queued_or_replaced() {
     ]
     .concat();
     let cfg = config_with(&s, &tables);
-    let h = Host::start("h", &cfg);
+    let admin = ["--admin-address".as_ref(), "127.0.0.1:0".as_ref()];
+    let h = Host::start_opts(
+        "h",
+        &cfg,
+        Opts {
+            args: &admin,
+            ..Opts::default()
+        },
+    );
     std::thread::sleep(SECS(9));
     let dues = |p: &str| -> Vec<u64> {
         h.all(|e| e.guest_line(p, "sched run"))
@@ -222,6 +230,49 @@ fn overlapping_runs_are_skipped_queued_or_replaced() {
     assert!(p["skipped"]["overlap"].as_u64().unwrap() >= 2, "{p}");
     let p = progress(&cfg, "queue");
     assert!(p["skipped"]["superseded"].as_u64().unwrap() >= 1, "{p}");
+    // The metrics agree with the logs.
+    let text = h.scrape();
+    let runs = metric_sum(
+        &text,
+        "baton_schedule_runs_total",
+        &["plugin=\"skip\"", "outcome=\"ok\""],
+    );
+    let ended = h.all(|e| e.message() == "scheduled run ended" && e.str("plugin") == Some("skip"));
+    assert_eq!(runs as usize, ended.len(), "{text}");
+    let replaced = metric_sum(
+        &text,
+        "baton_schedule_runs_total",
+        &["plugin=\"replace\"", "outcome=\"failed\""],
+    );
+    assert!(replaced >= 5.0, "{text}");
+    let overlap = metric_sum(
+        &text,
+        "baton_schedule_skipped_total",
+        &["plugin=\"skip\"", "reason=\"overlap\""],
+    );
+    assert!(overlap >= 2.0, "{text}");
+    let late = metric_sum(
+        &text,
+        "baton_schedule_lateness_seconds_count",
+        &["plugin=\"skip\""],
+    );
+    assert_eq!(late as usize, ended.len(), "{text}");
+}
+
+#[test]
+fn jitter_spreads_the_starts_within_its_bound() {
+    let s = Scratch::new();
+    let cfg = config_with(&s, &probe("spread", "every = \"1s\"\njitter = \"400ms\""));
+    let h = Host::start("h", &cfg);
+    std::thread::sleep(SECS(7));
+    let late: Vec<f64> = h
+        .all(|e| e.message() == "scheduled run started")
+        .iter()
+        .map(|e| e.f64("late_ms").unwrap())
+        .collect();
+    assert!(late.len() >= 4, "{late:?}");
+    assert!(late.iter().all(|ms| *ms < 450.0), "within the jitter: {late:?}");
+    assert!(late.iter().any(|ms| *ms > 20.0), "spread by the jitter: {late:?}");
 }
 
 #[test]
