@@ -64,6 +64,10 @@ fn a_leader_paused_in_a_write_past_its_lease_cannot_land_it() {
         },
     );
     let tried = a.wait_for(SECS(30), "a's first try", |e| e.guest_line("counter", "kv try"));
+    // The guest calls the write right after its line; under load it may
+    // not have yet when the line is read. The write then waits out its
+    // delay in the host, where the pause must catch it.
+    std::thread::sleep(Duration::from_millis(300));
     a.signal(libc::SIGSTOP);
     let stale_term = tried.guest_term().unwrap();
     let mut b = Host::start("b", &cfg);

@@ -353,6 +353,10 @@ fn a_leader_paused_in_the_middle_of_a_write_cannot_land_it_after_a_newer_term_wr
     let tried = a.wait_for(SECS(10), "a's next try", |e| {
         e.at >= since && e.guest_line("counter", "kv try")
     });
+    // The guest calls the write right after its line; under load it may
+    // not have yet when the line is read. The write then waits out its
+    // delay in the host, where the pause must catch it.
+    std::thread::sleep(Duration::from_millis(300));
     let stopped_at = a.signal(libc::SIGSTOP);
     let a_term = tried.guest_term().unwrap();
     let a_ok = a.all(kv_ok).last().cloned().unwrap();
