@@ -112,11 +112,19 @@ status=0
 cargo test --no-fail-fast -p baton --lib --test core "$@" -- --test-threads=1 --nocapture || status=1
 cargo test -p baton --doc "$@" || status=1
 # Each group: a test binary and its filter. The chaos segments (about a
-# minute) have a process of their own, so that tests/e2e ends no later than
-# tests/kube.
-groups=(e2e chaos kube polyglot)
-declare -A binary=([e2e]=e2e [chaos]=e2e [kube]=kube [polyglot]=polyglot)
-declare -A filter=([e2e]="--skip chaos::" [chaos]="chaos::" [kube]="" [polyglot]="")
+# minute each store), and tests/e2e's state and schedules (about a minute),
+# have processes of their own, so that no group runs much longer than the
+# others: the longest sets the suite's time.
+groups=(e2e state chaos kube kubechaos polyglot)
+declare -A binary=([e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubechaos]=kube [polyglot]=polyglot)
+declare -A filter=(
+    [e2e]="--skip chaos:: --skip state:: --skip schedules::"
+    [state]="state:: schedules::"
+    [chaos]="chaos::"
+    [kube]="--skip chaos::"
+    [kubechaos]="chaos::"
+    [polyglot]=""
+)
 declare -A bin
 while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(
     cargo test --no-run -p baton "$@" --message-format=json 2>/dev/null | python3 -c '
