@@ -6,9 +6,10 @@
 //! ask [`schedule::next`](crate::schedule::next) what to do, and do it: a
 //! skip is recorded; a run is recorded as started, run, and recorded as
 //! ended with its outcome; or wait for the next due time, a `baton run-now`
-//! or a new schedule (a reload). A run counts as ended only if it returned
-//! while its term still led; one cut off by the term's end stays recorded
-//! as started, so the next leader runs it again within its deadline.
+//! or a new schedule (a reload). A run that returned ok counts as ended
+//! (within the grace after its term too); one that failed after its term
+//! ended, or was stopped by force, is cut off: it stays recorded as
+//! started, so the next leader runs it again within its deadline.
 //! `scheduled run ended` is logged once its end is written. Every write
 //! carries the term: a write refused by the fence
 //! ends the term's work here.
@@ -192,12 +193,15 @@ impl Ctx<'_> {
         tracing::info!(plugin = self.name(), term = self.term.number(), due = %humantime::format_rfc3339_millis(run.due),
             attempt = run.attempt, on_demand = run.on_demand, late_ms = crate::support::rounding::ms(lateness), "scheduled run started");
         let outcome = self.attempt(schedule, &run).await;
-        // A run counts only if it returned while its term still led: one
-        // stopped at the force-stop, not started, or returning after its
-        // term ended (told to stop, it may have given up) stays recorded as
-        // started, so the next leader runs it again.
+        // A run that returned ok completed, also within the grace after its
+        // term ended (its end is still written then, unless a newer term
+        // has claimed the progress). One stopped at the force-stop, not
+        // started, or failing after its term ended (told to stop, it could
+        // not finish) stays recorded as started: the next leader runs it
+        // again.
         let outcome = outcome.filter(|o| !matches!(o, TaskOutcome::NotStarted) && !o.stopped_by_host());
-        let Some(outcome) = outcome.filter(|_| !self.term.is_over()) else {
+        let completed = |o: &TaskOutcome| matches!(o, TaskOutcome::Finished) || !self.term.is_over();
+        let Some(outcome) = outcome.filter(completed) else {
             tracing::info!(plugin = self.name(), term = self.term.number(), due = %humantime::format_rfc3339_millis(run.due),
                 "scheduled run cut off by its term's end: the next leader runs it again");
             return Err(Stop::Term);

@@ -18,10 +18,11 @@
 //! without a scheduled run) to `SCHED_RECORDS/records` when `SCHED_RECORDS`
 //! names a directory granted to it, and returns `Ok`. A run whose term is
 //! over by then prints `sched cut off due=UNIX_MS term=T role=R` and
-//! returns `Ok` without a record: its host does not count it as completed
-//! either, and the next leader runs the due time again. (A term that ends
-//! between the record and the host seeing `Ok` still leaves a record of a
-//! run the host did not count: the window is the time of one `return`.)
+//! returns `Err` without a record, as the contract asks of a run that
+//! could not finish: its host counts it as cut off, and the next leader
+//! runs the due time again. (A run whose end its host cannot write, its
+//! process killed or paused past its lease between the record and that
+//! write, leaves a record of a run the host did not count: the window.)
 //!
 //! Any other mode returns `Err("unknown SCHED_MODE: M")` after the first
 //! line. Each line is flushed as soon as it is printed.
@@ -108,7 +109,7 @@ impl LeaderTask for Probe {
                 "sched cut off due={due} term={term} role={}",
                 now.role
             ));
-            return Ok(());
+            return Err("cut off: the term ended before the work was done".to_owned());
         }
         record(&due, term)?;
         say(format_args!("sched done due={due} term={term}"));
