@@ -60,7 +60,7 @@ pub enum Next {
 
 /// The most due times counted one by one in a skip (a cron pattern over a
 /// long outage); the skip then covers these and the next decision the rest.
-const MAX_COUNTED: u64 = 100_000;
+const MAX_COUNTED: u64 = super::when::MAX_COUNTED;
 
 /// What the leader of `schedule` does at `now`, given `progress` (with no
 /// run of this host going). See the [module documentation](super).
@@ -122,7 +122,7 @@ pub fn next(schedule: &Schedule, progress: &Progress, now: SystemTime) -> Next {
         }
         CatchUp::Latest if first < latest => {
             let before = schedule.when.last_before(latest).unwrap_or(first);
-            let count = count_between(schedule, handled, before);
+            let count = schedule.when.count_between(handled, before);
             Next::Skip {
                 upto: before,
                 count,
@@ -160,22 +160,6 @@ fn late_run(schedule: &Schedule, first: SystemTime, now: SystemTime) -> (SystemT
         }
     }
     (upto, count)
-}
-
-/// How many due times lie in `(after, upto]`, counted up to [`MAX_COUNTED`].
-fn count_between(schedule: &Schedule, after: SystemTime, upto: SystemTime) -> u64 {
-    let mut count = 0;
-    let mut t = after;
-    while count < MAX_COUNTED {
-        match schedule.when.next_after(t) {
-            Some(n) if n <= upto => {
-                t = n;
-                count += 1;
-            }
-            _ => break,
-        }
-    }
-    count
 }
 
 fn wait_after(schedule: &Schedule, now: SystemTime) -> Next {

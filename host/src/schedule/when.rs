@@ -9,6 +9,9 @@ use croner::parser::CronParser;
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, Zoned};
 
+/// The most due times [`When::count_between`] counts one by one.
+pub const MAX_COUNTED: u64 = 100_000;
+
 /// The shortest `every`.
 pub const MIN_PERIOD: Duration = Duration::from_millis(100);
 
@@ -153,6 +156,23 @@ impl When {
                 Some(UNIX_EPOCH + Duration::from_secs(last))
             }
         }
+    }
+
+    /// How many due times lie in `(after, upto]`, counted up to
+    /// [`MAX_COUNTED`].
+    pub fn count_between(&self, after: SystemTime, upto: SystemTime) -> u64 {
+        let mut count = 0;
+        let mut t = after;
+        while count < MAX_COUNTED {
+            match self.next_after(t) {
+                Some(n) if n <= upto => {
+                    t = n;
+                    count += 1;
+                }
+                _ => break,
+            }
+        }
+        count
     }
 
     /// The latest due time strictly before `t`.

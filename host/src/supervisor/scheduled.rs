@@ -257,7 +257,7 @@ impl Ctx<'_> {
             && let Some(upto) = schedule.when.last_at_or_before(SystemTime::now())
             && Some(millis(upto)) > progress.handled
         {
-            let count = count_after(schedule, run.due, upto);
+            let count = schedule.when.count_between(run.due, upto);
             progress.skipped(upto, count, SkipReason::Overlap);
             return Some((upto, count));
         }
@@ -372,20 +372,6 @@ impl Ctx<'_> {
             _ = self.term.over() => Err(Stop::Term),
         }
     }
-}
-
-/// How many due times lie in `(after, upto]`.
-fn count_after(schedule: &Schedule, after: SystemTime, upto: SystemTime) -> u64 {
-    let mut count = 0;
-    let mut t = after;
-    while let Some(n) = schedule.when.next_after(t) {
-        if n > upto || count >= 100_000 {
-            break;
-        }
-        t = n;
-        count += 1;
-    }
-    count
 }
 
 /// The outcome as recorded.
