@@ -18,8 +18,8 @@ use crate::daemon::control::{ControlledLease, SharedLeases};
 use crate::election::LeaseClaims;
 use crate::election::spread::{LeaseChange, SpreadConfig, Spreader, SteeredLease, unsteer};
 use crate::election::{
-    ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, ElectorError, Hosts, Intent,
-    LeaseView, TermClock, Timings,
+    ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, ElectorError, HostHandle, Hosts,
+    Intent, LeaseView, TermClock, Timings,
 };
 use crate::ops::health::Health;
 use crate::runtime::Plugin;
@@ -143,6 +143,8 @@ pub(super) struct Launcher {
     pub(super) gate: Arc<ClaimGate>,
     /// The store's buckets, where scheduled plugins keep their progress.
     pub(super) buckets: Option<Arc<dyn BucketStore>>,
+    /// What this host says of itself in every record it holds.
+    pub(super) host: HostHandle,
 }
 
 /// A running spreader (see [`Launcher::respread`]).
@@ -218,6 +220,7 @@ impl Launcher {
             lease: lease.name.clone(),
             identity: self.identity.clone(),
             timings: lease.timings,
+            host: self.host.subscribe(),
         };
         // Built inside the election runtime: its subscription's task runs
         // there.
@@ -292,7 +295,8 @@ impl Launcher {
             cfg,
             leases,
             self.hosts.clone(),
-        );
+        )
+        .with_host(self.host.clone());
         // Leases a reload adds or removes, while it steers.
         let (spreader, changes) = if steers {
             let (changes, rx) = mpsc::unbounded_channel();

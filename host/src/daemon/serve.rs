@@ -46,7 +46,7 @@ use crate::config::Config;
 use crate::config::own_files::OwnFilesGranted;
 use crate::daemon::control::{ControlError, ControlSocket, ControlledHost, SharedLeases};
 use crate::daemon::reload;
-use crate::election::{ClaimGate, Intent, NoObserver, TermClock};
+use crate::election::{ClaimGate, HostHandle, Intent, NoObserver, TermClock};
 use crate::ops::admin::AdminServer;
 use crate::ops::health::Health;
 use crate::ops::metrics::Metrics;
@@ -415,6 +415,7 @@ impl Daemon {
             hosts: parts.runtime.hosts().clone(),
             spread: None,
             gate: Arc::new(ClaimGate::new(parts.store)),
+            host: HostHandle::default(),
         };
         let (files, _) = watch::channel(reload::watched_files(&config));
         let mut daemon = Daemon {

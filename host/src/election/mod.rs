@@ -14,6 +14,8 @@
 //!   term's code must stop.
 //! - [`LeaseView`], [`Status`]: what the elector publishes.
 //! - [`Elector`]: following, leading, resigning.
+//! - [`HostHandle`]: what this host says of itself (its address, whether
+//!   it drains, its weight) in every record it holds.
 //! - [`ElectionObserver`], [`Heartbeat`]: what an elector reports besides
 //!   its status, for metrics and health checks at the edge.
 //! - [`claims`]: which plugins a term's records list, and the check that
@@ -24,6 +26,7 @@
 pub mod claims;
 mod clock;
 mod elector;
+mod host;
 mod report;
 pub mod spread;
 mod status;
@@ -37,6 +40,7 @@ pub use elector::{
     DRAIN_ALLOWANCE, Decision, Elector, ElectorConfig, ElectorError, Intent, Me, Verdict, contend_after,
     follower_decision, follower_status, judge_sighting, longest_step,
 };
+pub use host::HostHandle;
 pub use report::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
 pub use spread::{Hosts, Spreader, assign, member_lease};
 pub use status::{LeaseView, Role, Status, YieldSeen};

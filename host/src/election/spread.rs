@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::clock::TermClock;
 use super::elector::{Elector, ElectorConfig, Intent};
+use super::host::HostHandle;
 use super::status::{LeaseView, Role};
 use super::timing::Timings;
 use crate::store::{LeaseStore, Versioned};
@@ -365,6 +366,9 @@ pub struct Spreader {
     hosts: watch::Sender<Hosts>,
     /// Leases added and removed at run time ([`Spreader::follow`]).
     changes: Option<mpsc::UnboundedReceiver<LeaseChange>>,
+    /// What this host says of itself in its membership record
+    /// ([`Spreader::with_host`]).
+    host: HostHandle,
 }
 
 impl Spreader {
@@ -391,7 +395,15 @@ impl Spreader {
             handed: HashMap::new(),
             hosts,
             changes: None,
+            host: HostHandle::default(),
         }
+    }
+
+    /// Writes `host` (this host's address, draining, weight) into its
+    /// membership record, instead of the defaults.
+    pub fn with_host(mut self, host: HostHandle) -> Spreader {
+        self.host = host;
+        self
     }
 
     /// Takes lease additions and removals from `changes` while it runs
@@ -434,6 +446,7 @@ impl Spreader {
             lease: member_lease(&self.identity),
             identity: self.identity.clone(),
             timings: self.cfg.member_timings,
+            host: self.host.subscribe(),
         };
         let (elector, mut member_status, member_intent) = Elector::new(member, self.store.clone(), clock);
         let membership = tokio::spawn(elector.run());

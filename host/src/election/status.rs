@@ -78,6 +78,12 @@ pub struct LeaseView {
     /// The last yield this host saw in the lease's record (a release by
     /// `baton yield`): changing it wakes nobody.
     pub yielded: Option<YieldSeen>,
+    /// The holder's address ([`HostInfo::address`](crate::store::HostInfo::address)):
+    /// this host's own while it leads, else the one the holder's record
+    /// carries; `None` without a holder or when the holder published none.
+    /// Set together with the status; a change of it alone wakes watchers
+    /// too.
+    pub holder_address: Option<String>,
 }
 
 /// A yield seen in a lease's record: which host yielded the lease, and

@@ -47,10 +47,16 @@ impl Cluster {
 
     /// A candidate with its own client of the store (as a process would).
     fn start(&self, identity: &str) -> Candidate {
+        self.start_as(identity, &HostHandle::default())
+    }
+
+    /// [`start`](Self::start), saying `host` of itself in its records.
+    fn start_as(&self, identity: &str, host: &HostHandle) -> Candidate {
         let cfg = ElectorConfig {
             lease: LEASE.into(),
             identity: identity.into(),
             timings: timings(),
+            host: host.subscribe(),
         };
         let (elector, rx, intent) = Elector::new(cfg, Arc::new(self.store.client()), self.clock.clone());
         let task = tokio::spawn(elector.run());
@@ -117,6 +123,36 @@ async fn a_lone_candidate_leads_with_term_one() {
         (term.lease(), term.number(), term.grace()),
         (LEASE, 1, timings().grace)
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_holders_host_is_in_its_records_and_views_and_leaves_with_it() {
+    use crate::store::HostInfo;
+    let c = Cluster::new();
+    let host = |address: &str| {
+        HostHandle::new(HostInfo {
+            address: Some(address.into()),
+            ..HostInfo::default()
+        })
+    };
+    let (host_a, host_b) = (host("10.0.0.1:80"), host("10.0.0.2:80"));
+    let mut a = c.start_as("a", &host_a);
+    a.until_leading().await;
+    let mut b = c.start_as("b", &host_b);
+    b.until_following().await;
+    let address = |x: &Candidate| x.rx.borrow().holder_address.clone();
+    assert_eq!(c.store.peek(LEASE).unwrap().record.host, Some(host_a.get()));
+    assert_eq!(address(&a).as_deref(), Some("10.0.0.1:80"));
+    assert_eq!(address(&b).as_deref(), Some("10.0.0.1:80"));
+    // A change of the handle is in the next renewal.
+    assert!(host_a.set_draining(true));
+    sleep(timings().retry_period * 2).await;
+    assert!(c.store.peek(LEASE).unwrap().record.host.unwrap().draining);
+    // The release carries none; the next holder's write its own.
+    a.intent.send_replace(Intent::Stop);
+    b.until_leading().await;
+    assert_eq!(c.store.peek(LEASE).unwrap().record.host, Some(host_b.get()));
+    assert_eq!(address(&b).as_deref(), Some("10.0.0.2:80"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -455,6 +491,7 @@ fn expiry_is_judged_from_local_observation_and_the_records_duration() {
         record: LeaseRecord {
             plugins: None,
             yielded: None,
+            host: None,
             // "me" with this process's instance; "namesake": another
             // process under the same identity.
             instance: (holder == Some("me")).then(|| "i1".to_owned()),
@@ -538,7 +575,7 @@ fn a_leader_judges_what_it_sees_by_holder_and_term() {
     let missed = v("6", "me", 2);
     assert_eq!(
         judge_sighting(Some(&missed), &current, &me, 2),
-        Verdict::Ours(missed.clone())
+        Verdict::Ours(Box::new(missed.clone()))
     );
     assert_eq!(
         judge_sighting(Some(&v("7", "other", 3)), &current, &me, 2),
@@ -569,6 +606,7 @@ async fn new_timings_set_the_subscriptions_polling_period_once_adopted() {
         lease: LEASE.into(),
         identity: "a".into(),
         timings: timings(),
+        host: HostHandle::default().subscribe(),
     };
     let (mut elector, mut rx, _intent) = Elector::new(cfg, Arc::new(c.store.client()), c.clock.clone());
     let (new_timings, source) = watch::channel(timings());

@@ -332,6 +332,7 @@ mod tests {
             term: Some(term),
             since: now,
             yielded: None,
+            holder_address: None,
         });
         let h = Health::new();
         h.watch_lease(
@@ -355,6 +356,7 @@ mod tests {
             term: Some(old),
             since: now,
             yielded: None,
+            holder_address: None,
         });
         let stuck = Arc::new(Heartbeat::new(Duration::ZERO));
         std::thread::sleep(Duration::from_millis(5));

@@ -246,6 +246,7 @@ pub fn floor_record(floor: u64) -> Versioned {
         record: LeaseRecord {
             plugins: None,
             yielded: None,
+            host: None,
             instance: None,
             holder: None,
             lease_duration: RELEASED_LEASE_DURATION,

@@ -195,6 +195,51 @@ pub struct LeaseRecord {
     /// versions, and without a holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugins: Option<Vec<String>>,
+    /// The holder host as it describes itself: how to reach it, whether it
+    /// drains, its weight ([`HostInfo`]). Written with every write of
+    /// baton's that holds the lease (the membership record and every
+    /// ordinary lease), never on a release, and never kept by a write that
+    /// changes the holder. Stored as `host` (the embedded store's files:
+    /// `{"address": "10.1.2.3:8080", "draining": false, "weight": 1}`) and
+    /// the annotations `baton.dev/holder-address`, `baton.dev/draining`
+    /// and `baton.dev/weight` (a Kubernetes Lease); `None` in records of
+    /// other writers, of older baton versions, and without a holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostInfo>,
+}
+
+/// What a holder publishes about its host in the records it writes
+/// ([`LeaseRecord::host`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostInfo {
+    /// How others reach this host's service (`advertise-address`, or the
+    /// pod IP on Kubernetes); `None` when not configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Whether the host is draining: handing its leases over and taking
+    /// none.
+    #[serde(default)]
+    pub draining: bool,
+    /// The host's weight in spreading the leads (1 unless configured).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+/// [`HostInfo::weight`] unless configured.
+pub const DEFAULT_WEIGHT: u32 = 1;
+
+fn default_weight() -> u32 {
+    DEFAULT_WEIGHT
+}
+
+impl Default for HostInfo {
+    fn default() -> HostInfo {
+        HostInfo {
+            address: None,
+            draining: false,
+            weight: DEFAULT_WEIGHT,
+        }
+    }
 }
 
 /// A yield, as a release record carries it; see [`LeaseRecord::yielded`].
@@ -233,7 +278,15 @@ impl LeaseRecord {
             instance: None,
             yielded: None,
             plugins: None,
+            host: None,
         }
+    }
+
+    /// The holder's address ([`HostInfo::address`]), if the record has a
+    /// holder that published one.
+    pub fn holder_address(&self) -> Option<&str> {
+        self.holder()?;
+        self.host.as_ref()?.address.as_deref()
     }
 
     /// The holder, treating an empty identity as no holder.

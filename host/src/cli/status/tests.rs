@@ -8,6 +8,7 @@ fn held(holder: Option<&str>, term: u64, renewed: SystemTime, secs: u64) -> Vers
         record: LeaseRecord {
             plugins: None,
             yielded: None,
+            host: None,
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(secs),
             acquire_time: Some(renewed),

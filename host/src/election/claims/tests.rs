@@ -14,6 +14,7 @@ fn held(holder: &str, term: u64, plugins: &[&str]) -> LeaseRecord {
         term,
         instance: None,
         yielded: None,
+        host: None,
         plugins: Some(plugins.iter().map(|p| p.to_string()).collect()),
     }
 }

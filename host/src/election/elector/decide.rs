@@ -76,7 +76,7 @@ pub enum Verdict {
     /// A later version still held by this host in its term (a write whose
     /// answer was missed, or the record deleted while held, read as its
     /// tombstone): adopt it and lead on.
-    Ours(Versioned),
+    Ours(Box<Versioned>),
     /// Another holder, no holder, or no record: the lease is lost.
     Lost,
 }
@@ -87,7 +87,7 @@ pub fn judge_sighting(record: Option<&Versioned>, current: &Versioned, me: &Me, 
     match record {
         Some(r) if r.version == current.version => Verdict::Same,
         Some(r) if r.record.held_by(&me.identity, &me.instance) && r.record.term == term => {
-            Verdict::Ours(r.clone())
+            Verdict::Ours(Box::new(r.clone()))
         }
         _ => Verdict::Lost,
     }

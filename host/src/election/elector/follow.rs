@@ -180,6 +180,7 @@ impl Elector {
         LeaseRecord {
             plugins: self.claimed(),
             yielded: None,
+            host: self.host_info(),
             instance: Some(self.me.instance.clone()),
             holder: Some(self.cfg.identity.clone()),
             lease_duration: self.cfg.timings.lease_duration,

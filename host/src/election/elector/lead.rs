@@ -149,8 +149,8 @@ impl Elector {
         match judge_sighting(s.record.as_ref(), &l.current, &self.me, l.term.number()) {
             Verdict::Same => Ok(()),
             Verdict::Ours(adopted) => {
-                l.current = adopted.clone();
-                self.learn(Some(adopted), s.at);
+                l.current = (*adopted).clone();
+                self.learn(Some(*adopted), s.at);
                 Ok(())
             }
             Verdict::Lost => {
@@ -176,6 +176,7 @@ impl Elector {
         let record = LeaseRecord {
             plugins: self.claimed(),
             yielded: None,
+            host: self.host_info(),
             renew_time: Some(SystemTime::now()),
             ..l.current.record.clone()
         };
@@ -240,7 +241,7 @@ impl Elector {
                 };
                 l.term
                     .confirm_claims(current.record.plugins.as_deref().unwrap_or_default());
-                l.current = current;
+                l.current = *current;
                 Ok(())
             }
             Verdict::Same => {
@@ -322,6 +323,7 @@ impl Elector {
             let record = LeaseRecord {
                 yielded,
                 plugins: None,
+                host: None,
                 instance: None,
                 holder: None,
                 lease_duration: RELEASED_LEASE_DURATION,
@@ -346,7 +348,7 @@ impl Elector {
                     let left = l.term.lead_until() - self.clock.now();
                     match self.read(t.request_timeout.min(left)).await {
                         Some(read) => match judge_sighting(read.as_ref(), &current, &self.me, term) {
-                            Verdict::Ours(v) => current = v,
+                            Verdict::Ours(v) => current = *v,
                             Verdict::Same => self.pause(t.retry_period / 4).await,
                             Verdict::Lost => {
                                 tracing::info!(lease = %self.cfg.lease, term, "the lease is no longer ours; nothing to release");

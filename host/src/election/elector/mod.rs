@@ -48,7 +48,7 @@ use super::status::{LeaseView, Status};
 use super::term::Term;
 use super::timing::Timings;
 use crate::store::subscription::{Cadence, Sighting, Subscription};
-use crate::store::{LeaseStore, Versioned};
+use crate::store::{HostInfo, LeaseStore, Versioned};
 use crate::support::recurring::Recurring;
 
 /// What an elector needs to know about itself.
@@ -60,6 +60,10 @@ pub struct ElectorConfig {
     pub identity: String,
     /// The lease's timings; validated by the caller.
     pub timings: Timings,
+    /// What this host says of itself in every record it holds (from the
+    /// daemon's [`HostHandle`](super::super::HostHandle)), read at each
+    /// write.
+    pub host: watch::Receiver<HostInfo>,
 }
 
 /// Who an elector is in the records it writes: the configured identity and
@@ -295,6 +299,7 @@ impl Elector {
             term: None,
             since: clock.now(),
             yielded: None,
+            holder_address: None,
         });
         let (intent_tx, intent) = watch::channel(Intent::Contend);
         let subscription = Subscription::start(store.clone(), &cfg.lease, cadence(&cfg.timings));
@@ -345,6 +350,11 @@ impl Elector {
         self.claims
             .as_mut()
             .map(|c| claims::listed(&c.borrow_and_update()))
+    }
+
+    /// What this host says of itself in the record it writes now.
+    fn host_info(&self) -> Option<HostInfo> {
+        Some(self.cfg.host.borrow().clone())
     }
 
     /// Its heartbeat: when its current step began, and whether the store

@@ -77,15 +77,19 @@ impl Elector {
         }
     }
 
-    /// Publishes a status; observers wake only if it differs.
+    /// Publishes a status, with its holder's address; observers wake only
+    /// if either differs.
     pub(super) fn publish(&self, status: Status, term: Option<Arc<Term>>) {
         let lease = &self.cfg.lease;
         let since = self.clock.now();
         let observer = &self.observer;
+        let address = self.holder_address(&status);
         self.tx.send_if_modified(|view| {
+            let moved = view.holder_address != address;
+            view.holder_address = address;
             if view.status == status {
                 view.term = term;
-                return false;
+                return moved;
             }
             observer.status_changed(&view.status, &status);
             tracing::info!(
@@ -100,6 +104,19 @@ impl Elector {
             view.since = since;
             true
         });
+    }
+
+    /// The address of `status`'s holder: this host's own while it leads,
+    /// else what the holder's record says.
+    fn holder_address(&self, status: &Status) -> Option<String> {
+        let holder = status.holder.as_deref()?;
+        if status.is_leading() {
+            return self.cfg.host.borrow().address.clone();
+        }
+        let record = &self.known.as_ref()?.record.as_ref()?.record;
+        (record.holder() == Some(holder))
+            .then(|| record.holder_address().map(str::to_owned))
+            .flatten()
     }
 
     pub(super) fn publish_follower(&self) {

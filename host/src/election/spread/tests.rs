@@ -117,6 +117,7 @@ fn elector(
         lease: name.to_owned(),
         identity: identity.into(),
         timings: timings(),
+        host: HostHandle::default().subscribe(),
     };
     let (elector, view, intent) = Elector::new(cfg, client.clone(), clock.clone());
     if let Some(initial) = initial {

@@ -204,6 +204,7 @@ fn led(
         term: Some(term.clone()),
         since: now,
         yielded: None,
+        holder_address: None,
     };
     let (tx, rx) = tokio::sync::watch::channel(view);
     // The elector stays: a closed channel is not a change.

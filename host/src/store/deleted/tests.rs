@@ -10,6 +10,7 @@ fn v(version: &str, holder: Option<&str>, term: u64) -> Versioned {
         record: LeaseRecord {
             plugins: None,
             yielded: None,
+            host: None,
             instance: None,
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(10),

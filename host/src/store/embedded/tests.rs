@@ -1717,3 +1717,40 @@ async fn a_watch_does_not_read_back_its_own_stores_writes() {
         .unwrap();
     assert_eq!(next_change(&mut watch, &Some(theirs)).await, Some(newer));
 }
+
+#[tokio::test]
+async fn the_holders_host_is_kept_in_the_file_and_older_records_read_without() {
+    use crate::store::HostInfo;
+    let (_dir, store) = store();
+    let host = HostInfo {
+        address: Some("http://10.1.2.3:8080".into()),
+        draining: true,
+        weight: 2,
+    };
+    let held = LeaseRecord {
+        host: Some(host.clone()),
+        ..record(Some("a"), 1)
+    };
+    let v = store.create("demo", &held).await.unwrap();
+    let text = fs::read_to_string(newest_version(store.dir(), "demo")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        json["record"]["host"],
+        serde_json::json!({"address": "http://10.1.2.3:8080", "draining": true, "weight": 2}),
+        "{text}"
+    );
+    assert_eq!(store.get("demo").await.unwrap().unwrap().record.host, Some(host));
+    // A release carries none, and writes none.
+    store.update("demo", &v.version, &record(None, 1)).await.unwrap();
+    let text = fs::read_to_string(newest_version(store.dir(), "demo")).unwrap();
+    assert!(!text.contains("\"host\""), "{text}");
+    // Older records have no `host`; a sparse one reads with the defaults.
+    let old: LeaseRecord =
+        serde_json::from_str(r#"{"holder": "a", "leaseDuration": "15s", "transitions": 1}"#).unwrap();
+    assert_eq!(old.host, None);
+    let sparse: LeaseRecord =
+        serde_json::from_str(r#"{"holder": "a", "leaseDuration": "15s", "transitions": 1, "host": {}}"#)
+            .unwrap();
+    assert_eq!(sparse.host, Some(HostInfo::default()));
+    assert_eq!((sparse.holder_address(), HostInfo::default().weight), (None, 1));
+}

@@ -50,7 +50,10 @@ mod watch;
 mod writes;
 
 pub use floor::{FLOOR_LEASE_ANNOTATION, FLOOR_PREFIX, floor_name};
-pub use record::{HOLDER_INSTANCE, PLUGINS, YIELDED_BY, YIELDED_FOR, to_versioned, write_spec};
+pub use record::{
+    HOLDER_ADDRESS, HOLDER_DRAINING, HOLDER_INSTANCE, HOLDER_WEIGHT, PLUGINS, YIELDED_BY, YIELDED_FOR,
+    to_versioned, write_annotations, write_spec,
+};
 pub use requests::{FIELD_MANAGER, baton_wrote_transitions, map_error};
 
 use self::floor::Floors;

@@ -1,6 +1,6 @@
 //! The conversion between a Lease object and a [`LeaseRecord`]: the
-//! record's fields in the Lease's `spec`, the holder's instance, claims and
-//! a yield in annotations of baton's, the version as `resourceVersion`.
+//! record's fields in the Lease's `spec`, the holder's instance, claims,
+//! host and a yield in annotations of baton's, the version as `resourceVersion`.
 //! Reading is lenient with what a foreign writer leaves out; writing keeps
 //! every field and annotation it does not own.
 
@@ -11,7 +11,7 @@ use kube::api::DynamicObject;
 use serde_json::{Map, Value};
 
 use super::Inner;
-use crate::store::{LeaseRecord, StoreError, Versioned, Yielded};
+use crate::store::{DEFAULT_WEIGHT, HostInfo, LeaseRecord, StoreError, Versioned, Yielded};
 
 /// The annotation that carries [`LeaseRecord::instance`]: the holder's
 /// process, so that two processes under one identity tell their records
@@ -33,6 +33,18 @@ pub const PLUGINS: &str = "baton.dev/plugins";
 pub const YIELDED_BY: &str = "baton.dev/yielded-by";
 /// See [`YIELDED_BY`].
 pub const YIELDED_FOR: &str = "baton.dev/yielded-for";
+
+/// The annotations that carry [`LeaseRecord::host`]: the holder's address
+/// (absent when it has none), whether it drains (`true` or `false`) and its
+/// weight (a decimal integer). Written with every write of baton's that
+/// holds the lease, removed by every other; read only with a holder, and
+/// only when [`HOLDER_DRAINING`] or [`HOLDER_WEIGHT`] is there (baton
+/// writes both), so a record of an older baton reads as `None`.
+pub const HOLDER_ADDRESS: &str = "baton.dev/holder-address";
+/// See [`HOLDER_ADDRESS`].
+pub const HOLDER_DRAINING: &str = "baton.dev/draining";
+/// See [`HOLDER_ADDRESS`].
+pub const HOLDER_WEIGHT: &str = "baton.dev/weight";
 
 /// Reads a Lease object as a record. Lenient with everything a foreign
 /// writer may leave out; strict only where a value has the wrong JSON type
@@ -85,6 +97,7 @@ fn read_lease(obj: &DynamicObject, fallback_duration: Duration) -> Result<Versio
                 .as_ref()
                 .and_then(|_| annotations?.get(HOLDER_INSTANCE).cloned()),
             plugins: holder.as_ref().and_then(|_| claimed_plugins(annotations?)),
+            host: holder.as_ref().and_then(|_| host_of(annotations?)),
             // Only without a holder: a release by `baton yield`.
             yielded: match &holder {
                 Some(_) => None,
@@ -180,6 +193,22 @@ fn claimed_plugins(annotations: &BTreeMap<String, String>) -> Option<Vec<String>
     )
 }
 
+/// The holder's host, from the [`HOLDER_ADDRESS`], [`HOLDER_DRAINING`] and
+/// [`HOLDER_WEIGHT`] annotations; a weight that does not parse reads as
+/// the default.
+fn host_of(annotations: &BTreeMap<String, String>) -> Option<HostInfo> {
+    let draining = annotations.get(HOLDER_DRAINING);
+    let weight = annotations.get(HOLDER_WEIGHT);
+    if draining.is_none() && weight.is_none() {
+        return None;
+    }
+    Some(HostInfo {
+        address: annotations.get(HOLDER_ADDRESS).filter(|a| !a.is_empty()).cloned(),
+        draining: draining.is_some_and(|d| d == "true"),
+        weight: weight.and_then(|w| w.parse().ok()).unwrap_or(DEFAULT_WEIGHT),
+    })
+}
+
 /// A yield, from the [`YIELDED_BY`] and [`YIELDED_FOR`] annotations.
 fn yield_of(annotations: &BTreeMap<String, String>) -> Option<Yielded> {
     let by = annotations.get(YIELDED_BY).filter(|b| !b.is_empty())?;
@@ -257,45 +286,41 @@ impl Inner {
         for (k, v) in &self.watch.selector {
             labels.insert(k.clone(), v.clone());
         }
-        match &record.instance {
-            Some(instance) => {
-                obj.metadata
-                    .annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(HOLDER_INSTANCE.into(), instance.clone());
-            }
-            None => {
-                if let Some(annotations) = &mut obj.metadata.annotations {
-                    annotations.remove(HOLDER_INSTANCE);
-                }
-            }
-        }
-        match record.plugins.as_ref().filter(|_| record.holder().is_some()) {
-            Some(plugins) => {
-                obj.metadata
-                    .annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(PLUGINS.into(), plugins.join(","));
-            }
-            None => {
-                if let Some(annotations) = &mut obj.metadata.annotations {
-                    annotations.remove(PLUGINS);
-                }
-            }
-        }
-        match record.yielded.as_ref().filter(|_| record.holder().is_none()) {
-            Some(y) => {
-                let annotations = obj.metadata.annotations.get_or_insert_with(BTreeMap::new);
-                annotations.insert(YIELDED_BY.into(), y.by.clone());
-                annotations.insert(YIELDED_FOR.into(), format!("{}ms", y.duration.as_millis()));
-            }
-            None => {
-                if let Some(annotations) = &mut obj.metadata.annotations {
-                    annotations.remove(YIELDED_BY);
-                    annotations.remove(YIELDED_FOR);
-                }
-            }
-        }
+        write_annotations(&mut obj.metadata.annotations, record);
         write_spec(lease, &mut obj.data, record)
+    }
+}
+
+/// Writes the record's annotations ([`HOLDER_INSTANCE`], [`PLUGINS`], the
+/// host's and a yield's) into `annotations`, removing those the record
+/// does not carry and keeping every other.
+pub fn write_annotations(annotations: &mut Option<BTreeMap<String, String>>, record: &LeaseRecord) {
+    let a = annotations.get_or_insert_with(BTreeMap::new);
+    let mut set = |key: &str, value: Option<String>| match value {
+        Some(v) => {
+            a.insert(key.into(), v);
+        }
+        None => {
+            a.remove(key);
+        }
+    };
+    let held = record.holder().is_some();
+    set(HOLDER_INSTANCE, record.instance.clone());
+    set(
+        PLUGINS,
+        record.plugins.as_ref().filter(|_| held).map(|p| p.join(",")),
+    );
+    let host = record.host.as_ref().filter(|_| held);
+    set(HOLDER_ADDRESS, host.and_then(|h| h.address.clone()));
+    set(HOLDER_DRAINING, host.map(|h| h.draining.to_string()));
+    set(HOLDER_WEIGHT, host.map(|h| h.weight.to_string()));
+    let yielded = record.yielded.as_ref().filter(|_| !held);
+    set(YIELDED_BY, yielded.map(|y| y.by.clone()));
+    set(
+        YIELDED_FOR,
+        yielded.map(|y| format!("{}ms", y.duration.as_millis())),
+    );
+    if a.is_empty() {
+        *annotations = None;
     }
 }

@@ -195,6 +195,7 @@ fn writes_refuse_what_a_lease_cannot_hold_and_keep_other_fields() {
     let record = |d: Duration, t: u64| LeaseRecord {
         plugins: None,
         yielded: None,
+        host: None,
         instance: None,
         holder: None,
         lease_duration: d,
@@ -269,4 +270,73 @@ fn api_errors_map_to_store_errors() {
         map_error("l", "create", api(422, "invalid")),
         StoreError::Refused { .. }
     ));
+}
+
+#[test]
+fn the_holders_host_round_trips_through_annotations_and_leaves_with_the_holder() {
+    use crate::store::HostInfo;
+    let host = HostInfo {
+        address: Some("10.1.2.3:8080".into()),
+        draining: true,
+        weight: 3,
+    };
+    let held = LeaseRecord {
+        host: Some(host.clone()),
+        instance: Some("i1".into()),
+        ..LeaseRecord::new(Some("host-a"), 4, FALLBACK)
+    };
+    let read_back = |record: &LeaseRecord| {
+        let mut o = object(Value::Null);
+        write_annotations(&mut o.metadata.annotations, record);
+        write_spec("demo", &mut o.data, record).unwrap();
+        (
+            to_versioned("demo", &o, FALLBACK).unwrap().record,
+            o.metadata.annotations,
+        )
+    };
+    let (read, annotations) = read_back(&held);
+    assert_eq!(read.host, Some(host.clone()));
+    assert_eq!(read.holder_address(), Some("10.1.2.3:8080"));
+    let a = annotations.unwrap();
+    assert_eq!(a[HOLDER_ADDRESS], "10.1.2.3:8080");
+    assert_eq!(
+        (a[HOLDER_DRAINING].as_str(), a[HOLDER_WEIGHT].as_str()),
+        ("true", "3")
+    );
+    assert_eq!(a["owner.example/x"], "keep me");
+    // Without an address: none written, none read.
+    let bare = LeaseRecord {
+        host: Some(HostInfo::default()),
+        ..held.clone()
+    };
+    let (read, annotations) = read_back(&bare);
+    assert_eq!(read.host, Some(HostInfo::default()));
+    assert!(!annotations.unwrap().contains_key(HOLDER_ADDRESS));
+    // A release, or another holder's write, drops the previous holder's.
+    let mut o = object(Value::Null);
+    write_annotations(&mut o.metadata.annotations, &held);
+    for next in [
+        LeaseRecord::new(None, 4, FALLBACK),
+        LeaseRecord::new(Some("host-b"), 5, FALLBACK),
+    ] {
+        let mut o = o.clone();
+        write_annotations(&mut o.metadata.annotations, &next);
+        write_spec("demo", &mut o.data, &next).unwrap();
+        let a = o.metadata.annotations.clone().unwrap();
+        assert!(
+            [HOLDER_ADDRESS, HOLDER_DRAINING, HOLDER_WEIGHT]
+                .iter()
+                .all(|k| !a.contains_key(*k)),
+            "{a:?}"
+        );
+        assert_eq!(to_versioned("demo", &o, FALLBACK).unwrap().record.host, None);
+    }
+    // Annotations left by a holder that a foreign writer released are not
+    // read without a holder; an older baton's record (none of them) reads
+    // as no host.
+    let mut o = object(json!({"holderIdentity": ""}));
+    write_annotations(&mut o.metadata.annotations, &held);
+    assert_eq!(to_versioned("demo", &o, FALLBACK).unwrap().record.host, None);
+    let o = object(json!({"holderIdentity": "host-a"}));
+    assert_eq!(to_versioned("demo", &o, FALLBACK).unwrap().record.host, None);
 }
