@@ -31,6 +31,8 @@ guests=(
     "hosts-future:hosts_future.wasm"
     "kv-counter:kv_counter.wasm"
     "sched-probe:sched_probe.wasm"
+    "health-probe:health_probe.wasm"
+    "probe-v03:probe_v03.wasm"
 )
 
 # `rustup target add` is idempotent but slow-ish; skip it when the target's

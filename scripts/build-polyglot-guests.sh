@@ -122,7 +122,7 @@ done_with() { # done_with OUT INPUTS...: records OUT's inputs and prints OUT
 # The examples are built against baton:leader@0.1.0 (wit/v0.1.0), which
 # hosts keep serving: they prove that plugins built before 0.2.0 run
 # unchanged. (The templates of `baton new`, built by the tests, target
-# the newest, 0.3.0, in wit/.)
+# 0.3.0, in wit/v0.3.0; the newest, 0.4.0, is in wit/.)
 contract="$repo/wit/v0.1.0"
 
 # The key-value examples (examples/*-kv-counter) import wasi:keyvalue, new

@@ -3,14 +3,21 @@
 //! A baton host takes part in a lease election and runs a plugin's leader
 //! task only while it holds the plugin's lease. A plugin is a WebAssembly
 //! component that exports the task and watches the lease status to learn
-//! when its term is over. The contract (`baton:leader@0.3.0`, in the `wit/`
+//! when its term is over. The contract (`baton:leader@0.4.0`, in the `wit/`
 //! folder of the baton repository) comes in two flavours, one WIT world
 //! each; this crate wraps both behind a small API:
 //!
-//! | Cargo feature | module       | world                                  | task       |
-//! |---------------|--------------|----------------------------------------|------------|
-//! | `future`      | [`future`]   | `baton:leader/future-plugin@0.3.0`     | `async fn` |
-//! | `pollable`    | [`pollable`] | `baton:leader/pollable-plugin@0.3.0`   | `fn`       |
+//! | Cargo feature | module       | world                                              | task       |
+//! |---------------|--------------|----------------------------------------------------|------------|
+//! | `future`      | [`future`]   | `baton:leader/future-plugin-with-health@0.4.0`     | `async fn` |
+//! | `pollable`    | [`pollable`] | `baton:leader/pollable-plugin-with-health@0.4.0`   | `fn`       |
+//!
+//! Each world is the plain one (`future-plugin`, `pollable-plugin`) plus a
+//! health check: the export macros always export `LeaderTask::check`, which
+//! says healthy unless the plugin overrides it. The host calls it only for
+//! a plugin whose configuration has a `health-check` table: every period
+//! while it leads, in an instance of its own beside the task's; failing
+//! checks in a row make the host hand the lease over.
 //!
 //! Neither feature is on by default: enable the one your plugin targets,
 //! implement that module's `LeaderTask` trait and export it with
@@ -143,6 +150,10 @@ pub struct Status {
     /// seen can reject a stale leader's writes. Zero means no term is known
     /// yet.
     pub term: u64,
+    /// Where the holder's host can be reached, as it advertises itself
+    /// (configured, or a pod's IP), when known: route work to the leader
+    /// with it. `None` while no holder is known or it advertises nothing.
+    pub holder_address: Option<String>,
 }
 
 impl Status {
@@ -163,6 +174,7 @@ impl Status {
     ///     holder: Some("host-a".into()),
     ///     lease: "reports".into(),
     ///     term: 7,
+    ///     holder_address: Some("10.0.0.7:8080".into()),
     /// };
     /// assert!(status.is_leading_term(7));
     /// assert!(!status.is_leading_term(6));
@@ -174,7 +186,8 @@ impl Status {
 
 impl fmt::Display for Status {
     /// Formats as `lease=NAME role=ROLE term=N holder=ID` (`holder=-` when
-    /// no holder is known).
+    /// no holder is known), then ` at=ADDRESS` when the holder's address is
+    /// known.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -183,7 +196,11 @@ impl fmt::Display for Status {
             self.role,
             self.term,
             self.holder.as_deref().unwrap_or("-")
-        )
+        )?;
+        match &self.holder_address {
+            Some(at) => write!(f, " at={at}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -262,6 +279,7 @@ pub mod __private {
                         holder: s.holder,
                         lease: s.lease,
                         term: s.term,
+                        holder_address: s.holder_address,
                     }
                 }
             }
@@ -289,7 +307,7 @@ pub mod __private {
     #[cfg(feature = "pollable")]
     pub mod pollable_bindings {
         wit_bindgen::generate!({
-            world: "baton:leader/pollable-plugin@0.3.0",
+            world: "baton:leader/pollable-plugin-with-health@0.4.0",
             path: "../wit",
             // The world's exports are described by a custom section that the
             // export macro emits in the plugin crate; this crate only
@@ -314,12 +332,18 @@ pub mod __private {
                 T::run(status.into())
             }
         }
+
+        impl<T: crate::pollable::LeaderTask> exports::baton::leader::health_sync::Guest for Adapter<T> {
+            fn check() -> Result<(), String> {
+                T::check()
+            }
+        }
     }
 
     #[cfg(feature = "future")]
     pub mod future_bindings {
         wit_bindgen::generate!({
-            world: "baton:leader/future-plugin@0.3.0",
+            world: "baton:leader/future-plugin-with-health@0.4.0",
             path: "../wit",
             // See `pollable_bindings`.
             pub_export_macro: true,
@@ -337,11 +361,18 @@ pub mod __private {
                 T::run(status.into()).await
             }
         }
+
+        impl<T: crate::future::LeaderTask> exports::baton::leader::health_async::Guest for Adapter<T> {
+            async fn check() -> Result<(), String> {
+                T::check().await
+            }
+        }
     }
 }
 
 /// Exports a [`pollable::LeaderTask`] as the plugin's task, making the
-/// component target `baton:leader/pollable-plugin@0.3.0`.
+/// component target `baton:leader/pollable-plugin-with-health@0.4.0` (its
+/// health check is [`pollable::LeaderTask::check`]).
 ///
 /// Call it once, in the plugin's (`cdylib`) crate, with the type that
 /// implements the task. Needs the `pollable` feature.
@@ -371,7 +402,8 @@ macro_rules! export_pollable {
 }
 
 /// Exports a [`future::LeaderTask`] as the plugin's task, making the
-/// component target `baton:leader/future-plugin@0.3.0`.
+/// component target `baton:leader/future-plugin-with-health@0.4.0` (its
+/// health check is [`future::LeaderTask::check`]).
 ///
 /// Call it once, in the plugin's (`cdylib`) crate, with the type that
 /// implements the task. Needs the `future` feature.

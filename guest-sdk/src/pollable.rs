@@ -55,6 +55,23 @@ pub trait LeaderTask {
     ///
     /// [`Role::Leading`]: crate::Role::Leading
     fn run(status: Status) -> Result<(), String>;
+
+    /// Checks this plugin's health (`baton:leader@0.4.0`'s health check):
+    /// `Ok(())` when this host can do the plugin's work, `Err` saying why
+    /// not. The default says healthy.
+    ///
+    /// The host calls it only for a plugin configured with a `health-check`
+    /// table, every period while this host leads and the task runs, and
+    /// not in the task's instance: in an instance of its own, made for the
+    /// term with the same grants (so statics set by `run` are not seen
+    /// here). Check what the task needs (a service, a file), or a heartbeat
+    /// the task writes where both can read it (its bucket, a granted
+    /// directory). A check that fails, panics or outlasts its timeout
+    /// `threshold` times in a row makes the host hand the lease over and
+    /// stay out of contention for a while.
+    fn check() -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// A signal that becomes ready once a lease status (or the live hosts) is

@@ -1,5 +1,5 @@
-//! The scheduled run a task was started for (`baton:leader@0.3.0`'s
-//! `schedule.current-run`), in either world.
+//! The scheduled run a task was started for (`schedule.current-run`, from
+//! `baton:leader@0.3.0`), in either world.
 //!
 //! Needs the `future` or the `pollable` feature. A plugin with a schedule
 //! in its host's configuration (`schedule = "*/5 * * * *"` or
@@ -30,7 +30,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 // Either world's bindings give the same import
-// (`baton:leader/schedule@0.3.0`); with both features on, the pollable
+// (`baton:leader/schedule@0.4.0`); with both features on, the pollable
 // world's are used, which a future plugin imports just the same.
 #[cfg(all(feature = "future", not(feature = "pollable")))]
 use crate::__private::future_bindings::baton::leader::schedule;

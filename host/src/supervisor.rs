@@ -22,6 +22,9 @@
 //! A plugin with a schedule runs each due time instead, in a fresh
 //! instance, while the term lasts ([`scheduled`]).
 //!
+//! Beside a term's task, a plugin's health check, if configured, is called
+//! every period; one that keeps failing hands the lease over ([`health`]).
+//!
 //! What happens to each task is told to a [`TaskObserver`] (metrics, at
 //! the edge); the supervisor itself keeps no counts.
 
@@ -31,9 +34,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::sleep;
 
-use crate::election::{ClaimGate, LeaseClaims, LeaseView, Moment, Term};
+use crate::election::{ClaimGate, Intent, LeaseClaims, LeaseView, Moment, Term};
 use crate::runtime::{Plugin, TaskOutcome};
 
+mod health;
 mod scheduled;
 
 pub use scheduled::{SCHEDULES_BUCKET, Scheduling};
@@ -135,6 +139,17 @@ pub trait TaskObserver: Send + Sync + 'static {
     fn schedule_skipped(&self, plugin: &str, reason: &'static str, count: u64) {
         let _ = (plugin, reason, count);
     }
+
+    /// A health check of `plugin` ended with `outcome` (`ok`, `failed`,
+    /// `trapped`, `timed-out`).
+    fn health_check(&self, plugin: &str, outcome: &'static str) {
+        let _ = (plugin, outcome);
+    }
+
+    /// A plugin's failing health check made this host hand `lease` over.
+    fn health_handover(&self, lease: &str) {
+        let _ = lease;
+    }
 }
 
 /// A task observer that ignores everything.
@@ -165,7 +180,7 @@ pub async fn run_leader_tasks(
     observer: Arc<dyn TaskObserver>,
 ) {
     let (_keep, versions) = watch::channel(plugin);
-    run_leader_tasks_of(versions, view, observer, None, None).await
+    run_leader_tasks_of(versions, view, observer, None, None, None).await
 }
 
 /// [`run_leader_tasks`], for a plugin whose version may change (a reload):
@@ -174,13 +189,16 @@ pub async fn run_leader_tasks(
 /// once the versions' sender is dropped (the plugin was removed) and no
 /// task of it runs. With `admission`, a term's task starts only once it
 /// admits the plugin. With `scheduling` and a schedule in it, each term
-/// runs the plugin's due times instead of one task.
+/// runs the plugin's due times instead of one task. With `intent` (the
+/// lease's), a plugin whose health check keeps failing hands the lease
+/// over through it.
 pub async fn run_leader_tasks_of(
     mut versions: watch::Receiver<Arc<Plugin>>,
     mut view: watch::Receiver<LeaseView>,
     observer: Arc<dyn TaskObserver>,
     admission: Option<Admission>,
     scheduling: Option<Scheduling>,
+    intent: Option<watch::Sender<Intent>>,
 ) {
     let name = versions.borrow().name().to_owned();
     loop {
@@ -211,10 +229,13 @@ pub async fn run_leader_tasks_of(
         }
         let plugin = versions.borrow_and_update().clone();
         if admitted && let Some(_entry) = term.enter() {
-            match scheduling.as_ref().filter(|s| s.schedule.borrow().is_some()) {
-                Some(s) => scheduled::run_scheduled_term(&plugin, &term, &view, &*observer, s).await,
-                None => run_term(&plugin, &term, &view, &*observer).await,
-            }
+            let work = async {
+                match scheduling.as_ref().filter(|s| s.schedule.borrow().is_some()) {
+                    Some(s) => scheduled::run_scheduled_term(&plugin, &term, &view, &*observer, s).await,
+                    None => run_term(&plugin, &term, &view, &*observer).await,
+                }
+            };
+            health::beside(&plugin, &term, &view, &*observer, intent.as_ref(), work).await;
         }
         // Not again in this term.
         term.over().await;

@@ -346,12 +346,15 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
         );
     }
     for (file, world) in [
-        ("probe_pollable.wasm", "baton:leader/pollable-plugin@0.3.0"),
-        ("probe_future.wasm", "baton:leader/future-plugin@0.3.0"),
-        ("rust_future_ticker.wasm", "baton:leader/future-plugin@0.3.0"),
-        ("rust_pollable_ticker.wasm", "baton:leader/pollable-plugin@0.3.0"),
-        ("sched_probe.wasm", "baton:leader/pollable-plugin@0.3.0"),
-        // Kept on 0.2.0 (built against wit/v0.2.0), which hosts still serve.
+        ("probe_pollable.wasm", "baton:leader/pollable-plugin@0.4.0"),
+        ("probe_future.wasm", "baton:leader/future-plugin@0.4.0"),
+        ("rust_future_ticker.wasm", "baton:leader/future-plugin@0.4.0"),
+        ("rust_pollable_ticker.wasm", "baton:leader/pollable-plugin@0.4.0"),
+        ("sched_probe.wasm", "baton:leader/pollable-plugin@0.4.0"),
+        ("health_probe.wasm", "baton:leader/pollable-plugin@0.4.0"),
+        // Kept on 0.3.0 and 0.2.0 (built against wit/v0.3.0, wit/v0.2.0),
+        // which hosts still serve.
+        ("probe_v03.wasm", "baton:leader/pollable-plugin@0.3.0"),
         ("hosts_pollable.wasm", "baton:leader/pollable-plugin@0.2.0"),
     ] {
         let out = baton().arg("check").arg(guest(file)).output().unwrap();
@@ -371,6 +374,11 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
         );
     }
 }
+        // Plugins built with the SDK export a health check; the others
+        // are of a version without one.
+        let checks = stdout.contains("exports a health check (baton:leader/health-");
+        assert_eq!(checks, world.ends_with("@0.4.0"), "{file}: {stdout}");
+        assert!(!stdout.contains("exports no health check"), "{file}: {stdout}");
 
 #[test]
 fn unsafe_timings_are_refused_with_the_invariant_explained() {

@@ -484,8 +484,11 @@ fn new_builds_and_checks(lang: &str, world: &str) {
     );
     let wasm = root.join(format!("{name}.wasm"));
     let (ok, out) = baton_check(&wasm);
+    // The Rust templates use the SDK (the newest contract); the others
+    // stay on 0.3.0.
+    let version = if lang == "rust" { "0.4.0" } else { "0.3.0" };
     assert!(
-        ok && out.contains(&format!("ok: targets baton:leader/{world}-plugin@0.3.0")),
+        ok && out.contains(&format!("ok: targets baton:leader/{world}-plugin@{version}")),
         "{out}"
     );
 

@@ -60,6 +60,14 @@ fn print_checked(path: &Path, plugin: &Plugin) {
             "  asks for the live hosts (current-hosts): its host keeps a membership record even without spreading"
         );
     }
+    if plugin.exports_health_check() {
+        println!(
+            "  exports a health check ({}): a `health-check` table in its configuration has the host call it while it leads",
+            plugin.health_export().unwrap_or_default()
+        );
+    } else if plugin.contract().has_health_check() {
+        println!("  exports no health check: its lease is kept while its host renews it");
+    }
     for c in plugin.capabilities() {
         println!("  also imports {}", c.describe());
     }

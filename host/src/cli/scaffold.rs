@@ -72,11 +72,13 @@ const TEMPLATES: &[(&str, &str)] = &[
 /// baton's WIT contract and the WASI packages a plugin world may use, as
 /// `wit/deps/...`: the projects of the languages that bind WIT themselves
 /// (all but Rust) have their own `wit/world.wit`, which includes a world of
-/// the contract and adds imports.
+/// the contract and adds imports. They stay on `baton:leader@0.3.0`
+/// (`wit/v0.3.0`; hosts serve every version); the Rust ones use the SDK,
+/// which targets the newest.
 const WIT_DEPS: &[(&str, &str)] = &[
     (
         "wit/deps/baton-leader/leader.wit",
-        include_str!("../../../wit/leader.wit"),
+        include_str!("../../../wit/v0.3.0/leader.wit"),
     ),
     (
         "wit/deps/clocks-0.2.12/clocks.wit",

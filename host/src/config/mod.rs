@@ -9,6 +9,7 @@
 //! file, and where it can, the line and the lease, plugin or field.
 
 mod error;
+mod health_check;
 mod overrides;
 pub mod own_files;
 mod parse;
@@ -190,6 +191,7 @@ enum RawCatchUp {
 
 /// `overlap`.
 #[derive(Clone, Copy, Debug, Deserialize)]
+    health_check: Option<health_check::RawHealthCheck>,
 #[serde(rename_all = "kebab-case")]
 enum RawOverlap {
     Skip,

@@ -201,6 +201,7 @@ impl Source<'_> {
                         "keyvalue",
                         format!(
                             "bucket {b:?}: names starting with \"baton-\" are kept for the host's own buckets"
+                    health_check: self.health_check(at, name, p.health_check.as_ref())?,
                         ),
                     ));
                 }

@@ -417,6 +417,7 @@ impl Launcher {
             schedule: scheduled,
             store,
             host: self.identity.clone(),
+        let intent = run.intent.clone();
             run_now: Arc::new(tokio::sync::Mutex::new(asked)),
         });
         run.supervisors.spawn(async move {
@@ -428,7 +429,15 @@ impl Launcher {
             if let Some(before) = after {
                 before.cancelled().await;
             }
-            run_leader_tasks_of(versions, view, observer, Some(admission), scheduling).await;
+            run_leader_tasks_of(
+                versions,
+                view,
+                observer,
+                Some(admission),
+                scheduling,
+                Some(intent),
+            )
+            .await;
             claims.remove(&name);
         });
         PluginRun {

@@ -150,6 +150,8 @@ pub struct Metrics {
     schedule_lateness: Family<PluginLabels, Histogram, fn() -> Histogram>,
     read: Arc<Read>,
 }
+    health_checks: Family<OutcomeLabels, Counter>,
+    health_handovers: Family<LeaseLabels, Counter>,
 
 /// What is read when scraped.
 #[derive(Debug, Default)]
@@ -209,6 +211,8 @@ impl Metrics {
         };
         m.register_lease_metrics(&mut registry);
         m.register_task_metrics(&mut registry);
+            health_checks: Family::default(),
+            health_handovers: Family::default(),
         m.register_reloads(&mut registry);
         m.register_schedules(&mut registry);
         registry.register_collector(Box::new(m.read.clone()));
@@ -216,6 +220,7 @@ impl Metrics {
     }
 
     /// The electors' metrics, reported through [`ElectionObserver`].
+        m.register_health(&mut registry);
     fn register_lease_metrics(&self, registry: &mut Registry) {
         registry.register(
             "lease_role",
@@ -307,6 +312,21 @@ impl Metrics {
         for result in ["ok", "refused"] {
             let _ = self.reloads.get_or_create(&ReloadLabels { result });
         }
+    /// Health checks and the hand-overs they caused, reported through
+    /// [`TaskObserver`].
+    fn register_health(&self, registry: &mut Registry) {
+        registry.register(
+            "plugin_health_checks",
+            "Calls of the plugin's health check while this host led its lease, by outcome: ok, failed (it returned an error), trapped, timed-out",
+            self.health_checks.clone(),
+        );
+        registry.register(
+            "lease_health_handovers",
+            "Hand-overs of the lease because a plugin's health check failed its threshold of times in a row",
+            self.health_handovers.clone(),
+        );
+    }
+
     }
 
     /// The plugins `baton run` loaded (with their leases), how many it
@@ -513,6 +533,21 @@ fn encode_plugins(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt
                         kind,
                         outcome: outcome.label(),
                     };
+
+    fn health_check(&self, plugin: &str, outcome: &'static str) {
+        let labels = OutcomeLabels {
+            plugin: plugin.to_owned(),
+            outcome,
+        };
+        self.health_checks.get_or_create(&labels).inc();
+    }
+
+    fn health_handover(&self, lease: &str) {
+        let labels = LeaseLabels {
+            lease: lease.to_owned(),
+        };
+        self.health_handovers.get_or_create(&labels).inc();
+    }
                     keyvalue.get_or_create(&labels).inc_by(n);
                 }
             }

@@ -56,8 +56,8 @@ pub use kubernetes::{KubeGrant, KubeRule};
 pub use network::{ConnectGrant, ConnectGrantError, NetworkGrant};
 pub use output::OutputLimits;
 pub use plugin::{
-    Capability, Contract, DEFAULT_MEMORY_LIMIT, DirGrant, Plugin, PluginRuntime, PluginSpec, TaskOutcome,
-    World,
+    Capability, CheckOutcome, Contract, DEFAULT_MEMORY_LIMIT, DirGrant, HealthCheck, HealthChecker, Plugin,
+    PluginRuntime, PluginSpec, TaskOutcome, World,
 };
 pub use schedule::ScheduledRun;
 pub use trap::{StoppedByHost, Trap};

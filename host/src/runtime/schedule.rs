@@ -1,4 +1,4 @@
-//! The host side of `baton:leader@0.3.0`'s `schedule.current-run`: which
+//! The host side of `schedule.current-run` (`baton:leader@0.3.0` and on): which
 //! scheduled run an instance was started for. The run is fixed when the
 //! instance's Store is made (`Plugin::run_scheduled`) and never changes in
 //! its life; a plugin without a schedule, or a run of an older contract,
@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use wasmtime_wasi::p2::bindings::clocks::wall_clock::Datetime;
 
-use super::bindings::{WitScheduledRun, v0_3};
+use super::bindings::{WitScheduledRun, WitScheduledRun4, v0_3, v0_4};
 use super::state::GuestState;
 
 /// One run of a scheduled plugin, as its task is told it
@@ -49,6 +49,23 @@ impl From<&ScheduledRun> for WitScheduledRun {
 impl v0_3::future_plugin::baton::leader::schedule::Host for GuestState {
     fn current_run(&mut self) -> wasmtime::Result<Option<WitScheduledRun>> {
         Ok(self.scheduled.as_ref().map(WitScheduledRun::from))
+    }
+}
+
+impl v0_4::future_plugin::baton::leader::schedule::Host for GuestState {
+    fn current_run(&mut self) -> wasmtime::Result<Option<WitScheduledRun4>> {
+        Ok(self.scheduled.as_ref().map(|run| {
+            let WitScheduledRun {
+                due,
+                attempt,
+                on_demand,
+            } = run.into();
+            WitScheduledRun4 {
+                due,
+                attempt,
+                on_demand,
+            }
+        }))
     }
 }
 

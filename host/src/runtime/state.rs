@@ -10,7 +10,7 @@ use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::{WitHosts, WitStatus, v0_1, v0_2, v0_3};
+use super::bindings::{WitHosts, WitStatus, WitStatus4, v0_1, v0_2, v0_3, v0_4};
 use super::connections::Connections;
 use super::http::GuestHttp;
 use super::keyvalue::KeyValueCtx;
@@ -80,9 +80,36 @@ impl WasiHttpView for GuestState {
 }
 
 impl GuestState {
-    /// The current status as this instance is shown it.
-    fn snapshot(&self) -> Status {
-        shown_status(&self.view.borrow(), &self.term)
+    /// The current status as this instance is shown it, with the holder's
+    /// address if its version of the contract has it (`with_address`).
+    fn snapshot(&self, with_address: bool) -> Shown {
+        Shown::of(&self.view.borrow(), &self.term, with_address)
+    }
+}
+
+/// The status as one version of the contract shows it: with the holder's
+/// address from 0.4.0 (`holder-address`), without it before, so that a
+/// change of the address alone is no change to an older guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Shown {
+    pub(crate) status: Status,
+    /// The holder's address; none while no holder is shown.
+    pub(crate) holder_address: Option<String>,
+}
+
+impl Shown {
+    /// What an instance of `term` is shown of `view`, with the holder's
+    /// address if `with_address`.
+    pub(crate) fn of(view: &LeaseView, term: &Term, with_address: bool) -> Shown {
+        let status = shown_status(view, term);
+        let holder_address = view
+            .holder_address
+            .clone()
+            .filter(|_| with_address && status.holder.is_some());
+        Shown {
+            status,
+            holder_address,
+        }
     }
 }
 
@@ -112,14 +139,16 @@ pub(crate) fn shown_status(view: &LeaseView, term: &Term) -> Status {
 pub(crate) async fn changed_from(
     mut rx: watch::Receiver<LeaseView>,
     term: Arc<Term>,
-    seen: &Status,
-) -> Status {
+    seen: &Shown,
+    with_address: bool,
+) -> Shown {
     let mut elector_gone = false;
     loop {
-        let status = shown_status(&rx.borrow_and_update(), &term);
-        if status != *seen {
-            return status;
+        let shown = Shown::of(&rx.borrow_and_update(), &term, with_address);
+        if shown != *seen {
+            return shown;
         }
+        let status = &shown.status;
         let term_over = async {
             if status.is_leading() {
                 term.over().await
@@ -148,37 +177,57 @@ impl HasData for CurrentStatus {
     type Data<'a> = &'a mut GuestState;
 }
 
-/// `status-future.current-status`, in every version.
-fn status_with_future<T: Send>(
+/// `status-future.current-status`, in every version: `W` is the version's
+/// status type, with the holder's address (`with_address`) from 0.4.0.
+fn status_with_future<T: Send, W>(
     mut host: Access<'_, T, CurrentStatus>,
-) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
+    with_address: bool,
+) -> wasmtime::Result<(W, FutureReader<W>)>
+where
+    W: for<'a> From<&'a Shown>
+        + wasmtime::component::Lift
+        + wasmtime::component::Lower
+        + Send
+        + Sync
+        + 'static,
+{
     let (status, rx, term) = {
         let state = host.get();
-        (state.snapshot(), state.view.clone(), state.term.clone())
+        (
+            state.snapshot(with_address),
+            state.view.clone(),
+            state.term.clone(),
+        )
     };
     let seen = status.clone();
     let future = FutureReader::new(&mut host, async move {
-        let next = changed_from(rx, term, &seen).await;
-        wasmtime::error::Ok(WitStatus::from(&next))
+        let next = changed_from(rx, term, &seen, with_address).await;
+        wasmtime::error::Ok(W::from(&next))
     })?;
     Ok(((&status).into(), future))
 }
 
 impl<T: Send> v0_1::future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
     fn current_status(host: Access<'_, T, Self>) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
-        status_with_future(host)
+        status_with_future(host, false)
     }
 }
 
 impl<T: Send> v0_2::future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
     fn current_status(host: Access<'_, T, Self>) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
-        status_with_future(host)
+        status_with_future(host, false)
     }
 }
 
 impl<T: Send> v0_3::future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
     fn current_status(host: Access<'_, T, Self>) -> wasmtime::Result<(WitStatus, FutureReader<WitStatus>)> {
-        status_with_future(host)
+        status_with_future(host, false)
+    }
+}
+
+impl<T: Send> v0_4::future_plugin::baton::leader::status_future::HostWithStore<T> for CurrentStatus {
+    fn current_status(host: Access<'_, T, Self>) -> wasmtime::Result<(WitStatus4, FutureReader<WitStatus4>)> {
+        status_with_future(host, true)
     }
 }
 
@@ -207,6 +256,12 @@ impl<T: Send> v0_3::future_plugin::baton::leader::hosts_future::HostWithStore<T>
     }
 }
 
+impl<T: Send> v0_4::future_plugin::baton::leader::hosts_future::HostWithStore<T> for CurrentStatus {
+    fn current_hosts(host: Access<'_, T, Self>) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
+        hosts_with_future(host)
+    }
+}
+
 impl v0_1::future_plugin::baton::leader::status_future::Host for GuestState {}
 impl v0_1::future_plugin::baton::leader::types::Host for GuestState {}
 impl v0_2::future_plugin::baton::leader::status_future::Host for GuestState {}
@@ -214,6 +269,9 @@ impl v0_2::future_plugin::baton::leader::hosts_future::Host for GuestState {}
 impl v0_2::future_plugin::baton::leader::membership::Host for GuestState {}
 impl v0_3::future_plugin::baton::leader::status_future::Host for GuestState {}
 impl v0_3::future_plugin::baton::leader::hosts_future::Host for GuestState {}
+impl v0_4::future_plugin::baton::leader::status_future::Host for GuestState {}
+impl v0_4::future_plugin::baton::leader::hosts_future::Host for GuestState {}
+impl v0_4::future_plugin::baton::leader::types::Host for GuestState {}
 
 /// Resolves once the live hosts differ from `seen`, with the new value;
 /// never, if nobody keeps them any more (the host is shutting down).
@@ -229,13 +287,14 @@ async fn hosts_changed_from(mut rx: watch::Receiver<Hosts>, seen: Hosts) -> Host
 pub struct StatusChange {
     rx: watch::Receiver<LeaseView>,
     term: Arc<Term>,
-    seen: Status,
+    seen: Shown,
+    with_address: bool,
 }
 
 #[wasmtime_wasi::async_trait]
 impl Pollable for StatusChange {
     async fn ready(&mut self) {
-        changed_from(self.rx.clone(), self.term.clone(), &self.seen).await;
+        changed_from(self.rx.clone(), self.term.clone(), &self.seen, self.with_address).await;
     }
 }
 
@@ -253,16 +312,21 @@ impl Pollable for HostsChange {
 }
 
 impl GuestState {
-    /// `status-pollable.current-status`, in every version.
-    fn status_with_pollable(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
-        let status = self.snapshot();
+    /// `status-pollable.current-status`, in every version: with the
+    /// holder's address from 0.4.0 (`with_address`).
+    fn status_with_pollable(
+        &mut self,
+        with_address: bool,
+    ) -> wasmtime::Result<(Shown, Resource<DynPollable>)> {
+        let status = self.snapshot(with_address);
         let change = self.table.push(StatusChange {
             rx: self.view.clone(),
             term: self.term.clone(),
             seen: status.clone(),
+            with_address,
         })?;
         let pollable = subscribe(&mut self.table, change)?;
-        Ok(((&status).into(), pollable))
+        Ok((status, pollable))
     }
 
     /// `hosts-pollable.current-hosts`, in every version that has it.
@@ -279,13 +343,15 @@ impl GuestState {
 
 impl v0_1::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
-        self.status_with_pollable()
+        let (status, pollable) = self.status_with_pollable(false)?;
+        Ok(((&status).into(), pollable))
     }
 }
 
 impl v0_2::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
-        self.status_with_pollable()
+        let (status, pollable) = self.status_with_pollable(false)?;
+        Ok(((&status).into(), pollable))
     }
 }
 
@@ -297,11 +363,25 @@ impl v0_2::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
 
 impl v0_3::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
-        self.status_with_pollable()
+        let (status, pollable) = self.status_with_pollable(false)?;
+        Ok(((&status).into(), pollable))
     }
 }
 
 impl v0_3::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
+    fn current_hosts(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
+        self.hosts_with_pollable()
+    }
+}
+
+impl v0_4::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
+    fn current_status(&mut self) -> wasmtime::Result<(WitStatus4, Resource<DynPollable>)> {
+        let (status, pollable) = self.status_with_pollable(true)?;
+        Ok(((&status).into(), pollable))
+    }
+}
+
+impl v0_4::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
     fn current_hosts(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
         self.hosts_with_pollable()
     }

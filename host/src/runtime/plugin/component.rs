@@ -1,16 +1,17 @@
 //! Checking a component as it is compiled: that it is a component at all,
 //! which world it targets (by its one task export), which version of the
-//! contract, and that this host provides every import. The error
+//! contract, whether it exports a health check (0.4.0, the flavour of its
+//! world), and that this host provides every import. The error
 //! ([`CompileError`]) says why it cannot run; the caller names the plugin
 //! and the file.
 
 use std::hash::{Hash, Hasher};
 
-use wasmtime::component::{Component, InstancePre, types};
+use wasmtime::component::{Component, InstancePre};
 
 use super::linkers::Linkers;
 use super::{Capability, Contract, World, unversioned};
-use crate::runtime::bindings::{v0_1, v0_2, v0_3};
+use crate::runtime::bindings::{v0_1, v0_2, v0_3, v0_4};
 use crate::runtime::compile::CacheUse;
 use crate::runtime::engine::PluginEngine;
 use crate::runtime::state::GuestState;
@@ -18,6 +19,10 @@ use crate::runtime::state::GuestState;
 /// The export that identifies each world (matched without its version).
 const FUTURE_EXPORT: &str = "baton:leader/task-async";
 const POLLABLE_EXPORT: &str = "baton:leader/task-sync";
+
+/// The health check's export in each world (from 0.4.0).
+const FUTURE_HEALTH: &str = "baton:leader/health-async";
+const POLLABLE_HEALTH: &str = "baton:leader/health-sync";
 
 /// The imports that give the live hosts (matched without their version).
 const HOSTS_IMPORTS: &[&str] = &["baton:leader/hosts-future", "baton:leader/hosts-pollable"];
@@ -65,11 +70,25 @@ pub enum CompileError {
     /// serve.
     #[error(
         "exports `{export}`, a version of the contract this host does not serve (it serves \
-         baton:leader@0.1.0, @0.2.0 and @0.3.0)"
+         baton:leader@0.1.0, @0.2.0, @0.3.0 and @0.4.0)"
     )]
     UnservedContract {
         /// The export, version included.
         export: String,
+    },
+    /// It exports a health check of the other world's flavour, or one in
+    /// a version of the contract without health checks.
+    #[error(
+        "exports `{export}`, but a plugin of {world} exports its health check as `{wanted}@0.4.0` \
+         (health checks are new in baton:leader@0.4.0)"
+    )]
+    WrongHealth {
+        /// The health export, version included.
+        export: String,
+        /// The world and version of its task.
+        world: &'static str,
+        /// The health export its world has.
+        wanted: &'static str,
     },
     /// It imports something this host does not provide.
     #[error(
@@ -141,6 +160,15 @@ pub(super) struct Compiled {
     pub(super) capabilities: Vec<Capability>,
     /// It imports `current-hosts`.
     pub(super) uses_hosts: bool,
+    /// The instance factory for its health check, if it exports one.
+    pub(super) health: Option<HealthPre>,
+}
+
+/// The instance factory of a world with a health check (0.4.0).
+#[derive(Clone)]
+pub(super) enum HealthPre {
+    Future(v0_4::future_health::FuturePluginWithHealthPre<GuestState>),
+    Pollable(v0_4::pollable_health::PollablePluginWithHealthPre<GuestState>),
 }
 
 /// The instance factory of one world in one version of the contract.
@@ -152,6 +180,8 @@ pub(super) enum Pre {
     Pollable02(v0_2::pollable_plugin::PollablePluginPre<GuestState>),
     Future03(v0_3::future_plugin::FuturePluginPre<GuestState>),
     Pollable03(v0_3::pollable_plugin::PollablePluginPre<GuestState>),
+    Future04(v0_4::future_plugin::FuturePluginPre<GuestState>),
+    Pollable04(v0_4::pollable_plugin::PollablePluginPre<GuestState>),
 }
 
 /// Compiles a component and checks its world and imports. `cache` is set
@@ -166,13 +196,19 @@ pub(super) fn compile(
         Component::new(engine.engine(), bytes).map_err(|e| CompileError::Invalid(error_chain(&e)))?;
     *cache = Some(engine.cache_use());
     let ty = component.component_type();
-    let (world, export) = world_of(&ty, engine)?;
+    let exports: Vec<String> = ty.exports(engine.engine()).map(|(n, _)| n.to_owned()).collect();
+    let (world, export) = world_of(&exports)?;
     let version = export.split_once('@').map_or("", |(_, v)| v);
     let contract = Contract::of_version(version).ok_or(CompileError::UnservedContract { export })?;
+    let checks_health = health_export(&exports, world, contract)?;
     let linked = linkers
         .of(world)
         .instantiate_pre(&component)
         .map_err(|e| missing_import(&e))?;
+    let health = match checks_health {
+        true => Some(health_pre(world, linked.clone())?),
+        false => None,
+    };
     let imports: Vec<&str> = ty.imports(engine.engine()).map(|(n, _)| n).collect();
     let mut capabilities: Vec<Capability> = imports.iter().filter_map(|n| Capability::of_import(n)).collect();
     capabilities.sort();
@@ -183,12 +219,47 @@ pub(super) fn compile(
         pre: typed_pre(world, contract, linked)?,
         capabilities,
         uses_hosts: imports.iter().any(|n| HOSTS_IMPORTS.contains(&unversioned(n))),
+        health,
+    })
+}
+
+/// Whether the component exports a health check: the flavour of `world`,
+/// in 0.4.0 or later.
+fn health_export(exports: &[String], world: World, contract: Contract) -> Result<bool, CompileError> {
+    let wanted = match world {
+        World::Future => FUTURE_HEALTH,
+        World::Pollable => POLLABLE_HEALTH,
+    };
+    let found = exports
+        .iter()
+        .find(|e| matches!(unversioned(e), FUTURE_HEALTH | POLLABLE_HEALTH));
+    match found {
+        None => Ok(false),
+        Some(e) if unversioned(e) == wanted && contract.has_health_check() => Ok(true),
+        Some(e) => Err(CompileError::WrongHealth {
+            export: e.clone(),
+            world: world.wit_name_in(contract),
+            wanted,
+        }),
+    }
+}
+
+/// The linked component as the instance factory of `world` with a health
+/// check, its exports' types checked.
+fn health_pre(world: World, linked: InstancePre<GuestState>) -> Result<HealthPre, CompileError> {
+    let checked = |e: wasmtime::Error| CompileError::WrongTypes(error_chain(&e));
+    Ok(match world {
+        World::Future => {
+            HealthPre::Future(v0_4::future_health::FuturePluginWithHealthPre::new(linked).map_err(checked)?)
+        }
+        World::Pollable => HealthPre::Pollable(
+            v0_4::pollable_health::PollablePluginWithHealthPre::new(linked).map_err(checked)?,
+        ),
     })
 }
 
 /// The world whose task the component exports, and that export.
-fn world_of(ty: &types::Component, engine: &PluginEngine) -> Result<(World, String), CompileError> {
-    let exports: Vec<String> = ty.exports(engine.engine()).map(|(n, _)| n.to_owned()).collect();
+fn world_of(exports: &[String]) -> Result<(World, String), CompileError> {
     let find = |prefix: &str| exports.iter().find(|e| unversioned(e) == prefix).cloned();
     match (find(FUTURE_EXPORT), find(POLLABLE_EXPORT)) {
         (Some(e), None) => Ok((World::Future, e)),
@@ -225,6 +296,12 @@ fn typed_pre(world: World, contract: Contract, linked: InstancePre<GuestState>) 
         }
         (World::Pollable, Contract::V0_3) => {
             Pre::Pollable03(v0_3::pollable_plugin::PollablePluginPre::new(linked).map_err(checked)?)
+        }
+        (World::Future, Contract::V0_4) => {
+            Pre::Future04(v0_4::future_plugin::FuturePluginPre::new(linked).map_err(checked)?)
+        }
+        (World::Pollable, Contract::V0_4) => {
+            Pre::Pollable04(v0_4::pollable_plugin::PollablePluginPre::new(linked).map_err(checked)?)
         }
     })
 }

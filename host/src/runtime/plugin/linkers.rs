@@ -15,7 +15,7 @@ use wasmtime::component::Linker;
 
 use super::World;
 use crate::runtime::RuntimeError;
-use crate::runtime::bindings::{v0_1, v0_2, v0_3};
+use crate::runtime::bindings::{v0_1, v0_2, v0_3, v0_4};
 use crate::runtime::state::{CurrentStatus, GuestState};
 use crate::runtime::{config, connections, fence, keyvalue, lookup};
 
@@ -59,7 +59,7 @@ fn add_shared(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
 
 /// `future-plugin`: the shared imports, WASI 0.3 clocks and random, and the
 /// contract's `status-future` (every version), `hosts-future` (from 0.2.0)
-/// and `schedule` (0.3.0).
+/// and `schedule` (from 0.3.0).
 fn future_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     add_shared(&mut linker)?;
@@ -71,12 +71,15 @@ fn future_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     v0_3::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
     v0_3::future_plugin::baton::leader::hosts_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
     v0_3::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
+    v0_4::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
+    v0_4::future_plugin::baton::leader::hosts_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
+    v0_4::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
     Ok(linker)
 }
 
 /// `pollable-plugin`: the shared imports and the contract's
 /// `status-pollable` (every version), `hosts-pollable` (from 0.2.0) and
-/// `schedule` (0.3.0, the same interface as the future world's).
+/// `schedule` (from 0.3.0, the same interface as the future world's).
 fn pollable_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     add_shared(&mut linker)?;
@@ -101,5 +104,14 @@ fn pollable_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
         |s| s,
     )?;
     v0_3::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
+    v0_4::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
+        &mut linker,
+        |s| s,
+    )?;
+    v0_4::pollable_plugin::baton::leader::hosts_pollable::add_to_linker::<_, CurrentStatus>(
+        &mut linker,
+        |s| s,
+    )?;
+    v0_4::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
     Ok(linker)
 }

@@ -192,6 +192,7 @@ impl PluginRuntime {
             world: compiled.world,
             contract: compiled.contract,
             uses_hosts: compiled.uses_hosts,
+            health: compiled.health,
             hosts: self.hosts.subscribe(),
             pre: compiled.pre,
             spec: None,
@@ -231,6 +232,18 @@ impl PluginRuntime {
                     format!("granted directory {} does not exist", dir.host.display()),
                 ));
             }
+        }
+        if spec.health_check.is_some() && plugin.health.is_none() {
+            return Err(PluginError::new(
+                &spec.name,
+                &spec.path,
+                format!(
+                    "has a `health-check` table, but its component exports no health check \
+                     (it targets {}; a check is `baton:leader/health-sync` or `health-async`, \
+                     from baton:leader@0.4.0): remove the table or export the check",
+                    plugin.wit_world()
+                ),
+            ));
         }
         plugin.output = OutputBudget::new(plugin.name.clone(), spec.output);
         plugin.buckets = self.buckets.as_ref().map(|store| {

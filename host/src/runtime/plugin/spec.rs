@@ -2,6 +2,7 @@
 //! grants in one line for the log.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::runtime::config::ConfigGrant;
 use crate::runtime::http::HttpPolicy;
@@ -48,6 +49,33 @@ pub struct PluginSpec {
     pub keyvalue: BucketGrant,
     /// Its configuration values (`wasi:config`).
     pub config: ConfigGrant,
+    /// Its health check's settings (`health-check`), if the host is to
+    /// call the check its component exports (`baton:leader@0.4.0`).
+    pub health_check: Option<HealthCheck>,
+}
+
+/// How a plugin's health check is called (its `health-check` table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// How often, while this host leads and the task runs.
+    pub period: Duration,
+    /// How long one check may take (less than `period`).
+    pub timeout: Duration,
+    /// How many failures in a row hand the lease over (at least 1).
+    pub threshold: u32,
+    /// How long this host then stays out of contention for the lease.
+    pub back_off: Duration,
+}
+
+impl HealthCheck {
+    /// The defaults of the fields not given: checked every 10 s, each
+    /// within 2 s, 3 failures in a row hand over, then 1 min out.
+    pub const DEFAULT: HealthCheck = HealthCheck {
+        period: Duration::from_secs(10),
+        timeout: Duration::from_secs(2),
+        threshold: 3,
+        back_off: Duration::from_secs(60),
+    };
 }
 
 impl PluginSpec {
@@ -69,6 +97,7 @@ impl PluginSpec {
     ///     send_buffer: 64 << 10,
     ///     keyvalue: Default::default(),
     ///     config: Default::default(),
+    ///     health_check: None,
     /// };
     /// assert_eq!(
     ///     spec.grants(),

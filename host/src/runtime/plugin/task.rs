@@ -16,11 +16,11 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 use wasmtime_wasi_http::WasiHttpCtx;
 
-use super::component::{ContentKey, Pre};
+use super::component::{ContentKey, HealthPre, Pre};
 use super::spec::PluginSpec;
 use super::{Capability, Contract, DEFAULT_MEMORY_LIMIT, FIRST_HOSTS_WAIT, World};
 use crate::election::{Hosts, LeaseView, Term};
-use crate::runtime::bindings::WitStatus;
+use crate::runtime::bindings::{WitStatus, WitStatus4};
 use crate::runtime::connections::{self, Connections};
 use crate::runtime::engine::PluginEngine;
 use crate::runtime::fence;
@@ -28,7 +28,7 @@ use crate::runtime::http::{GuestHttp, HttpPolicy};
 use crate::runtime::keyvalue::{BucketCounts, KeyValueCtx, PluginBuckets};
 use crate::runtime::output::{GuestOutput, GuestStream, OutputBudget, StderrTail};
 use crate::runtime::schedule::ScheduledRun;
-use crate::runtime::state::{GuestState, shown_status};
+use crate::runtime::state::{GuestState, Shown};
 use crate::runtime::trap::{GuestLimits, Trap};
 use crate::support::rounding::human;
 
@@ -42,6 +42,8 @@ pub struct Plugin {
     /// The live hosts, for `current-hosts`.
     pub(super) hosts: watch::Receiver<Hosts>,
     pub(super) pre: Pre,
+    /// The instance factory of its health check, if it exports one.
+    pub(super) health: Option<HealthPre>,
     pub(super) spec: Option<PluginSpec>,
     pub(super) engine: PluginEngine,
     /// Shared by all its instances.
@@ -58,7 +60,7 @@ pub struct Plugin {
 
 /// Why a Store for one run could not be made.
 #[derive(Debug, thiserror::Error)]
-enum SetupError {
+pub(super) enum SetupError {
     /// A configuration value could not be read.
     #[error("{0}")]
     Config(#[from] crate::runtime::config::ConfigValueError),
@@ -149,6 +151,25 @@ impl Plugin {
         self.uses_hosts
     }
 
+    /// Whether its component exports a health check (`baton:leader@0.4.0`).
+    pub fn exports_health_check(&self) -> bool {
+        self.health.is_some()
+    }
+
+    /// The WIT name of the health check it exports, if one.
+    pub fn health_export(&self) -> Option<&'static str> {
+        self.health.as_ref().map(|h| match h {
+            HealthPre::Future(_) => "baton:leader/health-async@0.4.0",
+            HealthPre::Pollable(_) => "baton:leader/health-sync@0.4.0",
+        })
+    }
+
+    /// Its health check's settings, if it is configured with one (the
+    /// component then exports one).
+    pub fn health_check(&self) -> Option<&super::HealthCheck> {
+        self.spec.as_ref()?.health_check.as_ref()
+    }
+
     /// What it imports beyond its world that only a grant makes useful.
     pub fn capabilities(&self) -> &[Capability] {
         &self.capabilities
@@ -168,7 +189,7 @@ impl Plugin {
     /// A fresh Store for one run in `term` (for the scheduled run
     /// `scheduled`, if one): WASI with the plugin's grants, its memory
     /// limit, and the fence (see [`fence`]).
-    fn new_store(
+    pub(super) fn new_store(
         &self,
         term: Arc<Term>,
         view: watch::Receiver<LeaseView>,
@@ -270,7 +291,11 @@ impl Plugin {
 
     /// Claims the plugin's buckets for `term` before its guest runs, if it
     /// imports `wasi:keyvalue`: from then on no older term writes them.
-    async fn claim_buckets(&self, term: &Term, view: &watch::Receiver<LeaseView>) -> Result<(), SetupError> {
+    pub(super) async fn claim_buckets(
+        &self,
+        term: &Term,
+        view: &watch::Receiver<LeaseView>,
+    ) -> Result<(), SetupError> {
         let Some(buckets) = &self.buckets else {
             return Ok(());
         };
@@ -360,39 +385,45 @@ impl Plugin {
         term: &Term,
         view: &watch::Receiver<LeaseView>,
     ) -> wasmtime::Result<TaskOutcome> {
+        // The status as of now, with the holder's address (which versions
+        // before 0.4.0 leave out): `leading`, or `run` is not called.
         let status = || {
-            let status = shown_status(&view.borrow(), term);
-            status.is_leading().then(|| WitStatus::from(&status))
+            let shown = Shown::of(&view.borrow(), term, true);
+            shown.status.is_leading().then_some(shown)
         };
         // One arm per world and version; the generated types differ, the
         // calls do not.
         macro_rules! run_future {
-            ($pre:expr, $task:ident) => {{
+            ($pre:expr, $task:ident, $status:ty) => {{
                 let instance = $pre.instantiate_async(&mut *store).await?;
-                let Some(arg) = status() else {
+                let Some(shown) = status() else {
                     return Ok(TaskOutcome::NotStarted);
                 };
+                let arg = <$status>::from(&shown);
                 store
                     .run_concurrent(async |a| instance.$task().call_run(a, arg).await)
                     .await??
             }};
         }
         macro_rules! run_pollable {
-            ($pre:expr, $task:ident) => {{
+            ($pre:expr, $task:ident, $status:ty) => {{
                 let instance = $pre.instantiate_async(&mut *store).await?;
-                let Some(arg) = status() else {
+                let Some(shown) = status() else {
                     return Ok(TaskOutcome::NotStarted);
                 };
+                let arg = <$status>::from(&shown);
                 instance.$task().call_run(&mut *store, &arg).await?
             }};
         }
         let returned = match &self.pre {
-            Pre::Future01(pre) => run_future!(pre, baton_leader_task_async),
-            Pre::Pollable01(pre) => run_pollable!(pre, baton_leader_task_sync),
-            Pre::Future02(pre) => run_future!(pre, baton_leader_task_async),
-            Pre::Pollable02(pre) => run_pollable!(pre, baton_leader_task_sync),
-            Pre::Future03(pre) => run_future!(pre, baton_leader_task_async),
-            Pre::Pollable03(pre) => run_pollable!(pre, baton_leader_task_sync),
+            Pre::Future01(pre) => run_future!(pre, baton_leader_task_async, WitStatus),
+            Pre::Pollable01(pre) => run_pollable!(pre, baton_leader_task_sync, WitStatus),
+            Pre::Future02(pre) => run_future!(pre, baton_leader_task_async, WitStatus),
+            Pre::Pollable02(pre) => run_pollable!(pre, baton_leader_task_sync, WitStatus),
+            Pre::Future03(pre) => run_future!(pre, baton_leader_task_async, WitStatus),
+            Pre::Pollable03(pre) => run_pollable!(pre, baton_leader_task_sync, WitStatus),
+            Pre::Future04(pre) => run_future!(pre, baton_leader_task_async, WitStatus4),
+            Pre::Pollable04(pre) => run_pollable!(pre, baton_leader_task_sync, WitStatus4),
         };
         Ok(match returned {
             Ok(()) => TaskOutcome::Finished,
@@ -403,7 +434,12 @@ impl Plugin {
     /// The trap `error` of the instance in `store`, with the end of its
     /// stderr and its memory; its core dump written first if the engine
     /// keeps them.
-    fn trapped(&self, store: &mut Store<GuestState>, term: &Term, error: wasmtime::Error) -> TaskOutcome {
+    pub(super) fn trapped(
+        &self,
+        store: &mut Store<GuestState>,
+        term: &Term,
+        error: wasmtime::Error,
+    ) -> TaskOutcome {
         if let Some(dir) = self.engine.coredump_dir() {
             self.write_coredump(dir, store, term, &error);
         }

@@ -108,23 +108,37 @@ fn each_compilation_is_announced_with_where_its_code_came_from() {
 #[test]
 fn every_version_of_the_contract_is_served_and_told_apart() {
     let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
-    // Built with the SDK: the newest, 0.3.0; `hosts_future` calls
-    // `current-hosts`, the probes do not (and so do not import it).
+    // Built with the SDK: the newest, 0.4.0, with a health check;
+    // `hosts_future` calls `current-hosts`, the probes do not (and so do
+    // not import it).
     for (file, world, hosts) in [
         ("hosts_future.wasm", World::Future, true),
         ("probe_pollable.wasm", World::Pollable, false),
         ("probe_future.wasm", World::Future, false),
         ("sched_probe.wasm", World::Pollable, false),
+        ("health_probe.wasm", World::Pollable, false),
     ] {
         let p = runtime.check(file, &guest(file)).unwrap();
         assert_eq!(
             (p.world(), p.contract(), p.uses_hosts()),
-            (world, Contract::V0_3, hosts),
+            (world, Contract::V0_4, hosts),
             "{file}"
         );
-        assert_eq!(p.wit_world(), world.wit_name_in(Contract::V0_3));
+        assert_eq!(p.wit_world(), world.wit_name_in(Contract::V0_4));
         assert_eq!(p.wit_world(), world.wit_name());
+        let flavour = match world {
+            World::Future => "baton:leader/health-async@0.4.0",
+            World::Pollable => "baton:leader/health-sync@0.4.0",
+        };
+        assert_eq!(p.health_export(), Some(flavour), "{file}");
     }
+    // Built with wit-bindgen against wit/v0.3.0: no health check.
+    let p = runtime.check("v03", &guest("probe_v03.wasm")).unwrap();
+    assert_eq!(
+        (p.world(), p.contract(), p.exports_health_check()),
+        (World::Pollable, Contract::V0_3, false)
+    );
+    assert_eq!(p.wit_world(), "baton:leader/pollable-plugin@0.3.0");
     // Built with wit-bindgen against wit/v0.2.0, calling `current-hosts`.
     let p = runtime.check("hosts", &guest("hosts_pollable.wasm")).unwrap();
     assert_eq!(
@@ -143,8 +157,9 @@ fn every_version_of_the_contract_is_served_and_told_apart() {
     let p = runtime
         .check("ticker", &guest("rust_pollable_ticker.wasm"))
         .unwrap();
-    assert_eq!((p.contract(), p.uses_hosts()), (Contract::V0_3, false));
+    assert_eq!((p.contract(), p.uses_hosts()), (Contract::V0_4, false));
     assert!(Contract::V0_3.tells_scheduled_run() && !Contract::V0_2.tells_scheduled_run());
+    assert!(Contract::V0_4.has_health_check() && !Contract::V0_3.has_health_check());
 }
 
 /// What the guests print while `f` runs on this thread (a current-thread
@@ -184,6 +199,17 @@ fn led(
     Arc<crate::election::Term>,
     tokio::sync::watch::Receiver<crate::election::LeaseView>,
 ) {
+    led_at(number, None)
+}
+
+/// [`led`], this host advertising `address`.
+fn led_at(
+    number: u64,
+    address: Option<&str>,
+) -> (
+    Arc<crate::election::Term>,
+    tokio::sync::watch::Receiver<crate::election::LeaseView>,
+) {
     use crate::election::{LeaseView, Role, Status, Term, TermClock};
     let clock = TermClock::system();
     let now = clock.now();
@@ -204,7 +230,7 @@ fn led(
         term: Some(term.clone()),
         since: now,
         yielded: None,
-        holder_address: None,
+        holder_address: address.map(str::to_owned),
     };
     let (tx, rx) = tokio::sync::watch::channel(view);
     // The elector stays: a closed channel is not a change.
@@ -237,6 +263,7 @@ fn spec_of(file: &str, env: &[(&str, &str)], records: Option<&Path>) -> PluginSp
         send_buffer: 64 << 10,
         keyvalue: Default::default(),
         config: Default::default(),
+        health_check: None,
     }
 }
 
@@ -285,4 +312,73 @@ fn a_scheduled_run_is_told_to_its_instance_and_none_to_a_run_per_term() {
         "{lines}"
     );
     assert!(lines.contains("probe schedule none term=6"), "{lines}");
+}
+
+#[test]
+fn a_health_check_runs_in_an_instance_of_its_own_and_each_failure_is_told_apart() {
+    use std::time::Duration;
+
+    use crate::runtime::CheckOutcome;
+    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec_of("health_probe.wasm", &[], None);
+    spec.dirs = vec![DirGrant {
+        host: dir.path().to_owned(),
+        guest: "/health".into(),
+        read_only: false,
+    }];
+    let plugin = runtime.load(&spec).unwrap();
+    let marker = dir.path().join("unhealthy-me");
+    let timeout = Duration::from_millis(500);
+    let lines = guest_lines(|| async {
+        let (term, view) = led_at(7, Some("10.1.2.3:8080"));
+        let mut checker = plugin.health_checker(term, view).unwrap();
+        let outcome = checker.check(timeout).await;
+        assert!(matches!(outcome, CheckOutcome::Healthy), "{outcome}");
+        std::fs::write(&marker, "down").unwrap();
+        let outcome = checker.check(timeout).await;
+        assert!(
+            matches!(&outcome, CheckOutcome::Unhealthy(m) if m == "marker /health/unhealthy-me"),
+            "{outcome}"
+        );
+        std::fs::write(&marker, "trap").unwrap();
+        let outcome = checker.check(timeout).await;
+        assert!(
+            matches!(&outcome, CheckOutcome::Trapped(t) if t.to_string().contains("health check trap on purpose")),
+            "{outcome}"
+        );
+        assert_eq!(outcome.as_str(), "trapped");
+        std::fs::write(&marker, "hang").unwrap();
+        let started = std::time::Instant::now();
+        let outcome = checker.check(timeout).await;
+        assert!(matches!(outcome, CheckOutcome::TimedOut(_)), "{outcome}");
+        assert!(started.elapsed() < timeout * 2, "{:?}", started.elapsed());
+        // After a trap and a timeout, a new instance answers.
+        std::fs::remove_file(&marker).unwrap();
+        let outcome = checker.check(timeout).await;
+        assert!(matches!(outcome, CheckOutcome::Healthy), "{outcome}");
+    });
+    // The check sees the status, with the holder's address.
+    assert_eq!(
+        lines
+            .matches("health check ok term=7 holder=me at=10.1.2.3:8080")
+            .count(),
+        2,
+        "{lines}"
+    );
+    assert!(lines.contains("health check unhealthy term=7"), "{lines}");
+}
+
+#[test]
+fn a_health_check_table_needs_a_component_that_exports_one() {
+    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
+    let mut spec = spec_of("probe_v03.wasm", &[], None);
+    spec.health_check = Some(crate::runtime::HealthCheck::DEFAULT);
+    let error = runtime.load(&spec).err().expect("refused").to_string();
+    assert!(error.contains("probe-v03"), "{error}");
+    assert!(
+        error.contains("has a `health-check` table, but its component exports no health check")
+            && error.contains("baton:leader/pollable-plugin@0.3.0"),
+        "{error}"
+    );
 }

@@ -1,4 +1,4 @@
-//! A test plugin for the `future-plugin` world of `baton:leader@0.3.0`:
+//! A test plugin for the `future-plugin` world of `baton:leader@0.4.0`:
 //! prints `probe start term=T`, then `probe hosts live=N this-host-live=B
 //! term=T` at once and again at every change of the live hosts, until the
 //! status changes; then `probe stop term=T role=R` and returns `Ok`.

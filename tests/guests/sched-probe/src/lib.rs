@@ -1,5 +1,5 @@
 //! A test plugin for schedules (`pollable-plugin` world of
-//! `baton:leader@0.3.0`). On each run it first prints
+//! `baton:leader@0.4.0`). On each run it first prints
 //! `sched run due=UNIX_MS attempt=N on_demand=BOOL term=T` (the run
 //! `current-run` gives), or `sched run none term=T` when it gives none,
 //! then behaves per `SCHED_MODE`:
