@@ -13,6 +13,7 @@ mod fsops;
 mod grants;
 mod http;
 mod http_server;
+mod health;
 mod lookup;
 mod misbehaving;
 mod moving;
