@@ -266,13 +266,15 @@ sed -e "s|\"/opt/baton/plugins/|\"$rootfs/opt/baton/plugins/|" \
     -e "s|^admin-address = .*|admin-address = \"127.0.0.1:$outside_port\"|" \
     "$rootfs/etc/baton/baton.toml" >"$work/outside.toml"
 start_outside() {
-    NO_COLOR=1 BATON_IDENTITY=outside-o "$outside_bin" run --config "$work/outside.toml" \
+    # POD_NAME: the configuration's lease has route-label = true; no such
+    # pod exists here, so labelling it fails (logged) and nothing else.
+    NO_COLOR=1 BATON_IDENTITY=outside-o POD_NAME=outside-o "$outside_bin" run --config "$work/outside.toml" \
         --kubeconfig "$work/mnt/kubeconfig" </dev/null >"$work/outside.log" 2>&1 &
     outside_pid=$!
     pids+=("$outside_pid")
 }
 image_host() { # ID LOG PORT
-    in_image "$2" "BATON_IDENTITY=$1" NO_COLOR=1 BATON_KUBECONFIG=/etc/baton-test/kubeconfig \
+    in_image "$2" "BATON_IDENTITY=$1" "POD_NAME=$1" NO_COLOR=1 BATON_KUBECONFIG=/etc/baton-test/kubeconfig \
         "BATON_ADMIN_ADDRESS=127.0.0.1:$3" -- run
 }
 

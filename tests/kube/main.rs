@@ -11,7 +11,8 @@
 //! in files by theme: `elections.rs`, `spreading.rs`, `outages.rs`,
 //! `foreign.rs` (other writers, RBAC), `store.rs` (the store against the
 //! server), `terms.rs` (terms and floors), `reset.rs`, `plugins.rs`
-//! (plugins through the host), `state.rs` (plugins' key-value buckets
+//! (plugins through the host), `route.rs` (the leader's pod's route
+//! label), `state.rs` (plugins' key-value buckets
 //! through real hosts and `baton kv`), `chaos.rs`, `conformance.rs` (the
 //! store contract of `tests/store_contract.rs`) and `bucket_conformance.rs`
 //! (the bucket contract of `tests/bucket_contract.rs`).
@@ -29,6 +30,7 @@ mod foreign;
 mod outages;
 mod plugins;
 mod reset;
+mod route;
 mod spreading;
 mod state;
 mod store;

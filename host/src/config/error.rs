@@ -77,6 +77,12 @@ pub enum ConfigErrorKind {
         /// Its lease duration.
         duration: Duration,
     },
+    /// `route-label = true` on a lease of a store without pods.
+    #[error(
+        "lease {0:?}: field `route-label`: the route label is put on this host's Kubernetes pod; \
+         it needs `[store] kind = \"kubernetes\"`"
+    )]
+    RouteLabelWithoutPods(String),
     /// A plugin's field that cannot be used, and why.
     #[error("plugin {plugin:?}: field `{field}`: {reason}")]
     PluginField {

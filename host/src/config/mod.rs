@@ -78,6 +78,9 @@ enum RawStore {
         kubeconfig: Option<PathBuf>,
         #[serde(default)]
         labels: BTreeMap<String, String>,
+        pod: Option<String>,
+        #[serde(rename = "pod-namespace")]
+        pod_namespace: Option<String>,
     },
 }
 
@@ -133,6 +136,8 @@ impl RawTimings {
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 struct RawLease {
     name: Spanned<String>,
+    #[serde(default)]
+    route_label: bool,
     #[serde(flatten)]
     timings: RawTimings,
 }
@@ -309,6 +314,12 @@ pub enum StoreConfig {
         kubeconfig: Option<PathBuf>,
         /// Labels written on the Lease objects.
         labels: BTreeMap<String, String>,
+        /// This host's pod, for route labels; `None`: the `POD_NAME`
+        /// environment variable.
+        pod: Option<String>,
+        /// The pod's namespace; `None`: `POD_NAMESPACE`, else the store's
+        /// namespace.
+        pod_namespace: Option<String>,
     },
 }
 
@@ -319,6 +330,9 @@ pub struct LeaseConfig {
     pub name: String,
     /// Its validated timings.
     pub timings: Timings,
+    /// Whether the leader's pod carries the lease's route label
+    /// (`route-label`; Kubernetes only).
+    pub route_label: bool,
 }
 
 /// One plugin and the lease that gates it.

@@ -116,10 +116,13 @@ impl Source<'_> {
             })?;
             if kubernetes {
                 self.whole_seconds(at, name, timings.lease_duration)?;
+            } else if lease.route_label {
+                return Err(self.err_at(at, ConfigErrorKind::RouteLabelWithoutPods(name.clone())));
             }
             leases.push(LeaseConfig {
                 name: name.clone(),
                 timings,
+                route_label: lease.route_label,
             });
         }
         Ok(leases)
@@ -560,8 +563,10 @@ impl Source<'_> {
                 namespace,
                 kubeconfig,
                 labels,
+                pod,
+                pod_namespace,
             } => {
-                if let Some(ns) = &namespace {
+                for ns in namespace.iter().chain(&pod_namespace) {
                     validate_namespace(ns).map_err(|e| self.err(ConfigErrorKind::Namespace(e)))?;
                 }
                 self.labels(&labels)?;
@@ -569,6 +574,8 @@ impl Source<'_> {
                     namespace,
                     kubeconfig: kubeconfig.map(|p| self.resolve(&p)),
                     labels,
+                    pod,
+                    pod_namespace,
                 })
             }
         }

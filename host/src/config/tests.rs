@@ -192,6 +192,8 @@ fn a_kubernetes_store_is_parsed_with_defaults_and_paths() {
             namespace: Some("baton".into()),
             kubeconfig: Some("/etc/baton/kube.yaml".into()),
             labels: [("app".to_owned(), "baton".to_owned())].into(),
+            pod: None,
+            pod_namespace: None,
         }
     );
     let c = Config::parse("[store]\nkind = \"kubernetes\"\n", None).unwrap();
@@ -201,6 +203,8 @@ fn a_kubernetes_store_is_parsed_with_defaults_and_paths() {
             namespace: None,
             kubeconfig: None,
             labels: BTreeMap::new(),
+            pod: None,
+            pod_namespace: None,
         }
     );
     let e = Config::parse(
@@ -249,4 +253,36 @@ fn a_kubernetes_store_refuses_lease_durations_in_fractions_of_a_second() {
 #[test]
 fn default_identities_differ() {
     assert_ne!(default_identity(), default_identity());
+}
+
+#[test]
+fn route_label_needs_the_kubernetes_store_and_names_its_pod() {
+    let kube = "[store]\nkind = \"kubernetes\"\npod = \"baton-0\"\npod-namespace = \"apps\"\n";
+    let c = Config::parse(
+        &format!("{kube}[[lease]]\nname = \"a\"\nroute-label = true\n[[lease]]\nname = \"b\"\n"),
+        None,
+    )
+    .unwrap();
+    assert!(c.leases[0].route_label && !c.leases[1].route_label);
+    assert!(matches!(
+        &c.store,
+        StoreConfig::Kubernetes { pod: Some(p), pod_namespace: Some(n), .. } if p == "baton-0" && n == "apps"
+    ));
+    let e = Config::parse(
+        "[[lease]]\nname = \"a\"\nroute-label = true\n",
+        Some(Path::new("e.toml")),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("e.toml:2: lease \"a\": field `route-label`") && e.contains("kind = \"kubernetes\""),
+        "{e}"
+    );
+    let e = Config::parse(
+        "[store]\nkind = \"kubernetes\"\npod-namespace = \"Bad_NS\"\n",
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("invalid namespace"), "{e}");
 }

@@ -145,6 +145,8 @@ pub(super) struct Launcher {
     pub(super) buckets: Option<Arc<dyn BucketStore>>,
     /// What this host says of itself in every record it holds.
     pub(super) host: HostHandle,
+    /// This host's pod, if a lease asks for a route label.
+    pub(super) routing: Option<super::route::Routing>,
 }
 
 /// A running spreader (see [`Launcher::respread`]).
@@ -238,6 +240,11 @@ impl Launcher {
         elector.set_timings_source(timings_rx);
         if let Some(health) = &self.health {
             health.watch_lease(&lease.name, elector.heartbeat(), view.clone(), self.clock.clone());
+        }
+        if let Some(routing) = self.routing.as_ref().filter(|_| lease.route_label) {
+            let route = routing.route(&lease.name, lease.timings.request_timeout);
+            elector.set_before_release(route.clone());
+            self.election.spawn(super::route::follow(route, view.clone()));
         }
         let (name, ended_tx) = (lease.name.clone(), self.ended.clone());
         self.election.spawn(async move {

@@ -9,11 +9,13 @@
 //! - `stores` (private): opening the lease store and the buckets.
 //! - `load`, `leases` and `apply` (private): the plugins loaded at start,
 //!   the leases and plugins served, and a reload applied to them.
+//! - `route` (private): the leader's pod's route labels.
 
 mod apply;
 pub mod control;
 mod leases;
 mod load;
 pub mod reload;
+mod route;
 pub mod serve;
 mod stores;

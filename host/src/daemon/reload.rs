@@ -217,6 +217,10 @@ pub fn needs_restart(old: &Config, new: &Config, fixed: &Fixed) -> Vec<String> {
     };
     differs("the identity", old.identity != new.identity);
     differs("the lease store ([store])", old.store != new.store);
+    differs(
+        "the leases with route-label = true",
+        super::route::routed(old) != super::route::routed(new),
+    );
     differs("admin-address", old.admin_address != new.admin_address);
     differs("control-socket", old.control_socket != new.control_socket);
     differs("cache-dir", old.cache_dir != new.cache_dir);

@@ -396,6 +396,8 @@ impl Daemon {
         reloads: Option<reload::Reload>,
     ) -> Result<Daemon, ServeError> {
         let (ended_tx, ended) = mpsc::unbounded_channel();
+        let metrics = parts.monitoring.as_ref().map(|m| m.metrics.clone());
+        let routing = super::route::routing(&config, &parts.election, metrics).await?;
         let launcher = Launcher {
             store: parts.store.clone(),
             clock: parts.clock,
@@ -416,6 +418,7 @@ impl Daemon {
             spread: None,
             gate: Arc::new(ClaimGate::new(parts.store)),
             host: HostHandle::default(),
+            routing,
         };
         let (files, _) = watch::channel(reload::watched_files(&config));
         let mut daemon = Daemon {

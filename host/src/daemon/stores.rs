@@ -26,13 +26,14 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
 
 /// Opens the configured Kubernetes store (a configuration of another store
 /// is refused).
-async fn open_kube(config: &Config) -> Result<KubeStore, ServeError> {
+pub(super) async fn open_kube(config: &Config) -> Result<KubeStore, ServeError> {
     match &config.store {
         StoreConfig::Embedded { .. } => Err(ServeError::Store("not a Kubernetes store".into())),
         StoreConfig::Kubernetes {
             namespace,
             kubeconfig,
             labels,
+            ..
         } => {
             let timings = store_timings(config);
             let options = KubeOptions {

@@ -41,7 +41,9 @@ pub use elector::{
     follower_decision, follower_status, judge_sighting, longest_step,
 };
 pub use host::HostHandle;
-pub use report::{ElectionObserver, Heartbeat, NoObserver, StoreErrorKind};
+pub use report::{
+    BeforeRelease, ElectionObserver, Heartbeat, NoObserver, StoreErrorKind, before_release_bound,
+};
 pub use spread::{Hosts, Spreader, assign, member_lease};
 pub use status::{LeaseView, Role, Status, YieldSeen};
 pub use term::{Term, TermTask};

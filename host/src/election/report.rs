@@ -86,6 +86,26 @@ pub trait ElectionObserver: Send + Sync + 'static {
     }
 }
 
+/// What the host does between the end of a term and the release of its
+/// lease, once every task of the term is gone: it takes the route label
+/// off its pod (docs/kubernetes.md, "Traffic only to the leader"). The
+/// elector awaits it at most a short bound ([`before_release_bound`]) and
+/// releases the lease whatever it did: a hook delays a release, never
+/// prevents it.
+#[async_trait::async_trait]
+pub trait BeforeRelease: Send + Sync + 'static {
+    /// Every task of term `term` of `lease` is gone; the lease is released
+    /// next.
+    async fn before_release(&self, lease: &str, term: u64);
+}
+
+/// How long an elector awaits its [`BeforeRelease`] hook when `left` is
+/// the time until its renew deadline: the request timeout, at most half
+/// of what is left (the release needs the rest).
+pub fn before_release_bound(request_timeout: Duration, left: Duration) -> Duration {
+    request_timeout.min(left / 2)
+}
+
 /// An observer that ignores everything: the default.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoObserver;

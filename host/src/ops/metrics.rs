@@ -138,6 +138,7 @@ pub struct Metrics {
     changes: Family<ChangeLabels, Counter>,
     renewals: Family<LeaseLabels, Histogram, fn() -> Histogram>,
     store_errors: Family<ErrorLabels, Counter>,
+    route_label_errors: Family<LeaseLabels, Counter>,
     task_state: Family<StateLabels, Gauge>,
     starts: Family<PluginLabels, Counter>,
     failures: Family<PluginLabels, Counter>,
@@ -196,6 +197,7 @@ impl Metrics {
             changes: Family::default(),
             renewals: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             store_errors: Family::default(),
+            route_label_errors: Family::default(),
             task_state: Family::default(),
             starts: Family::default(),
             failures: Family::default(),
@@ -246,6 +248,11 @@ impl Metrics {
             "lease_store_errors",
             "Failed requests of the lease's elector to the store (reads, acquisitions, renewals, releases), by kind: conflict, unavailable, malformed, refused, timeout",
             self.store_errors.clone(),
+        );
+        registry.register(
+            "route_label_errors",
+            "Failed requests on the lease's route label (route-label = true): listing pods, labelling this pod, removing the label from a pod",
+            self.route_label_errors.clone(),
         );
     }
 
@@ -336,6 +343,15 @@ impl Metrics {
         read.plugins = plugins.iter().map(|(l, p)| (p.clone(), l.clone())).collect();
         read.refused = refused;
         read.engine = Some(engine.clone());
+    }
+
+    /// A request on the route label of `lease` failed.
+    pub fn route_label_error(&self, lease: &str) {
+        self.route_label_errors
+            .get_or_create(&LeaseLabels {
+                lease: lease.to_owned(),
+            })
+            .inc();
     }
 
     /// A reload ended so: applied (`true`) or refused.

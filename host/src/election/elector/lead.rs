@@ -9,7 +9,7 @@ use tokio::time::{Instant, timeout};
 use super::decide::{Verdict, judge_sighting};
 use super::{DRAIN_ALLOWANCE, Elector, Following, Intent, Lead, Loss, State, claims_changed};
 use crate::election::clock::Moment;
-use crate::election::report::StoreErrorKind;
+use crate::election::report::{StoreErrorKind, before_release_bound};
 use crate::election::status::{Role, Status};
 use crate::election::term::Term;
 use crate::store::{LeaseRecord, RELEASED_LEASE_DURATION, StoreError, Yielded};
@@ -93,6 +93,7 @@ impl Elector {
             biased;
             _ = drained => {
                 if held {
+                    self.before_release(&l).await;
                     self.release(&l).await;
                 } else {
                     tracing::info!(lease = %self.cfg.lease, term = l.term.number(), "the lease was lost while the tasks stopped; nothing to release");
@@ -368,6 +369,24 @@ impl Elector {
                     tracing::warn!(lease = %self.cfg.lease, "releasing the lease timed out; retrying");
                 }
             }
+        }
+    }
+
+    /// Awaits the host's [`BeforeRelease`](crate::election::BeforeRelease)
+    /// hook, if any, at most [`before_release_bound`]: the release comes
+    /// next whatever it did.
+    async fn before_release(&self, l: &Lead) {
+        let Some(hook) = &self.before_release else {
+            return;
+        };
+        let left = l.term.lead_until() - self.clock.now();
+        let bound = before_release_bound(self.cfg.timings.request_timeout, left);
+        let term = l.term.number();
+        if timeout(bound, hook.before_release(&self.cfg.lease, term))
+            .await
+            .is_err()
+        {
+            tracing::warn!(lease = %self.cfg.lease, term, bound = %human(bound), "the work before the release did not finish in time; releasing anyway");
         }
     }
 

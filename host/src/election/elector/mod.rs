@@ -43,7 +43,7 @@ use tokio::time::Instant;
 
 use super::claims::{self, Claim, LeaseClaims};
 use super::clock::{Moment, TermClock};
-use super::report::{ElectionObserver, Heartbeat, NoObserver};
+use super::report::{BeforeRelease, ElectionObserver, Heartbeat, NoObserver};
 use super::status::{LeaseView, Status};
 use super::term::Term;
 use super::timing::Timings;
@@ -252,6 +252,8 @@ pub struct Elector {
     /// The plugins this host claims under the lease, written into every
     /// record it leads with (see [`super::claims`]); none without.
     claims: Option<watch::Receiver<BTreeMap<String, Claim>>>,
+    /// Awaited (bounded) once a term's tasks are gone, before the release.
+    before_release: Option<Arc<dyn BeforeRelease>>,
 }
 
 /// Resolves when the claims change; never without claims (or once their
@@ -322,6 +324,7 @@ impl Elector {
             heartbeat,
             timings: None,
             claims: None,
+            before_release: None,
         };
         (elector, rx, intent_tx)
     }
@@ -337,6 +340,12 @@ impl Elector {
     /// keeps the timings it began with.
     pub fn set_timings_source(&mut self, timings: watch::Receiver<Timings>) {
         self.timings = Some(timings);
+    }
+
+    /// Awaits `hook` (bounded) between the end of each term whose tasks
+    /// are gone and the release of the lease.
+    pub fn set_before_release(&mut self, hook: Arc<dyn BeforeRelease>) {
+        self.before_release = Some(hook);
     }
 
     /// Writes `claims` into every record it leads with from now on, and

@@ -43,6 +43,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 pub mod buckets;
 pub mod floor;
+pub mod pod_label;
 mod reads;
 mod record;
 mod requests;
@@ -260,6 +261,13 @@ impl KubeStore {
     /// The namespace of the Lease objects.
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
+    }
+
+    /// The route labels of the pod `pod` in `namespace` (default: the
+    /// store's), through the same client.
+    pub fn pod_labels(&self, namespace: Option<&str>, pod: &str) -> pod_label::PodLabels {
+        let namespace = namespace.unwrap_or(&self.inner.namespace);
+        pod_label::PodLabels::new(self.inner.api.clone().into_client(), namespace, pod)
     }
 
     /// The buckets of plugins' key-value state beside the Leases: ConfigMaps
