@@ -10,7 +10,9 @@
 #      update and delete Leases in the namespace, and may not patch them,
 #      read Secrets, or touch Leases in another namespace; may get, list,
 #      create and update ConfigMaps (term floors, buckets) but not watch,
-#      patch or delete them; user nobody may do nothing with Leases;
+#      patch or delete them; may get, list and patch Pods (the route
+#      label) but not create, update, delete or watch them; user nobody may
+#      do nothing with Leases;
 #   3. baton-a really creates, updates and deletes a Lease; and, running a
 #      real `baton` host (built here with `cargo build -p baton` unless
 #      BATON_BIN names one) with the kv-counter guest
@@ -20,6 +22,11 @@
 #   4. the admin port agrees everywhere: the ConfigMap's admin-address, the
 #      container port, the prometheus.io/port annotation, and the liveness
 #      (/healthz) and readiness (/readyz) probes on it.
+#   4c. the route label: as baton-a, a pod is labelled and unlabelled by
+#      merge patches (the requests baton makes), found by the label
+#      selector; the Service of service-leader.yaml selects the key of the
+#      ConfigMap's lease with route-label = true (baton.dev/lead-<lease>);
+#      the Deployment sets POD_NAME and POD_NAMESPACE from the downward API.
 #   5. the image is the one scripts/image.sh builds: <registry>/baton:<the
 #      workspace's version>, the only image of the Deployment.
 #
@@ -55,7 +62,7 @@ fi
 
 # The namespace the manifests name (the placeholder `baton`).
 ns="$(awk '$1 == "namespace:" { print $2; exit }' "$here/role.yaml")"
-manifests=(serviceaccount.yaml role.yaml rolebinding.yaml configmap.yaml deployment.yaml)
+manifests=(serviceaccount.yaml role.yaml rolebinding.yaml configmap.yaml deployment.yaml service-leader.yaml)
 
 failures=()
 fail() { failures+=("$*"); echo "verify: FAIL: $*" >&2; }
@@ -140,6 +147,8 @@ for who in sa baton-a; do
     for verb in patch deletecollection; do expect "$who" no "$verb" "$leases" "$ns"; done
     for verb in get list create update; do expect "$who" yes "$verb" configmaps "$ns"; done
     for verb in watch delete patch; do expect "$who" no "$verb" configmaps "$ns"; done
+    for verb in get list patch; do expect "$who" yes "$verb" pods "$ns"; done
+    for verb in create update delete watch; do expect "$who" no "$verb" pods "$ns"; done
     expect "$who" no get secrets "$ns"
     expect "$who" no create "$leases" default
 done
@@ -300,6 +309,51 @@ for probe in "livenessProbe /healthz" "readinessProbe /readyz"; do
         fail "$1: expected an httpGet of $2 on port admin in deployment.yaml"
     fi
 done
+
+# ---- 4c. the route label, as baton-a under the Role
+route_lease="$(awk '/^ *\[\[lease\]\]/ { name = "" } /^ *name *= *"/ { gsub(/.*= *"|".*/, ""); name = $0 }
+    /^ *route-label *= *true/ && name != "" { print name; exit }' "$here/configmap.yaml")"
+key="baton.dev/lead-$route_lease"
+if [ -n "$route_lease" ] && grep -q "^    $key: \"true\"\$" "$here/service-leader.yaml"; then
+    ok "service-leader.yaml selects $key: \"true\", the route label of lease $route_lease (route-label = true)"
+else
+    fail "service-leader.yaml should select baton.dev/lead-<lease>: \"true\" of the ConfigMap's lease with route-label = true (found lease '${route_lease:-none}')"
+fi
+for v in "POD_NAME metadata.name" "POD_NAMESPACE metadata.namespace"; do
+    set -- $v
+    if awk -v n="$1" -v f="$2" '$1 == "-" && $2 == "name:" { on = ($3 == n); next } on && $1 == "fieldPath:" { found = ($2 == f); exit } END { exit !found }' "$here/deployment.yaml"; then
+        ok "the Deployment sets $1 from the downward API ($2)"
+    else
+        fail "the Deployment should set $1 from the downward API (fieldRef $2)"
+    fi
+done
+as_admin get serviceaccount default -n "$ns" >/dev/null 2>&1 || as_admin create serviceaccount default -n "$ns" >&2 ||
+    die "cannot create the default ServiceAccount in $ns (pods need it)"
+pod=baton-verify-pod
+as_admin delete pod "$pod" -n "$ns" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+as_admin apply -f - >&2 <<EOF || die "cannot create pod $ns/$pod"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $pod
+  namespace: $ns
+spec:
+  automountServiceAccountToken: false
+  containers: [{ name: baton, image: registry.invalid/baton:none }]
+EOF
+if out="$(as_user baton-a patch pod "$pod" -n "$ns" --type merge -p "{\"metadata\":{\"labels\":{\"$key\":\"true\"}}}" 2>&1)" &&
+    [ "$(as_user baton-a get pods -n "$ns" -l "$key" -o name 2>&1)" = "pod/$pod" ]; then
+    ok "baton-a labelled pod $ns/$pod $key=true (merge patch) and lists it by the label"
+else
+    fail "baton-a cannot label pod $ns/$pod with $key: $out"
+fi
+if out="$(as_user baton-a patch pod "$pod" -n "$ns" --type merge -p "{\"metadata\":{\"labels\":{\"$key\":null}}}" 2>&1)" &&
+    [ -z "$(as_user baton-a get pods -n "$ns" -l "$key" -o name 2>&1)" ]; then
+    ok "baton-a removed $key from pod $ns/$pod (merge patch, null)"
+else
+    fail "baton-a cannot remove $key from pod $ns/$pod: $out"
+fi
+as_admin delete pod "$pod" -n "$ns" --ignore-not-found --wait=false >/dev/null 2>&1 || true
 
 # ---- 5. the image
 version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' "$repo/Cargo.toml")"

@@ -100,6 +100,41 @@ enum Command {
     RunNow {
         /// The plugin.
         plugin: String,
+    /// Make a running host hand over every lease it leads (drain each, then
+    /// release it) and take none until `baton resume` or a restart; waits
+    /// until it leads nothing. Reached through its control socket.
+    Drain {
+        /// Hand every lease over at once (default: one by one, each
+        /// released before the next).
+        #[arg(long)]
+        all_at_once: bool,
+        /// How long to wait for the host to lead nothing; past it, fails
+        /// naming the leases still led.
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Find the host's control socket from its configuration file.
+        #[arg(long, short, env = "BATON_CONFIG")]
+        config: Option<PathBuf>,
+        /// With --config: the host of this identity (default: the only host
+        /// of the file on this machine).
+        #[arg(long, env = "BATON_IDENTITY")]
+        identity: Option<String>,
+        /// The host's control socket (over --config).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Make a draining host contend for its leases again.
+    Resume {
+        /// Find the host's control socket from its configuration file.
+        #[arg(long, short, env = "BATON_CONFIG")]
+        config: Option<PathBuf>,
+        /// With --config: the host of this identity.
+        #[arg(long, env = "BATON_IDENTITY")]
+        identity: Option<String>,
+        /// The host's control socket (over --config).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
         #[arg(long, short, env = "BATON_CONFIG")]
         config: Option<PathBuf>,
         #[arg(long, env = "BATON_IDENTITY")]
@@ -158,9 +193,12 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = match cli.command {
-        Command::Status { .. } | Command::Yield { .. } | Command::Kv { .. } | Command::RunNow { .. } => {
-            baton::ops::logging::QUIET_FILTER
-        }
+        Command::Status { .. }
+        | Command::Yield { .. }
+        | Command::Kv { .. }
+        | Command::RunNow { .. }
+        | Command::Drain { .. }
+        | Command::Resume { .. } => baton::ops::logging::QUIET_FILTER,
         _ => baton::ops::logging::DEFAULT_FILTER,
     };
     // Only `baton run` draws progress: the other commands print their
@@ -227,6 +265,18 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             identity,
             socket,
         } => cli::yield_lease::execute(lease, duration, config, identity, socket).await,
+        Command::Drain {
+            all_at_once,
+            timeout,
+            config,
+            identity,
+            socket,
+        } => cli::drain::execute(all_at_once, timeout, config, identity, socket).await,
+        Command::Resume {
+            config,
+            identity,
+            socket,
+        } => cli::resume::execute(config, identity, socket).await,
         Command::New {
             lang,
             world,

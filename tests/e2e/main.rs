@@ -10,6 +10,7 @@ mod chaos;
 mod crash;
 mod crash_fs;
 mod fsops;
+mod draining;
 mod grants;
 mod http;
 mod http_server;
@@ -978,6 +979,57 @@ fn without_the_instance_pool_guests_of_every_kind_run_and_stop_on_time() {
 }
 
 #[test]
+/// The `[store]` and `[defaults]` tables of the spreading tests on `s`.
+fn spread_head(s: &Scratch) -> String {
+    format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
+         retry-period = \"200ms\"\ngrace = \"500ms\"\n",
+        s.store().display().to_string()
+    )
+}
+
+#[test]
+fn prefer_and_avoid_decide_which_host_leads() {
+    let s = Scratch::new();
+    let data = witness::records_dir(&s);
+    spread::prefer_and_avoid_decide(&spread_head(&s), &data, &|text| s.write("baton.toml", text));
+}
+
+#[test]
+fn a_drained_host_hands_every_lease_over_takes_none_and_takes_its_share_after_resume() {
+    let s = Scratch::new();
+    let data = witness::records_dir(&s);
+    let cfg = s.write(
+        "baton.toml",
+        &spread::leases_config(&spread_head(&s), &data, 6, &[]),
+    );
+    let store = s.store();
+    let holder = |lease: &str| {
+        read_lease(&store, lease).and_then(|v| v["record"]["holder"].as_str().map(str::to_owned))
+    };
+    let draining = |host: &str| {
+        read_lease(&store, &format!("baton-member.{host}"))
+            .and_then(|v| v["record"]["host"]["draining"].as_bool())
+    };
+    let status_draining = |host: &str| {
+        let json: serde_json::Value =
+            serde_json::from_str(&status::status(&cfg, &[OsStr::new("-o"), OsStr::new("json")])).unwrap();
+        let record = format!("baton-member.{host}");
+        json["hosts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|h| h["record"] == record.as_str() && h["draining"] == true)
+    };
+    let records = draining::Records {
+        holder: &holder,
+        draining: &draining,
+        status_draining: &status_draining,
+    };
+    let took = draining::drain_one_host(&cfg, &data, &["a", "b", "c"], 6, &records);
+    println!("embedded store: baton drain of a host leading two leases took {took:.0} ms");
+}
+
 fn guests_of_both_worlds_count_the_live_hosts_without_spreading() {
     let s = Scratch::new();
     let head = format!(

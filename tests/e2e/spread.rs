@@ -47,6 +47,112 @@ pub fn spread_config(head: &str, data: &Path) -> String {
     text
 }
 
+/// As [`spread_config`] with `n` leases, lease `i` with the lines of
+/// `rules` for `i` in its table (`prefer = [...]`, `avoid = [...]`).
+pub fn leases_config(head: &str, data: &Path, n: usize, rules: &[(usize, &str)]) -> String {
+    let mut text = head.to_owned();
+    let path = guest("probe_pollable.wasm").display().to_string();
+    for i in 0..n {
+        let dir = data.join(lease_name(i));
+        std::fs::create_dir_all(&dir).unwrap();
+        let extra: String = rules
+            .iter()
+            .filter(|(j, _)| *j == i)
+            .map(|(_, r)| format!("{r}\n"))
+            .collect();
+        text.push_str(&format!(
+            "\n[[lease]]\nname = {lease:?}\n{extra}\n[[plugin]]\nname = {plugin:?}\npath = {path:?}\nlease = {lease:?}\n\
+             inherit-env = [\"PROBE_HOST\"]\nenv = {{ PROBE_MODE = \"append\", PROBE_TAG = {plugin:?}, PROBE_TICK_MS = \"200\" }}\n\
+             dirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
+            dir.display().to_string(),
+            lease = lease_name(i),
+            plugin = plugin_name(i),
+        ));
+    }
+    text
+}
+
+/// Starts host `name` on `config`, its guests tagging records with it.
+pub fn start_host(name: &str, config: &Path) -> Host {
+    Host::start_opts(
+        name,
+        config,
+        Opts {
+            env: &[("PROBE_HOST", name)],
+            ..Opts::default()
+        },
+    )
+}
+
+/// Waits until the hosts lead exactly the leases of `want` (one set per
+/// host) and that holds for [`STEADY`]; returns how long it took until it
+/// held. Panics after `within` + [`STEADY`].
+pub fn wait_leads(hosts: &[&Host], want: &[BTreeSet<String>], within: Duration) -> Duration {
+    let start = Instant::now();
+    let mut held_since: Option<Instant> = None;
+    loop {
+        let sets: Vec<BTreeSet<String>> = hosts.iter().map(|h| led(h)).collect();
+        if sets == want {
+            let since = *held_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= STEADY {
+                return since - start;
+            }
+        } else {
+            held_since = None;
+        }
+        assert!(
+            start.elapsed() < within + STEADY,
+            "the hosts lead {sets:?}, not {want:?}, after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Placement on `head`'s store: four leases, `lease-00` preferring b then
+/// a, `lease-01` preferring b, `lease-02` avoiding a, `lease-03` free. a
+/// alone leads all four (its preferred host b is not live; the one that
+/// avoids a has no other host). Once b runs, the preferred and avoiding
+/// leases go to b, over its bound of two, and a keeps the free one: the
+/// rules decide, not the hashes. Every lease's records are checked.
+pub fn prefer_and_avoid_decide(head: &str, data: &Path, cfg_name: &dyn Fn(&str) -> PathBuf) {
+    let rules = [
+        (0, "prefer = [\"b\", \"a\"]"),
+        (1, "prefer = [\"b\"]"),
+        (2, "avoid = [\"a\"]"),
+    ];
+    let cfg = cfg_name(&leases_config(head, data, 4, &rules));
+    let set = |ls: &[usize]| -> BTreeSet<String> { ls.iter().map(|i| lease_name(*i)).collect() };
+    let mut a = start_host("a", &cfg);
+    wait_leads(&[&a], &[set(&[0, 1, 2, 3])], Duration::from_secs(60));
+    let mut b = start_host("b", &cfg);
+    let took = wait_leads(&[&a, &b], &[set(&[3]), set(&[0, 1, 2])], Duration::from_secs(60));
+    eprintln!("prefer and avoid: b has its three {took:?} after it started");
+    for h in [&a, &b] {
+        h.sigterm();
+    }
+    for h in [&mut a, &mut b] {
+        assert!(
+            h.wait_exit(Duration::from_secs(20)).success(),
+            "{} failed",
+            h.name
+        );
+    }
+    let runs = [
+        Incarnation {
+            host: &a,
+            killed: None,
+        },
+        Incarnation {
+            host: &b,
+            killed: None,
+        },
+    ];
+    for i in 0..4 {
+        let (records, _) = check_lease(data, i, &runs);
+        assert!(records > 0, "lease {i}: no records");
+    }
+}
+
 /// How long a spread must hold to count as settled: moves that follow a
 /// change of the live hosts come a settle time (two retry periods) after
 /// it, and must not be mistaken for a passing balance.

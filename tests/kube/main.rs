@@ -38,6 +38,9 @@ mod terms;
 
 #[path = "../bucket_contract.rs"]
 mod bucket_contract;
+#[allow(dead_code)]
+#[path = "../e2e/draining.rs"]
+mod draining;
 #[path = "../e2e/moving.rs"]
 mod moving;
 #[allow(dead_code)]

@@ -224,3 +224,41 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_r
         assert!(h.wait_exit(SECS(30)).success());
     }
 }
+
+#[test]
+fn a_drained_host_hands_its_leases_over_on_leases_and_its_membership_lease_says_so() {
+    // As the end-to-end test of the same name, on Leases, two hosts on
+    // four leases: the drained host's membership Lease carries
+    // baton.dev/draining = "true" (then "false" after the resume), and
+    // every Lease is held by the other host while it drains.
+    let t = KubeTest::new("drain");
+    let data = witness::records_dir(&t.scratch);
+    let cfg = t
+        .scratch
+        .write("baton.toml", &spread::leases_config(&t.head(), &data, 4, &[]));
+    let leases = t.ns.leases();
+    let get = |name: &str| t.rt.block_on(leases.get_opt(name)).unwrap();
+    let holder = |lease: &str| get(lease).and_then(|l| l.spec).and_then(|s| s.holder_identity);
+    let draining = |host: &str| {
+        let lease = get(&format!("baton-member.{host}"))?;
+        let value = lease.metadata.annotations?.get("baton.dev/draining").cloned()?;
+        Some(value == "true")
+    };
+    let status_draining = |host: &str| {
+        let json: serde_json::Value =
+            serde_json::from_str(&status::status(&cfg, &[OsStr::new("-o"), OsStr::new("json")])).unwrap();
+        let record = format!("baton-member.{host}");
+        json["hosts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|h| h["record"] == record.as_str() && h["draining"] == true)
+    };
+    let records = draining::Records {
+        holder: &holder,
+        draining: &draining,
+        status_draining: &status_draining,
+    };
+    let took = draining::drain_one_host(&cfg, &data, &["a", "b"], 4, &records);
+    println!("kubernetes: baton drain of a host leading two leases took {took:.0} ms");
+}

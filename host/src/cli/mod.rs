@@ -9,11 +9,15 @@
 //! - [`status`]: `baton status`, of either store, as text or JSON.
 //! - [`yield_lease`]: `baton yield`, a lease handed over on request.
 //! - [`run_now`]: `baton run-now`, one extra run of a scheduled plugin.
+//! - [`drain`], [`resume`]: `baton drain` and `baton resume`, a host that
+//!   hands every lease over and takes none, and back.
 //! - [`kv`]: `baton kv`, the plugins' buckets, read and written by an
 //!   operator.
 
 pub mod check;
+pub mod drain;
 pub mod kv;
+pub mod resume;
 pub mod run;
 pub mod run_now;
 pub mod scaffold;

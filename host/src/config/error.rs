@@ -63,6 +63,25 @@ pub enum ConfigErrorKind {
         /// The rule broken (boxed: timings are large).
         error: Box<TimingError>,
     },
+    /// A host both in a lease's `prefer` and its `avoid`.
+    #[error("lease {lease:?}: host {host:?} is in both `prefer` and `avoid`; name it in one of them")]
+    PreferAndAvoid {
+        /// The lease.
+        lease: String,
+        /// The host named in both.
+        host: String,
+    },
+    /// An empty host name in a lease's `prefer` or `avoid`.
+    #[error("lease {lease:?}: field `{field}`: a host identity is empty")]
+    EmptyPlacementHost {
+        /// The lease.
+        lease: String,
+        /// `prefer` or `avoid`.
+        field: &'static str,
+    },
+    /// A `weight` outside 1..=MAX_WEIGHT.
+    #[error("field `weight`: {0} is not a weight: a whole number from 1 to {max}", max = crate::election::spread::MAX_WEIGHT)]
+    Weight(i64),
     /// A lease duration a Kubernetes Lease cannot hold.
     #[error(
         "lease {lease:?}: lease-duration {} is not a whole number of seconds: a Kubernetes Lease \

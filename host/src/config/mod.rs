@@ -24,7 +24,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::election::Timings;
-use crate::election::spread::{DEFAULT_FORGET_AFTER, DEFAULT_HEAD_START, MEMBER_PREFIX, SpreadConfig};
+use crate::election::spread::{
+    DEFAULT_FORGET_AFTER, DEFAULT_HEAD_START, MEMBER_PREFIX, Placement, SpreadConfig,
+};
 use crate::runtime::{
     ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, HttpGrant, HttpLimits, HttpPolicy, KubeGrant, KubeRule,
     NetworkGrant, OutputLimits, PluginSpec,
@@ -45,6 +47,7 @@ struct RawConfig {
     control_socket: Option<PathBuf>,
     watch: Option<bool>,
     store: Option<RawStore>,
+    weight: Option<i64>,
     #[serde(default)]
     defaults: RawTimings,
     #[serde(default, rename = "lease")]
@@ -139,6 +142,10 @@ struct RawLease {
     #[serde(default)]
     route_label: bool,
     #[serde(flatten)]
+    #[serde(default)]
+    prefer: Vec<String>,
+    #[serde(default)]
+    avoid: Vec<String>,
     timings: RawTimings,
 }
 
@@ -331,6 +338,9 @@ pub struct LeaseConfig {
     /// Its validated timings.
     pub timings: Timings,
     /// Whether the leader's pod carries the lease's route label
+    /// Which hosts it goes to first, and which it avoids, when the leads
+    /// are spread (`prefer`, `avoid`).
+    pub placement: Placement,
     /// (`route-label`; Kubernetes only).
     pub route_label: bool,
 }
@@ -397,6 +407,9 @@ pub struct Config {
 }
 
 /// The timings of a host's membership record, from the `[defaults]`
+    /// This host's weight when the leads are spread (`weight`, 1 by
+    /// default): its share of the leases is in proportion.
+    pub weight: u32,
 /// timings `base`: half the lease duration (in whole seconds from 2 s up,
 /// as a Kubernetes Lease holds them), so that the other hosts stop counting
 /// a dead host before its leases expire and its leases go to the hosts
@@ -515,3 +528,4 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+            weight: src.weight(raw.weight)?,

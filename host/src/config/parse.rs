@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use bytesize::ByteSize;
 
 use super::*;
+use crate::election::spread::MAX_WEIGHT;
 use crate::runtime::{BucketGrant, ConfigGrant, ConfigSource, OWN_BUCKET};
 use crate::schedule::{CatchUp, Overlap, Schedule, When};
 use crate::store::buckets::validate_bucket_name;
@@ -122,10 +123,39 @@ impl Source<'_> {
             leases.push(LeaseConfig {
                 name: name.clone(),
                 timings,
+                placement: self.placement(at, name, lease)?,
                 route_label: lease.route_label,
             });
         }
         Ok(leases)
+    }
+
+    /// A lease's `prefer` and `avoid`: host identities (free-form, not
+    /// empty), none in both.
+    fn placement(&self, at: usize, name: &str, lease: &RawLease) -> Result<Placement, ConfigError> {
+        for (field, hosts) in [("prefer", &lease.prefer), ("avoid", &lease.avoid)] {
+            if hosts.iter().any(|h| h.trim().is_empty()) {
+                let lease = name.to_owned();
+                return Err(self.err_at(at, ConfigErrorKind::EmptyPlacementHost { lease, field }));
+            }
+        }
+        if let Some(host) = lease.prefer.iter().find(|h| lease.avoid.contains(h)) {
+            let (lease, host) = (name.to_owned(), host.clone());
+            return Err(self.err_at(at, ConfigErrorKind::PreferAndAvoid { lease, host }));
+        }
+        Ok(Placement {
+            prefer: lease.prefer.clone(),
+            avoid: lease.avoid.clone(),
+        })
+    }
+
+    /// `weight`: 1 by default, at most [`MAX_WEIGHT`].
+    pub(super) fn weight(&self, raw: Option<i64>) -> Result<u32, ConfigError> {
+        match raw {
+            None => Ok(1),
+            Some(w) if (1..=i64::from(MAX_WEIGHT)).contains(&w) => Ok(w as u32),
+            Some(w) => Err(self.err(ConfigErrorKind::Weight(w))),
+        }
     }
 
     /// A Kubernetes Lease holds `leaseDurationSeconds`: `d` must be whole

@@ -14,12 +14,13 @@ use std::sync::Arc;
 
 use tokio::task::JoinError;
 
-use super::leases::{handover_bound, spec_key, wanted_spread};
+use super::leases::{handover_bound, spec_key, steered, wanted_spread};
 use super::reload;
 use super::serve::Daemon;
 use crate::config::own_files::OwnFilesGranted;
 use crate::config::{Config, LoadError, PluginConfig, ReloadMode};
 use crate::election::Intent;
+use crate::election::spread::LeaseChange;
 use crate::runtime::{Plugin, PluginError};
 
 /// Why a reload was refused (nothing was changed).
@@ -195,6 +196,7 @@ impl Daemon {
         self.remove_leases(new, &mut summary);
         self.remove_plugins(new, &mut handover, &mut summary);
         self.change_timings(new, &mut summary);
+        self.change_placement(new, &mut summary);
         self.add_leases(new, &mut summary);
         self.add_plugins(fresh, &mut handover, &mut summary);
         self.reschedule(new, &mut summary);
@@ -256,6 +258,22 @@ impl Daemon {
                 run.new_timings.send_replace(lease.timings);
                 run.handover_bound = run.handover_bound.max(handover_bound(&lease.timings));
                 summary.push(format!("lease {}: new timings from its next term", lease.name));
+            }
+        }
+    }
+
+    /// New `prefer` and `avoid` hosts: the spreader spreads the leases
+    /// again with them.
+    fn change_placement(&mut self, new: &Config, summary: &mut Vec<String>) {
+        for lease in &new.leases {
+            if let Some(run) = self.runs.get_mut(&lease.name).filter(|r| !r.retiring)
+                && run.placement != lease.placement
+            {
+                run.placement = lease.placement.clone();
+                if let Some(changes) = self.launcher.spread.as_ref().and_then(|s| s.changes.as_ref()) {
+                    let _ = changes.send(LeaseChange::Add(steered(&lease.name, run)));
+                }
+                summary.push(format!("lease {}: new prefer and avoid", lease.name));
             }
         }
     }
@@ -338,7 +356,8 @@ impl Daemon {
             };
             let until = tokio::time::Instant::now() + run.timings.retry_period;
             let set = run.intent.send_if_modified(|intent| {
-                if *intent == Intent::Stop {
+                // A draining host hands it over anyway, and takes none.
+                if matches!(*intent, Intent::Stop | Intent::Drain) {
                     return false;
                 }
                 *intent = Intent::StandBy { until };

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, LeaseConfig, PluginConfig};
 use crate::daemon::control::{ControlledLease, SharedLeases};
 use crate::election::LeaseClaims;
-use crate::election::spread::{LeaseChange, SpreadConfig, Spreader, SteeredLease, unsteer};
+use crate::election::spread::{LeaseChange, Placement, SpreadConfig, Spreader, SteeredLease, unsteer};
 use crate::election::{
     ClaimGate, DRAIN_ALLOWANCE, ElectionObserver, Elector, ElectorConfig, ElectorError, HostHandle, Hosts,
     Intent, LeaseView, TermClock, Timings,
@@ -69,6 +69,8 @@ pub(super) struct LeaseRun {
     /// The plugins this host claims under it (see
     /// [`crate::election::claims`]).
     pub(super) claims: LeaseClaims,
+    /// Its `prefer` and `avoid` hosts, as the spreader steers it.
+    pub(super) placement: Placement,
 }
 
 /// How long an elector with timings `t` may take to hand its lease over
@@ -233,6 +235,10 @@ impl Launcher {
         if let Some(initial) = initial {
             intent.send_replace(initial);
         }
+        // Added while the host drains: it takes it only after `baton resume`.
+        if self.host.get().draining {
+            intent.send_replace(Intent::Drain);
+        }
         elector.set_observer(self.election_observer.clone());
         let claims = LeaseClaims::new();
         elector.set_claims(&claims);
@@ -267,6 +273,7 @@ impl Launcher {
             ended: false,
             retiring: false,
             claims,
+            placement: lease.placement.clone(),
         }
     }
 
@@ -465,6 +472,7 @@ pub(super) fn steered(name: &str, run: &LeaseRun) -> SteeredLease {
         name: name.to_owned(),
         intent: run.intent.clone(),
         view: run.view.clone(),
+        placement: run.placement.clone(),
     }
 }
 

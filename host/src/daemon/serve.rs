@@ -516,6 +516,7 @@ impl Daemon {
             };
             tokio::spawn(socket.serve(host, self.control_stop.clone()))
         })
+                host: self.launcher.host.clone(),
     }
 
     /// Serves until `shutdown`, or until an elector fails (it never ends on

@@ -39,6 +39,8 @@
 //! [`LeaseChange`]s), membership listings and limits:
 //! `docs/architecture.md` ("Spreading").
 
+mod place;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +56,8 @@ use super::host::HostHandle;
 use super::status::{LeaseView, Role};
 use super::timing::Timings;
 use crate::store::{LeaseStore, Versioned};
+
+pub use place::{MAX_WEIGHT, Member, Placement, assign_placed};
 
 /// The name prefix of membership records. Lease names of the
 /// configuration may not start with it, so `baton status` and watches of
@@ -137,36 +141,10 @@ fn score(lease: &str, host: &str) -> u64 {
 /// }
 /// ```
 pub fn assign(leases: &[String], hosts: &[String]) -> BTreeMap<String, String> {
-    let hosts: BTreeSet<&String> = hosts.iter().collect();
-    let leases: BTreeSet<&String> = leases.iter().collect();
-    let mut out = BTreeMap::new();
-    if hosts.is_empty() {
-        return out;
-    }
-    // Every host takes floor(M / N); M mod N of them one more.
-    let floor = leases.len() / hosts.len();
-    let mut extra = leases.len() % hosts.len();
-    let mut order: Vec<&String> = leases.into_iter().collect();
-    order.sort_by_cached_key(|l| (score(l, ""), *l));
-    let mut load: HashMap<&String, usize> = HashMap::new();
-    for lease in order {
-        let mut ranked: Vec<&String> = hosts.iter().copied().collect();
-        ranked.sort_by_cached_key(|h| (std::cmp::Reverse(score(lease, h)), *h));
-        let host = ranked
-            .into_iter()
-            .find(|h| {
-                let n = load.get(h).copied().unwrap_or(0);
-                n < floor || (n == floor && extra > 0)
-            })
-            .expect("N * floor + extra places for M leases");
-        let n = load.entry(host).or_default();
-        if *n == floor {
-            extra -= 1;
-        }
-        *n += 1;
-        out.insert(lease.clone(), host.clone());
-    }
-    out
+    let leases: BTreeMap<String, Placement> =
+        leases.iter().map(|l| (l.clone(), Placement::default())).collect();
+    let hosts: Vec<Member> = hosts.iter().map(|h| Member::new(h)).collect();
+    assign_placed(&leases, &hosts)
 }
 
 /// The membership records a host has seen, and when each last changed.
@@ -204,6 +182,32 @@ impl Roster {
             })
             .map(|(name, (v, _))| (name.clone(), v.version.clone()))
             .collect()
+    }
+
+    /// The hosts whose membership record is held and has not expired at
+    /// `now`, sorted, with what the record says of each: its weight, and
+    /// whether it drains ([`HostInfo`](crate::store::HostInfo); a record
+    /// without says weight 1, not draining).
+    pub fn members(&self, now: Instant) -> Vec<(Member, bool)> {
+        let mut live: Vec<(Member, bool)> = self
+            .seen
+            .values()
+            .filter(|(v, since)| now < *since + v.record.lease_duration)
+            .filter_map(|(v, _)| {
+                let identity = v.record.holder()?.to_owned();
+                let info = v.record.host.clone().unwrap_or_default();
+                Some((
+                    Member {
+                        identity,
+                        weight: info.weight,
+                    },
+                    info.draining,
+                ))
+            })
+            .collect();
+        live.sort();
+        live.dedup_by(|a, b| a.0.identity == b.0.identity);
+        live
     }
 
     /// The identities of the hosts whose membership record is held and
@@ -294,6 +298,8 @@ pub struct SteeredLease {
     pub intent: watch::Sender<Intent>,
     /// Its elector's status.
     pub view: watch::Receiver<LeaseView>,
+    /// Its `prefer` and `avoid` hosts.
+    pub placement: Placement,
 }
 
 /// A change of the leases a [`Spreader`] steers (a reload).
@@ -315,12 +321,12 @@ pub fn unsteer(intent: &watch::Sender<Intent>) {
 }
 
 /// Sets an elector's intent unless it was told to stop (a stop is never
-/// taken back) or stands by after a yield (`baton yield` wins over
-/// spreading until its time is up).
+/// taken back), drains (until `baton resume`), or stands by after a yield
+/// (`baton yield` wins over spreading until its time is up).
 fn steer(intent: &watch::Sender<Intent>, to: Intent) {
     intent.send_if_modified(|now| {
         let yielding = matches!(*now, Intent::StandBy { until } if Instant::now() < until);
-        if *now == Intent::Stop || yielding || *now == to {
+        if matches!(*now, Intent::Stop | Intent::Drain) || yielding || *now == to {
             return false;
         }
         *now = to;
@@ -353,9 +359,10 @@ pub struct Spreader {
     cfg: SpreadConfig,
     leases: Vec<SteeredLease>,
     roster: Roster,
-    /// The live hosts as last computed, since when they are so, and how
-    /// many times they changed.
-    view: Vec<String>,
+    /// The live hosts that take leases (not draining) as last computed,
+    /// with their weights, since when they are so, and how many times
+    /// they changed.
+    view: Vec<Member>,
     view_since: Instant,
     epoch: u64,
     /// The preferred host of each lease under the view numbered so.
@@ -388,7 +395,7 @@ impl Spreader {
             cfg,
             leases,
             roster: Roster::default(),
-            view: vec![identity.to_owned()],
+            view: vec![Member::new(identity)],
             view_since: Instant::now(),
             epoch: 0,
             preferred: (u64::MAX, BTreeMap::new()),
@@ -495,7 +502,8 @@ impl Spreader {
             let hosts = Hosts::of(&live, &self.identity);
             self.hosts
                 .send_if_modified(|h| std::mem::replace(h, hosts) != hosts);
-            self.steer_all(now, live);
+            let members = self.roster.members(now);
+            self.steer_all(now, members);
             self.forget_gone(now).await;
         }
         member_intent.send_replace(Intent::Stop);
@@ -530,8 +538,8 @@ impl Spreader {
     /// Steers every lease at `now`, from the live hosts of the last
     /// listing (taken in by [`Roster::observe`]).
     pub fn steer_now(&mut self, now: Instant) {
-        let live = self.roster.live(now);
-        self.steer_all(now, live);
+        let members = self.roster.members(now);
+        self.steer_all(now, members);
     }
 
     /// Whether a lease led here may be handed over now: not yet under this
@@ -547,28 +555,58 @@ impl Spreader {
         }
     }
 
-    /// Recomputes the view and every lease's intent at `now`, from the
-    /// `live` hosts (sorted) the roster counts then.
-    fn steer_all(&mut self, now: Instant, mut live: Vec<String>) {
-        if !live.contains(&self.identity) {
-            live.push(self.identity.clone());
-            live.sort();
+    /// The hosts that take leases, with their weights, from the live
+    /// `members` (sorted, each with whether it drains): those that do not
+    /// drain, this host by its own handle rather than its record (which
+    /// may lag by a renewal).
+    fn takers(&self, members: Vec<(Member, bool)>) -> Vec<Member> {
+        let own = self.host.get();
+        let mut view: Vec<Member> = members
+            .into_iter()
+            .filter(|(m, draining)| !draining && m.identity != self.identity)
+            .map(|(m, _)| m)
+            .collect();
+        if !own.draining {
+            view.push(Member {
+                identity: self.identity.clone(),
+                weight: own.weight,
+            });
+            view.sort();
         }
-        if live != self.view {
+        view
+    }
+
+    /// Recomputes the view and every lease's intent at `now`, from the
+    /// live `members` the roster counts then.
+    fn steer_all(&mut self, now: Instant, members: Vec<(Member, bool)>) {
+        let view = self.takers(members);
+        if view != self.view {
+            let live: Vec<String> = view
+                .iter()
+                .map(|m| match m.weight {
+                    1 => m.identity.clone(),
+                    w => format!("{}*{w}", m.identity),
+                })
+                .collect();
             if self.leases.is_empty() {
-                tracing::info!(hosts = live.len(), live = %live.join(","), "the live hosts changed");
+                tracing::info!(hosts = live.len(), live = %live.join(","), "the hosts that take leases changed");
             } else {
-                tracing::info!(hosts = live.len(), live = %live.join(","), "the live hosts changed; leases are spread again");
+                tracing::info!(hosts = live.len(), live = %live.join(","), "the hosts that take leases changed; leases are spread again");
             }
-            self.view = live;
+            self.view = view;
             self.view_since = now;
             self.epoch += 1;
         }
         let settled = now >= self.view_since + self.cfg.settle;
         if self.preferred.0 != self.epoch {
-            // Computed once per view, not every retry period.
-            let names: Vec<String> = self.leases.iter().map(|l| l.name.clone()).collect();
-            self.preferred = (self.epoch, assign(&names, &self.view));
+            // Computed once per view, not every retry period (a lease
+            // added, removed or placed anew is a new view).
+            let placed: BTreeMap<String, Placement> = self
+                .leases
+                .iter()
+                .map(|l| (l.name.clone(), l.placement.clone()))
+                .collect();
+            self.preferred = (self.epoch, assign_placed(&placed, &self.view));
         }
         let preferred = &self.preferred.1;
         for lease in &self.leases {

@@ -87,6 +87,44 @@ pub async fn find_socket(
     })
 }
 
+/// The control socket of the host of `config_file` that `baton drain
+/// --config FILE` means: `socket` (the file's `control-socket`) if set;
+/// otherwise the only live default socket of a host running that file on
+/// this machine (of `identity` only, if given). The error says what was
+/// found.
+pub async fn find_host_socket(
+    config_file: &Path,
+    socket: Option<&Path>,
+    identity: Option<&str>,
+) -> Result<PathBuf, FindError> {
+    if let Some(p) = socket {
+        return Ok(p.to_owned());
+    }
+    let dirs = default_dirs(Some(config_file));
+    let mut found = answering(candidates(&dirs, identity), config_file).await;
+    match found.len() {
+        1 => Ok(found.remove(0).0),
+        0 => Err(FindError::NoHost {
+            file: config_file.to_owned(),
+            identity: identity.map(str::to_owned),
+            places: dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or "),
+        }),
+        hosts => Err(FindError::Several {
+            hosts,
+            file: config_file.to_owned(),
+            identities: found
+                .iter()
+                .map(|(_, r)| r.identity.clone())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
 /// The sockets that may be a host's: its identity's default socket in each
 /// of `dirs`, or, without an identity, every socket there (sorted).
 fn candidates(dirs: &[PathBuf], identity: Option<&str>) -> Vec<PathBuf> {
@@ -156,6 +194,19 @@ pub enum FindError {
         identity: Option<String>,
         /// The directories searched.
         places: String,
+    },
+    /// Several hosts answer, and the command is for one host.
+    #[error(
+        "{hosts} hosts of {} run on this machine ({identities}); name one with --identity or --socket",
+        file.display()
+    )]
+    Several {
+        /// How many answer.
+        hosts: usize,
+        /// The configuration file.
+        file: PathBuf,
+        /// Their identities.
+        identities: String,
     },
     /// Several hosts answer, and not exactly one of them leads the lease.
     #[error(

@@ -39,6 +39,7 @@
 //! another host took the lease (or [`HANDOVER_WAIT`] passed).
 
 mod client;
+mod drain;
 mod protocol;
 mod server;
 
@@ -56,8 +57,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
-pub use client::{ClientError, FindError, find_socket, request};
-pub use protocol::{Failure, LeaseState, Reply, Request, VERSION};
+pub use client::{ClientError, FindError, find_host_socket, find_socket, request};
+pub use protocol::{Failure, HandedOver, LeaseState, Reply, Request, VERSION};
 pub use server::{ControlSocket, ControlledHost, ControlledLease, HANDOVER_WAIT, SharedLeases};
 
 use crate::election::spread::{MEMBER_PREFIX, member_lease};

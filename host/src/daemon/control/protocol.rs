@@ -29,6 +29,19 @@ pub enum Request {
         /// The plugin.
         plugin: String,
     },
+    /// Drain the host: hand over every lease it leads (one by one, each
+    /// released before the next, or all at once) and take none until
+    /// [`Request::Resume`]; answered once it leads nothing, or after
+    /// `wait_ms`.
+    Drain {
+        /// Hand them all over at once.
+        #[serde(default)]
+        all_at_once: bool,
+        /// How long to wait for it to lead nothing, in milliseconds.
+        wait_ms: u64,
+    },
+    /// Stop draining: contend for the leases again.
+    Resume,
 }
 
 /// Why a request was not done.
@@ -50,6 +63,31 @@ pub enum Failure {
     Forbidden,
     /// The host has no such plugin with a schedule.
     NoSuchSchedule,
+    /// A drain did not end within its wait: the host still leads a lease.
+    StillLeading,
+}
+
+/// One lease a drain handed over, in a reply to [`Request::Drain`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HandedOver {
+    /// The lease.
+    pub lease: String,
+    /// The term that ended.
+    pub term: u64,
+    /// Whether it was released (its tasks confirmed gone); `false`: not
+    /// released, it expires on its own.
+    pub released: bool,
+    /// From the start of the drain until the tasks were gone, in
+    /// milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_ms: Option<f64>,
+    /// The host that took it, if one did within [`HANDOVER_WAIT`] of the
+    /// release, and its term.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_holder: Option<String>,
+    /// See `new_holder`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_term: Option<u64>,
 }
 
 /// One lease of a host, in a reply to [`Request::Leases`].
@@ -121,6 +159,12 @@ pub struct Reply {
     /// Leases: each of its leases.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leases: Vec<LeaseState>,
+    /// Leases, drain, resume: whether the host drains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining: Option<bool>,
+    /// A drain: the leases it handed over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handed_over: Vec<HandedOver>,
 }
 
 impl Reply {

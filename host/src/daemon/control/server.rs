@@ -208,6 +208,9 @@ pub struct ControlledHost {
     pub config: Option<PathBuf>,
     /// Its leases, by name (a reload adds and removes some).
     pub leases: SharedLeases,
+    /// What it says of itself in its records: `baton drain` marks it
+    /// draining there.
+    pub host: crate::election::HostHandle,
 }
 
 /// A host's leases as its control channel reaches them, updated by reloads.
@@ -265,6 +268,10 @@ impl ControlledHost {
                 self.yield_lease(&lease, for_ms.map(Duration::from_millis)).await
             }
             Ok(Request::RunNow { plugin }) => self.run_now(&plugin),
+            Ok(Request::Drain { all_at_once, wait_ms }) => {
+                self.drain(all_at_once, Duration::from_millis(wait_ms)).await
+            }
+            Ok(Request::Resume) => self.resume(),
             Err(e) => Reply::failed(&self.identity, Failure::BadRequest, format!("not a request: {e}")),
         }
     }
@@ -289,6 +296,7 @@ impl ControlledHost {
             message: format!("host {} serves {} lease(s)", self.identity, all.len()),
             config: self.config.as_ref().map(|c| c.display().to_string()),
             leases,
+            draining: Some(self.host.get().draining),
             ..Reply::new(&self.identity)
         }
     }
@@ -344,7 +352,7 @@ impl ControlledHost {
             return Reply::failed(
                 id,
                 Failure::ShuttingDown,
-                format!("host {id} is shutting down: it hands every lease over anyway"),
+                format!("host {id} is shutting down or draining: it hands every lease over anyway"),
             );
         }
         tracing::info!(
@@ -563,7 +571,7 @@ fn bind_owner_only(
 /// `false` if it is.
 fn stand_by(intent: &watch::Sender<Intent>, until: Instant) -> bool {
     intent.send_if_modified(|intent| {
-        if *intent == Intent::Stop {
+        if matches!(*intent, Intent::Stop | Intent::Drain) {
             return false;
         }
         *intent = Intent::StandBy { until };

@@ -51,6 +51,7 @@ async fn a_socket_is_owner_only_stale_ones_are_replaced_live_ones_kept_and_it_is
         identity: "h".into(),
         config: None,
         leases: SharedLeases::default(),
+        host: crate::election::HostHandle::default(),
     };
     let served = tokio::spawn(first.serve(host, stop.clone()));
     // A second host on the same path is refused, naming it and the pid.

@@ -93,6 +93,10 @@ pub fn judge_sighting(record: Option<&Versioned>, current: &Versioned, me: &Me, 
     }
 }
 
+/// How far off a draining host's next try is: far enough to be never, as
+/// it contends again only when told to (its intent changes).
+const DRAINING_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The earliest time a host that does not lead may try to take the lease,
 /// given what it wants (`intent`), what it knows of the record (`known`) and
 /// its own back-off (`not_before`); `None` when it must stop.
@@ -113,6 +117,8 @@ pub fn contend_after(
     let head_start = match intent {
         Intent::Stop => return None,
         Intent::StandBy { until } => return Some(not_before.max(until)),
+        // Woken by the intent's change, never by this time.
+        Intent::Drain => return Some(not_before.max(Instant::now() + DRAINING_WAIT)),
         Intent::Contend => return Some(not_before),
         Intent::Defer { head_start } | Intent::HandOver { head_start, .. } => head_start,
     };

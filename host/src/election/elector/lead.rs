@@ -319,6 +319,14 @@ impl Elector {
                     by: self.cfg.identity.clone(),
                     duration: until - Instant::now(),
                 }),
+                // A drain: as a yield for one lease duration (this host
+                // drains for as long as it is told to, but the others do
+                // not wait for it anyway: its membership record says it
+                // drains).
+                Intent::Drain => Some(Yielded {
+                    by: self.cfg.identity.clone(),
+                    duration: t.lease_duration,
+                }),
                 _ => None,
             };
             let record = LeaseRecord {

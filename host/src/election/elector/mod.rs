@@ -143,6 +143,11 @@ pub enum Intent {
         /// When to contend again.
         until: Instant,
     },
+    /// The host drains (`baton drain`): hand the lead over if this host
+    /// has it (end the term, wait until its tasks are gone, release, the
+    /// release saying who yielded it, so others take it at once), then
+    /// follow without contending until the intent changes (`baton resume`).
+    Drain,
     /// Hand the lead over if this host has it, then stop: [`Elector::run`]
     /// returns.
     Stop,
@@ -404,7 +409,7 @@ impl Elector {
             Intent::Contend | Intent::Defer { .. } => true,
             Intent::HandOver { term: t, .. } => t != term,
             Intent::StandBy { until } => Instant::now() >= until,
-            Intent::Stop => false,
+            Intent::Drain | Intent::Stop => false,
         }
     }
 }

@@ -130,6 +130,7 @@ fn elector(
         name: name.to_owned(),
         intent,
         view,
+        placement: Placement::default(),
     };
     (task, lease)
 }
@@ -219,6 +220,7 @@ impl Host {
                         name: name.clone(),
                         intent: intent.clone(),
                         view: view.clone(),
+                        placement: Placement::default(),
                     })
                     .collect();
                 self.start_spreader(cfg, steered);

@@ -1,0 +1,228 @@
+//! `baton drain` and `baton resume`, the scenario both stores run: hosts
+//! share several leases, each gating a guest that appends term-tagged
+//! records ([`spread::leases_config`]); one host is drained. It ends up
+//! leading nothing, each lease it led is led by another host in the next
+//! term, the store's records say who holds what and that it drains, and it
+//! takes nothing while it drains; resumed, it takes its share again. The
+//! witness then checks every lease's records: none after its term's
+//! force-stop time, terms never going back, so no two hosts ran a lease's
+//! guest at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use crate::spread::{Incarnation, STEADY, check_lease, lease_name, start_host};
+use crate::support::*;
+
+/// What the scenario reads from the store, besides the hosts' logs.
+pub struct Records<'a> {
+    /// The holder of a lease now (`None`: released or absent).
+    pub holder: &'a dyn Fn(&str) -> Option<String>,
+    /// What a host's membership record says: whether it drains (`None`:
+    /// no record, or one without).
+    pub draining: &'a dyn Fn(&str) -> Option<bool>,
+    /// Whether `baton status` shows the host draining.
+    pub status_draining: &'a dyn Fn(&str) -> bool,
+}
+
+/// Runs `baton ARGS`.
+pub fn baton_cmd(args: &[&std::ffi::OsStr]) -> Output {
+    baton().args(args).output().expect("run baton")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The term `h` last logged leading `lease` in.
+fn lead_term(h: &Host, lease: &str) -> Option<u64> {
+    h.all(|e| {
+        e.message() == "lease status changed"
+            && e.str("lease") == Some(lease)
+            && e.str("role") == Some("leading")
+    })
+    .last()
+    .and_then(|e| e.u64("term"))
+}
+
+/// Waits until every one of `n` leases is led by exactly one of `hosts`,
+/// each host leading its `want` count (`None`: any), for [`STEADY`].
+fn wait_counts(hosts: &[&Host], n: usize, want: &[Option<usize>], within: Duration) -> Vec<BTreeSet<String>> {
+    let start = Instant::now();
+    let mut held_since: Option<Instant> = None;
+    loop {
+        let sets: Vec<BTreeSet<String>> = hosts.iter().map(|h| led(h)).collect();
+        let mut holders: BTreeMap<&String, usize> = BTreeMap::new();
+        for l in sets.iter().flatten() {
+            *holders.entry(l).or_default() += 1;
+        }
+        let counts: Vec<usize> = sets.iter().map(BTreeSet::len).collect();
+        let ok = holders.len() == n
+            && holders.values().all(|c| *c == 1)
+            && counts.iter().zip(want).all(|(c, w)| w.is_none_or(|w| *c == w));
+        if ok {
+            let since = *held_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= STEADY {
+                return sets;
+            }
+        } else {
+            held_since = None;
+        }
+        assert!(
+            start.elapsed() < within + STEADY,
+            "not {want:?} after {within:?}: the hosts lead {counts:?}, {} of {n} leases led",
+            holders.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The scenario on `cfg` (`n` leases, records in `data`) with the hosts
+/// `names`, the second of which is drained; `records` reads the store.
+/// Returns how long `baton drain` took, in milliseconds.
+pub fn drain_one_host(cfg: &Path, data: &Path, names: &[&str], n: usize, records: &Records) -> f64 {
+    let mut hosts: Vec<Host> = names.iter().map(|name| start_host(name, cfg)).collect();
+    let share = n / names.len();
+    let all: Vec<&Host> = hosts.iter().collect();
+    let even = vec![Some(share); names.len()];
+    wait_counts(&all, n, &even, Duration::from_secs(60));
+    let drained = &hosts[1];
+    let id = drained.name.clone();
+    let before: BTreeMap<String, u64> = led(drained)
+        .into_iter()
+        .map(|l| {
+            let term = lead_term(drained, &l).unwrap();
+            (l, term)
+        })
+        .collect();
+    assert_eq!(before.len(), share);
+    assert_eq!(
+        (records.draining)(&id),
+        Some(false),
+        "{id}'s record before the drain"
+    );
+
+    let started = Instant::now();
+    let out = baton_cmd(&[
+        "drain".as_ref(),
+        "--config".as_ref(),
+        cfg.as_os_str(),
+        "--identity".as_ref(),
+        id.as_ref(),
+        "--timeout".as_ref(),
+        "20s".as_ref(),
+    ]);
+    let took = started.elapsed().as_secs_f64() * 1000.0;
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(said.contains(&format!("host {id} drains")), "{said}");
+    println!("baton drain said ({took:.0} ms): {}", said.trim());
+    // Each lease it led: handed over, and led by another host in the next
+    // term, as its log, the others' logs and the store say.
+    for (lease, term) in &before {
+        assert!(
+            said.contains(&format!("{lease} term {term}: tasks stopped")),
+            "{lease}: {said}"
+        );
+        let next = hosts
+            .iter()
+            .filter(|h| h.name != id)
+            .find_map(|h| {
+                h.try_wait_for(Duration::from_secs(3), &|e| {
+                    e.message() == "lease status changed"
+                        && e.str("lease") == Some(lease.as_str())
+                        && e.str("role") == Some("leading")
+                        && e.u64("term") == Some(term + 1)
+                })
+                .map(|_| h.name.clone())
+            })
+            .unwrap_or_else(|| panic!("{lease}: no other host led term {}", term + 1));
+        assert!(
+            said.contains(&format!("{next} took it in term {}", term + 1)),
+            "{lease}: {said}"
+        );
+        let stopped = drained.all(|e| e.is("leader task stopped", None) && e.u64("term") == Some(*term));
+        assert!(
+            stopped.iter().all(|e| e.str("how") == Some("cooperative")),
+            "{lease}: {stopped:?}"
+        );
+    }
+    assert!(led(drained).is_empty(), "{id} still leads {:?}", led(drained));
+    let wait_record = |want: bool| {
+        let start = Instant::now();
+        while (records.draining)(&id) != Some(want) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{id}'s record never said draining = {want}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_record(true);
+    assert!(
+        (records.status_draining)(&id),
+        "baton status does not show {id} draining"
+    );
+    // It takes nothing while it drains: the others share every lease, and
+    // the store says so.
+    let mut others = even.clone();
+    others[1] = Some(0);
+    for (i, o) in others.iter_mut().enumerate() {
+        if i != 1 {
+            *o = None;
+        }
+    }
+    wait_counts(&all, n, &others, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        led(drained).is_empty(),
+        "{id} took {:?} while draining",
+        led(drained)
+    );
+    for i in 0..n {
+        let holder = (records.holder)(&lease_name(i));
+        assert!(
+            holder.as_ref().is_some_and(|h| *h != id),
+            "{}: held by {holder:?}",
+            lease_name(i)
+        );
+    }
+
+    // Resumed: it takes its share again.
+    let out = baton_cmd(&[
+        "resume".as_ref(),
+        "--config".as_ref(),
+        cfg.as_os_str(),
+        "--identity".as_ref(),
+        id.as_ref(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stdout).contains(&format!("host {id} resumed")),
+        "{out:?}"
+    );
+    wait_record(false);
+    wait_counts(&all, n, &even, Duration::from_secs(20));
+
+    for h in &hosts {
+        h.sigterm();
+    }
+    for h in &mut hosts {
+        assert!(
+            h.wait_exit(Duration::from_secs(20)).success(),
+            "{} failed",
+            h.name
+        );
+    }
+    let runs: Vec<Incarnation> = hosts
+        .iter()
+        .map(|host| Incarnation { host, killed: None })
+        .collect();
+    for i in 0..n {
+        let (r, _) = check_lease(data, i, &runs);
+        assert!(r > 0, "lease {i}: no records");
+    }
+    took
+}
