@@ -60,7 +60,7 @@ pub struct PodLabels {
 
 impl std::fmt::Debug for PodLabels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "pod {}/{}", self.namespace, self.pod)
+        write!(f, "{}/{}", self.namespace, self.pod)
     }
 }
 
