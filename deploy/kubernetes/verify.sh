@@ -21,7 +21,9 @@
 #      list`, `get` and `put` work, all as baton-a;
 #   4. the admin port agrees everywhere: the ConfigMap's admin-address, the
 #      container port, the prometheus.io/port annotation, and the liveness
-#      (/healthz) and readiness (/readyz) probes on it.
+#      (/healthz) and readiness (/readyz) probes on it; the preStop hook's
+#      `baton drain --timeout T` leaves room for SIGTERM's hand-over:
+#      T + grace + renew-deadline < terminationGracePeriodSeconds.
 #   4c. the route label: as baton-a, a pod is labelled and unlabelled by
 #      merge patches (the requests baton makes), found by the label
 #      selector; the Service of service-leader.yaml selects the key of the
@@ -309,6 +311,20 @@ for probe in "livenessProbe /healthz" "readinessProbe /readyz"; do
         fail "$1: expected an httpGet of $2 on port admin in deployment.yaml"
     fi
 done
+
+# ---- 4b. the preStop drain fits in the termination grace period: the
+# drain's --timeout, then what SIGTERM may still take (grace + renew
+# deadline of the ConfigMap's [defaults]), below terminationGracePeriodSeconds.
+secs() { sed -n 's/^ *'"$1"' *= *"\([0-9][0-9]*\)s".*/\1/p' "$here/configmap.yaml" | head -1; }
+period="$(awk '$1 == "terminationGracePeriodSeconds:" { print $2; exit }' "$here/deployment.yaml")"
+drain_timeout="$(grep -o '"drain", "--timeout", "[0-9]*s"' "$here/deployment.yaml" | sed 's/.*"\([0-9]*\)s"$/\1/')"
+grace="$(secs grace)"; renew="$(secs renew-deadline)"
+if [ -n "$period" ] && [ -n "$drain_timeout" ] && [ -n "$grace" ] && [ -n "$renew" ] &&
+    [ $((drain_timeout + grace + renew)) -lt "$period" ]; then
+    ok "preStop: baton drain --timeout ${drain_timeout}s + grace ${grace}s + renew-deadline ${renew}s < terminationGracePeriodSeconds ${period}"
+else
+    fail "preStop: expected baton drain --timeout T with T + grace + renew-deadline < terminationGracePeriodSeconds (got T '${drain_timeout:-none}', grace '${grace:-none}', renew-deadline '${renew:-none}', period '${period:-none}')"
+fi
 
 # ---- 4c. the route label, as baton-a under the Role
 route_lease="$(awk '/^ *\[\[lease\]\]/ { name = "" } /^ *name *= *"/ { gsub(/.*= *"|".*/, ""); name = $0 }

@@ -6,12 +6,11 @@
 //! like any lease ([`member_lease`]). A host is *live* while its record is
 //! held and not expired, judged as electors judge a lease: from when the
 //! record was seen to change plus the duration written in it ([`Roster`]).
-//! From the live hosts and its own leases each host computes the same
-//! preferred host per lease ([`assign`]): a bounded-load rendezvous
-//! assignment, so each host prefers `floor(M / N)` or `ceil(M / N)` of `M`
-//! leases on `N` live hosts, and which host prefers which lease depends
-//! only on the names.
-//!
+//! From the live hosts that do not drain (their records say so, and their
+//! weights) and its own leases each host computes the same preferred host
+//! per lease ([`assign_placed`]): a bounded-load rendezvous assignment
+//! (host of weight `w` of `W`: `floor` or `ceil` of `M * w / W` of `M`
+//! leases) under each lease's `prefer` and `avoid` ([`Placement`]).
 //! The [`Spreader`] turns that into each elector's [`Intent`]: contend for
 //! a preferred lease; defer on the others ([`Intent::Defer`]): take one
 //! that expired at once, one that was released (or never written) only
@@ -32,7 +31,8 @@
 //! release said, [`LeaseView::yielded`]) until that host's stand-by is
 //! over; then the lease goes to its preferred host once, the graceful way.
 //! The others take a yielded lease at once, without the head start (the
-//! elector's rule, see [`Intent::Defer`]).
+//! elector's rule, see [`Intent::Defer`]). A drain ([`Intent::Drain`]) is
+//! left alone until `baton resume`.
 //!
 //! None of this touches safety: who may lead is decided by the lease
 //! alone; spreading decides only who tries first. Reloads (as

@@ -26,8 +26,9 @@
 //!
 //! The protocol: one JSON object on one line each way, one request per
 //! connection. Requests: `{"command":"yield","lease":"demo","for_ms":30000}`
-//! (`for_ms` optional: one lease duration of that lease) and
-//! `{"command":"leases"}`; the answer is a [`Reply`].
+//! (`for_ms` optional: one lease duration of that lease),
+//! `{"command":"leases"}`, `{"command":"drain","wait_ms":60000}` and
+//! `{"command":"resume"}` (`drain.rs`); the answer is a [`Reply`].
 //!
 //! A yield (`baton yield LEASE [--for DURATION]`) sets the lease's elector
 //! to [`Intent::StandBy`]: its term ends (the tasks are told at once), its

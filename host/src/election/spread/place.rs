@@ -129,7 +129,7 @@ impl Loads {
         }
         let floor: HashMap<String, (u64, bool)> = weight
             .iter()
-            .map(|(h, w)| (h.clone(), (m * w / total, (m * w) % total == 0)))
+            .map(|(h, w)| (h.clone(), (m * w / total, (m * w).is_multiple_of(total))))
             .collect();
         let extra = m - floor.values().map(|f| f.0).sum::<u64>();
         Some(Loads {
