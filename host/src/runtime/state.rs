@@ -386,3 +386,59 @@ impl v0_4::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
         self.hosts_with_pollable()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::election::TermClock;
+
+    /// A view of lease "demo" led here in term 3, the holder at `address`.
+    fn view(term: &Arc<Term>, address: &str) -> LeaseView {
+        LeaseView {
+            status: Status {
+                role: Role::Leading,
+                holder: Some("me".into()),
+                lease: "demo".into(),
+                term: 3,
+            },
+            term: Some(term.clone()),
+            since: term.clock().now(),
+            yielded: None,
+            holder_address: Some(address.into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_address_alone_wakes_only_guests_that_see_it() {
+        let clock = TermClock::system();
+        let term = Term::begin(
+            "demo",
+            3,
+            Duration::from_millis(500),
+            clock.clone(),
+            clock.now() + Duration::from_secs(60),
+        );
+        let (tx, rx) = watch::channel(view(&term, "10.0.0.1:80"));
+        let old = Shown::of(&rx.borrow(), &term, false);
+        let new = Shown::of(&rx.borrow(), &term, true);
+        assert_eq!(old.holder_address, None);
+        assert_eq!(new.holder_address.as_deref(), Some("10.0.0.1:80"));
+        tx.send_replace(view(&term, "10.0.0.2:80"));
+        let woke = changed_from(rx.clone(), term.clone(), &new, true).await;
+        assert_eq!(woke.holder_address.as_deref(), Some("10.0.0.2:80"));
+        let older = tokio::time::timeout(
+            Duration::from_millis(200),
+            changed_from(rx.clone(), term.clone(), &old, false),
+        );
+        assert!(
+            older.await.is_err(),
+            "a guest before 0.4.0 was woken by the address alone"
+        );
+        // A status shown as not leading (its term over) carries no address.
+        term.end(clock.now());
+        let ended = changed_from(rx, term.clone(), &new, true).await;
+        assert_eq!((ended.status.role, ended.holder_address), (Role::Pending, None));
+    }
+}

@@ -358,6 +358,14 @@ fn a_health_check_runs_in_an_instance_of_its_own_and_each_failure_is_told_apart(
         let outcome = checker.check(timeout).await;
         assert!(matches!(outcome, CheckOutcome::Healthy), "{outcome}");
     });
+    // The future world's check (`health-async`, the SDK's default).
+    let future = runtime.load(&spec_of("probe_future.wasm", &[], None)).unwrap();
+    guest_lines(|| async {
+        let (term, view) = led(8);
+        let mut checker = future.health_checker(term, view).unwrap();
+        let outcome = checker.check(timeout).await;
+        assert!(matches!(outcome, CheckOutcome::Healthy), "{outcome}");
+    });
     // The check sees the status, with the holder's address.
     assert_eq!(
         lines
