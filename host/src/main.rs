@@ -61,6 +61,11 @@ enum Command {
         /// 127.0.0.1:9090 (overrides the file; off by default).
         #[arg(long, env = "BATON_ADMIN_ADDRESS")]
         admin_address: Option<String>,
+        /// How others reach this host's service, such as 10.1.2.3:8080 or
+        /// http://node-a:8080, published with its leases (overrides the
+        /// file; default: the POD_IP variable if set, else none).
+        #[arg(long, env = "BATON_ADVERTISE_ADDRESS")]
+        advertise_address: Option<String>,
         /// Test hook: block the election runtime's thread this long after
         /// start (a stalled runtime, for tests of /healthz). Never in
         /// production: the host stops renewing its leases.
@@ -235,6 +240,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             coredump_dir,
             kubeconfig,
             admin_address,
+            advertise_address,
             test_stall_election_runtime,
             control_socket,
             watch,
@@ -247,6 +253,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 kubeconfig,
                 admin_address,
                 control_socket,
+                advertise_address,
             };
             run(config, overrides, watch, test_stall_election_runtime).await
         }

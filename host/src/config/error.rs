@@ -255,6 +255,9 @@ pub enum ConfigErrorKind {
     /// An `admin-address` that is not one.
     #[error("field `admin-address`: {0}")]
     AdminAddress(AdminAddressError),
+    /// An `advertise-address` that cannot be one.
+    #[error("field `advertise-address`: {0}")]
+    AdvertiseAddress(AdvertiseAddressError),
     /// An empty `identity`.
     #[error("field `identity` is empty (leave it out for a unique default)")]
     EmptyIdentity,
@@ -289,4 +292,15 @@ pub enum AdminAddressError {
     /// Not a string in the file.
     #[error("must be a string like \"127.0.0.1:9090\" (found: {0})")]
     NotAString(&'static str),
+}
+
+/// An advertised address (`advertise-address`) that cannot be one.
+#[derive(Debug, thiserror::Error)]
+pub enum AdvertiseAddressError {
+    /// Empty.
+    #[error("is empty (leave it out to advertise none, or the pod IP on Kubernetes)")]
+    Empty,
+    /// Holds whitespace.
+    #[error("{0:?} holds whitespace: write it like \"10.1.2.3:8080\" or \"http://node-a:8080\"")]
+    Whitespace(String),
 }

@@ -33,7 +33,7 @@ use crate::runtime::{
 };
 use crate::store::validate_lease_name;
 
-pub use error::{AdminAddressError, ConfigError, ConfigErrorKind, InvalidNamespace};
+pub use error::{AdminAddressError, AdvertiseAddressError, ConfigError, ConfigErrorKind, InvalidNamespace};
 pub use overrides::{LoadError, OverrideError, Overrides};
 
 #[derive(Debug, Deserialize)]
@@ -44,6 +44,7 @@ struct RawConfig {
     coredump_dir: Option<PathBuf>,
     instance_pool: Option<bool>,
     admin_address: Option<Spanned<toml::Value>>,
+    advertise_address: Option<Spanned<String>>,
     control_socket: Option<PathBuf>,
     watch: Option<bool>,
     store: Option<RawStore>,
@@ -380,6 +381,11 @@ pub struct Config {
     /// served; `None`: nowhere (the default). Port 0 picks a free port,
     /// logged at start.
     pub admin_address: Option<SocketAddr>,
+    /// How others reach this host's service (`advertise-address`, or
+    /// `--advertise-address`), published in every record it holds; `None`:
+    /// the `POD_IP` environment variable if set, else no address (see
+    /// [`Config::advertised`]).
+    pub advertise_address: Option<String>,
     /// The control socket (`baton yield`) as the file sets it
     /// (`control-socket`); `None`: the default, see
     /// [`crate::daemon::control::ControlSocket::bind_default`].
@@ -459,6 +465,43 @@ fn validate_namespace(ns: &str) -> Result<(), InvalidNamespace> {
     Ok(())
 }
 
+/// Checks an advertised address (`advertise-address`): any text others
+/// can use to reach the host (`10.1.2.3:8080`, `http://node-a:8080`,
+/// `10.1.2.3`), not empty and without whitespace.
+pub fn validate_advertise_address(text: &str) -> Result<(), AdvertiseAddressError> {
+    if text.is_empty() {
+        return Err(AdvertiseAddressError::Empty);
+    }
+    if text.chars().any(char::is_whitespace) {
+        return Err(AdvertiseAddressError::Whitespace(text.to_owned()));
+    }
+    Ok(())
+}
+
+/// The environment variable whose value is the advertised address when
+/// `advertise-address` is not set: the pod's IP, which the Kubernetes
+/// downward API gives (`status.podIP`).
+pub const POD_IP_VAR: &str = "POD_IP";
+
+impl Config {
+    /// The address this host publishes: `advertise-address` if set, else
+    /// the value of [`POD_IP_VAR`] as it is (an IP without a port) if that
+    /// is set and valid, else none.
+    pub fn advertised(&self) -> Option<String> {
+        if let Some(address) = &self.advertise_address {
+            return Some(address.clone());
+        }
+        let ip = std::env::var(POD_IP_VAR).ok()?;
+        match validate_advertise_address(&ip) {
+            Ok(()) => Some(ip),
+            Err(e) => {
+                tracing::warn!(variable = POD_IP_VAR, error = %e, "not advertised");
+                None
+            }
+        }
+    }
+}
+
 /// Reads an admin address: an IP address and a port, such as
 /// `127.0.0.1:9090` or `[::]:9090` (port 0: any free port). The error says
 /// what is wrong (no host names: the address is bound as given).
@@ -508,6 +551,7 @@ impl Config {
         let admin_address = src.admin_address(&raw)?;
         Ok(Config {
             admin_address,
+            advertise_address: src.advertise_address(raw.advertise_address.take())?,
             spread: membership.filter(|_| spreading),
             membership,
             source: source.map(Path::to_path_buf),

@@ -4,7 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{AdminAddressError, Config, ConfigError, StoreConfig, parse_admin_address};
+use super::{
+    AdminAddressError, AdvertiseAddressError, Config, ConfigError, StoreConfig, parse_admin_address,
+    validate_advertise_address,
+};
 
 /// The command line's settings; `None`: the file's.
 #[derive(Clone, Debug, Default)]
@@ -23,6 +26,8 @@ pub struct Overrides {
     pub admin_address: Option<String>,
     /// `--control-socket`.
     pub control_socket: Option<PathBuf>,
+    /// `--advertise-address`.
+    pub advertise_address: Option<String>,
 }
 
 /// A command-line setting that cannot apply, naming the flag.
@@ -40,6 +45,9 @@ pub enum OverrideError {
     /// `--admin-address` is not an IP address and port.
     #[error("--admin-address (or BATON_ADMIN_ADDRESS): {0}")]
     AdminAddress(AdminAddressError),
+    /// `--advertise-address` cannot be an address.
+    #[error("--advertise-address (or BATON_ADVERTISE_ADDRESS): {0}")]
+    AdvertiseAddress(AdvertiseAddressError),
 }
 
 /// Why a configuration could not be loaded with the command line's
@@ -85,6 +93,10 @@ impl Overrides {
         if let Some(address) = &self.admin_address {
             let parsed = parse_admin_address(address).map_err(OverrideError::AdminAddress)?;
             cfg.admin_address = Some(parsed);
+        }
+        if let Some(address) = &self.advertise_address {
+            validate_advertise_address(address).map_err(OverrideError::AdvertiseAddress)?;
+            cfg.advertise_address = Some(address.clone());
         }
         Ok(())
     }

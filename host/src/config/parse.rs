@@ -677,6 +677,20 @@ impl Source<'_> {
             .map_err(|e| self.err_at(a.span().start, ConfigErrorKind::AdminAddress(e)))
     }
 
+    /// `advertise-address`, if set: not empty, no whitespace.
+    pub(super) fn advertise_address(
+        &self,
+        raw: Option<Spanned<String>>,
+    ) -> Result<Option<String>, ConfigError> {
+        let Some(address) = raw else {
+            return Ok(None);
+        };
+        let at = address.span().start;
+        validate_advertise_address(address.get_ref())
+            .map_err(|e| self.err_at(at, ConfigErrorKind::AdvertiseAddress(e)))?;
+        Ok(Some(address.into_inner()))
+    }
+
     /// `identity`: not empty; a unique default when left out.
     pub(super) fn identity(&self, raw: Option<String>) -> Result<String, ConfigError> {
         match raw {

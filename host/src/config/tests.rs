@@ -174,6 +174,38 @@ fn the_admin_address_is_off_by_default_and_checked_naming_the_field() {
 }
 
 #[test]
+fn the_advertise_address_is_any_text_without_whitespace_and_the_command_line_wins() {
+    assert_eq!(Config::parse("", None).unwrap().advertise_address, None);
+    for good in ["10.1.2.3:8080", "http://node-a:8080/x", "10.1.2.3"] {
+        let c = Config::parse(&format!("advertise-address = {good:?}\n"), None).unwrap();
+        assert_eq!(c.advertise_address.as_deref(), Some(good));
+        assert_eq!(c.advertised().as_deref(), Some(good));
+    }
+    for (bad, why) in [("", "is empty"), ("10.1.2.3 :80", "holds whitespace")] {
+        let e = Config::parse(
+            &format!("identity = \"a\"\nadvertise-address = {bad:?}\n"),
+            Some(Path::new("a.toml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("a.toml:2: field `advertise-address`: "), "{e}");
+        assert!(e.contains(why), "{e}");
+    }
+    let mut c = Config::parse("advertise-address = \"a:1\"\n", None).unwrap();
+    let over = |address: &str| Overrides {
+        advertise_address: Some(address.to_owned()),
+        ..Overrides::default()
+    };
+    over("b:2").apply(&mut c).unwrap();
+    assert_eq!(c.advertise_address.as_deref(), Some("b:2"));
+    let e = over(" ").apply(&mut c).unwrap_err().to_string();
+    assert!(
+        e.starts_with("--advertise-address (or BATON_ADVERTISE_ADDRESS): "),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_blank_identity_is_refused() {
     let e = Config::parse("identity = \" \"\n", Some(Path::new("b.toml")))
         .unwrap_err()

@@ -222,6 +222,10 @@ pub fn needs_restart(old: &Config, new: &Config, fixed: &Fixed) -> Vec<String> {
         super::route::routed(old) != super::route::routed(new),
     );
     differs("admin-address", old.admin_address != new.admin_address);
+    differs(
+        "advertise-address",
+        old.advertise_address != new.advertise_address,
+    );
     differs("control-socket", old.control_socket != new.control_socket);
     differs("cache-dir", old.cache_dir != new.cache_dir);
     differs("coredump-dir", old.coredump_dir != new.coredump_dir);

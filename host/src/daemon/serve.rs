@@ -54,7 +54,7 @@ use crate::runtime::{
     EngineOptions, Plugin, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
 };
 use crate::store::buckets::BucketStore;
-use crate::store::{LeaseStore, StoreTimings};
+use crate::store::{HostInfo, LeaseStore, StoreTimings};
 use crate::supervisor::NoTaskObserver;
 
 /// Why the host could not start.
@@ -241,7 +241,7 @@ pub async fn serve_opts(
             (store, Some(options.buckets.unwrap_or(buckets)))
         }
     };
-    tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), "baton starting");
+    tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), advertised = config.advertised().as_deref().unwrap_or(""), "baton starting");
     // On a terminal, the plugins loaded out of all and a spinner per
     // compilation in flight, until every plugin is loaded.
     let progress = Arc::new(crate::ops::logging::progress(config.plugins.len()));
@@ -417,7 +417,10 @@ impl Daemon {
             hosts: parts.runtime.hosts().clone(),
             spread: None,
             gate: Arc::new(ClaimGate::new(parts.store)),
-            host: HostHandle::default(),
+            host: HostHandle::new(HostInfo {
+                address: config.advertised(),
+                ..HostInfo::default()
+            }),
             routing,
         };
         let (files, _) = watch::channel(reload::watched_files(&config));
