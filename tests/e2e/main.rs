@@ -15,6 +15,7 @@ mod grants;
 mod http;
 mod http_server;
 mod health;
+mod leader_address;
 mod lookup;
 mod misbehaving;
 mod moving;

@@ -35,7 +35,7 @@ use crate::election::spread::{MEMBER_PREFIX, assign};
 use crate::store::buckets::BucketStore;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::embedded::buckets::EmbeddedBuckets;
-use crate::store::{LeaseRecord, LeaseStore, StoreError, Versioned};
+use crate::store::{DEFAULT_WEIGHT, LeaseRecord, LeaseStore, StoreError, Versioned};
 use crate::support::rounding::{human, secs};
 
 /// The version of the JSON document's shape.
@@ -257,6 +257,9 @@ pub struct LeaseStatus {
     pub name: String,
     /// Who holds it; `None`: nobody.
     pub holder: Option<String>,
+    /// The holder's address, as its record says (`advertise-address`);
+    /// `None`: no holder, or it published none.
+    pub holder_address: Option<String>,
     /// Its term.
     pub term: u64,
     /// Held, expired, released or unknown.
@@ -286,6 +289,14 @@ pub struct HostStatus {
     pub identity: String,
     /// The record's lease name.
     pub record: String,
+    /// The host's address, as its record says (`advertise-address`);
+    /// `None`: released, or it published none.
+    pub address: Option<String>,
+    /// Whether the host drains (`baton drain`): hands its leases over and
+    /// takes none.
+    pub draining: bool,
+    /// Its weight in spreading the leads (1 unless configured).
+    pub weight: u32,
     /// Whether the hosts count it as live: held, not expired, and counted.
     pub live: bool,
     /// Whether the hosts count such a record at all (on Kubernetes, only
@@ -496,6 +507,7 @@ fn lease_rows(
                 preferred_holder: preferred.and_then(|p| p.get(&name)).cloned(),
                 name,
                 holder: r.holder().map(str::to_owned),
+                holder_address: r.holder_address().map(str::to_owned),
                 term: r.term,
                 state,
                 renewed: r.renew_time,
@@ -525,7 +537,15 @@ fn host_rows(
             let id = member_identity(&name, r);
             let (state, expires, seconds_left) = expiry(r, now);
             let is_counted = counted.contains(&name);
+            let host = r
+                .host
+                .clone()
+                .filter(|_| r.holder().is_some())
+                .unwrap_or_default();
             HostStatus {
+                address: host.address,
+                draining: host.draining,
+                weight: host.weight,
                 live: is_counted && live(state),
                 counted: is_counted,
                 leads: leases
@@ -631,39 +651,67 @@ impl Report {
         out
     }
 
-    /// The table of the leases.
+    /// The table of the leases (an ADDRESS column when a holder has one).
     fn leases_table(&self) -> String {
-        let mut header = vec!["LEASE", "HOLDER", "TERM"];
+        let addresses = self.leases.iter().any(|l| l.holder_address.is_some());
+        let mut header = vec!["LEASE", "HOLDER"];
+        if addresses {
+            header.push("ADDRESS");
+        }
+        header.push("TERM");
         if self.spreading {
             header.push("PREFERRED");
         }
         header.push("EXPIRES");
         let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
         for l in &self.leases {
-            let mut row = vec![
-                l.name.clone(),
-                l.holder.clone().unwrap_or_else(|| "-".into()),
-                l.term.to_string(),
-            ];
+            let mut row = vec![l.name.clone(), l.holder.clone().unwrap_or_else(|| "-".into())];
+            if addresses {
+                row.push(l.holder_address.clone().unwrap_or_else(|| "-".into()));
+            }
+            row.push(l.term.to_string());
             if self.spreading {
                 row.push(l.preferred_holder.clone().unwrap_or_else(|| "-".into()));
             }
             row.push(expires_text(l.state, l.seconds_left));
             rows.push(row);
         }
-        table(&rows, &[2])
+        table(&rows, &[if addresses { 3 } else { 2 }])
     }
 
-    /// The table of the hosts' membership records.
+    /// The table of the hosts' membership records (ADDRESS and WEIGHT
+    /// columns when a host has an address or a weight other than 1; a
+    /// draining host marked so).
     fn hosts_table(&self) -> String {
-        let mut header = vec!["HOST (membership record)", "LEADS"];
+        let addresses = self.hosts.iter().any(|h| h.address.is_some());
+        let weights = self.hosts.iter().any(|h| h.weight != DEFAULT_WEIGHT);
+        let mut header = vec!["HOST (membership record)"];
+        if addresses {
+            header.push("ADDRESS");
+        }
+        let first = header.len();
+        header.push("LEADS");
+        if weights {
+            header.push("WEIGHT");
+        }
         if self.spreading {
             header.push("PREFERRED");
         }
+        let right: Vec<usize> = (first..header.len()).collect();
         header.push("EXPIRES");
         let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
         for h in &self.hosts {
-            let mut row = vec![h.identity.clone(), h.leads.to_string()];
+            let mut row = vec![match h.draining {
+                true => format!("{} (draining)", h.identity),
+                false => h.identity.clone(),
+            }];
+            if addresses {
+                row.push(h.address.clone().unwrap_or_else(|| "-".into()));
+            }
+            row.push(h.leads.to_string());
+            if weights {
+                row.push(h.weight.to_string());
+            }
             if let Some(n) = h.preferred.filter(|_| self.spreading) {
                 row.push(n.to_string());
             }
@@ -674,7 +722,7 @@ impl Report {
             row.push(expires);
             rows.push(row);
         }
-        table(&rows, &[1, 2])
+        table(&rows, &right)
     }
 
     /// The live hosts, how the preferred holders were found, and how expiry

@@ -289,9 +289,13 @@ fn start_admin(config: &Config) -> Result<(Option<Monitoring>, Option<AdminServe
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::new());
     health.loading(config.plugins.len());
-    let server = crate::ops::admin::start(address, metrics.clone(), health.clone())
+    let host = crate::ops::leases::Host {
+        identity: config.identity.clone(),
+        address: config.advertised(),
+    };
+    let server = crate::ops::admin::start(address, metrics.clone(), health.clone(), host)
         .map_err(|e| ServeError::Admin { address, error: e })?;
-    tracing::info!(address = %server.address(), "admin endpoints listening: /metrics, /healthz, /readyz");
+    tracing::info!(address = %server.address(), "admin endpoints listening: /metrics, /healthz, /readyz, /leases");
     health.watch_runtime("guest", &tokio::runtime::Handle::current());
     Ok((Some(Monitoring { metrics, health }), Some(server)))
 }

@@ -1,5 +1,6 @@
 //! The admin endpoints, on the configured admin address: `/metrics`
-//! ([`Metrics`]), `/healthz` and `/readyz` ([`Health`]).
+//! ([`Metrics`]), `/healthz` and `/readyz` ([`Health`]), and `/leases`
+//! ([`leases`](crate::ops::leases)).
 //!
 //! Served by hyper (HTTP/1.1) on a thread of its own (`baton-admin`) with
 //! a single-threaded tokio runtime of its own: the runtimes that liveness
@@ -19,6 +20,7 @@ use hyper::body::Incoming;
 use wasmtime_wasi_http::io::TokioIo;
 
 use crate::ops::health::{Health, Verdict};
+use crate::ops::leases::{self, Host};
 use crate::ops::metrics::{self, Metrics};
 
 /// How long one connection may take, from accepting it to its last answer.
@@ -45,12 +47,13 @@ impl Drop for AdminServer {
     }
 }
 
-/// Binds `address` (an error if it cannot) and serves the endpoints from a
-/// thread of its own until the returned server is dropped.
+/// Binds `address` (an error if it cannot) and serves the endpoints of
+/// `host` from a thread of its own until the returned server is dropped.
 pub fn start(
     address: SocketAddr,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    host: Host,
 ) -> std::io::Result<AdminServer> {
     let listener = std::net::TcpListener::bind(address)?;
     listener.set_nonblocking(true)?;
@@ -61,7 +64,7 @@ pub fn start(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     std::thread::Builder::new()
         .name("baton-admin".into())
-        .spawn(move || runtime.block_on(serve(listener, metrics, health, stopped)))?;
+        .spawn(move || runtime.block_on(serve(listener, metrics, health, host, stopped)))?;
     Ok(AdminServer {
         address: bound,
         stop: Some(stop),
@@ -72,8 +75,10 @@ async fn serve(
     listener: std::net::TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    host: Host,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let host = Arc::new(host);
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -93,10 +98,10 @@ async fn serve(
                 }
             },
         };
-        let (metrics, health) = (metrics.clone(), health.clone());
+        let (metrics, health, host) = (metrics.clone(), health.clone(), host.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-                let answer = answer(request.method(), request.uri().path(), &metrics, &health);
+                let answer = answer(request.method(), request.uri().path(), &metrics, &health, &host);
                 async move { Ok::<_, Infallible>(answer) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
@@ -126,7 +131,13 @@ fn verdict(v: Verdict) -> Response<Full<Bytes>> {
 }
 
 /// The answer to `method path`.
-fn answer(method: &Method, path: &str, metrics: &Metrics, health: &Health) -> Response<Full<Bytes>> {
+fn answer(
+    method: &Method,
+    path: &str,
+    metrics: &Metrics,
+    health: &Health,
+    host: &Host,
+) -> Response<Full<Bytes>> {
     if method != Method::GET && method != Method::HEAD {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -138,10 +149,11 @@ fn answer(method: &Method, path: &str, metrics: &Metrics, health: &Health) -> Re
         "/metrics" => text(StatusCode::OK, metrics::CONTENT_TYPE, metrics.encode()),
         "/healthz" => verdict(health.live()),
         "/readyz" => verdict(health.ready()),
+        "/leases" => text(StatusCode::OK, "application/json", leases::json(host, health)),
         _ => text(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            "not found: baton serves /metrics, /healthz and /readyz\n".into(),
+            "not found: baton serves /metrics, /healthz, /readyz and /leases\n".into(),
         ),
     }
 }

@@ -154,6 +154,15 @@ impl Health {
         });
     }
 
+    /// Each watched lease with what its elector last published, for
+    /// `/leases` ([`crate::ops::leases`]).
+    pub fn views(&self) -> Vec<(String, LeaseView)> {
+        lock(&self.leases)
+            .iter()
+            .map(|l| (l.lease.clone(), l.view.borrow().clone()))
+            .collect()
+    }
+
     /// Stops watching `lease` (a reload removed it).
     pub fn unwatch_lease(&self, lease: &str) {
         lock(&self.leases).retain(|l| l.lease != lease);

@@ -6,10 +6,12 @@
 //! - [`progress`]: the start-up's progress on a terminal.
 //! - [`metrics`]: Prometheus metrics of leases, tasks and reloads.
 //! - [`health`]: `/healthz` (the runtimes answer) and `/readyz`.
+//! - [`leases`]: `/leases`, who leads each lease and where it is.
 //! - [`admin`]: the admin address's HTTP server.
 
 pub mod admin;
 pub mod health;
+pub mod leases;
 pub mod logging;
 pub mod metrics;
 pub mod progress;

@@ -161,3 +161,55 @@ async fn an_unreadable_lease_is_shown_as_such_beside_the_others() {
     let json = serde_json::to_value(&r).unwrap();
     assert_eq!(json["unreadable"][0]["name"], "broken", "{json}");
 }
+
+#[test]
+fn holders_addresses_and_hosts_drains_and_weights_are_shown_in_text_and_json() {
+    use crate::store::HostInfo;
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let renewed = now - Duration::from_secs(1);
+    let with = |mut v: Versioned, address: Option<&str>, draining: bool, weight: u32| {
+        v.record.host = Some(HostInfo {
+            address: address.map(str::to_owned),
+            draining,
+            weight,
+        });
+        v
+    };
+    let all = vec![
+        (
+            "alpha".to_owned(),
+            with(held(Some("a"), 3, renewed, 4), Some("10.0.0.1:80"), false, 1),
+        ),
+        ("beta".to_owned(), held(Some("b"), 2, renewed, 4)),
+        (
+            "baton-member.a".to_owned(),
+            with(held(Some("a"), 1, renewed, 2), Some("10.0.0.1:80"), true, 2),
+        ),
+        ("baton-member.b".to_owned(), held(Some("b"), 1, renewed, 2)),
+    ];
+    let counted: BTreeSet<String> = ["baton-member.a".into(), "baton-member.b".into()].into();
+    let r = report("embedded", "store".into(), &Spreading::Off, all, &counted, now);
+    let alpha = &r.leases[0];
+    assert_eq!(alpha.holder_address.as_deref(), Some("10.0.0.1:80"));
+    assert_eq!(r.leases[1].holder_address, None);
+    let (a, b) = (&r.hosts[0], &r.hosts[1]);
+    assert_eq!(
+        (a.address.as_deref(), a.draining, a.weight),
+        (Some("10.0.0.1:80"), true, 2)
+    );
+    assert_eq!((b.address.as_deref(), b.draining, b.weight), (None, false, 1));
+    let text = r.text();
+    assert!(text.contains("LEASE  HOLDER  ADDRESS      TERM"), "{text}");
+    assert!(text.contains("alpha  a       10.0.0.1:80     3"), "{text}");
+    assert!(text.contains("beta   b       -               2"), "{text}");
+    assert!(text.contains("a (draining)"), "{text}");
+    assert!(text.contains("WEIGHT"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+    assert_eq!(json["leases"][0]["holder_address"], "10.0.0.1:80");
+    assert_eq!(json["leases"][1]["holder_address"], serde_json::Value::Null);
+    assert_eq!(json["hosts"][0]["address"], "10.0.0.1:80");
+    assert_eq!(
+        (&json["hosts"][0]["draining"], &json["hosts"][0]["weight"]),
+        (&true.into(), &2.into())
+    );
+}
