@@ -5,8 +5,11 @@
 //! address, and say which leases this host leads; after the SIGTERM
 //! hand-over of one host, both name the other host and its address, and
 //! the stopped host's released membership record carries no address.
+//! Run on the embedded store by `tests/e2e/main.rs` and on Leases by
+//! `tests/kube/address.rs`.
 
 use std::ffi::OsStr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -18,7 +21,7 @@ const A: &str = "10.0.0.1:8080";
 /// Host b's `POD_IP`, advertised as it is.
 const B: &str = "10.0.0.2";
 
-fn address(host: &str) -> &'static str {
+pub fn address(host: &str) -> &'static str {
     match host {
         "a" => A,
         "b" => B,
@@ -70,7 +73,7 @@ fn wait_leases(hosts: &[&Host], want: impl Fn(&[(String, Option<String>)]) -> bo
 
 /// `baton status --json`: each lease's holder and address as `holders`
 /// says, and each host's address (none for a released record).
-fn check_status(cfg: &std::path::Path, holders: &[(String, Option<String>)]) -> Value {
+fn check_status(cfg: &Path, holders: &[(String, Option<String>)]) -> Value {
     let json: Value =
         serde_json::from_str(&status(cfg, &[OsStr::new("--output"), OsStr::new("json")])).unwrap();
     for (lease, holder) in holders {
@@ -96,18 +99,21 @@ fn check_status(cfg: &std::path::Path, holders: &[(String, Option<String>)]) -> 
     json
 }
 
-#[test]
-fn leases_and_status_name_the_leader_and_its_address_across_a_hand_over() {
-    let s = Scratch::new();
-    let cfg = s.write(
-        "baton.toml",
-        &format!(
-            "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[defaults]\nlease-duration = \"2s\"\n\
-             renew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n\n\
-             [[lease]]\nname = \"job-0\"\n\n[[lease]]\nname = \"job-1\"\n",
-            s.store()
-        ),
-    );
+/// The configuration of the scenario: `head` (the `[store]` and
+/// `[defaults]` tables) and two leases without plugins.
+pub fn address_config(head: &str) -> String {
+    format!("{head}\n[[lease]]\nname = \"job-0\"\n\n[[lease]]\nname = \"job-1\"\n")
+}
+
+/// The scenario (see the module documentation) on the configuration
+/// `cfg` (written by [`address_config`]), each step bounded by `within`;
+/// `spread` checks the store once the two hosts lead one lease each
+/// (lease -> holder).
+pub fn hosts_name_the_leader_and_its_address(
+    cfg: &Path,
+    within: Duration,
+    spread: impl Fn(&[(String, Option<String>)]),
+) {
     let admin = [OsStr::new("--admin-address"), OsStr::new("127.0.0.1:0")];
     let args_a = [
         admin[0],
@@ -117,7 +123,7 @@ fn leases_and_status_name_the_leader_and_its_address_across_a_hand_over() {
     ];
     let a = Host::start_opts(
         "a",
-        &cfg,
+        cfg,
         Opts {
             args: &args_a,
             ..Opts::default()
@@ -125,7 +131,7 @@ fn leases_and_status_name_the_leader_and_its_address_across_a_hand_over() {
     );
     let mut b = Host::start_opts(
         "b",
-        &cfg,
+        cfg,
         Opts {
             args: &admin,
             env: &[("POD_IP", B)],
@@ -138,12 +144,13 @@ fn leases_and_status_name_the_leader_and_its_address_across_a_hand_over() {
         holders.len() == 2 && holders.contains(&Some("a")) && holders.contains(&Some("b"))
     };
     let start = Instant::now();
-    wait_leases(&[&a, &b], one_each, Duration::from_secs(10));
+    wait_leases(&[&a, &b], one_each, within);
     println!("spread, as /leases says, after {:?}", start.elapsed());
     let before = leases(&a);
-    let json = check_status(&cfg, &before);
+    spread(&before);
+    let json = check_status(cfg, &before);
     assert_eq!(json["live_hosts"], serde_json::json!(["a", "b"]), "{json:#}");
-    let text = status(&cfg, &[]);
+    let text = status(cfg, &[]);
     let header = text
         .lines()
         .find(|l| l.starts_with("LEASE "))
@@ -161,16 +168,16 @@ fn leases_and_status_name_the_leader_and_its_address_across_a_hand_over() {
 
     // b hands its lease over on SIGTERM: both name a and its address.
     let stopped = b.sigterm();
-    assert!(b.wait_exit(Duration::from_secs(10)).success());
+    assert!(b.wait_exit(within).success());
     let all_a = |l: &[(String, Option<String>)]| l.iter().all(|(_, h)| h.as_deref() == Some("a"));
-    wait_leases(&[&a], all_a, Duration::from_secs(5));
+    wait_leases(&[&a], all_a, within);
     println!(
         "a leads both, as its /leases says, {:.0} ms after b's SIGTERM",
         ms_between(stopped, std::time::SystemTime::now())
     );
     let after = leases(&a);
     assert_eq!(after.len(), 2);
-    let json = check_status(&cfg, &after);
+    let json = check_status(cfg, &after);
     assert_eq!(json["live_hosts"], serde_json::json!(["a"]), "{json:#}");
     let b_record = json["hosts"]
         .as_array()

@@ -1360,3 +1360,20 @@ fn a_host_refuses_a_control_socket_a_live_host_answers_on_and_replaces_a_dead_on
         "{said}"
     );
 }
+
+    );
+}
+
+#[test]
+fn leases_and_status_name_the_leader_and_its_address_across_a_hand_over() {
+    // Two leases spread over two hosts that advertise different addresses
+    // (tests/e2e/leader_address.rs); a SIGTERM hands one host's lease over.
+    let s = Scratch::new();
+    let head = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n\n[defaults]\nlease-duration = \"2s\"\n\
+         renew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n",
+        s.store()
+    );
+    let cfg = s.write("baton.toml", &leader_address::address_config(&head));
+    leader_address::hosts_name_the_leader_and_its_address(&cfg, SECS(10), |_| {});
+}

@@ -12,13 +12,15 @@
 //! `foreign.rs` (other writers, RBAC), `store.rs` (the store against the
 //! server), `terms.rs` (terms and floors), `reset.rs`, `plugins.rs`
 //! (plugins through the host), `route.rs` (the leader's pod's route
-//! label), `state.rs` (plugins' key-value buckets
+//! label), `address.rs` (the holder's address on Leases and in status),
+//! `state.rs` (plugins' key-value buckets
 //! through real hosts and `baton kv`), `chaos.rs`, `conformance.rs` (the
 //! store contract of `tests/store_contract.rs`) and `bucket_conformance.rs`
 //! (the bucket contract of `tests/bucket_contract.rs`).
 // Tests may be long; production functions may not (clippy.toml).
 #![allow(clippy::too_many_lines)]
 
+mod address;
 mod blackhole;
 mod bucket_conformance;
 mod chaos;
@@ -41,6 +43,8 @@ mod bucket_contract;
 #[allow(dead_code)]
 #[path = "../e2e/draining.rs"]
 mod draining;
+#[path = "../e2e/leader_address.rs"]
+mod leader_address;
 #[path = "../e2e/moving.rs"]
 mod moving;
 #[allow(dead_code)]
