@@ -6,6 +6,8 @@
 //! One [`LeaseRoute`] per such lease does every label request of it, one
 //! at a time (a lock), on the election runtime:
 //!
+//! - **At start** the labelled pods are listed once (a missing Role rule
+//!   is said at once, and the connection is open when a term begins).
 //! - **A term begins** ([`follow`] sees this host lead): first the label
 //!   is taken off every other pod still carrying it (a host that died
 //!   leaves one), then put on this pod; both only while the term is not
@@ -138,6 +140,20 @@ impl LeaseRoute {
         }
     }
 
+    /// Lists the pods carrying the label once, at start: a Role without
+    /// the pods rule is said at once, not at the first term, and the
+    /// connection is open when a term begins.
+    async fn check(&self) {
+        match timeout(self.bound, self.pod.carrying(&self.lease, &self.key)).await {
+            Ok(Ok(pods)) => {
+                let pods: Vec<String> = pods.into_iter().filter_map(|p| p.metadata.name).collect();
+                tracing::debug!(lease = %self.lease, label = %self.key, ?pods, "pods carrying the route label");
+            }
+            Ok(Err(e)) => self.failed("listing the pods carrying the route label", &e),
+            Err(_) => self.failed("listing the pods carrying the route label", &"timed out"),
+        }
+    }
+
     /// The label off this pod, if a term may have put it there.
     async fn release(&self, term: u64) {
         let mut labelled = self.labelled.lock().await;
@@ -167,6 +183,7 @@ impl BeforeRelease for LeaseRoute {
 /// tasks are gone (if the elector's release did not already).
 pub(super) async fn follow(route: Arc<LeaseRoute>, mut view: watch::Receiver<LeaseView>) {
     let mut last = 0;
+    route.check().await;
     loop {
         let term = view.borrow_and_update().term.clone();
         if let Some(term) = term.filter(|t| t.number() != last) {
