@@ -28,7 +28,8 @@
 #      merge patches (the requests baton makes), found by the label
 #      selector; the Service of service-leader.yaml selects the key of the
 #      ConfigMap's lease with route-label = true (baton.dev/lead-<lease>);
-#      the Deployment sets POD_NAME and POD_NAMESPACE from the downward API.
+#      the Deployment sets POD_NAME and POD_NAMESPACE from the downward API,
+#      and POD_IP (the advertised address) from status.podIP.
 #   5. the image is the one scripts/image.sh builds: <registry>/baton:<the
 #      workspace's version>, the only image of the Deployment.
 #
@@ -335,7 +336,7 @@ if [ -n "$route_lease" ] && grep -q "^    $key: \"true\"\$" "$here/service-leade
 else
     fail "service-leader.yaml should select baton.dev/lead-<lease>: \"true\" of the ConfigMap's lease with route-label = true (found lease '${route_lease:-none}')"
 fi
-for v in "POD_NAME metadata.name" "POD_NAMESPACE metadata.namespace"; do
+for v in "POD_NAME metadata.name" "POD_NAMESPACE metadata.namespace" "POD_IP status.podIP"; do
     set -- $v
     if awk -v n="$1" -v f="$2" '$1 == "-" && $2 == "name:" { on = ($3 == n); next } on && $1 == "fieldPath:" { found = ($2 == f); exit } END { exit !found }' "$here/deployment.yaml"; then
         ok "the Deployment sets $1 from the downward API ($2)"
