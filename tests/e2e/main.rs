@@ -375,13 +375,13 @@ fn bad_plugins_are_named_and_the_host_runs_the_others() {
             matches!(file, "rust_future_ticker.wasm" | "hosts_pollable.wasm"),
             "{stdout}"
         );
-    }
-}
         // Plugins built with the SDK export a health check; the others
         // are of a version without one.
         let checks = stdout.contains("exports a health check (baton:leader/health-");
         assert_eq!(checks, world.ends_with("@0.4.0"), "{file}: {stdout}");
         assert!(!stdout.contains("exports no health check"), "{file}: {stdout}");
+    }
+}
 
 #[test]
 fn unsafe_timings_are_refused_with_the_invariant_explained() {
