@@ -80,9 +80,17 @@ fn wait_counts(hosts: &[&Host], n: usize, want: &[Option<usize>], within: Durati
 }
 
 /// The scenario on `cfg` (`n` leases, records in `data`) with the hosts
-/// `names`, the second of which is drained; `records` reads the store.
+/// `names`, the second of which is drained (one lease at a time, or
+/// `all_at_once`); `records` reads the store.
 /// Returns how long `baton drain` took, in milliseconds.
-pub fn drain_one_host(cfg: &Path, data: &Path, names: &[&str], n: usize, records: &Records) -> f64 {
+pub fn drain_one_host(
+    cfg: &Path,
+    data: &Path,
+    names: &[&str],
+    n: usize,
+    records: &Records,
+    all_at_once: bool,
+) -> f64 {
     let mut hosts: Vec<Host> = names.iter().map(|name| start_host(name, cfg)).collect();
     let share = n / names.len();
     let all: Vec<&Host> = hosts.iter().collect();
@@ -105,7 +113,7 @@ pub fn drain_one_host(cfg: &Path, data: &Path, names: &[&str], n: usize, records
     );
 
     let started = Instant::now();
-    let out = baton_cmd(&[
+    let mut args: Vec<&std::ffi::OsStr> = vec![
         "drain".as_ref(),
         "--config".as_ref(),
         cfg.as_os_str(),
@@ -113,7 +121,11 @@ pub fn drain_one_host(cfg: &Path, data: &Path, names: &[&str], n: usize, records
         id.as_ref(),
         "--timeout".as_ref(),
         "20s".as_ref(),
-    ]);
+    ];
+    if all_at_once {
+        args.push("--all-at-once".as_ref());
+    }
+    let out = baton_cmd(&args);
     let took = started.elapsed().as_secs_f64() * 1000.0;
     let said = text(&out.stdout);
     assert!(out.status.success(), "{out:?}");
@@ -225,4 +237,70 @@ pub fn drain_one_host(cfg: &Path, data: &Path, names: &[&str], n: usize, records
         assert!(r > 0, "lease {i}: no records");
     }
     took
+}
+
+/// A lone host on `cfg` (one lease "demo", its plugin "probe" ignoring its
+/// change signal, so stopped by force after the grace), its lease read
+/// through `holder`: a drain whose wait is shorter than the grace fails,
+/// naming the lease, but the hand-over goes on: the lease is released
+/// once the task is gone, and nobody leads it (no other host); a second
+/// drain says it led nothing; `baton resume` makes it lead again, in the
+/// next term.
+pub fn a_lone_host_drain_that_times_out(cfg: &Path, holder: &dyn Fn(&str) -> Option<String>) {
+    let mut a = Host::start("solo", cfg);
+    let leading = |e: &Event| {
+        e.message() == "lease status changed"
+            && e.str("lease") == Some("demo")
+            && e.str("role") == Some("leading")
+    };
+    let term = a
+        .wait_for(Duration::from_secs(60), "solo leading", leading)
+        .u64("term")
+        .unwrap();
+    a.wait_for(Duration::from_secs(10), "the guest's start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let drain = |timeout: &str| {
+        baton_cmd(&[
+            "drain".as_ref(),
+            "--config".as_ref(),
+            cfg.as_os_str(),
+            "--timeout".as_ref(),
+            timeout.as_ref(),
+        ])
+    };
+    let out = drain("200ms");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        err.contains("host solo drains") && err.contains("not confirmed stopped"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("demo term {term}: tasks not confirmed stopped")),
+        "{err}"
+    );
+    // Forced after the grace, then released; nobody takes it.
+    let stopped = a.wait_for(Duration::from_secs(3), "the forced stop", |e| {
+        e.is("leader task stopped", Some("probe"))
+    });
+    assert_eq!(stopped.str("how"), Some("forced"));
+    a.wait_for(Duration::from_secs(3), "the release", |e| {
+        e.message() == "released the lease"
+    });
+    assert_eq!(holder("demo"), None);
+    let out = drain("5s");
+    assert!(out.status.success(), "{out:?}");
+    assert!(text(&out.stdout).contains("it led no lease"), "{out:?}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(holder("demo"), None, "taken while draining");
+    assert!(led(&a).is_empty());
+    let out = baton_cmd(&["resume".as_ref(), "--config".as_ref(), cfg.as_os_str()]);
+    assert!(out.status.success(), "{out:?}");
+    let again = a.wait_for(Duration::from_secs(5), "solo leading again", |e| {
+        leading(e) && e.u64("term") > Some(term)
+    });
+    assert_eq!(again.u64("term"), Some(term + 1));
+    a.sigterm();
+    assert!(a.wait_exit(Duration::from_secs(20)).success());
 }

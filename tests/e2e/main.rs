@@ -979,7 +979,6 @@ fn without_the_instance_pool_guests_of_every_kind_run_and_stop_on_time() {
     assert!(h.wait_exit(SECS(5)).success());
 }
 
-#[test]
 /// The `[store]` and `[defaults]` tables of the spreading tests on `s`.
 fn spread_head(s: &Scratch) -> String {
     format!(
@@ -1027,10 +1026,25 @@ fn a_drained_host_hands_every_lease_over_takes_none_and_takes_its_share_after_re
         draining: &draining,
         status_draining: &status_draining,
     };
-    let took = draining::drain_one_host(&cfg, &data, &["a", "b", "c"], 6, &records);
+    let took = draining::drain_one_host(&cfg, &data, &["a", "b", "c"], 6, &records, false);
     println!("embedded store: baton drain of a host leading two leases took {took:.0} ms");
 }
 
+#[test]
+fn a_lone_host_drain_that_times_out_fails_naming_the_lease_and_releases_it_after() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "busy")]),
+    );
+    let store = s.store();
+    let holder = |lease: &str| {
+        read_lease(&store, lease).and_then(|v| v["record"]["holder"].as_str().map(str::to_owned))
+    };
+    draining::a_lone_host_drain_that_times_out(&cfg, &holder);
+}
+
+#[test]
 fn guests_of_both_worlds_count_the_live_hosts_without_spreading() {
     let s = Scratch::new();
     let head = format!(

@@ -228,7 +228,7 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_r
 #[test]
 fn a_drained_host_hands_its_leases_over_on_leases_and_its_membership_lease_says_so() {
     // As the end-to-end test of the same name, on Leases, two hosts on
-    // four leases: the drained host's membership Lease carries
+    // four leases, drained all at once: the drained host's membership Lease carries
     // baton.dev/draining = "true" (then "false" after the resume), and
     // every Lease is held by the other host while it drains.
     let t = KubeTest::new("drain");
@@ -259,6 +259,6 @@ fn a_drained_host_hands_its_leases_over_on_leases_and_its_membership_lease_says_
         draining: &draining,
         status_draining: &status_draining,
     };
-    let took = draining::drain_one_host(&cfg, &data, &["a", "b"], 4, &records);
+    let took = draining::drain_one_host(&cfg, &data, &["a", "b"], 4, &records, true);
     println!("kubernetes: baton drain of a host leading two leases took {took:.0} ms");
 }

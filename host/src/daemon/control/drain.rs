@@ -225,7 +225,8 @@ fn describe(h: &HandedOver) -> String {
             h.lease, h.term
         ),
         _ => format!(
-            "{} term {}: tasks not confirmed stopped in time; not released, it expires on its own",
+            "{} term {}: tasks not confirmed stopped within the wait; the lease is released once they \
+             are, or expires on its own",
             h.lease, h.term
         ),
     }
