@@ -192,6 +192,7 @@ struct RawPlugin {
     jitter: Option<Duration>,
     #[serde(default)]
     suspend: bool,
+    health_check: Option<health_check::RawHealthCheck>,
 }
 
 /// `catch-up`.
@@ -204,7 +205,6 @@ enum RawCatchUp {
 
 /// `overlap`.
 #[derive(Clone, Copy, Debug, Deserialize)]
-    health_check: Option<health_check::RawHealthCheck>,
 #[serde(rename_all = "kebab-case")]
 enum RawOverlap {
     Skip,

@@ -201,6 +201,7 @@ impl Source<'_> {
                     send_buffer: self.send_buffer(at, name, p)?,
                     keyvalue: self.keyvalue(at, name, p)?,
                     config: self.config_values(at, name, p)?,
+                    health_check: self.health_check(at, name, p.health_check.as_ref())?,
                 },
                 lease: p.lease.get_ref().clone(),
                 reload: p.reload,
@@ -234,7 +235,6 @@ impl Source<'_> {
                         "keyvalue",
                         format!(
                             "bucket {b:?}: names starting with \"baton-\" are kept for the host's own buckets"
-                    health_check: self.health_check(at, name, p.health_check.as_ref())?,
                         ),
                     ));
                 }

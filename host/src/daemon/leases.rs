@@ -417,6 +417,7 @@ impl Launcher {
         let (version, versions) = watch::channel(plugin);
         let gone = CancellationToken::new();
         let (view, observer, done) = (run.view.clone(), self.task_observer.clone(), gone.clone());
+        let intent = run.intent.clone();
         let name = p.spec.name.clone();
         // Claimed from now until no task of it runs here.
         run.claims.add(&name);
@@ -431,7 +432,6 @@ impl Launcher {
             schedule: scheduled,
             store,
             host: self.identity.clone(),
-        let intent = run.intent.clone();
             run_now: Arc::new(tokio::sync::Mutex::new(asked)),
         });
         run.supervisors.spawn(async move {

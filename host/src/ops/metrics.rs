@@ -149,10 +149,10 @@ pub struct Metrics {
     schedule_runs: Family<OutcomeLabels, Counter>,
     schedule_skips: Family<ReasonLabels, Counter>,
     schedule_lateness: Family<PluginLabels, Histogram, fn() -> Histogram>,
-    read: Arc<Read>,
-}
     health_checks: Family<OutcomeLabels, Counter>,
     health_handovers: Family<LeaseLabels, Counter>,
+    read: Arc<Read>,
+}
 
 /// What is read when scraped.
 #[derive(Debug, Default)]
@@ -208,21 +208,21 @@ impl Metrics {
             schedule_runs: Family::default(),
             schedule_skips: Family::default(),
             schedule_lateness: Family::new_with_constructor(lateness_histogram as fn() -> Histogram),
+            health_checks: Family::default(),
+            health_handovers: Family::default(),
             read: Arc::default(),
             registry: Registry::default(),
         };
         m.register_lease_metrics(&mut registry);
         m.register_task_metrics(&mut registry);
-            health_checks: Family::default(),
-            health_handovers: Family::default(),
         m.register_reloads(&mut registry);
         m.register_schedules(&mut registry);
+        m.register_health(&mut registry);
         registry.register_collector(Box::new(m.read.clone()));
         Metrics { registry, ..m }
     }
 
     /// The electors' metrics, reported through [`ElectionObserver`].
-        m.register_health(&mut registry);
     fn register_lease_metrics(&self, registry: &mut Registry) {
         registry.register(
             "lease_role",
@@ -309,16 +309,6 @@ impl Metrics {
         );
     }
 
-    /// Reloads by result, both results present from the start.
-    fn register_reloads(&self, registry: &mut Registry) {
-        registry.register(
-            "reloads",
-            "Reloads (SIGHUP, or a watched file that changed), by result: ok (applied, or nothing changed) or refused (a broken file, a plugin that cannot run, or a change that needs a restart; nothing was changed)",
-            self.reloads.clone(),
-        );
-        for result in ["ok", "refused"] {
-            let _ = self.reloads.get_or_create(&ReloadLabels { result });
-        }
     /// Health checks and the hand-overs they caused, reported through
     /// [`TaskObserver`].
     fn register_health(&self, registry: &mut Registry) {
@@ -334,6 +324,16 @@ impl Metrics {
         );
     }
 
+    /// Reloads by result, both results present from the start.
+    fn register_reloads(&self, registry: &mut Registry) {
+        registry.register(
+            "reloads",
+            "Reloads (SIGHUP, or a watched file that changed), by result: ok (applied, or nothing changed) or refused (a broken file, a plugin that cannot run, or a change that needs a restart; nothing was changed)",
+            self.reloads.clone(),
+        );
+        for result in ["ok", "refused"] {
+            let _ = self.reloads.get_or_create(&ReloadLabels { result });
+        }
     }
 
     /// The plugins `baton run` loaded (with their leases), how many it
@@ -496,6 +496,21 @@ impl TaskObserver for Metrics {
         };
         self.schedule_skips.get_or_create(&labels).inc_by(count);
     }
+
+    fn health_check(&self, plugin: &str, outcome: &'static str) {
+        let labels = OutcomeLabels {
+            plugin: plugin.to_owned(),
+            outcome,
+        };
+        self.health_checks.get_or_create(&labels).inc();
+    }
+
+    fn health_handover(&self, lease: &str) {
+        let labels = LeaseLabels {
+            lease: lease.to_owned(),
+        };
+        self.health_handovers.get_or_create(&labels).inc();
+    }
 }
 
 /// Encodes `family` under `name` (the registry adds the prefix).
@@ -549,21 +564,6 @@ fn encode_plugins(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt
                         kind,
                         outcome: outcome.label(),
                     };
-
-    fn health_check(&self, plugin: &str, outcome: &'static str) {
-        let labels = OutcomeLabels {
-            plugin: plugin.to_owned(),
-            outcome,
-        };
-        self.health_checks.get_or_create(&labels).inc();
-    }
-
-    fn health_handover(&self, lease: &str) {
-        let labels = LeaseLabels {
-            lease: lease.to_owned(),
-        };
-        self.health_handovers.get_or_create(&labels).inc();
-    }
                     keyvalue.get_or_create(&labels).inc_by(n);
                 }
             }
