@@ -100,11 +100,6 @@ enum Command {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
-    /// Asks the host that leads a scheduled plugin's lease for one extra
-    /// run of it now.
-    RunNow {
-        /// The plugin.
-        plugin: String,
     /// Make a running host hand over every lease it leads (drain each, then
     /// release it) and take none until `baton resume` or a restart; waits
     /// until it leads nothing. Reached through its control socket.
@@ -140,6 +135,11 @@ enum Command {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+    /// Asks the host that leads a scheduled plugin's lease for one extra
+    /// run of it now.
+    RunNow {
+        /// The plugin.
+        plugin: String,
         #[arg(long, short, env = "BATON_CONFIG")]
         config: Option<PathBuf>,
         #[arg(long, env = "BATON_IDENTITY")]
@@ -265,13 +265,6 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             socket,
         } => cli::run_now::execute(plugin, config, identity, socket).await,
         Command::Kv { action } => cli::kv::execute(action).await,
-        Command::Yield {
-            lease,
-            duration,
-            config,
-            identity,
-            socket,
-        } => cli::yield_lease::execute(lease, duration, config, identity, socket).await,
         Command::Drain {
             all_at_once,
             timeout,
@@ -284,6 +277,13 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             identity,
             socket,
         } => cli::resume::execute(config, identity, socket).await,
+        Command::Yield {
+            lease,
+            duration,
+            config,
+            identity,
+            socket,
+        } => cli::yield_lease::execute(lease, duration, config, identity, socket).await,
         Command::New {
             lang,
             world,

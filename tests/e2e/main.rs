@@ -1375,9 +1375,6 @@ fn a_host_refuses_a_control_socket_a_live_host_answers_on_and_replaces_a_dead_on
     );
 }
 
-    );
-}
-
 #[test]
 fn leases_and_status_name_the_leader_and_its_address_across_a_hand_over() {
     // Two leases spread over two hosts that advertise different addresses

@@ -47,8 +47,8 @@ struct RawConfig {
     advertise_address: Option<Spanned<String>>,
     control_socket: Option<PathBuf>,
     watch: Option<bool>,
-    store: Option<RawStore>,
     weight: Option<i64>,
+    store: Option<RawStore>,
     #[serde(default)]
     defaults: RawTimings,
     #[serde(default, rename = "lease")]
@@ -142,11 +142,11 @@ struct RawLease {
     name: Spanned<String>,
     #[serde(default)]
     route_label: bool,
-    #[serde(flatten)]
     #[serde(default)]
     prefer: Vec<String>,
     #[serde(default)]
     avoid: Vec<String>,
+    #[serde(flatten)]
     timings: RawTimings,
 }
 
@@ -338,10 +338,10 @@ pub struct LeaseConfig {
     pub name: String,
     /// Its validated timings.
     pub timings: Timings,
-    /// Whether the leader's pod carries the lease's route label
     /// Which hosts it goes to first, and which it avoids, when the leads
     /// are spread (`prefer`, `avoid`).
     pub placement: Placement,
+    /// Whether the leader's pod carries the lease's route label
     /// (`route-label`; Kubernetes only).
     pub route_label: bool,
 }
@@ -407,15 +407,15 @@ pub struct Config {
     /// the same settings as `spread`. `None` only when the `[defaults]`
     /// timings are unsafe and spreading is off.
     pub membership: Option<SpreadConfig>,
+    /// This host's weight when the leads are spread (`weight`, 1 by
+    /// default): its share of the leases is in proportion.
+    pub weight: u32,
     /// Whether the host watches its configuration file and plugin files
     /// and reloads when they change (`watch = true`, or `--watch`).
     pub watch: bool,
 }
 
 /// The timings of a host's membership record, from the `[defaults]`
-    /// This host's weight when the leads are spread (`weight`, 1 by
-    /// default): its share of the leases is in proportion.
-    pub weight: u32,
 /// timings `base`: half the lease duration (in whole seconds from 2 s up,
 /// as a Kubernetes Lease holds them), so that the other hosts stop counting
 /// a dead host before its leases expire and its leases go to the hosts
@@ -561,6 +561,7 @@ impl Config {
             coredump_dir: raw.coredump_dir.map(|d| src.resolve(&d)),
             instance_pool: raw.instance_pool.unwrap_or(true),
             watch: raw.watch.unwrap_or(false),
+            weight: src.weight(raw.weight)?,
             control_socket: raw.control_socket.map(|p| src.resolve(&p)),
             store,
             store_declared,
@@ -572,4 +573,3 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
-            weight: src.weight(raw.weight)?,

@@ -288,6 +288,32 @@ fn default_identities_differ() {
 }
 
 #[test]
+fn prefer_avoid_and_weight_are_read_and_checked() {
+    let text = "weight = 3\n[[lease]]\nname = \"a\"\nprefer = [\"h1\", \"h2\"]\navoid = [\"h3\"]\n[[lease]]\nname = \"b\"\n";
+    let c = Config::parse(text, None).unwrap();
+    assert_eq!(c.weight, 3);
+    assert_eq!(c.leases[0].placement.prefer, ["h1", "h2"]);
+    assert_eq!(c.leases[0].placement.avoid, ["h3"]);
+    assert!(c.leases[1].placement.is_empty());
+    assert_eq!(Config::parse("", None).unwrap().weight, 1);
+    let bad = |text: &str| Config::parse(text, None).unwrap_err().to_string();
+    let e = bad("[[lease]]\nname = \"a\"\nprefer = [\"h1\"]\navoid = [\"h2\", \"h1\"]\n");
+    assert!(
+        e.contains("lease \"a\"") && e.contains("\"h1\"") && e.contains("both"),
+        "{e}"
+    );
+    assert!(e.contains("<configuration>:2"), "{e}");
+    let e = bad("[[lease]]\nname = \"a\"\navoid = [\"\"]\n");
+    assert!(e.contains("lease \"a\": field `avoid`"), "{e}");
+    for w in ["0", "1001", "-2"] {
+        let e = bad(&format!("weight = {w}\n"));
+        assert!(e.contains("field `weight`") && e.contains("1 to 1000"), "{e}");
+    }
+    let e = bad("[[lease]]\nname = \"a\"\nprefers = [\"h1\"]\n");
+    assert!(e.contains("prefers"), "{e}");
+}
+
+#[test]
 fn route_label_needs_the_kubernetes_store_and_names_its_pod() {
     let kube = "[store]\nkind = \"kubernetes\"\npod = \"baton-0\"\npod-namespace = \"apps\"\n";
     let c = Config::parse(
@@ -318,29 +344,3 @@ fn route_label_needs_the_kubernetes_store_and_names_its_pod() {
     .to_string();
     assert!(e.contains("invalid namespace"), "{e}");
 }
-#[test]
-fn prefer_avoid_and_weight_are_read_and_checked() {
-    let text = "weight = 3\n[[lease]]\nname = \"a\"\nprefer = [\"h1\", \"h2\"]\navoid = [\"h3\"]\n[[lease]]\nname = \"b\"\n";
-    let c = Config::parse(text, None).unwrap();
-    assert_eq!(c.weight, 3);
-    assert_eq!(c.leases[0].placement.prefer, ["h1", "h2"]);
-    assert_eq!(c.leases[0].placement.avoid, ["h3"]);
-    assert!(c.leases[1].placement.is_empty());
-    assert_eq!(Config::parse("", None).unwrap().weight, 1);
-    let bad = |text: &str| Config::parse(text, None).unwrap_err().to_string();
-    let e = bad("[[lease]]\nname = \"a\"\nprefer = [\"h1\"]\navoid = [\"h2\", \"h1\"]\n");
-    assert!(
-        e.contains("lease \"a\"") && e.contains("\"h1\"") && e.contains("both"),
-        "{e}"
-    );
-    assert!(e.contains("<configuration>:2"), "{e}");
-    let e = bad("[[lease]]\nname = \"a\"\navoid = [\"\"]\n");
-    assert!(e.contains("lease \"a\": field `avoid`"), "{e}");
-    for w in ["0", "1001", "-2"] {
-        let e = bad(&format!("weight = {w}\n"));
-        assert!(e.contains("field `weight`") && e.contains("1 to 1000"), "{e}");
-    }
-    let e = bad("[[lease]]\nname = \"a\"\nprefers = [\"h1\"]\n");
-    assert!(e.contains("prefers"), "{e}");
-}
-

@@ -520,10 +520,10 @@ impl Daemon {
                     .as_ref()
                     .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
                 leases: self.controlled.clone(),
+                host: self.launcher.host.clone(),
             };
             tokio::spawn(socket.serve(host, self.control_stop.clone()))
         })
-                host: self.launcher.host.clone(),
     }
 
     /// Serves until `shutdown`, or until an elector fails (it never ends on
