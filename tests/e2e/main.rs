@@ -6,15 +6,16 @@
 // Tests may be long; production functions may not (clippy.toml).
 #![allow(clippy::too_many_lines)]
 
+mod alerts;
 mod chaos;
 mod crash;
 mod crash_fs;
-mod fsops;
 mod draining;
+mod fsops;
 mod grants;
+mod health;
 mod http;
 mod http_server;
-mod health;
 mod leader_address;
 mod lookup;
 mod misbehaving;

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::serve::Monitoring;
-use crate::config::{Config, PluginConfig};
+use crate::config::{Config, LeaseConfig, PluginConfig};
 use crate::ops::progress::Progress;
 use crate::runtime::{Plugin, PluginEngine, PluginRuntime};
 
@@ -23,6 +23,8 @@ pub(super) struct Loaded {
     pub(super) refusals: Vec<String>,
     /// A shutdown came first: the rest were abandoned.
     pub(super) cancelled: bool,
+    /// The configured leases (their timings are exported).
+    pub(super) leases: Vec<LeaseConfig>,
 }
 
 impl Loaded {
@@ -35,6 +37,7 @@ impl Loaded {
     ) {
         if let Some(monitoring) = monitoring {
             monitoring.metrics.loaded(&self.plugins, self.failed, engine);
+            monitoring.metrics.leases(&self.leases);
             monitoring.health.loaded(self.refusals.clone());
         }
         if let Some((hits, misses)) = engine.cache_stats() {
@@ -65,6 +68,7 @@ pub(super) async fn load_plugins(
         failed: 0,
         refusals: Vec::new(),
         cancelled: false,
+        leases: config.leases.clone(),
     };
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let specs: Vec<_> = config.plugins.iter().map(|p| p.spec.clone()).collect();

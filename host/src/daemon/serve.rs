@@ -594,6 +594,7 @@ impl Daemon {
                         .map(|p| (p.lease.clone(), p.version.borrow().clone()))
                         .collect();
                     m.metrics.loaded(&all, 0, &self.engine);
+                    m.metrics.leases(&self.config.leases);
                 }
                 true
             }

@@ -23,7 +23,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::election::{ElectionObserver, Role, Status, StoreErrorKind};
+use crate::config::LeaseConfig;
+use crate::election::{ElectionObserver, Role, Status, StoreErrorKind, Timings};
 use crate::runtime::keyvalue::Outcome;
 use crate::runtime::{Plugin, PluginEngine};
 use crate::supervisor::{TaskEnd, TaskObserver, TaskState};
@@ -169,6 +170,8 @@ struct ReadInner {
     plugins: Vec<(Arc<Plugin>, String)>,
     /// Plugins configured but not loaded.
     refused: usize,
+    /// Each configured lease's timings.
+    timings: Vec<(String, Timings)>,
     engine: Option<PluginEngine>,
 }
 
@@ -343,6 +346,40 @@ impl Metrics {
         read.plugins = plugins.iter().map(|(l, p)| (p.clone(), l.clone())).collect();
         read.refused = refused;
         read.engine = Some(engine.clone());
+        // Counters at 0 from the start: `increase()` misses the first
+        // event of a series that appears with it.
+        for (_, p) in plugins {
+            let labels = PluginLabels {
+                plugin: p.name().to_owned(),
+            };
+            for family in [&self.starts, &self.failures, &self.traps, &self.forced] {
+                let _ = family.get_or_create(&labels);
+            }
+        }
+    }
+
+    /// The configured leases, whose timings are exported (at start and
+    /// after each reload that applied).
+    pub fn leases(&self, leases: &[LeaseConfig]) {
+        let mut read = self.read.inner.lock().unwrap_or_else(|e| e.into_inner());
+        read.timings = leases.iter().map(|l| (l.name.clone(), l.timings)).collect();
+        // Counters at 0 from the start, as in `loaded`.
+        for l in leases {
+            for change in ["gained", "lost"] {
+                let labels = ChangeLabels {
+                    lease: l.name.clone(),
+                    change,
+                };
+                let _ = self.changes.get_or_create(&labels);
+            }
+            for kind in StoreErrorKind::ALL {
+                let labels = ErrorLabels {
+                    lease: l.name.clone(),
+                    kind: kind.as_str(),
+                };
+                let _ = self.store_errors.get_or_create(&labels);
+            }
+        }
     }
 
     /// A request on the route label of `lease` failed.
@@ -527,6 +564,7 @@ impl Collector for Read {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let read = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         encode_renewal_ages(&read, &mut encoder)?;
+        encode_timings(&read, &mut encoder)?;
         encode_plugins(&read, &mut encoder)?;
         encode_counts(&read, &mut encoder)
     }
@@ -548,6 +586,41 @@ fn encode_renewal_ages(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std
     )
 }
 
+/// `lease_duration_seconds`, `lease_renew_deadline_seconds` and
+/// `lease_retry_period_seconds`: each configured lease's timings, for
+/// alerts that scale with them (deploy/prometheus).
+fn encode_timings(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+    type Seconds = Gauge<f64, std::sync::atomic::AtomicU64>;
+    type Pick = (&'static str, &'static str, fn(&Timings) -> Duration);
+    let pick: [Pick; 3] = [
+        (
+            "lease_duration_seconds",
+            "The lease's configured lease duration (LD)",
+            |t| t.lease_duration,
+        ),
+        (
+            "lease_renew_deadline_seconds",
+            "The lease's configured renew deadline (RD)",
+            |t| t.renew_deadline,
+        ),
+        (
+            "lease_retry_period_seconds",
+            "The lease's configured retry period (RP)",
+            |t| t.retry_period,
+        ),
+    ];
+    for (name, help, field) in pick {
+        let family = Family::<LeaseLabels, Seconds>::default();
+        for (lease, t) in &read.timings {
+            family
+                .get_or_create(&LeaseLabels { lease: lease.clone() })
+                .set(field(t).as_secs_f64());
+        }
+        emit(encoder, name, help, &family)?;
+    }
+    Ok(())
+}
+
 /// Each loaded plugin's info, dropped output and memory.
 fn encode_plugins(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
     let info = Family::<InfoLabels, Gauge>::default();
@@ -555,16 +628,16 @@ fn encode_plugins(read: &ReadInner, encoder: &mut DescriptorEncoder) -> std::fmt
     let memory = Family::<PluginLabels, Gauge>::default();
     let keyvalue = Family::<KeyValueLabels, Counter>::default();
     for (p, lease) in &read.plugins {
+        // Every outcome of a plugin with state, 0 until it happens.
         for (write, kind) in [(false, "read"), (true, "write")] {
             for outcome in Outcome::ALL {
-                let n = p.bucket_counts().map_or(0, |c| c.get(write, outcome));
-                if n > 0 {
+                if let Some(counts) = p.bucket_counts() {
                     let labels = KeyValueLabels {
                         plugin: p.name().to_owned(),
                         kind,
                         outcome: outcome.label(),
                     };
-                    keyvalue.get_or_create(&labels).inc_by(n);
+                    keyvalue.get_or_create(&labels).inc_by(counts.get(write, outcome));
                 }
             }
         }

@@ -71,3 +71,42 @@ fn lease_and_task_events_are_counted_under_their_names() {
     );
     assert!(!text.contains("baton_lease_seconds_since_renewal{"), "{text}");
 }
+
+#[test]
+fn lease_timings_are_exported_and_counters_start_at_zero() {
+    let m = Metrics::new();
+    let mut lease = crate::config::LeaseConfig {
+        name: "demo".into(),
+        timings: Timings::default(),
+        placement: Default::default(),
+        route_label: false,
+    };
+    m.leases(std::slice::from_ref(&lease));
+    let text = m.encode();
+    let v =
+        |text: &str, metric: &str| value(text, metric).unwrap_or_else(|| panic!("no {metric} in:\n{text}"));
+    assert_eq!(v(&text, "baton_lease_duration_seconds{lease=\"demo\"}"), 15.0);
+    assert_eq!(
+        v(&text, "baton_lease_renew_deadline_seconds{lease=\"demo\"}"),
+        10.0
+    );
+    assert_eq!(v(&text, "baton_lease_retry_period_seconds{lease=\"demo\"}"), 2.0);
+    for kind in ["conflict", "unavailable", "malformed", "refused", "timeout"] {
+        let series = format!("baton_lease_store_errors_total{{lease=\"demo\",kind=\"{kind}\"}}");
+        assert_eq!(v(&text, &series), 0.0);
+    }
+    assert_eq!(
+        v(
+            &text,
+            "baton_lease_leadership_changes_total{lease=\"demo\",change=\"gained\"}"
+        ),
+        0.0
+    );
+    // A reload's new timings replace the old.
+    lease.timings.lease_duration = Duration::from_secs(30);
+    m.leases(&[lease]);
+    assert_eq!(
+        v(&m.encode(), "baton_lease_duration_seconds{lease=\"demo\"}"),
+        30.0
+    );
+}
