@@ -101,7 +101,8 @@ impl Daemon {
         let fresh = self.compile_changed(&new).await?;
         let old = &self.config;
         let lease_changes = old.leases != new.leases;
-        let spread_changes = old.spread != new.spread || old.membership != new.membership;
+        let spread_changes =
+            old.spread != new.spread || old.membership != new.membership || old.weight != new.weight;
         let schedule_changes = new.plugins.iter().any(|p| {
             self.plugins
                 .get(&p.spec.name)
@@ -197,6 +198,11 @@ impl Daemon {
         self.remove_plugins(new, &mut handover, &mut summary);
         self.change_timings(new, &mut summary);
         self.change_placement(new, &mut summary);
+        // The weight: the spreader reads it from the handle at once, the
+        // other hosts from the next renewal of the membership record.
+        if self.launcher.host.modify(|h| h.weight = new.weight) {
+            summary.push(format!("weight {}", new.weight));
+        }
         self.add_leases(new, &mut summary);
         self.add_plugins(fresh, &mut handover, &mut summary);
         self.reschedule(new, &mut summary);

@@ -423,7 +423,8 @@ impl Daemon {
             gate: Arc::new(ClaimGate::new(parts.store)),
             host: HostHandle::new(HostInfo {
                 address: config.advertised(),
-                ..HostInfo::default()
+                draining: false,
+                weight: config.weight,
             }),
             routing,
         };
