@@ -270,3 +270,71 @@ fn the_route_label_follows_the_leader_onto_one_pod_at_a_time() {
         "the label was on two pods for {two:?}"
     );
 }
+
+#[test]
+fn a_route_label_the_role_refuses_is_logged_and_delays_no_hand_over() {
+    let t = KubeTest::new("route-rbac");
+    make_pods(&t, &["pod-a", "pod-b"]);
+    // The deploy Role without its pods rule, for user baton-a.
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/role.yaml");
+    let mut role: Role = serde_saphyr::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    let rules = role.rules.as_mut().unwrap();
+    let before = rules.len();
+    rules.retain(|r| !r.resources.iter().flatten().any(|x| x == "pods"));
+    assert_eq!(rules.len(), before - 1, "role.yaml has a pods rule");
+    t.rt.block_on(t.ns.bind(role, "baton-a"));
+    let kc = t.env.kubeconfig("baton-a");
+    let text = kube_config(
+        &t.ns.name,
+        Some(&kc),
+        "demo",
+        &[probe("probe", "pollable", "cooperative")],
+    );
+    let text = text.replacen("name = \"demo\"\n", "name = \"demo\"\nroute-label = true\n", 1);
+    let cfg = t.scratch.write("baton.toml", &text);
+    let mut hosts = vec![host_in("host-a", "pod-a", &cfg), host_in("host-b", "pod-b", &cfg)];
+    settled(&hosts);
+    // Said at start, by both, naming the verb and the resource.
+    for h in &hosts {
+        let e = h.wait_for(SECS(5), "the refused listing", |e| {
+            e.message()
+                .starts_with("listing the pods carrying the route label failed")
+        });
+        let error = e.str("error").unwrap_or_default().to_owned();
+        assert!(error.contains("forbidden") && error.contains("pods"), "{error}");
+    }
+    let old = hosts
+        .iter()
+        .position(|h| h.all(is_start).len() == 1)
+        .expect("a leader");
+    hosts[old].wait_for(SECS(5), "the refused label", |e| {
+        e.message().starts_with("labelling this pod failed")
+    });
+    let termed = hosts[old].sigterm();
+    let (new, started) = wait_any(&hosts, SECS(5), "a standby's guest start", termed, is_start);
+    assert_ne!(new, old);
+    let took = ms_between(termed, started.at);
+    assert!(hosts[old].wait_exit(SECS(5)).success());
+    let refused = hosts[old].wait_for(SECS(1), "the refused removal", |e| {
+        e.message()
+            .starts_with("removing the route label from this pod failed")
+    });
+    let released = hosts[old].wait_for(SECS(1), "released", |e| e.message() == "released the lease");
+    let delay = ms_between(refused.at, released.at);
+    println!(
+        "route label refused by RBAC: SIGTERM -> the standby's guest start {took:.0} ms; \
+         the refused removal -> the release {delay:.1} ms"
+    );
+    assert!(took < 500.0, "the hand-over took {took:.0} ms");
+    assert!(
+        (0.0..100.0).contains(&delay),
+        "the release came {delay:.1} ms after the refusal"
+    );
+    let pods: Api<Pod> = Api::namespaced(t.admin.clone(), &t.ns.name);
+    let labelled =
+        t.rt.block_on(pods.list(&ListParams::default().labels(KEY)))
+            .unwrap();
+    assert!(labelled.items.is_empty(), "no pod labelled");
+    hosts[new].sigterm();
+    assert!(hosts[new].wait_exit(SECS(5)).success());
+}
