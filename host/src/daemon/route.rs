@@ -277,6 +277,15 @@ mod tests {
             Some((Some("apps".into()), "p-0".into()))
         );
         assert_eq!(routed(&named), ["a"]);
+        // Turning it on or off needs a restart (the pod is found at start).
+        let fixed = super::super::reload::Fixed {
+            memory_reservation: None,
+            pool_slots: None,
+            cache_dir: std::path::PathBuf::new(),
+            control_socket: None,
+        };
+        let why = super::super::reload::needs_restart(&plain, &named, &fixed);
+        assert!(why.iter().any(|w| w.contains("route-label")), "{why:?}");
         // Without `pod`, POD_NAME (not set where the tests run).
         if std::env::var_os("POD_NAME").is_none() {
             let unknown = parse(&format!("{kube}[[lease]]\nname = \"jobs\"\nroute-label = true\n"));
