@@ -20,10 +20,13 @@ const KEY: &str = "baton.dev/lead-demo";
 /// the label on exactly that host's pod.
 const BOUND: Duration = Duration::from_secs(1);
 
+/// When the set of pods carrying [`KEY`] changed, and to what.
+type Changes = Vec<(SystemTime, Vec<String>)>;
+
 /// Every change of the set of pods carrying [`KEY`], as sampled.
 #[derive(Clone, Default)]
 struct Samples {
-    changes: Arc<Mutex<Vec<(SystemTime, Vec<String>)>>>,
+    changes: Arc<Mutex<Changes>>,
     count: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
