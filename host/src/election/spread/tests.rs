@@ -92,6 +92,8 @@ struct Host {
     hosts_tx: watch::Sender<Hosts>,
     /// Its spreader, if one runs: its settings, stop and task.
     spreader: Option<(SpreadConfig, CancellationToken, JoinHandle<()>)>,
+    /// What its membership record says of it (weight, draining).
+    host: HostHandle,
 }
 
 const HEAD_START: Duration = Duration::from_millis(500);
@@ -173,6 +175,7 @@ impl Host {
             changes,
             hosts_tx,
             spreader: None,
+            host: HostHandle::default(),
         };
         if let Some(cfg) = spread {
             host.start_spreader(cfg, steered);
@@ -189,6 +192,7 @@ impl Host {
             steered,
             self.hosts_tx.clone(),
         )
+        .with_host(self.host.clone())
         .follow(changes_rx);
         let stop = CancellationToken::new();
         let task = tokio::spawn(spreader.run(self.clock.clone(), stop.clone()));
@@ -727,5 +731,118 @@ async fn spreading_turned_on_changed_and_off_at_run_time_spreads_then_moves_noth
             record.is_none_or(|v| v.record.holder().is_none()),
             "{id}'s record"
         );
+    }
+}
+
+/// Drains `h` as `baton drain` does: marked draining, every elector told
+/// to drain; or resumes it.
+fn drain(h: &Host, draining: bool) {
+    h.host.set_draining(draining);
+    for intent in &h.intents {
+        intent.send_replace(if draining { Intent::Drain } else { Intent::Contend });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_draining_host_is_left_out_takes_nothing_and_gets_its_share_back_after_resume() {
+    let store = MemoryStore::new();
+    let clock = TermClock::paused();
+    let leases = names("lease-", 6);
+    let a = Host::start(&store, &clock, "a", &leases);
+    let b = Host::start(&store, &clock, "b", &leases);
+    let c = Host::start(&store, &clock, "c", &leases);
+    let all = [&a, &b, &c];
+    settle(&all, &leases, &[2, 2, 2], Duration::from_secs(20)).await;
+    // b drains: its two leases go to a and c, in the next term, and the
+    // spreaders of a and c leave b out (its record says it drains).
+    let before = b.terms();
+    drain(&b, true);
+    // Taken at once (the release says b yielded them), by whichever of a
+    // and c is first; then spread 3 and 3.
+    let drained = Instant::now();
+    loop {
+        no_overlap(&all, &leases);
+        let l = leads(&all);
+        if l[1] == 0 && l[0] + l[2] == 6 {
+            break;
+        }
+        assert!(
+            drained.elapsed() < Duration::from_secs(1),
+            "b's leases not taken: {l:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    settle(&all, &leases, &[3, 0, 3], Duration::from_secs(10)).await;
+    for (i, (lease, view)) in b.views.iter().enumerate() {
+        let term = a.views[i]
+            .1
+            .borrow()
+            .status
+            .term
+            .max(c.views[i].1.borrow().status.term);
+        assert!(term >= before[i], "{lease}");
+        assert!(!view.borrow().status.is_leading());
+    }
+    // A lease that went to the host the new view does not prefer moves
+    // once more, after the settle time; then it is steady while b drains:
+    // nothing goes back to b, nothing moves.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = a.terms();
+    for (i, lease) in leases.iter().enumerate() {
+        assert!(
+            after[i] <= before[i] + 2,
+            "{lease} moved more than twice: {before:?} -> {after:?}"
+        );
+    }
+    let terms = (a.terms(), c.terms());
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        no_overlap(&all, &leases);
+        assert_eq!(leads(&all), [3, 0, 3]);
+    }
+    assert_eq!((a.terms(), c.terms()), terms, "a lease moved while b drained");
+    assert!(
+        b.intents.iter().all(|i| *i.borrow() == Intent::Drain),
+        "a drain was overwritten"
+    );
+    let record = store.client().get(&member_lease("b")).await.unwrap().unwrap();
+    assert!(
+        record.record.host.as_ref().is_some_and(|h| h.draining),
+        "{record:?}"
+    );
+    // Resumed: its share comes back, the graceful way.
+    drain(&b, false);
+    settle(&all, &leases, &[2, 2, 2], Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    no_overlap(&all, &leases);
+    assert_eq!(leads(&all), [2, 2, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hosts_take_shares_in_proportion_to_their_weights_from_the_records() {
+    let store = MemoryStore::new();
+    let clock = TermClock::paused();
+    let leases = names("lease-", 6);
+    let mut a = Host::start_with(&store, &clock, "a", &leases, None);
+    a.host.modify(|h| h.weight = 2);
+    a.respread(Some(spread_cfg())).await;
+    let b = Host::start(&store, &clock, "b", &leases);
+    // 6 * 2 / 3 and 6 * 1 / 3: both hosts compute it, a's weight read
+    // from its membership record.
+    settle(&[&a, &b], &leases, &[4, 2], Duration::from_secs(30)).await;
+    let members = [
+        Member {
+            identity: "a".into(),
+            weight: 2,
+        },
+        Member::new("b"),
+    ];
+    let placed: BTreeMap<String, Placement> =
+        leases.iter().map(|l| (l.clone(), Placement::default())).collect();
+    let want = assign_placed(&placed, &members);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    for l in &leases {
+        let by = if a.leads(l) { "a" } else { "b" };
+        assert_eq!(want[l], by, "{l}");
     }
 }
