@@ -13,8 +13,11 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use crate::spread::{Incarnation, STEADY, check_lease, lease_name, start_host};
+use crate::spread::{Incarnation, check_lease, lease_name, start_host};
 use crate::support::*;
+
+/// How long a count must hold to count as settled.
+const STEADY: Duration = Duration::from_millis(1500);
 
 /// What the scenario reads from the store, besides the hosts' logs.
 pub struct Records<'a> {
@@ -48,7 +51,9 @@ fn lead_term(h: &Host, lease: &str) -> Option<u64> {
 }
 
 /// Waits until every one of `n` leases is led by exactly one of `hosts`,
-/// each host leading its `want` count (`None`: any), for [`STEADY`].
+/// each host leading its `want` count (`None`: any), for [`STEADY`]:
+/// longer than the settle time of both stores' tests (two retry periods,
+/// 1 s at most), so a move that follows a change is not missed.
 fn wait_counts(hosts: &[&Host], n: usize, want: &[Option<usize>], within: Duration) -> Vec<BTreeSet<String>> {
     let start = Instant::now();
     let mut held_since: Option<Instant> = None;
