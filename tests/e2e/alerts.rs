@@ -580,6 +580,11 @@ fn run_scenario(s: &Scratch) -> (Scrapes, Vec<Host>) {
     b.wait_for(SECS(10), "b's write refused", |e| {
         e.message() == "refused a stale write"
     });
+    // b knows c's term before the record goes: a host that learns of a term
+    // only from the floor of a deleted lease keeps conflicting (reported).
+    b.wait_for(SECS(10), "b follows c", |e| {
+        e.message() == "lease status changed" && e.str("holder") == Some("c")
+    });
     // c paused and its record garbled: b cannot take the lease (store
     // errors) for longer than LD + RP; c killed and the lease deleted, b
     // takes it.
