@@ -1,13 +1,14 @@
 //! The alerting rules and the dashboard in `deploy/` against what real
-//! hosts export. Three hosts go through a stalled leader, a paused one
-//! whose write is refused, a paused one whose record is garbled, and a
-//! hand-over, while
-//! each host's `/metrics` is scraped every 100 ms. The scrapes become a
-//! `promtool test rules` file (one value per step, `stale` where a scrape
-//! failed or a series was gone, as Prometheus records it) whose expected
-//! alerts come from a model of each rule computed here from the same
-//! samples, at every other step where the model is steady; `promtool check
-//! rules` and `promtool test rules` must pass, every alert must have fired
+//! hosts export. Four hosts go through a stalled leader, a leader paused
+//! in a write (refused), a paused leader whose record is garbled, and a
+//! hand-over, while each host's `/metrics` is scraped every 100 ms. The
+//! scrapes become a `promtool test rules` file (one value per step,
+//! `stale` where a scrape failed or a series was gone, as Prometheus
+//! records it) whose expected alerts come from a model of each rule
+//! computed here from the same samples, at every other step where the
+//! model is steady. `promtool check rules` and `promtool test rules` must
+//! pass (also on the hand-written cases in
+//! `deploy/prometheus/baton-rules.test.yaml`), every alert must have fired
 //! at some step, and every `baton_` name in the rules and the dashboard's
 //! queries must be in a real scrape. promtool: `BATON_PROMTOOL`, PATH, or
 //! `scripts/promtool.sh`.
@@ -231,16 +232,17 @@ fn model(all: &[Series], r: usize) -> BTreeMap<&'static str, BTreeSet<Labels>> {
             .iter()
             .filter(|s| s.is("baton_lease_role", &[("role", "leading"), ("lease", l)]))
             .collect();
-        let last_led = (0..=r)
+        // The last round some host reported leading the lease, else the
+        // first round any reported it.
+        let seen: Vec<usize> = (r.saturating_sub(win(900))..=r)
             .filter(|&j| roles.iter().any(|s| s.v[j].is_some()))
-            .map(|j| {
-                if roles.iter().filter_map(|s| s.v[j]).sum::<f64>() > 0.0 {
-                    j
-                } else {
-                    0
-                }
-            })
+            .collect();
+        let led = seen
+            .iter()
+            .copied()
+            .filter(|&j| roles.iter().filter_map(|s| s.v[j]).sum::<f64>() > 0.0)
             .max();
+        let last_led = led.or_else(|| seen.first().copied());
         let limit = all
             .iter()
             .filter(|s| s.is("baton_lease_duration_seconds", &[("lease", l)]))
@@ -635,6 +637,9 @@ fn alert_rules_fire_on_what_real_hosts_export_and_the_dashboard_names_real_metri
         path
     };
     run_promtool(&["check".as_ref(), "rules".as_ref(), rules.as_os_str()], &keep);
+    // The hand-written cases beside the rules.
+    let cases = repo.join("deploy/prometheus/baton-rules.test.yaml");
+    run_promtool(&["test".as_ref(), "rules".as_ref(), cases.as_os_str()], &keep);
     let dash_rules = write("dashboard-rules.yaml", &dashboard_as_rules(&queries));
     run_promtool(
         &["check".as_ref(), "rules".as_ref(), dash_rules.as_os_str()],
