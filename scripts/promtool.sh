@@ -47,7 +47,10 @@ mkdir -p "$dir"
 work="$(mktemp -d "$dir/.unpack.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 log "apt-get download prometheus (Debian's; only its promtool is kept)"
-(cd "$work" && apt-get download -qq prometheus >&2) || die "cannot download Debian's prometheus package"
+# As root, apt's sandbox user could not write into a cache under /root.
+sandbox=()
+[ "$(id -u)" -ne 0 ] || sandbox=(-o APT::Sandbox::User=root)
+(cd "$work" && apt-get "${sandbox[@]}" download -qq prometheus >&2) || die "cannot download Debian's prometheus package"
 deb="$(ls "$work"/prometheus_*.deb | head -n1)"
 dpkg-deb -x "$deb" "$work/x"
 [ -x "$work/x/usr/bin/promtool" ] || die "$deb holds no usr/bin/promtool"
