@@ -249,10 +249,17 @@ pub fn drain_one_host(
 /// through `holder`: a drain whose wait is shorter than the grace fails,
 /// naming the lease, but the hand-over goes on: the lease is released
 /// once the task is gone, and nobody leads it (no other host); a second
-/// drain says it led nothing; `baton resume` makes it lead again, in the
-/// next term.
+/// drain says it led nothing; `/readyz` stays ready throughout; `baton
+/// resume` makes it lead again, in the next term.
 pub fn a_lone_host_drain_that_times_out(cfg: &Path, holder: &dyn Fn(&str) -> Option<String>) {
-    let mut a = Host::start("solo", cfg);
+    let mut a = Host::start_opts(
+        "solo",
+        cfg,
+        Opts {
+            args: &["--admin-address".as_ref(), "127.0.0.1:0".as_ref()],
+            ..Opts::default()
+        },
+    );
     let leading = |e: &Event| {
         e.message() == "lease status changed"
             && e.str("lease") == Some("demo")
@@ -297,6 +304,9 @@ pub fn a_lone_host_drain_that_times_out(cfg: &Path, holder: &dyn Fn(&str) -> Opt
     let out = drain("5s");
     assert!(out.status.success(), "{out:?}");
     assert!(text(&out.stdout).contains("it led no lease"), "{out:?}");
+    // Readiness does not depend on leadership: a draining host is ready.
+    let (status, body) = a.admin_get("/readyz");
+    assert_eq!(status, 200, "draining, /readyz says: {body}");
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(holder("demo"), None, "taken while draining");
     assert!(led(&a).is_empty());
