@@ -46,3 +46,30 @@ mod embedded {
 
     crate::bucket_contract::for_each_bucket_rule!(on_embedded);
 }
+
+/// Hosts started together open one new database at once: each opens it
+/// (switching to WAL and writing the schema may be refused at once with
+/// `SQLITE_BUSY`; opening waits that out, as a busy write does).
+#[test]
+fn hosts_started_together_all_open_a_new_embedded_database() {
+    use baton::store::embedded::buckets::EmbeddedBuckets;
+
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("leases");
+        let barrier = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            let opened: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        EmbeddedBuckets::open(&store).map(|_| ())
+                    })
+                })
+                .collect();
+            for o in opened {
+                o.join().unwrap().unwrap();
+            }
+        });
+    }
+}

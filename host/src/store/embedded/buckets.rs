@@ -90,13 +90,7 @@ impl EmbeddedBuckets {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
         }
-        let db = Connection::open(&path).map_err(|e| fail(&e))?;
-        db.busy_timeout(BUSY_TIMEOUT).map_err(|e| fail(&e))?;
-        db.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| fail(&e))?;
-        db.pragma_update(None, "synchronous", "FULL")
-            .map_err(|e| fail(&e))?;
-        db.execute_batch(SCHEMA).map_err(|e| fail(&e))?;
+        let db = connect_waiting(&path).map_err(|e| fail(&e))?;
         Ok(EmbeddedBuckets {
             path: Arc::new(path),
             db: Arc::new(Mutex::new(db)),
@@ -123,6 +117,42 @@ impl EmbeddedBuckets {
             })
         })
     }
+}
+
+/// Opens the database, in WAL mode, with the schema, waiting up to
+/// [`BUSY_TIMEOUT`] while other processes do the same: switching to WAL
+/// and a schema write that began as a read can be refused at once with
+/// `SQLITE_BUSY`, without the busy handler, when two hosts start together.
+fn connect_waiting(path: &Path) -> rusqlite::Result<Connection> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match connect(path) {
+            Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            done => return done,
+        }
+    }
+}
+
+/// One attempt of [`connect_waiting`].
+fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    let mut db = Connection::open(path)?;
+    db.busy_timeout(BUSY_TIMEOUT)?;
+    db.pragma_update(None, "journal_mode", "WAL")?;
+    db.pragma_update(None, "synchronous", "FULL")?;
+    let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(SCHEMA)?;
+    tx.commit()?;
+    Ok(db)
+}
+
+/// Whether SQLite refused for a lock another connection holds.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// An SQLite error as a bucket error.
