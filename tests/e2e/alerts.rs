@@ -582,8 +582,9 @@ fn run_scenario(s: &Scratch) -> (Scrapes, Vec<Host>) {
     b.wait_for(SECS(10), "b's write refused", |e| {
         e.message() == "refused a stale write"
     });
-    // b knows c's term before the record goes: a host that learns of a term
-    // only from the floor of a deleted lease keeps conflicting (reported).
+    // b knows c's term before the record goes, so that b's takeover below
+    // is dated from the deletion (a frozen leader that missed c's term
+    // waits out c's unknown lease first: crash.rs).
     b.wait_for(SECS(10), "b follows c", |e| {
         e.message() == "lease status changed" && e.str("holder") == Some("c")
     });

@@ -144,3 +144,42 @@ fn status_with_one_unreadable_lease_lists_the_others() {
     assert_eq!(names, ["demo", "third"]);
     assert_eq!(json["unreadable"][0]["name"], "other");
 }
+
+/// A leader frozen past its lease (b) never saw the next term (c's); the
+/// record is deleted and c dies. b's store reports b's own record as the
+/// deleted one; writing it again is refused (the lease's highest term is
+/// c's), and b must then wait out c's unknown lease and take the lease in a
+/// new term, not retry its own record for ever.
+#[test]
+fn a_frozen_leader_that_missed_a_term_takes_a_deleted_lease_after_ld() {
+    let s = Scratch::new();
+    let cfg = s.write(
+        "baton.toml",
+        &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
+    );
+    let mut b = Host::start("host-b", &cfg);
+    let first = b.wait_for(SECS(30), "b's guest start", |e| {
+        e.guest_line("probe", "probe start")
+    });
+    let term_b = first.guest_term().unwrap();
+    b.signal(libc::SIGSTOP);
+    let mut c = Host::start("host-c", &cfg);
+    let led_c = c.wait_for(SECS(30), "c leading", |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("leading")
+    });
+    let term_c = led_c.u64("term").unwrap();
+    assert!(term_c > term_b);
+    c.sigkill();
+    delete_lease(&s.store(), "demo");
+    let resumed = SystemTime::now();
+    b.signal(libc::SIGCONT);
+    let led = b.wait_for(SECS(10), "b leading again", |e| {
+        e.at >= resumed && e.message() == "lease status changed" && e.str("role") == Some("leading")
+    });
+    let term = led.u64("term").unwrap();
+    let after = ms_between(resumed, led.at);
+    println!("b led term {term} (c's was {term_c}) {after:.0} ms after it resumed");
+    assert!(term > term_c, "term {term} reused or below c's {term_c}");
+    // c's lease, unknown to b, was waited out.
+    assert!(after >= (LEASE_DURATION - Duration::from_millis(100)).as_millis() as f64);
+}

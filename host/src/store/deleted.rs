@@ -27,7 +27,9 @@
 //! 5. Updating a tombstone (or the floor record) creates the record, if the
 //!    store still reports that very version; the caller of the create
 //!    passes the floor it was given ([`DeletedRecords::create_floor`]) so a
-//!    backend with a floor can refuse a create that lost a race.
+//!    backend with a floor can refuse a create that lost a race. A refused
+//!    create over this store's own tombstone means another host wrote
+//!    since: the tombstone then stands for that holder, as in rule 4.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -80,6 +82,10 @@ struct Memory {
     written: Option<LeaseRecord>,
     /// The tombstone is of this store's own last write.
     tombstone_ours: bool,
+    /// The record of an own tombstone that another host's term overtook
+    /// ([`DeletedRecords::create_refused`]): never taken for this store's
+    /// own again.
+    disowned: Option<LeaseRecord>,
     /// The highest term of any record read or written: a backend's floor
     /// is read as at least this (it may have lost its floor while the
     /// record lived).
@@ -118,6 +124,32 @@ impl DeletedRecords {
             m.writes += 1;
             m.written = Some(written.record.clone());
             m.highest = m.highest.max(written.record.term);
+            m.disowned = None;
+        });
+    }
+
+    /// A create over the tombstone `version` was refused as a conflict. If
+    /// the tombstone is of this store's own write, another host wrote the
+    /// lease since (the floor moved past it): the tombstone then stands for
+    /// that unknown holder, as any other host's does. It gets a new
+    /// version (readers date it anew, from now) without the instance (no
+    /// process takes it for its own), and reads at the floor's term from
+    /// the next read on. Without this, its holder would write its own
+    /// record again, be refused, and read the same tombstone for ever.
+    pub fn create_refused(&self, lease: &str, version: &str) {
+        self.with(lease, |m| {
+            if !m.tombstone_ours {
+                return;
+            }
+            let Some(t) = m.tombstone.as_mut().filter(|t| t.version == version) else {
+                return;
+            };
+            m.tombstone_ours = false;
+            m.disowned = Some(t.record.clone());
+            t.record.instance = None;
+            m.renewals += 1;
+            let base = t.version.split('+').next().unwrap_or_default().to_owned();
+            t.version = format!("{base}+{}", m.renewals);
         });
     }
 
@@ -181,6 +213,7 @@ impl Memory {
                 self.highest = self.highest.max(current.record.term);
                 self.last = Some(current.clone());
                 self.tombstone = None;
+                self.disowned = None;
                 return Some(current);
             }
             Found::Missing { last, floor, creates } => (last, floor, creates),
@@ -197,7 +230,10 @@ impl Memory {
             // A deletion not reported yet (the same one learned twice, a
             // read and then an event, keeps the version already reported).
             // Only a record with a holder leaves a tombstone.
-            Some(last) if self.tombstone.as_ref().is_none_or(|t| t.record != last.record) => {
+            Some(last)
+                if self.tombstone.as_ref().is_none_or(|t| t.record != last.record)
+                    && self.disowned.as_ref() != Some(&last.record) =>
+            {
                 self.renewals = 0;
                 self.creates = creates;
                 self.tombstone_ours = self.written.as_ref() == Some(&last.record);

@@ -427,7 +427,11 @@ impl LeaseStore for MemoryStore {
         let mut state = self.begin(Op::Update, lease).await?;
         let written = if version.starts_with(TOMBSTONE) {
             let floor = self.seen.create_floor(lease, version)?;
-            state.create_at(lease, record, floor)?
+            let created = state.create_at(lease, record, floor);
+            if created.as_ref().is_err_and(StoreError::is_conflict) {
+                self.seen.create_refused(lease, version);
+            }
+            created?
         } else {
             match state.current(lease) {
                 None => {

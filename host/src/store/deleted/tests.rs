@@ -181,3 +181,41 @@ fn reads_older_than_a_write_and_repeated_deletions_are_reported_safely() {
     assert_eq!((lifted.version.as_str(), lifted.record.term), ("deleted@y-1", 4));
     assert!(seen.create_floor("l", "deleted@y-1+2").is_err());
 }
+
+#[test]
+fn an_own_tombstone_whose_create_is_refused_by_the_floor_stands_for_another_holder() {
+    // b led term 2 and was paused; c took term 3, unseen by b's store; the
+    // record was deleted. b's store reports b's own record as the tombstone.
+    let d = DeletedRecords::default();
+    let mut own = v("x-2", Some("b"), 2);
+    own.record.instance = Some("b-1".into());
+    d.wrote("l", &own);
+    let t = d.found("l", missing(Some(3), Some(2))).unwrap();
+    assert_eq!((t.version.as_str(), t.record.term), ("deleted@x-2", 2));
+    assert!(d.is_own_tombstone("l", &t.version));
+    // b's create over it, at floor 2, is refused: the floor is 3.
+    d.create_refused("l", &t.version);
+    let after = d.found("l", missing(Some(3), Some(2))).unwrap();
+    assert_ne!(after.version, t.version, "dated anew");
+    assert_eq!(after.record.term, 3, "at the floor");
+    assert!(!after.record.held_by("b", "b-1"), "no longer b's own");
+    assert!(!d.is_own_tombstone("l", &after.version));
+    assert_eq!(d.create_floor("l", &after.version).unwrap(), 3);
+    // The deletion learned again (a watch event carrying the old record)
+    // does not make it b's own again.
+    let again = d.found(
+        "l",
+        Found::Missing {
+            last: Some(own.clone()),
+            floor: Some(3),
+            creates: Some(2),
+        },
+    );
+    assert_eq!(again, Some(after.clone()));
+    // Another host's tombstone is left as it is.
+    let other = DeletedRecords::default();
+    other.found("l", Found::Record(v("x-3", Some("c"), 3)));
+    let ct = other.found("l", missing(Some(3), Some(1))).unwrap();
+    other.create_refused("l", &ct.version);
+    assert_eq!(other.found("l", missing(Some(3), Some(1))), Some(ct));
+}

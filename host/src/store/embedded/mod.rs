@@ -227,7 +227,11 @@ impl LeaseStore for EmbeddedStore {
             // term is still the one the caller saw (a conflict if another
             // store wrote it since, even if that record is gone again).
             let floor = self.seen.create_floor(lease, version)?;
-            return self.create_at(lease, record, floor).await;
+            let created = self.create_at(lease, record, floor).await;
+            if created.as_ref().is_err_and(StoreError::is_conflict) {
+                self.seen.create_refused(lease, version);
+            }
+            return created;
         }
         let files = self.files(lease)?;
         let record = record.clone();

@@ -57,7 +57,11 @@ impl KubeStore {
         // floor may be reserved above the record's term.)
         seen.create_floor(lease, version)?;
         let own = seen.is_own_tombstone(lease, version);
-        self.create_at(lease, record, own).await
+        let created = self.create_at(lease, record, own).await;
+        if created.as_ref().is_err_and(StoreError::is_conflict) {
+            seen.create_refused(lease, version);
+        }
+        created
     }
 
     /// Writes `record` over `obj`, the Lease at `version`.
