@@ -157,7 +157,7 @@ fn a_frozen_leader_that_missed_a_term_takes_a_deleted_lease_after_ld() {
         "baton.toml",
         &config(&s.store(), &[probe("probe", "pollable", "cooperative")]),
     );
-    let mut b = Host::start("host-b", &cfg);
+    let b = Host::start("host-b", &cfg);
     let first = b.wait_for(SECS(30), "b's guest start", |e| {
         e.guest_line("probe", "probe start")
     });
