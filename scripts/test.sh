@@ -119,12 +119,15 @@ cargo test -p baton --doc "$@" || status=1
 # minute each store), and tests/e2e's state and schedules (about a minute),
 # have processes of their own, so that no group runs much longer than the
 # others: the longest sets the suite's time. The alerting rules' test
-# (about 20 s) runs with state and schedules, the shortest group.
+# (about 20 s) and the tests of finding and draining the leader (health
+# checks, drains, placement, addresses: about 45 s) run with state and
+# schedules, the shortest group.
 groups=(e2e state chaos kube kubechaos polyglot)
 declare -A binary=([e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubechaos]=kube [polyglot]=polyglot)
+leader_tests="state:: schedules:: alerts:: health:: drain prefer_and_avoid weights_decide leases_and_status_name"
 declare -A filter=(
-    [e2e]="--skip chaos:: --skip state:: --skip schedules:: --skip alerts::"
-    [state]="state:: schedules:: alerts::"
+    [e2e]="--skip chaos:: $(printf -- '--skip %s ' $leader_tests)"
+    [state]="$leader_tests"
     [chaos]="chaos::"
     [kube]="--skip chaos::"
     [kubechaos]="chaos::"

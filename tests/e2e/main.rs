@@ -997,6 +997,13 @@ fn prefer_and_avoid_decide_which_host_leads() {
 }
 
 #[test]
+fn weights_decide_each_hosts_share_of_the_leases() {
+    let s = Scratch::new();
+    let data = witness::records_dir(&s);
+    spread::weights_decide_the_shares(&spread_head(&s), &data, &|name, text| s.write(name, text));
+}
+
+#[test]
 fn a_drained_host_hands_every_lease_over_takes_none_and_takes_its_share_after_resume() {
     let s = Scratch::new();
     let data = witness::records_dir(&s);

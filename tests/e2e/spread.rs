@@ -153,6 +153,64 @@ pub fn prefer_and_avoid_decide(head: &str, data: &Path, cfg_name: &dyn Fn(&str) 
     }
 }
 
+/// Weights on `head`'s store: six leases, a of weight 2 and b of weight 1
+/// (each host's weight in its own file, read by the other from its
+/// membership record). a alone leads all six; once b runs, they settle at
+/// four and two (`M * w / W`), not three and three. Every lease's records
+/// are checked.
+pub fn weights_decide_the_shares(head: &str, data: &Path, cfg_name: &dyn Fn(&str, &str) -> PathBuf) {
+    let body = leases_config(head, data, 6, &[]);
+    let mut a = start_host("a", &cfg_name("a.toml", &format!("weight = 2\n{body}")));
+    let mut b = start_host("b", &cfg_name("b.toml", &body));
+    let start = Instant::now();
+    let mut held_since: Option<Instant> = None;
+    loop {
+        let sets = [led(&a), led(&b)];
+        let all: BTreeSet<&String> = sets.iter().flatten().collect();
+        let counts = [sets[0].len(), sets[1].len()];
+        if counts == [4, 2] && all.len() == 6 {
+            if held_since.get_or_insert_with(Instant::now).elapsed() >= STEADY {
+                break;
+            }
+        } else {
+            held_since = None;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "weights 2 and 1: the hosts lead {sets:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "weights 2 and 1: four and two after {:?}",
+        start.elapsed() - STEADY
+    );
+    for h in [&a, &b] {
+        h.sigterm();
+    }
+    for h in [&mut a, &mut b] {
+        assert!(
+            h.wait_exit(Duration::from_secs(20)).success(),
+            "{} failed",
+            h.name
+        );
+    }
+    let runs = [
+        Incarnation {
+            host: &a,
+            killed: None,
+        },
+        Incarnation {
+            host: &b,
+            killed: None,
+        },
+    ];
+    for i in 0..6 {
+        let (records, _) = check_lease(data, i, &runs);
+        assert!(records > 0, "lease {i}: no records");
+    }
+}
+
 /// How long a spread must hold to count as settled: moves that follow a
 /// change of the live hosts come a settle time (two retry periods) after
 /// it, and must not be mistaken for a passing balance.

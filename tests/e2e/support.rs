@@ -442,9 +442,10 @@ pub fn delete_lease(store: &Path, lease: &str) {
 
 /// Overwrites the newest version of `lease` with `garbage`, again until it
 /// stays the newest (a holder may have read it just before, and write the
-/// next version over it); returns its path.
+/// next version over it: under load, before its watch reports the
+/// garbling, many times in a row); returns its path.
 pub fn garble_lease(store: &Path, lease: &str, garbage: &str) -> PathBuf {
-    for _ in 0..20 {
+    for _ in 0..60 {
         let file = lease_file(store, lease).expect("a lease to garble");
         std::fs::write(&file, garbage).unwrap();
         std::thread::sleep(RETRY_PERIOD * 2);
