@@ -8,7 +8,8 @@
 //! hosts' membership records (names starting with
 //! [`MEMBER_PREFIX`]), and, while the leads are spread, each lease's
 //! *preferred holder*: the spreader's own assignment
-//! ([`assign`]) of the spread leases over the live hosts.
+//! ([`assign_placed`]: placement rules, the weights in the membership
+//! records) of the spread leases over the live hosts.
 //!
 //! Expiry here is judged by the wall clock: the record's renew time plus
 //! its duration, against this machine's clock. The hosts themselves judge
@@ -31,7 +32,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use crate::config::{Config, StoreConfig};
-use crate::election::spread::{MEMBER_PREFIX, assign};
+use crate::election::spread::{MEMBER_PREFIX, Member, Placement, assign_placed};
 use crate::store::buckets::BucketStore;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::embedded::buckets::EmbeddedBuckets;
@@ -57,9 +58,9 @@ pub enum Spreading {
     /// Not spread (the configuration turns it off, or has one lease): no
     /// preferred holders.
     Off,
-    /// Spread over these leases: the configuration's, as each of its hosts
-    /// spreads them.
-    Leases(Vec<String>),
+    /// Spread over these leases: the configuration's, with their placement
+    /// rules, as each of its hosts spreads them.
+    Leases(BTreeMap<String, Placement>),
     /// No configuration: spread as by default, over the leases the store
     /// holds when there are more than one.
     Default,
@@ -170,9 +171,12 @@ pub async fn open(
 fn spreading_of(loaded: Option<&Config>) -> Spreading {
     match loaded {
         None => Spreading::Default,
-        Some(cfg) if cfg.spread.is_some() => {
-            Spreading::Leases(cfg.leases.iter().map(|l| l.name.clone()).collect())
-        }
+        Some(cfg) if cfg.spread.is_some() => Spreading::Leases(
+            cfg.leases
+                .iter()
+                .map(|l| (l.name.clone(), l.placement.clone()))
+                .collect(),
+        ),
         Some(_) => Spreading::Off,
     }
 }
@@ -446,13 +450,22 @@ pub fn report(
     let (members, leases): (Vec<_>, Vec<_>) = all
         .into_iter()
         .partition(|(name, _)| name.starts_with(MEMBER_PREFIX));
-    let live_hosts = live_hosts(&members, counted, now);
-    let spread: Option<Vec<String>> = match spreading {
+    let live = live_members(&members, counted, now);
+    let live_hosts: Vec<String> = live.iter().map(|m| m.identity.clone()).collect();
+    let spread: Option<BTreeMap<String, Placement>> = match spreading {
         Spreading::Off => None,
-        Spreading::Leases(names) => Some(names.clone()),
-        Spreading::Default => (leases.len() > 1).then(|| leases.iter().map(|(n, _)| n.clone()).collect()),
+        Spreading::Leases(placed) => Some(placed.clone()),
+        Spreading::Default => (leases.len() > 1).then(|| {
+            leases
+                .iter()
+                .map(|(n, _)| (n.clone(), Placement::default()))
+                .collect()
+        }),
     };
-    let preferred: Option<BTreeMap<String, String>> = spread.as_ref().map(|names| assign(names, &live_hosts));
+    // As the hosts assign them: placement rules, and the weights their
+    // membership records say.
+    let preferred: Option<BTreeMap<String, String>> =
+        spread.as_ref().map(|placed| assign_placed(placed, &live));
     let leases = lease_rows(leases, preferred.as_ref(), now);
     let hosts = host_rows(members, counted, &leases, preferred.as_ref(), now);
     Report {
@@ -480,15 +493,18 @@ fn live(state: State) -> bool {
 }
 
 /// The hosts whose membership records are counted and live, sorted.
-fn live_hosts(members: &[(String, Versioned)], counted: &BTreeSet<String>, now: SystemTime) -> Vec<String> {
-    let mut live_hosts: Vec<String> = members
+fn live_members(members: &[(String, Versioned)], counted: &BTreeSet<String>, now: SystemTime) -> Vec<Member> {
+    let mut live_members: Vec<Member> = members
         .iter()
         .filter(|(name, v)| counted.contains(name) && live(expiry(&v.record, now).0))
-        .map(|(name, v)| member_identity(name, &v.record))
+        .map(|(name, v)| Member {
+            identity: member_identity(name, &v.record),
+            weight: v.record.host.as_ref().map_or(DEFAULT_WEIGHT, |h| h.weight),
+        })
         .collect();
-    live_hosts.sort();
-    live_hosts.dedup();
-    live_hosts
+    live_members.sort_by(|a, b| a.identity.cmp(&b.identity));
+    live_members.dedup_by(|a, b| a.identity == b.identity);
+    live_members
 }
 
 /// The leases' rows, sorted by name, with their preferred holders while

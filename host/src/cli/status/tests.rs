@@ -45,13 +45,13 @@ fn a_report_spreads_over_the_live_hosts_only_and_tells_members_from_leases() {
     let r = report(
         "embedded",
         "embedded store at /x".into(),
-        &Spreading::Leases(names.clone()),
+        &Spreading::Leases(names.iter().map(|n| (n.clone(), Placement::default())).collect()),
         all,
         &counted,
         now,
     );
     assert_eq!(r.live_hosts, ["a", "b"]);
-    let want = assign(&names, &r.live_hosts);
+    let want = crate::election::spread::assign(&names, &r.live_hosts);
     for l in &r.leases {
         assert_eq!(l.preferred_holder.as_ref(), want.get(&l.name), "{}", l.name);
     }
@@ -212,4 +212,57 @@ fn holders_addresses_and_hosts_drains_and_weights_are_shown_in_text_and_json() {
         (&json["hosts"][0]["draining"], &json["hosts"][0]["weight"]),
         (&true.into(), &2.into())
     );
+}
+
+#[test]
+fn the_preferred_holders_follow_placement_rules_and_the_hosts_weights() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let renewed = now - Duration::from_secs(1);
+    let member = |h: &str, weight: u32| {
+        let mut v = held(Some(h), 1, renewed, 10);
+        v.record.host = Some(crate::store::HostInfo {
+            address: None,
+            draining: false,
+            weight,
+        });
+        (format!("baton-member.{h}"), v)
+    };
+    let mut all = vec![member("a", 2), member("b", 1)];
+    all.extend((0..6).map(|i| (format!("lease-{i}"), held(Some("a"), 1, renewed, 10))));
+    let counted: BTreeSet<String> = ["a", "b"].iter().map(|h| format!("baton-member.{h}")).collect();
+    let mut placed: BTreeMap<String, Placement> = (0..6)
+        .map(|i| (format!("lease-{i}"), Placement::default()))
+        .collect();
+    let r = report(
+        "embedded",
+        "x".into(),
+        &Spreading::Leases(placed.clone()),
+        all.clone(),
+        &counted,
+        now,
+    );
+    let shares = |r: &Report, h: &str| r.hosts.iter().find(|x| x.identity == h).unwrap().preferred;
+    assert_eq!(
+        (shares(&r, "a"), shares(&r, "b")),
+        (Some(4), Some(2)),
+        "by weight"
+    );
+    placed.get_mut("lease-0").unwrap().prefer = vec!["b".into()];
+    placed.get_mut("lease-1").unwrap().avoid = vec!["b".into()];
+    let r = report(
+        "embedded",
+        "x".into(),
+        &Spreading::Leases(placed),
+        all,
+        &counted,
+        now,
+    );
+    let preferred = |l: &str| {
+        r.leases
+            .iter()
+            .find(|x| x.name == l)
+            .and_then(|x| x.preferred_holder.clone())
+    };
+    assert_eq!(preferred("lease-0").as_deref(), Some("b"));
+    assert_eq!(preferred("lease-1").as_deref(), Some("a"));
 }
