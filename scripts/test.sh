@@ -101,9 +101,9 @@ if [ -n "$image" ]; then
     rm -f "$image_log" "$image_log.out"
 fi
 sync
-# The unit tests, the in-process core tests and the doc tests first; then
-# the slow groups (real processes: tests/e2e, its chaos segments,
-# tests/kube, tests/polyglot, and the image test) at once, each one test
+# The doc tests first; then the groups (the host's unit tests, the core
+# tests, and the slow ones, with real processes: tests/e2e, its chaos
+# segments, tests/kube, tests/polyglot, and the image test) at once, each one test
 # at a time, so that one test's busy guests do not steal the CPU of
 # another in the same group. They
 # mostly wait (leases expiring, hand-overs): run one after another they
@@ -113,7 +113,6 @@ sync
 # --nocapture: the tests print their measured figures (hand-over times,
 # stop latencies, request counts); the hosts' own logs stay captured.
 status=0
-cargo test --no-fail-fast -p baton --lib --test core "$@" -- --test-threads=1 --nocapture || status=1
 cargo test -p baton --doc "$@" || status=1
 # Each group: a test binary and its filter. The chaos segments (about a
 # minute each store), and tests/e2e's state and schedules (about a minute),
@@ -122,8 +121,10 @@ cargo test -p baton --doc "$@" || status=1
 # (about 20 s) and the tests of finding and draining the leader (health
 # checks, drains, placement, addresses: about 45 s) run with state and
 # schedules, the shortest group.
-groups=(e2e state chaos kube kubechaos polyglot)
-declare -A binary=([e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubechaos]=kube [polyglot]=polyglot)
+# The host's unit tests and the in-process core tests (about 25 s, paused
+# time mostly) run beside them too.
+groups=(unit core e2e state chaos kube kubechaos polyglot)
+declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubechaos]=kube [polyglot]=polyglot)
 leader_tests="state:: schedules:: alerts:: health:: drain prefer_and_avoid weights_decide leases_and_status_name"
 declare -A filter=(
     [e2e]="--skip chaos:: $(printf -- '--skip %s ' $leader_tests)"
@@ -132,6 +133,8 @@ declare -A filter=(
     [kube]="--skip chaos::"
     [kubechaos]="chaos::"
     [polyglot]=""
+    [unit]=""
+    [core]=""
 )
 declare -A bin
 while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(
@@ -139,7 +142,7 @@ while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["test"], ["lib"]):
         print(m["target"]["name"], m["executable"])')
 logs="$(mktemp -d)"
 declare -A pid
