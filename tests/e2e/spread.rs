@@ -127,27 +127,30 @@ pub fn prefer_and_avoid_decide(head: &str, data: &Path, cfg_name: &dyn Fn(&str) 
     let mut b = start_host("b", &cfg);
     let took = wait_leads(&[&a, &b], &[set(&[3]), set(&[0, 1, 2])], Duration::from_secs(60));
     eprintln!("prefer and avoid: b has its three {took:?} after it started");
-    for h in [&a, &b] {
+    stop_and_check(data, &mut [&mut a, &mut b], 4);
+}
+
+/// Stops `hosts` by SIGTERM, each exiting cleanly, and checks the records
+/// of the first `leases` leases against them.
+fn stop_and_check(data: &Path, hosts: &mut [&mut Host], leases: usize) {
+    for h in hosts.iter() {
         h.sigterm();
     }
-    for h in [&mut a, &mut b] {
+    for h in hosts.iter_mut() {
         assert!(
             h.wait_exit(Duration::from_secs(20)).success(),
             "{} failed",
             h.name
         );
     }
-    let runs = [
-        Incarnation {
-            host: &a,
+    let runs: Vec<Incarnation> = hosts
+        .iter()
+        .map(|h| Incarnation {
+            host: &**h,
             killed: None,
-        },
-        Incarnation {
-            host: &b,
-            killed: None,
-        },
-    ];
-    for i in 0..4 {
+        })
+        .collect();
+    for i in 0..leases {
         let (records, _) = check_lease(data, i, &runs);
         assert!(records > 0, "lease {i}: no records");
     }
@@ -185,30 +188,7 @@ pub fn weights_decide_the_shares(head: &str, data: &Path, cfg_name: &dyn Fn(&str
         "weights 2 and 1: four and two after {:?}",
         start.elapsed() - STEADY
     );
-    for h in [&a, &b] {
-        h.sigterm();
-    }
-    for h in [&mut a, &mut b] {
-        assert!(
-            h.wait_exit(Duration::from_secs(20)).success(),
-            "{} failed",
-            h.name
-        );
-    }
-    let runs = [
-        Incarnation {
-            host: &a,
-            killed: None,
-        },
-        Incarnation {
-            host: &b,
-            killed: None,
-        },
-    ];
-    for i in 0..6 {
-        let (records, _) = check_lease(data, i, &runs);
-        assert!(records > 0, "lease {i}: no records");
-    }
+    stop_and_check(data, &mut [&mut a, &mut b], 6);
 }
 
 /// How long a spread must hold to count as settled: moves that follow a
