@@ -146,7 +146,7 @@ fn stop_and_check(data: &Path, hosts: &mut [&mut Host], leases: usize) {
     let runs: Vec<Incarnation> = hosts
         .iter()
         .map(|h| Incarnation {
-            host: &**h,
+            host: h,
             killed: None,
         })
         .collect();
