@@ -126,15 +126,17 @@ cargo test -p baton --doc "$@" || status=1
 groups=(unit core e2e state chaos kube kubechaos polyglot)
 declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubechaos]=kube [polyglot]=polyglot)
 leader_tests="state:: schedules:: alerts:: health:: drain prefer_and_avoid weights_decide leases_and_status_name"
-# The paused leaders (a minute on the embedded store) run with the chaos
-# segments, which they resemble.
+# The embedded store's paused leaders (a minute) run with its chaos
+# segments, which they resemble. (Not the Kubernetes ones: they share the
+# test API server with the kube group, whose request counts they disturb;
+# the chaos segments have servers of their own.)
 paused="a_leader_paused_past_its_lease_never_appends"
 declare -A filter=(
     [e2e]="--skip chaos:: --skip $paused $(printf -- '--skip %s ' $leader_tests)"
     [state]="$leader_tests"
     [chaos]="chaos:: $paused"
-    [kube]="--skip chaos:: --skip $paused"
-    [kubechaos]="chaos:: $paused"
+    [kube]="--skip chaos::"
+    [kubechaos]="chaos::"
     [polyglot]=""
     [unit]=""
     [core]=""

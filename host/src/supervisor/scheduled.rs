@@ -179,9 +179,11 @@ impl Ctx<'_> {
     /// next due time; then recorded as ended, and the due times that came
     /// meanwhile skipped if `overlap = "skip"`.
     async fn run(&self, schedule: &Schedule, progress: &mut Progress, run: ScheduledRun) -> Result<(), Stop> {
-        if !run.on_demand {
-            self.jitter(schedule).await?;
-        }
+        let jitter = if run.on_demand {
+            Duration::ZERO
+        } else {
+            self.jitter(schedule).await?
+        };
         progress.cut_off();
         progress.started(self.record(&run));
         if !self.write(progress).await? {
@@ -191,7 +193,8 @@ impl Ctx<'_> {
             .duration_since(run.due)
             .unwrap_or(Duration::ZERO);
         tracing::info!(plugin = self.name(), term = self.term.number(), due = %humantime::format_rfc3339_millis(run.due),
-            attempt = run.attempt, on_demand = run.on_demand, late_ms = crate::support::rounding::ms(lateness), "scheduled run started");
+            attempt = run.attempt, on_demand = run.on_demand, late_ms = crate::support::rounding::ms(lateness),
+            jitter_ms = crate::support::rounding::ms(jitter), "scheduled run started");
         let outcome = self.attempt(schedule, &run).await;
         // A run that returned ok completed, also within the grace after its
         // term ended (its end is still written then, unless a newer term
@@ -297,13 +300,14 @@ impl Ctx<'_> {
         }
     }
 
-    async fn jitter(&self, schedule: &Schedule) -> Result<(), Stop> {
+    /// Waits a random part of the schedule's jitter; returns how long.
+    async fn jitter(&self, schedule: &Schedule) -> Result<Duration, Stop> {
         if schedule.jitter.is_zero() {
-            return Ok(());
+            return Ok(Duration::ZERO);
         }
         let wait = rand::rng().random_range(Duration::ZERO..schedule.jitter);
         tokio::select! {
-            _ = tokio::time::sleep(wait) => Ok(()),
+            _ = tokio::time::sleep(wait) => Ok(wait),
             _ = self.term.over() => Err(Stop::Term),
         }
     }
