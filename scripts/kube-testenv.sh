@@ -115,7 +115,7 @@ install_packages() {
     if [ ${#missing[@]} -gt 0 ]; then
         # Packages without an installation candidate need fresh lists.
         for p in "${missing[@]}"; do
-            if ! apt-cache policy "$p" 2>/dev/null | grep -q 'Candidate: [0-9]'; then apt_update; break; fi
+            if ! apt-cache policy "$p" 2>/dev/null | grep 'Candidate: [0-9]' >/dev/null; then apt_update; break; fi
         done
         log "apt-get install -y ${missing[*]}"
         if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2; then
@@ -161,7 +161,7 @@ install_kubectl() {
             rm -rf "$kube/deb"
         fi
     fi
-    if [ -n "${k:-}" ] && "$k" version --client --short 2>/dev/null | grep -q 'v1\.20\.'; then
+    if [ -n "${k:-}" ] && "$k" version --client --short 2>/dev/null | grep 'v1\.20\.' >/dev/null; then
         echo "$k"
     else
         log "kubectl 1.20 (Debian's kubernetes-client) is not available: kubectl-based steps will be skipped"
@@ -201,7 +201,7 @@ build_apiserver() {
     mkdir -p "$src" "$kube/bin"
     tarball="$(ls "$src"/kubernetes_*.orig.tar.* 2>/dev/null | head -n1 || true)"
     if [ -z "$tarball" ]; then
-        if ! apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes'; then apt_update; fi
+        if ! apt-cache showsrc kubernetes 2>/dev/null | grep '^Package: kubernetes' >/dev/null; then apt_update; fi
         log "apt-get source --download-only kubernetes (into $src)"
         # apt drops privileges to _apt when it can; the cache may not be
         # readable to it, which only costs a warning.
@@ -369,7 +369,7 @@ wait_etcd() {
     local dir="$1" pid="$2" etcd_port peer_port api_port i
     read -r etcd_port peer_port api_port <"$dir/ports"
     for i in $(seq 1 300); do
-        curl -fsS "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"' && return 0
+        curl -fsS "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep '"health":"true"' >/dev/null && return 0
         alive "$pid" || { tail -n 20 "$dir/etcd.log" >&2; die "etcd exited (log: $dir/etcd.log)"; }
         sleep 0.1
     done
