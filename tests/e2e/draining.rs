@@ -30,6 +30,22 @@ pub struct Records<'a> {
     pub status_draining: &'a dyn Fn(&str) -> bool,
 }
 
+/// Whether `baton status --config cfg -o json` lists `host`'s membership
+/// record as draining.
+pub fn status_says_draining(cfg: &Path, host: &str) -> bool {
+    let json: serde_json::Value = serde_json::from_str(&crate::status::status(
+        cfg,
+        &[std::ffi::OsStr::new("-o"), std::ffi::OsStr::new("json")],
+    ))
+    .unwrap();
+    let record = format!("baton-member.{host}");
+    json["hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|h| h["record"] == record.as_str() && h["draining"] == true)
+}
+
 /// Runs `baton ARGS`.
 pub fn baton_cmd(args: &[&std::ffi::OsStr]) -> Output {
     baton().args(args).output().expect("run baton")

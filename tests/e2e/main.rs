@@ -1023,16 +1023,7 @@ fn a_drained_host_hands_every_lease_over_takes_none_and_takes_its_share_after_re
         read_lease(&store, &format!("baton-member.{host}"))
             .and_then(|v| v["record"]["host"]["draining"].as_bool())
     };
-    let status_draining = |host: &str| {
-        let json: serde_json::Value =
-            serde_json::from_str(&status::status(&cfg, &[OsStr::new("-o"), OsStr::new("json")])).unwrap();
-        let record = format!("baton-member.{host}");
-        json["hosts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|h| h["record"] == record.as_str() && h["draining"] == true)
-    };
+    let status_draining = |host: &str| draining::status_says_draining(&cfg, host);
     let records = draining::Records {
         holder: &holder,
         draining: &draining,

@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::spread::{Incarnation, STEADY, check_lease, lease_name};
+use crate::spread::{STEADY, check_leases, lease_name};
 use crate::status::status;
 use crate::support::*;
 use crate::witness::{Record, check_records, records_dir};
@@ -608,23 +608,6 @@ fn task_starts(hosts: &[&Host], i: usize) -> usize {
                 .len()
         })
         .sum()
-}
-
-/// Checks every record of leases `0..n` against the logs of `hosts`, which
-/// exited after SIGTERM: no overlap.
-fn check_leases(data: &Path, n: usize, hosts: &[&Host]) {
-    let runs: Vec<Incarnation> = hosts
-        .iter()
-        .map(|h| Incarnation {
-            host: h,
-            killed: None,
-        })
-        .collect();
-    for i in 0..n {
-        let (records, terms) = check_lease(data, i, &runs);
-        assert!(records > 0, "lease-{i:02} has records");
-        eprintln!("lease-{i:02}: {records} records in {terms} terms, none overlapping");
-    }
 }
 
 #[test]

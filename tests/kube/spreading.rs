@@ -244,16 +244,7 @@ fn a_drained_host_hands_its_leases_over_on_leases_and_its_membership_lease_says_
         let value = lease.metadata.annotations?.get("baton.dev/draining").cloned()?;
         Some(value == "true")
     };
-    let status_draining = |host: &str| {
-        let json: serde_json::Value =
-            serde_json::from_str(&status::status(&cfg, &[OsStr::new("-o"), OsStr::new("json")])).unwrap();
-        let record = format!("baton-member.{host}");
-        json["hosts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|h| h["record"] == record.as_str() && h["draining"] == true)
-    };
+    let status_draining = |host: &str| draining::status_says_draining(&cfg, host);
     let records = draining::Records {
         holder: &holder,
         draining: &draining,
