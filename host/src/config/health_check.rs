@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, ConfigErrorKind, parse::Source};
+use super::{ConfigError, parse::Source};
 use crate::runtime::HealthCheck;
 
 /// `health-check = { period = "5s", timeout = "1s", threshold = 3,
@@ -34,16 +34,7 @@ impl Source<'_> {
         raw: Option<&RawHealthCheck>,
     ) -> Result<Option<HealthCheck>, ConfigError> {
         let Some(raw) = raw else { return Ok(None) };
-        let err = |field, reason: String| {
-            self.err_at(
-                at,
-                ConfigErrorKind::PluginField {
-                    plugin: name.to_owned(),
-                    field,
-                    reason,
-                },
-            )
-        };
+        let err = self.plugin_field_err(at, name);
         let d = HealthCheck::DEFAULT;
         let period = raw.period.unwrap_or(d.period);
         let timeout = raw.timeout.unwrap_or(d.timeout.min(period / 2));

@@ -44,6 +44,24 @@ impl Source<'_> {
         }
     }
 
+    /// Errors in a field of plugin `name`'s table at `at`: `(field, reason)`.
+    pub(super) fn plugin_field_err<'a>(
+        &'a self,
+        at: usize,
+        name: &'a str,
+    ) -> impl Fn(&'static str, String) -> ConfigError + 'a {
+        move |field, reason| {
+            self.err_at(
+                at,
+                ConfigErrorKind::PluginField {
+                    plugin: name.to_owned(),
+                    field,
+                    reason,
+                },
+            )
+        }
+    }
+
     /// An error of the file as a whole.
     fn err(&self, kind: ConfigErrorKind) -> ConfigError {
         ConfigError {
@@ -214,16 +232,7 @@ impl Source<'_> {
 
     /// `keyvalue` and `keyvalue-limits`: the buckets a plugin may open.
     fn keyvalue(&self, at: usize, name: &str, p: &RawPlugin) -> Result<BucketGrant, ConfigError> {
-        let field_err = |field, reason: String| {
-            self.err_at(
-                at,
-                ConfigErrorKind::PluginField {
-                    plugin: name.to_owned(),
-                    field,
-                    reason,
-                },
-            )
-        };
+        let field_err = self.plugin_field_err(at, name);
         let mut grant = BucketGrant::default();
         if let Some(buckets) = &p.keyvalue {
             for b in buckets {
@@ -286,16 +295,7 @@ impl Source<'_> {
 
     /// `schedule` or `every`, and the policies of a schedule.
     fn schedule(&self, at: usize, name: &str, p: &RawPlugin) -> Result<Option<Schedule>, ConfigError> {
-        let err = |field, reason: String| {
-            self.err_at(
-                at,
-                ConfigErrorKind::PluginField {
-                    plugin: name.to_owned(),
-                    field,
-                    reason,
-                },
-            )
-        };
+        let err = self.plugin_field_err(at, name);
         let when = match (&p.schedule, p.every) {
             (Some(_), Some(_)) => return Err(err("every", "give `schedule` or `every`, not both".into())),
             (Some(pattern), None) => {
