@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u8)] = &[
     ("support", 0),
     ("store", 1),
+    ("oci", 1),
     ("election", 2),
     ("schedule", 2),
     ("runtime", 3),

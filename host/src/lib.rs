@@ -10,7 +10,7 @@
 //! | tasks | [`supervisor`]: each plugin's task per term |
 //! | guests | [`runtime`]: wasmtime, the contract's host side, grants, the fence |
 //! | election | [`election`]: terms, the elector, spreading; [`schedule`]: when scheduled runs are due; decisions without I/O of their own |
-//! | storage | [`store`]: the `LeaseStore` trait and its backends |
+//! | storage | [`store`]: the `LeaseStore` trait and its backends; [`oci`]: components from OCI registries |
 //! | base | [`support`]: rounding, recurring warnings |
 #![deny(missing_docs)]
 // Tests may be long; production functions may not (clippy.toml).
@@ -20,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod election;
+pub mod oci;
 pub mod ops;
 pub mod runtime;
 pub mod schedule;
