@@ -277,7 +277,8 @@ fn config_values_come_from_the_table_a_file_and_the_environment() {
 #[test]
 fn a_counter_counts_each_increment_once_across_yields_between_two_hosts() {
     let s = Scratch::new();
-    let cfg = config_with(&s, &crate::chaos::counter::plugin(10));
+    let kv = crate::chaos::counter::records(&s);
+    let cfg = config_with(&s, &crate::chaos::counter::plugin(10, &kv));
     let a = Host::start("a", &cfg);
     a.wait_for(SECS(30), "a counts", |e| e.guest_line("counter", "kv ok"));
     let b = Host::start("b", &cfg);
@@ -313,5 +314,5 @@ fn a_counter_counts_each_increment_once_across_yields_between_two_hosts() {
     a.sigterm();
     b.sigterm();
     std::thread::sleep(SECS(2));
-    crate::chaos::counter::check(&cfg, &[], &[&a, &b], 0);
+    crate::chaos::counter::check(&cfg, &[], &kv, 0);
 }

@@ -285,11 +285,12 @@ fn segment(
     let s = Scratch::new();
     let data = records_dir(&s);
     let sched = schedule::records_dir(&s);
+    let kv = counter::records(&s);
     let (kinds, mut layout, text) = match scenario {
         Scenario::OneLease => {
             let mut text = bed.config(&s);
             text.push_str(&plugins(&data));
-            text.push_str(&counter::plugin(COUNTER_MS));
+            text.push_str(&counter::plugin(COUNTER_MS, &kv));
             text.push_str(&schedule::plugin(&sched));
             (bed.faults(), None, text)
         }
@@ -488,7 +489,7 @@ fn segment(
     bed.end();
     if scenario == Scenario::OneLease {
         let hosts: Vec<&Host> = all.iter().map(|p| &p.host).collect();
-        counter::check(&cfg, &bed.env(&s, names[0]), &hosts, seed);
+        counter::check(&cfg, &bed.env(&s, names[0]), &kv, seed);
         schedule::check(&cfg, &bed.env(&s, names[0]), &hosts, &sched, seed);
     }
     let bound = lease_duration + retry_period + ALLOWANCE;

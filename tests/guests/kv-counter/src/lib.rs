@@ -14,6 +14,10 @@
 //!     error=MESSAGE` and `run` returns `Err` (`N`: the count it was about
 //!     to write, or the last it read plus one when the read failed). It
 //!     returns `Ok` once the status is no longer the one `run` got.
+//!     With `KV_RECORDS` (a file in a granted directory) each of these
+//!     lines is also appended to that file as it happens, `try` before the
+//!     swap (the swap is not tried if it cannot be written): a record a
+//!     killed host's log lost is still there.
 //!   - `once`: one increment (the same lines), then returns `Ok`.
 //!   - `grant-probe`: opens `KV_BUCKET` and prints `kv open bucket=B
 //!     result=R`, then (if it opened) sets key `probe` to `KV_VALUE_BYTES`
@@ -63,11 +67,27 @@ fn result_text(result: Result<(), &Error>) -> String {
     }
 }
 
+/// Prints `line`, and appends it to `KV_RECORDS` if set (an error if it
+/// cannot be written).
+fn say(line: &str) -> Result<(), String> {
+    println!("{line}");
+    let Some(file) = env("KV_RECORDS") else {
+        return Ok(());
+    };
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()))
+        .map_err(|e| format!("cannot record {line:?} in {file}: {e}"))
+}
+
 /// Adds one to the counter by compare-and-swap, printing each step;
 /// `last` is the last count read. Returns the count written.
 fn increment(bucket: &Bucket, term: u64, last: &mut u64) -> Result<u64, String> {
     let fail = |n: u64, e: &Error| {
-        println!("kv error n={n} term={term} error={e}");
+        let _ = say(&format!("kv error n={n} term={term} error={e}"));
         format!("kv error: {e}")
     };
     let mut cas = bucket.cas(KEY).map_err(|e| fail(*last + 1, &e))?;
@@ -75,15 +95,15 @@ fn increment(bucket: &Bucket, term: u64, last: &mut u64) -> Result<u64, String> 
         let current = cas.current().map_err(|e| fail(*last + 1, &e))?;
         *last = count_of(current.as_deref());
         let n = *last + 1;
-        println!("kv try n={n} term={term}");
+        say(&format!("kv try n={n} term={term}"))?;
         match cas.swap(format!("{n} {term}").as_bytes()) {
             Ok(()) => {
-                println!("kv ok n={n} term={term}");
+                let _ = say(&format!("kv ok n={n} term={term}"));
                 *last = n;
                 return Ok(n);
             }
             Err(CasError::Conflict(fresh)) => {
-                println!("kv conflict n={n} term={term}");
+                let _ = say(&format!("kv conflict n={n} term={term}"));
                 cas = fresh;
             }
             Err(CasError::Store(e)) => return Err(fail(n, &e)),
