@@ -57,6 +57,7 @@ image=
 cleanup() {
     if [ -n "$image" ]; then kill -- "-$image" 2>/dev/null || true; fi
     if [ -n "${kube:-}" ]; then scripts/kube-testenv.sh stop; fi
+    if [ -n "${registries:-}" ]; then scripts/registry-testenv.sh stop; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -80,6 +81,12 @@ kube=1
 scripts/kube-testenv.sh start >/dev/null
 . "$BATON_KUBE_ENV"
 deploy/kubernetes/verify.sh
+# Real OCI registries on loopback (scripts/registry-testenv.sh: Debian's
+# docker-registry, plain, with basic authentication, and over TLS), for
+# the plugins pulled from registries (tests/e2e/registry.rs); stopped on exit.
+export BATON_REGISTRY_ENV="$BATON_CACHE/registry/run/test-$$.env"
+registries=1
+eval "$(scripts/registry-testenv.sh start)"
 cargo build -p baton
 # The host and the SDK are tested in two runs: together, the SDK's
 # wit-bindgen would change the features of crates that wasmtime's macros
@@ -118,14 +125,14 @@ cargo test -p baton --doc "$@" || status=1
 # minute each store), and tests/e2e's state and schedules (about a minute),
 # have processes of their own, so that no group runs much longer than the
 # others: the longest sets the suite's time. The alerting rules' test
-# (about 20 s) and the tests of finding and draining the leader (health
-# checks, drains, placement, addresses: about 45 s) run with state and
-# schedules, the shortest group.
+# (about 20 s), the tests of finding and draining the leader (health
+# checks, drains, placement, addresses: about 45 s) and those of plugins
+# from registries run with state and schedules, the shortest group.
 # The host's unit tests and the in-process core tests (about 25 s, paused
 # time mostly) run beside them too.
 groups=(unit core e2e state chaos kube kubechaos polyglot)
 declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubechaos]=kube [polyglot]=polyglot)
-leader_tests="state:: schedules:: alerts:: health:: drain prefer_and_avoid weights_decide leases_and_status_name"
+leader_tests="state:: schedules:: alerts:: health:: registry:: drain prefer_and_avoid weights_decide leases_and_status_name"
 # The embedded store's paused leaders (a minute) run with its chaos
 # segments, which they resemble. (Not the Kubernetes ones: they share the
 # test API server with the kube group, whose request counts they disturb;

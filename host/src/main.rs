@@ -149,9 +149,33 @@ enum Command {
     },
     /// Say which world each component targets, or exactly why it cannot run.
     Check {
-        /// Component files.
+        /// Component files, or oci:// references (pulled first).
         #[arg(required = true)]
         plugins: Vec<PathBuf>,
+        #[command(flatten)]
+        registry: cli::registry::RegistryArgs,
+    },
+    /// Pull a component from a registry into the cache; print its digest.
+    Pull {
+        /// oci://REGISTRY/REPOSITORY:TAG or …@sha256:HEX.
+        reference: String,
+        /// Require a signature by this public key (cosign, PEM).
+        #[arg(long)]
+        verify_key: Option<PathBuf>,
+        #[command(flatten)]
+        registry: cli::registry::RegistryArgs,
+    },
+    /// Publish a component to a registry under a tag; print its digest.
+    Push {
+        /// The component file.
+        file: PathBuf,
+        /// oci://REGISTRY/REPOSITORY:TAG.
+        reference: String,
+        /// Sign it with this private key (PKCS#8 PEM, P-256), as cosign does.
+        #[arg(long)]
+        sign_key: Option<PathBuf>,
+        #[command(flatten)]
+        registry: cli::registry::RegistryArgs,
     },
     /// Create ./NAME: a new plugin with a build script and a configuration.
     New {
@@ -203,7 +227,9 @@ fn main() -> ExitCode {
         | Command::Kv { .. }
         | Command::RunNow { .. }
         | Command::Drain { .. }
-        | Command::Resume { .. } => baton::ops::logging::QUIET_FILTER,
+        | Command::Resume { .. }
+        | Command::Pull { .. }
+        | Command::Push { .. } => baton::ops::logging::QUIET_FILTER,
         _ => baton::ops::logging::DEFAULT_FILTER,
     };
     // Only `baton run` draws progress: the other commands print their
@@ -257,7 +283,18 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             };
             run(config, overrides, watch, test_stall_election_runtime).await
         }
-        Command::Check { plugins } => cli::check::execute(plugins).await,
+        Command::Check { plugins, registry } => cli::check::execute(plugins, &registry).await,
+        Command::Pull {
+            reference,
+            verify_key,
+            registry,
+        } => cli::registry::pull(&reference, verify_key.as_deref(), &registry).await,
+        Command::Push {
+            file,
+            reference,
+            sign_key,
+            registry,
+        } => cli::registry::push(&file, &reference, sign_key.as_deref(), &registry).await,
         Command::RunNow {
             plugin,
             config,

@@ -267,6 +267,7 @@ async fn run_term(
             term = term.number(),
             attempt,
             world = plugin.wit_world(),
+            digest = plugin.digest(),
             "leader task started"
         );
         let started = term.clock().now();

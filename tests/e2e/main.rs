@@ -21,6 +21,7 @@ mod lookup;
 mod misbehaving;
 mod moving;
 mod ops;
+mod registry;
 mod reload;
 mod schedules;
 mod sockets;

@@ -8,20 +8,43 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use super::registry::RegistryArgs;
+
 use crate::runtime::{
     DEFAULT_MEMORY_LIMIT, EngineOptions, Plugin, PluginEngine, PluginRuntime, default_cache_dir,
 };
 
-/// Checks each of `plugins` and prints the result on standard output;
-/// fails (exit status 1) if any cannot run.
-pub async fn execute(plugins: Vec<PathBuf>) -> anyhow::Result<ExitCode> {
+/// Checks each of `plugins` (files, or `oci://` references pulled first
+/// as `registry` says) and prints the result on standard output; fails
+/// (exit status 1) if any cannot run.
+pub async fn execute(plugins: Vec<PathBuf>, registry: &RegistryArgs) -> anyhow::Result<ExitCode> {
     let runtime = PluginRuntime::new(engine()?)?;
     let mut ok = true;
-    for path in plugins {
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    for given in plugins {
+        let text = given.to_string_lossy().into_owned();
+        let (path, name) = if text.starts_with(crate::oci::SCHEME) {
+            match super::registry::pull_reference(&text, None, registry).await {
+                Ok(pulled) => {
+                    println!("{text}: {}", pulled.digest);
+                    let name = pulled
+                        .reference
+                        .repository()
+                        .rsplit('/')
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned();
+                    (pulled.component, name)
+                }
+                Err(e) => {
+                    ok = false;
+                    println!("{text}: cannot pull: {e:#}");
+                    continue;
+                }
+            }
+        } else {
+            let name = given.file_stem().map(|s| s.to_string_lossy().into_owned());
+            (given, name.unwrap_or_default())
+        };
         let result = tokio::task::block_in_place(|| runtime.check(&name, &path));
         // Its log lines (compiling, compiled) before its result.
         crate::ops::logging::written(Duration::from_millis(500));

@@ -13,10 +13,13 @@
 //!   hands every lease over and takes none, and back.
 //! - [`kv`]: `baton kv`, the plugins' buckets, read and written by an
 //!   operator.
+//! - [`registry`]: `baton pull` and `baton push`, components in OCI
+//!   registries.
 
 pub mod check;
 pub mod drain;
 pub mod kv;
+pub mod registry;
 pub mod resume;
 pub mod run;
 pub mod run_now;

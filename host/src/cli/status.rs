@@ -348,6 +348,9 @@ pub struct Report {
     /// The configuration's scheduled plugins (with `--config`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub schedules: Vec<schedules::ScheduleStatus>,
+    /// The digests of the plugins from registries each host has loaded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<versions::VersionStatus>,
 }
 
 /// A record that cannot be read: the hosts leave it as it is.
@@ -447,6 +450,7 @@ pub fn report(
     counted: &BTreeSet<String>,
     now: SystemTime,
 ) -> Report {
+    let versions = versions::rows(&all);
     let (members, leases): (Vec<_>, Vec<_>) = all
         .into_iter()
         .partition(|(name, _)| name.starts_with(MEMBER_PREFIX));
@@ -478,6 +482,7 @@ pub fn report(
         unreadable: Vec::new(),
         live_hosts,
         schedules: Vec::new(),
+        versions,
     }
 }
 
@@ -662,6 +667,10 @@ impl Report {
             out.push('\n');
             out.push_str(&schedules::table(&self.schedules, 5));
         }
+        if !self.versions.is_empty() {
+            out.push('\n');
+            out.push_str(&versions::table(&self.versions));
+        }
         out.push('\n');
         out.push_str(&self.footer());
         out
@@ -776,6 +785,7 @@ impl Report {
 }
 
 pub mod schedules;
+pub mod versions;
 
 #[cfg(test)]
 mod tests;

@@ -252,6 +252,14 @@ pub enum ConfigErrorKind {
          that long is deleted"
     )]
     ZeroForgetAfter,
+    /// A `[registry]` field that cannot be used.
+    #[error("[registry]: field `{field}`: {reason}")]
+    Registry {
+        /// The field.
+        field: &'static str,
+        /// Why not.
+        reason: String,
+    },
     /// An `admin-address` that is not one.
     #[error("field `admin-address`: {0}")]
     AdminAddress(AdminAddressError),

@@ -13,6 +13,7 @@ mod health_check;
 mod overrides;
 pub mod own_files;
 mod parse;
+mod registry;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -35,6 +36,7 @@ use crate::store::validate_lease_name;
 
 pub use error::{AdminAddressError, AdvertiseAddressError, ConfigError, ConfigErrorKind, InvalidNamespace};
 pub use overrides::{LoadError, OverrideError, Overrides};
+pub use registry::{OciSource, RegistryConfig};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -57,6 +59,7 @@ struct RawConfig {
     plugins: Vec<RawPlugin>,
     #[serde(default)]
     spread: RawSpread,
+    registry: Option<registry::RawRegistry>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -193,6 +196,7 @@ struct RawPlugin {
     #[serde(default)]
     suspend: bool,
     health_check: Option<health_check::RawHealthCheck>,
+    verify_key: Option<PathBuf>,
 }
 
 /// `catch-up`.
@@ -357,6 +361,9 @@ pub struct PluginConfig {
     pub reload: ReloadMode,
     /// Its schedule: `None` runs its task once per term.
     pub schedule: Option<crate::schedule::Schedule>,
+    /// Where its component comes from when its `path` is an `oci://`
+    /// reference; `spec.path` is then the pulled file, once pulled.
+    pub source: Option<OciSource>,
 }
 
 /// A validated configuration.
@@ -413,6 +420,8 @@ pub struct Config {
     /// Whether the host watches its configuration file and plugin files
     /// and reloads when they change (`watch = true`, or `--watch`).
     pub watch: bool,
+    /// How it talks to registries (`[registry]`).
+    pub registry: RegistryConfig,
 }
 
 /// The timings of a host's membership record, from the `[defaults]`
@@ -544,7 +553,8 @@ impl Config {
             kind: ConfigErrorKind::Syntax(e.message().to_owned()),
         })?;
         let leases = src.leases(&raw)?;
-        let plugins = src.plugins(&raw, &leases)?;
+        let registry = src.registry(raw.registry.as_ref())?;
+        let plugins = src.plugins(&raw, &leases, &registry)?;
         let store_declared = raw.store.is_some();
         let store = src.store(raw.store.take())?;
         let (membership, spreading) = src.spread(&raw, leases.len())?;
@@ -567,6 +577,7 @@ impl Config {
             store_declared,
             leases,
             plugins,
+            registry,
         })
     }
 }

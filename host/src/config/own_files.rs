@@ -40,7 +40,44 @@ pub fn own_files(config: &Config, cache_dir: &Path, control_socket: Option<&Path
     store_files(config, &mut add);
     host_files(config, cache_dir, control_socket, &mut add);
     grant_files(config, &mut add);
+    registry_files(config, cache_dir, &mut add);
     own
+}
+
+/// What pulling from registries reads and writes: the cache of pulled
+/// components, the credentials, the CA, the keys (only when a plugin
+/// comes from a registry).
+fn registry_files(config: &Config, compiled: &Path, add: &mut impl FnMut(&Path, String, &'static str)) {
+    if config.plugins.iter().all(|p| p.source.is_none()) {
+        return;
+    }
+    let r = &config.registry;
+    add(
+        &r.settings(compiled).cache_dir,
+        "the cache of pulled components".into(),
+        "a guest could record a forged tag or signature check there, and the host would run another version",
+    );
+    if let Some(f) = &r.auth_file {
+        add(f, "the registry credentials".into(), "they are secrets");
+    }
+    if let Some(f) = &r.ca {
+        add(
+            f,
+            "the registry CA".into(),
+            "the guest could change which registries the host trusts",
+        );
+    }
+    let keys = config
+        .plugins
+        .iter()
+        .filter_map(|p| p.source.as_ref()?.verify_key.as_ref());
+    for key in r.verify_key.iter().chain(keys) {
+        add(
+            &key.file,
+            "a signature key".into(),
+            "the guest could replace the key components are verified with",
+        );
+    }
 }
 
 /// What the store reads: its directory, or its kubeconfig.

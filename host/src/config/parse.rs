@@ -196,6 +196,7 @@ impl Source<'_> {
         &self,
         raw: &RawConfig,
         leases: &[LeaseConfig],
+        registry: &RegistryConfig,
     ) -> Result<Vec<PluginConfig>, ConfigError> {
         let mut plugins: Vec<PluginConfig> = Vec::new();
         for p in &raw.plugins {
@@ -206,10 +207,16 @@ impl Source<'_> {
                 return Err(self.err_at(at, ConfigErrorKind::PluginDeclaredTwice(name.clone())));
             }
             self.declared_lease(name, &p.lease, leases)?;
+            let source = self.oci_source(at, name, p.path.get_ref(), p.verify_key.as_deref(), registry)?;
             plugins.push(PluginConfig {
                 spec: PluginSpec {
                     name: name.clone(),
-                    path: self.resolve(p.path.get_ref()),
+                    // A reference's file is known once it is pulled.
+                    path: match &source {
+                        Some(s) => PathBuf::from(s.reference.to_string()),
+                        None => self.resolve(p.path.get_ref()),
+                    },
+                    digest: None,
                     memory_limit: self.memory_limit(at, name, p)?,
                     env: env_of(name, p),
                     dirs: self.dirs(p),
@@ -224,6 +231,7 @@ impl Source<'_> {
                 lease: p.lease.get_ref().clone(),
                 reload: p.reload,
                 schedule: self.schedule(at, name, p)?,
+                source,
             });
         }
         self.own_buckets_apart(&raw.plugins, &plugins)?;

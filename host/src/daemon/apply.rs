@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tokio::task::JoinError;
+use tokio_util::sync::CancellationToken;
 
 use super::leases::{handover_bound, spec_key, steered, wanted_spread};
 use super::reload;
@@ -43,6 +44,10 @@ pub(super) enum ReloadRefused {
     /// A new or changed plugin cannot run.
     #[error("{0}")]
     Plugin(PluginError),
+    /// Components of plugins that do not run yet cannot be pulled (those
+    /// that run keep their version instead).
+    #[error("{}", unpulled(.0))]
+    Unpulled(Vec<super::pull::Unpulled>),
     /// Loading a new or changed plugin panicked.
     #[error("plugin {plugin:?}: loading it panicked: {error}")]
     LoadPanicked {
@@ -70,6 +75,11 @@ pub(super) enum Refusal {
     OwnFiles(OwnFilesGranted),
 }
 
+fn unpulled(list: &[super::pull::Unpulled]) -> String {
+    let words: Vec<String> = list.iter().map(|(p, e)| format!("plugin {p:?}: {e}")).collect();
+    words.join("; ")
+}
+
 fn join(reasons: &[Refusal]) -> String {
     let words: Vec<String> = reasons.iter().map(Refusal::to_string).collect();
     words.join("; ")
@@ -88,7 +98,7 @@ impl Daemon {
         load: &reload::Loader,
     ) -> Result<Option<Config>, ReloadRefused> {
         tracing::info!(cause = %cause, "reloading: reading the configuration and plugin files again");
-        let new = self.read_again(load).await?;
+        let mut new = self.read_again(load).await?;
         let reasons = self.refusals(&new);
         if !reasons.is_empty() {
             let file = new
@@ -97,6 +107,13 @@ impl Daemon {
                 .map(|f| f.display().to_string())
                 .unwrap_or_default();
             return Err(ReloadRefused::Refused { file, reasons });
+        }
+        // Within the caller's select! on the shutdown: never cancelled here.
+        let running = Some(&self.config);
+        let cache = &self.fixed.cache_dir;
+        let unpulled = super::pull::pull_plugins(&mut new, cache, running, &CancellationToken::new()).await;
+        if !unpulled.is_empty() {
+            return Err(ReloadRefused::Unpulled(unpulled));
         }
         let fresh = self.compile_changed(&new).await?;
         let old = &self.config;
@@ -181,7 +198,7 @@ impl Daemon {
                     error,
                 })?
                 .map_err(ReloadRefused::Plugin)?;
-            tracing::info!(plugin = %p.spec.name, lease = %p.lease, world = plugin.wit_world(), load_ms = crate::support::rounding::ms(started_at.elapsed()), "new plugin version loaded");
+            tracing::info!(plugin = %p.spec.name, lease = %p.lease, world = plugin.wit_world(), digest = plugin.digest(), load_ms = crate::support::rounding::ms(started_at.elapsed()), "new plugin version loaded");
             // What was compiled, which may be newer than what was hashed.
             let hash = Some(plugin.content_hash());
             fresh.push((p.clone(), hash, Arc::new(plugin)));

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::pull::Unpulled;
 use super::serve::Monitoring;
 use crate::config::{Config, LeaseConfig, PluginConfig};
 use crate::ops::progress::Progress;
@@ -56,12 +57,14 @@ impl Loaded {
 /// an instantiation, not a compilation: several at once (one per core;
 /// wasmtime also compiles a component's functions in parallel), each
 /// distinct component once however many plugins name it. Before any
-/// lease is contended for, `shutdown` ends this at once.
+/// lease is contended for, `shutdown` ends this at once. The plugins of
+/// `unpulled` are counted as failed, with why.
 pub(super) async fn load_plugins(
     config: &Config,
     runtime: &Arc<PluginRuntime>,
     progress: &Progress,
     shutdown: &CancellationToken,
+    unpulled: Vec<Unpulled>,
 ) -> Loaded {
     let mut loaded = Loaded {
         plugins: Vec::new(),
@@ -70,12 +73,24 @@ pub(super) async fn load_plugins(
         cancelled: false,
         leases: config.leases.clone(),
     };
+    for (plugin, error) in &unpulled {
+        loaded.failed += 1;
+        loaded.refusals.push(format!("{plugin}: {error}"));
+        tracing::error!(plugin = %plugin, error = %error, "cannot pull the plugin's component; the others go on");
+        progress.step();
+    }
+    let pulled = |p: &&PluginConfig| !unpulled.iter().any(|(name, _)| name == &p.spec.name);
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let specs: Vec<_> = config.plugins.iter().map(|p| p.spec.clone()).collect();
+    let specs: Vec<_> = config
+        .plugins
+        .iter()
+        .filter(pulled)
+        .map(|p| p.spec.clone())
+        .collect();
     let loader = runtime.clone();
     let mut loads = futures::stream::iter(specs.into_iter().map(move |spec| load_on_thread(&loader, &spec)))
         .buffered(parallel);
-    for p in &config.plugins {
+    for p in config.plugins.iter().filter(pulled) {
         let result = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
@@ -146,6 +161,7 @@ impl Loaded {
                     plugin = plugin.name(),
                     lease = %p.lease,
                     world = plugin.wit_world(),
+                    digest = plugin.digest(),
                     grants = %p.spec.grants(),
                     load_ms = crate::support::rounding::ms(took),
                     "plugin loaded"

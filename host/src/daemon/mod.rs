@@ -10,11 +10,14 @@
 //! - `load`, `leases` and `apply` (private): the plugins loaded at start,
 //!   the leases and plugins served, and a reload applied to them.
 //! - `route` (private): the leader's pod's route labels.
+//! - `pull` (private): plugins pulled from registries, and their tags
+//!   watched.
 
 mod apply;
 pub mod control;
 mod leases;
 mod load;
+mod pull;
 pub mod reload;
 mod route;
 pub mod serve;

@@ -47,6 +47,8 @@ pub enum Cause {
     Signal,
     /// Watched files changed.
     Changed(Vec<PathBuf>),
+    /// Tags of registry plugins point to new digests (`--watch`).
+    Moved(Vec<String>),
 }
 
 impl fmt::Display for Cause {
@@ -57,6 +59,7 @@ impl fmt::Display for Cause {
                 let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
                 write!(f, "changed: {}", names.join(", "))
             }
+            Cause::Moved(tags) => write!(f, "tags moved: {}", tags.join(", ")),
         }
     }
 }
@@ -75,10 +78,12 @@ pub struct Reload {
     pub watch: Option<mpsc::UnboundedSender<Cause>>,
 }
 
-/// The files a configuration depends on: its own file and each plugin's.
+/// The files a configuration depends on: its own file and each plugin's
+/// (a registry plugin's file never changes: its tag is watched instead).
 pub fn watched_files(config: &Config) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = config.source.iter().cloned().collect();
-    files.extend(config.plugins.iter().map(|p| p.spec.path.clone()));
+    let from_files = config.plugins.iter().filter(|p| p.source.is_none());
+    files.extend(from_files.map(|p| p.spec.path.clone()));
     files.sort();
     files.dedup();
     files

@@ -219,7 +219,7 @@ pub async fn serve_with(
 
 /// [`serve`], with [`ServeOptions`]: the phases of a run, in order.
 pub async fn serve_opts(
-    config: Config,
+    mut config: Config,
     options: ServeOptions,
     shutdown: CancellationToken,
 ) -> Result<usize, ServeError> {
@@ -257,7 +257,8 @@ pub async fn serve_opts(
         )));
     }
     let runtime = Arc::new(runtime);
-    let loaded = load_plugins(&config, &runtime, &progress, &shutdown).await;
+    let unpulled = super::pull::pull_plugins(&mut config, &cache_dir, None, &shutdown).await;
+    let loaded = load_plugins(&config, &runtime, &progress, &shutdown, unpulled).await;
     if loaded.cancelled {
         return Ok(loaded.failed);
     }
@@ -378,6 +379,8 @@ pub(super) struct Daemon {
     reloads: Option<reload::Reload>,
     /// The files the watcher watches, if it runs.
     files: watch::Sender<Vec<PathBuf>>,
+    /// The tags of registry plugins the tag watcher watches, if it runs.
+    tags: watch::Sender<super::pull::Tags>,
     watch_stop: CancellationToken,
     /// The leases `baton yield` may reach.
     controlled: SharedLeases,
@@ -425,10 +428,12 @@ impl Daemon {
                 address: config.advertised(),
                 draining: false,
                 weight: config.weight,
+                versions: BTreeMap::new(),
             }),
             routing,
         };
         let (files, _) = watch::channel(reload::watched_files(&config));
+        let (tags, _) = watch::channel(super::pull::Tags::default());
         let mut daemon = Daemon {
             config,
             launcher,
@@ -442,6 +447,7 @@ impl Daemon {
             fixed: parts.fixed,
             reloads,
             files,
+            tags,
             watch_stop: CancellationToken::new(),
             controlled: SharedLeases::default(),
             control_stop: CancellationToken::new(),
@@ -449,6 +455,7 @@ impl Daemon {
             unconfirmed: Vec::new(),
             failed_plugins: loaded.failed,
         };
+        daemon.publish_sources();
         daemon.start_leases(&loaded.plugins);
         if daemon.runs.is_empty() && loaded.failed > 0 {
             return Err(ServeError::NothingToRun(loaded.failed));
@@ -506,7 +513,16 @@ impl Daemon {
             files = files.borrow().len(),
             "watching the configuration and plugin files for changes"
         );
-        tokio::spawn(reload::watch_files(files, tx, self.watch_stop.clone()));
+        tokio::spawn(reload::watch_files(files, tx.clone(), self.watch_stop.clone()));
+        let tags = self.tags.subscribe();
+        tokio::spawn(super::pull::watch_tags(tags, tx, self.watch_stop.clone()));
+    }
+
+    /// Publishes what the registry plugins run (see [`super::pull::publish`]).
+    fn publish_sources(&self) {
+        let metrics = self.monitoring.as_ref().map(|m| &*m.metrics);
+        let (config, cache) = (&self.config, &self.fixed.cache_dir);
+        super::pull::publish(config, cache, &self.launcher.host, &self.tags, metrics);
     }
 
     /// Serves the control socket (`baton yield` reaches the electors
@@ -587,6 +603,7 @@ impl Daemon {
                 self.config = new;
                 self.launcher.store.set_timings(store_timings(&self.config));
                 self.files.send_replace(reload::watched_files(&self.config));
+                self.publish_sources();
                 sync_controlled(&self.controlled, &self.runs, &self.plugins);
                 if let Some(m) = &self.monitoring {
                     let all: Vec<_> = self

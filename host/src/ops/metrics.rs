@@ -62,6 +62,13 @@ struct PluginLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    plugin: String,
+    reference: String,
+    digest: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     plugin: String,
     outcome: &'static str,
@@ -152,6 +159,7 @@ pub struct Metrics {
     schedule_lateness: Family<PluginLabels, Histogram, fn() -> Histogram>,
     health_checks: Family<OutcomeLabels, Counter>,
     health_handovers: Family<LeaseLabels, Counter>,
+    sources: Family<SourceLabels, Gauge>,
     read: Arc<Read>,
 }
 
@@ -213,6 +221,7 @@ impl Metrics {
             schedule_lateness: Family::new_with_constructor(lateness_histogram as fn() -> Histogram),
             health_checks: Family::default(),
             health_handovers: Family::default(),
+            sources: Family::default(),
             read: Arc::default(),
             registry: Registry::default(),
         };
@@ -325,6 +334,25 @@ impl Metrics {
             "Hand-overs of the lease because a plugin's health check failed its threshold of times in a row",
             self.health_handovers.clone(),
         );
+        registry.register(
+            "plugin_source_info",
+            "1 for each plugin loaded from a registry: its reference and the manifest digest it runs from its lease's next term",
+            self.sources.clone(),
+        );
+    }
+
+    /// The plugins loaded from registries: `(plugin, reference, digest)`
+    /// (at start and after each reload).
+    pub fn sources(&self, sources: Vec<(String, String, String)>) {
+        self.sources.clear();
+        for (plugin, reference, digest) in sources {
+            let labels = SourceLabels {
+                plugin,
+                reference,
+                digest,
+            };
+            self.sources.get_or_create(&labels).set(1);
+        }
     }
 
     /// Reloads by result, both results present from the start.

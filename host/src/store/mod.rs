@@ -223,6 +223,11 @@ pub struct HostInfo {
     /// The host's weight in spreading the leads (1 unless configured).
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// The manifest digest of each plugin the host has loaded from a
+    /// registry, by plugin: what its next term runs (and its current one,
+    /// unless a reload changed it meanwhile).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub versions: std::collections::BTreeMap<String, String>,
 }
 
 /// [`HostInfo::weight`] unless configured.
@@ -238,6 +243,7 @@ impl Default for HostInfo {
             address: None,
             draining: false,
             weight: DEFAULT_WEIGHT,
+            versions: std::collections::BTreeMap::new(),
         }
     }
 }

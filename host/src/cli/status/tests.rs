@@ -172,6 +172,7 @@ fn holders_addresses_and_hosts_drains_and_weights_are_shown_in_text_and_json() {
             address: address.map(str::to_owned),
             draining,
             weight,
+            versions: [("probe".to_owned(), format!("sha256:{}", "a".repeat(64)))].into(),
         });
         v
     };
@@ -212,6 +213,16 @@ fn holders_addresses_and_hosts_drains_and_weights_are_shown_in_text_and_json() {
         (&json["hosts"][0]["draining"], &json["hosts"][0]["weight"]),
         (&true.into(), &2.into())
     );
+    // Host a's versions, from both records it holds, once.
+    let digest = format!("sha256:{}", "a".repeat(64));
+    assert!(
+        text.contains(&format!("PLUGIN  HOST  DIGEST\nprobe   a     {digest}")),
+        "{text}"
+    );
+    assert_eq!(
+        json["versions"],
+        serde_json::json!([{"plugin": "probe", "host": "a", "digest": digest}])
+    );
 }
 
 #[test]
@@ -224,6 +235,7 @@ fn the_preferred_holders_follow_placement_rules_and_the_hosts_weights() {
             address: None,
             draining: false,
             weight,
+            versions: Default::default(),
         });
         (format!("baton-member.{h}"), v)
     };

@@ -28,6 +28,9 @@ pub struct PluginSpec {
     pub name: String,
     /// The component file.
     pub path: PathBuf,
+    /// The manifest digest of a component pulled from a registry (logged
+    /// with each task's start); `None` for a file.
+    pub digest: Option<String>,
     /// The most linear memory one instance may use, in bytes.
     pub memory_limit: u64,
     /// Environment variables the guest sees (nothing is inherited).
@@ -88,6 +91,7 @@ impl PluginSpec {
     /// let spec = PluginSpec {
     ///     name: "sync".into(),
     ///     path: "sync.wasm".into(),
+    ///     digest: None,
     ///     memory_limit: 64 << 20,
     ///     env: vec![("TOKEN".into(), "secret".into())],
     ///     dirs: vec![DirGrant { host: "/srv/data".into(), guest: "/data".into(), read_only: true }],

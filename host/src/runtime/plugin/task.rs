@@ -121,6 +121,12 @@ impl Plugin {
         &self.path
     }
 
+    /// The manifest digest it was pulled under, for a component from a
+    /// registry.
+    pub fn digest(&self) -> Option<&str> {
+        self.spec.as_ref()?.digest.as_deref()
+    }
+
     /// The world it targets.
     pub fn world(&self) -> World {
         self.world

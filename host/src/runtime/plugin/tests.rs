@@ -244,6 +244,7 @@ fn spec_of(file: &str, env: &[(&str, &str)], records: Option<&Path>) -> PluginSp
     PluginSpec {
         name: file.trim_end_matches(".wasm").replace('_', "-"),
         path: guest(file),
+        digest: None,
         memory_limit: DEFAULT_MEMORY_LIMIT,
         env: env
             .iter()

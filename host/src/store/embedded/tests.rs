@@ -1726,6 +1726,11 @@ async fn the_holders_host_is_kept_in_the_file_and_older_records_read_without() {
         address: Some("http://10.1.2.3:8080".into()),
         draining: true,
         weight: 2,
+        versions: [
+            ("a".to_owned(), format!("sha256:{}", "1".repeat(64))),
+            ("b".to_owned(), format!("sha256:{}", "2".repeat(64))),
+        ]
+        .into(),
     };
     let held = LeaseRecord {
         host: Some(host.clone()),

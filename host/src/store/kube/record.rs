@@ -45,6 +45,9 @@ pub const HOLDER_ADDRESS: &str = "baton.dev/holder-address";
 pub const HOLDER_DRAINING: &str = "baton.dev/draining";
 /// See [`HOLDER_ADDRESS`].
 pub const HOLDER_WEIGHT: &str = "baton.dev/weight";
+/// See [`HOLDER_ADDRESS`]: `plugin=sha256:…` pairs, comma-separated
+/// ([`HostInfo::versions`]).
+pub const HOLDER_VERSIONS: &str = "baton.dev/versions";
 
 /// Reads a Lease object as a record. Lenient with everything a foreign
 /// writer may leave out; strict only where a value has the wrong JSON type
@@ -206,6 +209,15 @@ fn host_of(annotations: &BTreeMap<String, String>) -> Option<HostInfo> {
         address: annotations.get(HOLDER_ADDRESS).filter(|a| !a.is_empty()).cloned(),
         draining: draining.is_some_and(|d| d == "true"),
         weight: weight.and_then(|w| w.parse().ok()).unwrap_or(DEFAULT_WEIGHT),
+        versions: annotations
+            .get(HOLDER_VERSIONS)
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|pair| pair.split_once('='))
+                    .map(|(p, d)| (p.to_owned(), d.to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
 
@@ -314,6 +326,11 @@ pub fn write_annotations(annotations: &mut Option<BTreeMap<String, String>>, rec
     set(HOLDER_ADDRESS, host.and_then(|h| h.address.clone()));
     set(HOLDER_DRAINING, host.map(|h| h.draining.to_string()));
     set(HOLDER_WEIGHT, host.map(|h| h.weight.to_string()));
+    let versions = host.filter(|h| !h.versions.is_empty()).map(|h| {
+        let pairs: Vec<String> = h.versions.iter().map(|(p, d)| format!("{p}={d}")).collect();
+        pairs.join(",")
+    });
+    set(HOLDER_VERSIONS, versions);
     let yielded = record.yielded.as_ref().filter(|_| !held);
     set(YIELDED_BY, yielded.map(|y| y.by.clone()));
     set(

@@ -279,6 +279,11 @@ fn the_holders_host_round_trips_through_annotations_and_leaves_with_the_holder()
         address: Some("10.1.2.3:8080".into()),
         draining: true,
         weight: 3,
+        versions: [
+            ("a".to_owned(), format!("sha256:{}", "1".repeat(64))),
+            ("b".to_owned(), format!("sha256:{}", "2".repeat(64))),
+        ]
+        .into(),
     };
     let held = LeaseRecord {
         host: Some(host.clone()),
