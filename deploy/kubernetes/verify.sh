@@ -30,6 +30,9 @@
 #      ConfigMap's lease with route-label = true (baton.dev/lead-<lease>);
 #      the Deployment sets POD_NAME and POD_NAMESPACE from the downward API,
 #      and POD_IP (the advertised address) from status.podIP.
+#   4d. the image-pull Secret of registry-secret.yaml (a Docker config.json)
+#      is mounted by the Deployment where the ConfigMap's commented
+#      [registry] auth-file points (docs/registries.md).
 #   5. the image is the one scripts/image.sh builds: <registry>/baton:<the
 #      workspace's version>, the only image of the Deployment.
 #
@@ -65,7 +68,7 @@ fi
 
 # The namespace the manifests name (the placeholder `baton`).
 ns="$(awk '$1 == "namespace:" { print $2; exit }' "$here/role.yaml")"
-manifests=(serviceaccount.yaml role.yaml rolebinding.yaml configmap.yaml deployment.yaml service-leader.yaml)
+manifests=(serviceaccount.yaml role.yaml rolebinding.yaml configmap.yaml registry-secret.yaml deployment.yaml service-leader.yaml)
 
 failures=()
 fail() { failures+=("$*"); echo "verify: FAIL: $*" >&2; }
@@ -331,6 +334,28 @@ fi
 route_lease="$(awk '/^ *\[\[lease\]\]/ { name = "" } /^ *name *= *"/ { gsub(/.*= *"|".*/, ""); name = $0 }
     /^ *route-label *= *true/ && name != "" { print name; exit }' "$here/configmap.yaml")"
 key="baton.dev/lead-$route_lease"
+# 4d. plugins from a registry: the Deployment mounts the image-pull Secret
+# of registry-secret.yaml where the ConfigMap's [registry] auth-file points,
+# and the Secret is a Docker config.json.
+secret="$(awk '$1 == "name:" { print $2; exit }' "$here/registry-secret.yaml")"
+auth_file="$(sed -n 's|^ *# *auth-file = "\(.*\)"$|\1|p' "$here/configmap.yaml" | head -n1)"
+mount="$(awk -v s="$secret" '
+    $1 == "-" && $2 == "name:" { name = $3 }
+    $1 == "mountPath:" { path[name] = $2 }
+    $1 == "secretName:" && $2 == s { vol = name }
+    END { print path[vol] }' "$here/deployment.yaml")"
+if [ -n "$mount" ] && [ "${auth_file%/*}" = "$mount" ]; then
+    ok "the Deployment mounts Secret $secret at $mount, where the ConfigMap's auth-file $auth_file is"
+else
+    fail "registry credentials: Secret ${secret:-?} mounted at '${mount:-nowhere}', the ConfigMap's auth-file is '${auth_file:-unset}'"
+fi
+json="$(awk '$1 == ".dockerconfigjson:" { print $2 }' "$here/registry-secret.yaml" | base64 -d 2>/dev/null || true)"
+if python3 -c 'import json,sys; d = json.loads(sys.argv[1]); assert isinstance(d["auths"], dict)' "$json" 2>/dev/null; then
+    ok "registry-secret.yaml holds a Docker config.json (.dockerconfigjson with auths)"
+else
+    fail "registry-secret.yaml: .dockerconfigjson is not base64 of a Docker config.json with auths"
+fi
+
 if [ -n "$route_lease" ] && grep -q "^    $key: \"true\"\$" "$here/service-leader.yaml"; then
     ok "service-leader.yaml selects $key: \"true\", the route label of lease $route_lease (route-label = true)"
 else

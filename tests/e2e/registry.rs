@@ -8,8 +8,9 @@
 //!   next term only, and a host restarted while the registry is down runs
 //!   the tag's last digest from the cache; the guests' records show no
 //!   two terms side by side and nothing after a force-stop;
-//! - a missing tag, a wrong digest, a missing or wrong signature and
-//!   missing credentials are each refused in one line naming the plugin
+//! - a missing tag, a wrong digest, a missing or wrong signature, missing
+//!   credentials, a container image and a registry that never answers
+//!   are each refused in one line naming the plugin
 //!   and the reference, while the other plugins run (over TLS, signed);
 //!   credentials added to the file and a reload run the refused one.
 
@@ -134,6 +135,28 @@ fn push(file: &Path, reference: &str, args: &[&str]) -> String {
     let digest = stdout.lines().next().unwrap_or_default().to_owned();
     assert!(digest.starts_with("sha256:") && digest.len() == 71, "{stdout}");
     digest
+}
+
+/// Pushes a container image's manifest (one tar layer) as `reference`,
+/// with the OCI client itself: what a registry may hold besides components.
+fn push_image(reference: &str) {
+    use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let r: oci_client::Reference = reference.trim_start_matches("oci://").parse().unwrap();
+    let client = oci_client::Client::try_from(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    let layers = [ImageLayer::oci_v1(b"not a component".to_vec(), None)];
+    let config = Config::oci_v1(b"{}".to_vec(), None);
+    let auth = oci_client::secrets::RegistryAuth::Anonymous;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(client.push(&r, &layers, config, &auth, None))
+        .unwrap();
 }
 
 /// A repository name no other run has used.
@@ -339,6 +362,12 @@ fn bad_references_signatures_and_credentials_are_named_and_the_others_run() {
     );
     let no_creds = s.write("none.json", "{\"auths\":{}}");
     let missing = format!("oci://{}/{}:v1", reg.plain, unique("missing"));
+    let image = format!("oci://{}/{}:v1", reg.plain, unique("image"));
+    push_image(&image);
+    // A registry that takes connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow_addr = silent.local_addr().unwrap().to_string();
+    let slow = format!("oci://{slow_addr}/e2e/slow:v1");
     let wrong_digest = unsigned.replace(":v1", &format!("@sha256:{}", "0".repeat(64)));
     let table = |name: &str, path: &str, extra: &str| {
         format!("\n[[plugin]]\nname = {name:?}\npath = {path:?}\nlease = \"demo\"\n{extra}")
@@ -347,11 +376,12 @@ fn bad_references_signatures_and_credentials_are_named_and_the_others_run() {
     let pub_b = format!("verify-key = {:?}\n", dir.join("b.pub").display().to_string());
     let head = format!(
         "[store]\nkind = \"embedded\"\ndir = {:?}\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
-         retry-period = \"200ms\"\ngrace = \"500ms\"\n[registry]\nplain-http = [{:?}, {:?}]\nca = {:?}\n\
-         cache-dir = {:?}\nauth-file = {:?}\n[[lease]]\nname = \"demo\"\n",
+         retry-period = \"200ms\"\ngrace = \"500ms\"\n[registry]\nplain-http = [{:?}, {:?}, {:?}]\nca = {:?}\n\
+         cache-dir = {:?}\nauth-file = {:?}\ntimeout = \"2s\"\n[[lease]]\nname = \"demo\"\n",
         s.store().display().to_string(),
         reg.plain,
         reg.auth,
+        slow_addr,
         reg.ca.display().to_string(),
         dir.join("oci").display().to_string(),
         no_creds.display().to_string(),
@@ -361,6 +391,8 @@ fn bad_references_signatures_and_credentials_are_named_and_the_others_run() {
         table("wrong-key", &signed, &pub_b),
         table("unsigned", &unsigned, &pub_a),
         table("missing", &missing, ""),
+        table("image", &image, ""),
+        table("slow", &slow, ""),
         table("wrong-digest", &wrong_digest, ""),
         table("behind-auth", &behind_auth, ""),
     ]
@@ -390,6 +422,16 @@ fn bad_references_signatures_and_credentials_are_named_and_the_others_run() {
     );
     said("unsigned", &unsigned, &["it is not signed", ".sig"]);
     said("missing", &missing, &["not found in the registry (404"]);
+    said(
+        "image",
+        &image,
+        &[
+            "not a WebAssembly component",
+            "application/vnd.oci.image.layer.v1.tar",
+        ],
+    );
+    said("slow", &slow, &["did not answer within 2s"]);
+    drop(silent);
     said("wrong-digest", &wrong_digest, &["not found in the registry (404"]);
     said(
         "behind-auth",
