@@ -15,7 +15,7 @@ pub const SCHEME: &str = "oci://";
 /// let r = Reference::parse("oci://127.0.0.1:5000/team/reconciler:1.4").unwrap();
 /// assert_eq!(r.registry(), "127.0.0.1:5000");
 /// assert_eq!(r.repository(), "team/reconciler");
-/// assert_eq!(r.tag(), Some("1.4"));
+/// assert_eq!(r.tag().as_deref(), Some("1.4"));
 /// assert!(!r.is_pinned());
 /// assert_eq!(r.to_string(), "oci://127.0.0.1:5000/team/reconciler:1.4");
 /// ```

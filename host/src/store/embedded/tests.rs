@@ -1741,7 +1741,10 @@ async fn the_holders_host_is_kept_in_the_file_and_older_records_read_without() {
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(
         json["record"]["host"],
-        serde_json::json!({"address": "http://10.1.2.3:8080", "draining": true, "weight": 2}),
+        serde_json::json!({"address": "http://10.1.2.3:8080", "draining": true, "weight": 2, "versions": {
+            "a": format!("sha256:{}", "1".repeat(64)),
+            "b": format!("sha256:{}", "2".repeat(64)),
+        }}),
         "{text}"
     );
     assert_eq!(store.get("demo").await.unwrap().unwrap().record.host, Some(host));
