@@ -174,6 +174,7 @@ impl KubeAccess {
         let joined = connections.clone();
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false);
+        tcp.set_nodelay(true);
         let tcp = tcp.map_response(move |io: TokioIo<TcpStream>| {
             joined.add(io.inner().as_raw_fd());
             io

@@ -42,6 +42,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 pub mod buckets;
+mod client;
 pub mod floor;
 pub mod pod_label;
 mod reads;
@@ -223,7 +224,7 @@ impl KubeStore {
             .clone()
             .unwrap_or_else(|| config.default_namespace.clone());
         let server = config.cluster_url.to_string();
-        let client = Client::try_from(config)
+        let client = client::client(&config)
             .map_err(|e| refused(format!("cannot build the Kubernetes client: {e}")))?;
         Ok(KubeStore::with_client(client, &namespace, server, &options))
     }
