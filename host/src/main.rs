@@ -16,12 +16,6 @@ use baton::config::Overrides;
 use baton::daemon::reload::Cause;
 use baton::ops::logging::{LogFormat, ProgressMode};
 
-/// The static (musl) build allocates with mimalloc: musl's own allocator
-/// made the idle host cost more (docs/performance.md).
-#[cfg(target_env = "musl")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Runs WebAssembly plugin leader tasks only while this host holds a lease.
 #[derive(Parser)]
 #[command(name = "baton", version, about)]
