@@ -183,6 +183,12 @@ fn a_moved_tag_runs_from_the_next_term_on_both_hosts_and_from_the_cache_when_the
     let tag = format!("oci://{r}/{}:stable", unique("probe"));
     let plain = ["--plain-http", r.as_str()];
     let d1 = push(&guest("probe_pollable.wasm"), &tag, &plain);
+    let out = baton().arg("check").arg(&tag).args(plain).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains(&format!("{tag}: ok: targets")),
+        "{said}"
+    );
     let data = records_dir(&s);
     let cfg = s.write(
         "baton.toml",
@@ -273,6 +279,19 @@ fn a_moved_tag_runs_from_the_next_term_on_both_hosts_and_from_the_cache_when_the
     // The registry goes down; host-a restarts and runs the tag's last
     // digest from the cache.
     registry.stop();
+    // `baton pull` with the configuration's [registry]: the cache answers.
+    let out = baton()
+        .arg("pull")
+        .arg(&tag)
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.starts_with(&d2) && said.contains("from the cache"),
+        "{said}"
+    );
     let mut a = a;
     a.sigterm();
     assert!(a.wait_exit(SECS(30)).success());

@@ -2,7 +2,7 @@
 //! it cannot run, compiling it as `baton run` would (so a checked plugin is
 //! in the compiled-code cache for the run).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ pub async fn execute(plugins: Vec<PathBuf>, registry: &RegistryArgs) -> anyhow::
         let (path, name) = if text.starts_with(crate::oci::SCHEME) {
             match super::registry::pull_reference(&text, None, registry).await {
                 Ok(pulled) => {
-                    println!("{text}: {}", pulled.digest);
+                    println!("{text}: {} ({})", pulled.digest, pulled.component.display());
                     let name = pulled
                         .reference
                         .repository()
@@ -49,10 +49,10 @@ pub async fn execute(plugins: Vec<PathBuf>, registry: &RegistryArgs) -> anyhow::
         // Its log lines (compiling, compiled) before its result.
         crate::ops::logging::written(Duration::from_millis(500));
         match result {
-            Ok(plugin) => print_checked(&path, &plugin),
+            Ok(plugin) => print_checked(&text, &plugin),
             Err(e) => {
                 ok = false;
-                println!("{}: cannot run: {}", path.display(), e.reason);
+                println!("{text}: cannot run: {}", e.reason);
             }
         }
     }
@@ -76,8 +76,8 @@ fn engine() -> anyhow::Result<PluginEngine> {
 }
 
 /// What a component that can run targets and asks for.
-fn print_checked(path: &Path, plugin: &Plugin) {
-    println!("{}: ok: targets {}", path.display(), plugin.wit_world());
+fn print_checked(given: &str, plugin: &Plugin) {
+    println!("{given}: ok: targets {}", plugin.wit_world());
     if plugin.uses_hosts() {
         println!(
             "  asks for the live hosts (current-hosts): its host keeps a membership record even without spreading"
