@@ -25,6 +25,11 @@
 //! VM can know that time passed; only the term as a fencing token protects
 //! the outside world from such a leader (see `docs/architecture.md`).
 //!
+//! Asking whether a deadline has come ([`TermClock::reached`]) reads the
+//! exact clock only within half a second of the deadline or after the
+//! machine slept: further off, two coarse clocks answer for a fraction of
+//! the cost ([`coarse`]).
+//!
 //! Tests use [`TermClock::paused`], which follows tokio's clock (so paused
 //! time works) and can be told that the machine slept.
 
@@ -35,6 +40,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub mod coarse;
 
 /// How often the suspend detector compares the clocks; the longest a sleep
 /// on the term clock can oversleep after the machine wakes.
@@ -143,6 +151,8 @@ fn system_suspends() -> &'static watch::Sender<u64> {
                 let mut last = gain();
                 loop {
                     std::thread::sleep(SUSPEND_CHECK);
+                    #[cfg(any(target_os = "linux", target_os = "android"))]
+                    coarse::check_lag();
                     let now = gain();
                     if now.saturating_sub(last) > SUSPEND_THRESHOLD {
                         notify.send_modify(|n| *n += 1);
@@ -213,6 +223,17 @@ impl TermClock {
                 Moment(p.origin.elapsed() + Duration::from_nanos(p.slept_nanos.load(Ordering::SeqCst)))
             }
         }
+    }
+
+    /// Whether `at` has come: the same answer as `self.now() >= at`, from
+    /// the coarse clocks alone while `at` is far off (see [`coarse`]).
+    #[inline]
+    pub fn reached(&self, at: Moment) -> bool {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if matches!(self.source, Source::System) && coarse::far_before(at.as_nanos()) {
+            return false;
+        }
+        self.now() >= at
     }
 
     /// Sleeps until `at` on this clock: on tokio's timer, and woken early

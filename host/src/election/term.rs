@@ -224,7 +224,8 @@ impl Term {
     /// supervisor's forced stop all ask this.
     #[inline]
     pub fn must_stop(&self) -> bool {
-        self.clock.now().as_nanos() >= self.stop_at.load(Ordering::Acquire)
+        self.clock
+            .reached(Moment::from_nanos(self.stop_at.load(Ordering::Acquire)))
     }
 
     /// Moves the renew deadline to `until` after a confirmed renewal.
