@@ -16,10 +16,11 @@
 //!   the blocking pool after the host call returned) with writes made
 //!   inline, right after a last check of the term, inside a window the
 //!   kernel closes at the force-stop time ([`window`]: a write held up
-//!   between the check and its system call goes to `/dev/null`);
+//!   between the check and its system call goes nowhere);
 //! - **other mutating file operations** (Linux): `open-at` that creates or
 //!   truncates, `rename-at`, `link-at`, `symlink-at`, `unlink-file-at`,
-//!   `create-directory-at`, `remove-directory-at` and `set-size` end in one
+//!   `create-directory-at`, `remove-directory-at`, `set-size`, `set-times`
+//!   and `set-times-at` end in one
 //!   system call made in the same window, on descriptors of their own
 //!   (`fsops`: the parents are resolved first, read-only);
 //! - guest stdout and stderr ([`output`](super::output)) are logged inline,
@@ -28,9 +29,8 @@
 //! What remains is a check-then-act window for the other host calls: one
 //! that passed the fence just before the force-stop time may still make its
 //! system call just after it, if the thread is held up in between (setting
-//! a file's times; any file operation where `openat2` is refused; a TCP
-//! write). A
-//! TCP write that the kernel could not take at once is finished by a
+//! times through a symlink; any file operation where `openat2` is refused;
+//! a TCP write). A TCP write that the kernel could not take at once is finished by a
 //! background task of wasmtime-wasi, which is aborted when the supervisor
 //! drops the Store at the force-stop time. A name lookup's queries are sent
 //! in the window too ([`lookup`](super::lookup)). `docs/architecture.md`
@@ -227,7 +227,7 @@ fn open_stream(
         Ok(file) => file,
         Err(code) => return Ok(Err(code)),
     };
-    // A descriptor of its own: the window may point it at /dev/null.
+    // A descriptor of its own: the window may point it at its pipe.
     let file = match file.try_clone() {
         Ok(own) => own,
         Err(e) => return Ok(Err(error_code(&e))),

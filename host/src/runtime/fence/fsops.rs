@@ -17,10 +17,11 @@
 //! - the last, mutating system call (`renameat`, `linkat`, `symlinkat`,
 //!   `unlinkat`, `mkdirat` on the parents' descriptors; `openat2` with the
 //!   guest's flags on a duplicate of the guest's directory; `ftruncate` on
-//!   the guest's file) is made in the window, which points those
-//!   descriptors at `/dev/null` if the force-stop time passes first, so the
-//!   call fails (`ENOTDIR`, `EINVAL`) instead of landing, and the guest
-//!   traps.
+//!   the guest's file; `utimensat` on a duplicate of the guest's
+//!   descriptor or on the parent) is made in the window, which points
+//!   those descriptors at an empty pipe if the force-stop time passes
+//!   first, so the call fails (`ENOTDIR`, `EINVAL`) or changes only the
+//!   pipe instead of landing, and the guest traps.
 //!
 //! Invariant: no path given to the last call escapes its directory
 //! descriptor: it is one component (never `..`; a symlink there is not
@@ -30,8 +31,9 @@
 //!
 //! Where `openat2` cannot be used (an old kernel, a seccomp filter:
 //! `ENOSYS`, `EPERM`), the operation is left to wasmtime-wasi, check-then-act
-//! as before. `open-at` that neither creates nor truncates, and `set-times`,
-//! `set-times-at`, are left to wasmtime-wasi too (`docs/architecture.md`).
+//! as before. `open-at` that neither creates nor truncates is left to
+//! wasmtime-wasi too, and so is `set-times-at` that follows a symlink in
+//! its last component (`docs/architecture.md`).
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -40,13 +42,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 use std::sync::Arc;
 
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use std::time::SystemTime;
+
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use wasmtime::StoreContextMut;
 use wasmtime::component::{LinkerInstance, Resource};
 use wasmtime_wasi::filesystem::{Descriptor, Dir, File, FsPerms, OpenMode, WasiFilesystemView};
 use wasmtime_wasi::p2::FsResult;
 use wasmtime_wasi::p2::bindings::filesystem::types::{
-    DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
+    DescriptorFlags, ErrorCode, HostDescriptor, NewTimestamp, OpenFlags, PathFlags,
 };
 
 use super::{BLOCKING_FILE_IO, fenced};
@@ -63,7 +67,41 @@ type Outcome<T> = wasmtime::Result<Option<Result<T, ErrorCode>>>;
 pub fn add_to_linker(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
     add_renames_and_links(types)?;
     add_entry_removals_and_mkdir(types)?;
-    add_open_and_set_size(types)
+    add_open_and_set_size(types)?;
+    add_set_times(types)
+}
+
+/// `set-times` (on the guest's descriptor) and `set-times-at` (an entry
+/// of the path's parent).
+fn add_set_times(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
+    types.func_wrap_async(
+        "[method]descriptor.set-times",
+        |mut store: StoreContextMut<'_, GuestState>, (fd, atime, mtime): (Fd, NewTimestamp, NewTimestamp)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                if let Some(done) = set_times(state, &fd, atime, mtime)? {
+                    return Ok((done,));
+                }
+                let mut fs = state.filesystem();
+                answer(HostDescriptor::set_times(&mut fs, fd, atime, mtime).await)
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.set-times-at",
+        |mut store: StoreContextMut<'_, GuestState>,
+         (fd, flags, path, atime, mtime): (Fd, PathFlags, String, NewTimestamp, NewTimestamp)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                if let Some(done) = set_times_at(state, &fd, flags, &path, atime, mtime)? {
+                    return Ok((done,));
+                }
+                let mut fs = state.filesystem();
+                answer(HostDescriptor::set_times_at(&mut fs, fd, flags, path, atime, mtime).await)
+            })
+        },
+    )?;
+    Ok(())
 }
 
 /// `rename-at`, `link-at` and `symlink-at`: a new name, in the parent
@@ -357,6 +395,94 @@ fn two_parents<'a>(
     Ok(Some((old, new)))
 }
 
+/// `set-times`: `futimens` on a duplicate of the guest's descriptor (the
+/// window may point it at its pipe); wasmtime-wasi's permission check.
+fn set_times(state: &mut GuestState, fd: &Fd, atime: NewTimestamp, mtime: NewTimestamp) -> Outcome<()> {
+    let (file, perms) = match state.table.get(fd)? {
+        Descriptor::File(f) => (f.file.clone(), f.perms.write_not_permitted()),
+        Descriptor::Dir(d) => (d.dir.clone(), d.perms.write_not_permitted()),
+    };
+    if perms {
+        return Ok(Some(Err(ErrorCode::NotPermitted)));
+    }
+    let times = match timestamps(atime, mtime) {
+        Ok(times) => times,
+        Err(code) => return Ok(Some(Err(code))),
+    };
+    let own = match file.try_clone() {
+        Ok(own) => OwnedFd::from(own),
+        Err(e) => return Ok(Some(Err(ErrorCode::from(&e)))),
+    };
+    Ok(Some(fence_call(state, &[&own], || {
+        Ok(rustix::fs::futimens(&own, &times)?)
+    })?))
+}
+
+/// `set-times-at`: `utimensat` of the last component in its parent,
+/// never following a symlink there. One that would follow a symlink is
+/// left to wasmtime-wasi.
+fn set_times_at(
+    state: &mut GuestState,
+    fd: &Fd,
+    flags: PathFlags,
+    path: &str,
+    atime: NewTimestamp,
+    mtime: NewTimestamp,
+) -> Outcome<()> {
+    let times = match timestamps(atime, mtime) {
+        Ok(times) => times,
+        Err(code) => return Ok(Some(Err(code))),
+    };
+    let follow = flags.contains(PathFlags::SYMLINK_FOLLOW);
+    let mut symlink = false;
+    let outcome = at_parent(state, fd, Path::new(path), |dir: &OwnedFd, name: &OsStr| {
+        if follow
+            && rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink())
+        {
+            symlink = true;
+            return Ok(());
+        }
+        rustix::fs::utimensat(dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)
+    })?;
+    Ok(if symlink { None } else { outcome })
+}
+
+/// The guest's new timestamps as `utimensat` takes them (wasmtime-wasi's
+/// conversion: `now` is read here, an overflow is `overflow`).
+fn timestamps(atime: NewTimestamp, mtime: NewTimestamp) -> Result<Timestamps, ErrorCode> {
+    let one = |t: NewTimestamp| -> Result<Timespec, ErrorCode> {
+        let (secs, nanos) = match t {
+            NewTimestamp::NoChange => {
+                return Ok(Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rustix::fs::UTIME_OMIT,
+                });
+            }
+            NewTimestamp::Now => {
+                let since = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_err(|_| ErrorCode::Overflow)?;
+                (since.as_secs(), since.subsec_nanos())
+            }
+            NewTimestamp::Timestamp(d) => (
+                d.seconds
+                    .checked_add(u64::from(d.nanoseconds / 1_000_000_000))
+                    .ok_or(ErrorCode::Overflow)?,
+                d.nanoseconds % 1_000_000_000,
+            ),
+        };
+        Ok(Timespec {
+            tv_sec: i64::try_from(secs).map_err(|_| ErrorCode::Overflow)?,
+            tv_nsec: i64::from(nanos),
+        })
+    };
+    Ok(Timestamps {
+        last_access: one(atime)?,
+        last_modification: one(mtime)?,
+    })
+}
+
 /// `set-size`: `ftruncate` on the guest's file, fenced.
 fn set_size(state: &mut GuestState, fd: &Fd, size: u64) -> wasmtime::Result<Result<(), ErrorCode>> {
     let file = match state.table.get(fd)? {
@@ -402,7 +528,7 @@ fn open_at(
     }
     let read = flags.contains(DescriptorFlags::READ) || !flags.contains(DescriptorFlags::WRITE);
     let (os_flags, open_mode) = open_flags(path_flags, oflags, read);
-    // A descriptor of this call's own: the window may point it at /dev/null.
+    // A descriptor of this call's own: the window may point it at its pipe.
     let own = match start.try_clone() {
         Ok(own) => OwnedFd::from(own),
         Err(e) => return Ok(Some(Err(ErrorCode::from(&e)))),

@@ -9,9 +9,10 @@
 //! time, its signal directed at that thread. If the timer fires before the
 //! operation is done, its handler points the file descriptors the system
 //! call is about to use (the file written; the parent directory, or both
-//! parents of a rename or link) at `/dev/null` (`dup2`), so the call lands
-//! nowhere: a write goes to `/dev/null`, a call relative to a directory
-//! fails with `ENOTDIR`. A thread that was stopped or descheduled in the
+//! parents of a rename or link) at the read end of an empty pipe nobody
+//! writes (`dup2`), so the call lands nowhere: a write fails (`EBADF`), a
+//! call relative to a directory fails (`ENOTDIR`), a truncate fails
+//! (`EINVAL`), and setting times changes only the pipe's. A thread that was stopped or descheduled in the
 //! window runs that handler before it runs another instruction of its own:
 //! the kernel delivers pending signals first when the thread resumes. So no
 //! operation of a term reaches the file system after the force-stop time,
@@ -38,10 +39,11 @@ fn signal() -> libc::c_int {
     libc::SIGRTMIN() + 7
 }
 
-/// Set up once per process: `/dev/null` to point descriptors at, and the
+/// Set up once per process: the pipe to point descriptors at, and the
 /// handler.
 struct Setup {
-    devnull: RawFd,
+    /// The read end of a pipe whose write end is closed.
+    sink: RawFd,
 }
 
 static SETUP: OnceLock<Option<Setup>> = OnceLock::new();
@@ -66,21 +68,23 @@ fn setup() -> Option<&'static Setup> {
             // SAFETY: open(2) of a constant path; sigaction(2) installing a
             // handler that only touches async-signal-safe state (below).
             unsafe {
-                let devnull = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if devnull < 0 {
-                    tracing::warn!(error = %io::Error::last_os_error(), "cannot open /dev/null: file writes keep a check-then-act window");
+                let mut ends = [-1; 2];
+                if libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                    tracing::warn!(error = %io::Error::last_os_error(), "cannot make the write window's pipe: file writes keep a check-then-act window");
                     return None;
                 }
+                libc::close(ends[1]);
+                let sink = ends[0];
                 let mut action: libc::sigaction = std::mem::zeroed();
                 action.sa_sigaction = on_timer as *const () as usize;
                 action.sa_flags = libc::SA_RESTART;
                 libc::sigemptyset(&mut action.sa_mask);
                 if libc::sigaction(signal(), &action, std::ptr::null_mut()) != 0 {
                     tracing::warn!(error = %io::Error::last_os_error(), "cannot install the write-window signal handler: file writes keep a check-then-act window");
-                    libc::close(devnull);
+                    libc::close(sink);
                     return None;
                 }
-                Some(Setup { devnull })
+                Some(Setup { sink })
             }
         })
         .as_ref()
@@ -95,7 +99,7 @@ extern "C" fn on_timer(_: libc::c_int) {
         FDS.with(|fds| {
             for fd in fds.iter().map(Cell::get).filter(|fd| *fd >= 0) {
                 if let Some(Some(setup)) = SETUP.get() {
-                    libc::dup2(setup.devnull, fd);
+                    libc::dup2(setup.sink, fd);
                 }
                 any = true;
             }
@@ -161,7 +165,7 @@ impl Drop for ThreadTimer {
 /// Runs `write`, one system call on `fd`, unless `must_stop` says the term
 /// must stop, so that it cannot reach the file after `stop_at`
 /// (`CLOCK_BOOTTIME` nanoseconds). `None` if the term stopped first: the
-/// write was not made, or went to `/dev/null` (and `fd` now points there).
+/// write was not made, or failed (and `fd` now points at the pipe).
 pub fn write_before(
     fd: RawFd,
     stop_at: u64,
@@ -175,7 +179,7 @@ pub fn write_before(
 /// caller's own), unless `must_stop` says the term must stop, so that it
 /// cannot take effect after `stop_at` (`CLOCK_BOOTTIME` nanoseconds).
 /// `None` if the term stopped first: the call was not made, or was made on
-/// `/dev/null` (and `fds` now point there).
+/// the pipe (and `fds` now point there).
 pub fn act_before<T>(
     fds: &[RawFd],
     stop_at: u64,
@@ -237,7 +241,7 @@ mod tests {
         );
         assert_eq!(written.unwrap().unwrap(), 6);
         // Held up past the deadline between the check and the system call
-        // (as a stopped process would be): the write goes to /dev/null.
+        // (as a stopped process would be): the write goes nowhere.
         let stop_at = (clock.now() + Duration::from_millis(30)).as_nanos();
         let late = write_before(
             file.as_raw_fd(),
@@ -261,5 +265,48 @@ mod tests {
         let never = write_before(other.as_raw_fd(), stop_at, || true, || other.write_at(b"x", 0));
         assert!(never.is_none());
         assert_eq!(std::fs::metadata(dir.path().join("g")).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn setting_times_held_up_past_the_deadline_changes_nothing() {
+        use std::os::fd::OwnedFd;
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = std::fs::File::create(&path).unwrap();
+        let old = rustix::fs::Timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 0,
+        };
+        let times = rustix::fs::Timestamps {
+            last_access: old,
+            last_modification: old,
+        };
+        let clock = TermClock::system();
+        let own = OwnedFd::from(file.try_clone().unwrap());
+        let stop_at = (clock.now() + Duration::from_millis(30)).as_nanos();
+        let late = act_before(
+            &[own.as_raw_fd()],
+            stop_at,
+            || false,
+            || {
+                std::thread::sleep(Duration::from_millis(100));
+                Ok(rustix::fs::futimens(&own, &times)?)
+            },
+        );
+        assert!(late.is_none(), "reported as stopped");
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_ne!(meta.mtime(), 1_000_000_000, "the file's times did not change");
+        // In time: changed.
+        let stop_at = (clock.now() + Duration::from_secs(5)).as_nanos();
+        let own = OwnedFd::from(file.try_clone().unwrap());
+        let done = act_before(
+            &[own.as_raw_fd()],
+            stop_at,
+            || false,
+            || Ok(rustix::fs::futimens(&own, &times)?),
+        );
+        done.unwrap().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mtime(), 1_000_000_000);
     }
 }

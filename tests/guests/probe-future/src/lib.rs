@@ -19,7 +19,8 @@
 //!   change, each round `K` under names tagged with its term,
 //!   `tN.sK` (`N`, `K` zero-padded): creates `tN.sK.new` (`open-at`,
 //!   create and truncate), links it as `tN.sK.link`, unlinks that, renames
-//!   `tN.sK.new` to `tN.sK` and creates the directory `tN.sK.d`. Every step
+//!   `tN.sK.new` to `tN.sK`, sets its times (`set-times`, then
+//!   `set-times-at`) and creates the directory `tN.sK.d`. Every step
 //!   sets the entry's inode change time, so the last step of each entry
 //!   that landed can be dated. Until stopped by force; an error returns
 //!   `Err`.
@@ -181,7 +182,26 @@ fn file_ops(term: u64, seq: &mut u64) -> Result<(), String> {
     std::fs::hard_link(&new, &link).map_err(|e| fail("link", e))?;
     std::fs::remove_file(&link).map_err(|e| fail("unlink", e))?;
     std::fs::rename(&new, &base).map_err(|e| fail("rename", e))?;
+    // `set-times` on a descriptor, then `set-times-at` by path.
+    std::fs::File::open(&base)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+        .map_err(|e| fail("set-times", e))?;
+    set_times_at(&base).map_err(|e| fail("set-times-at", e))?;
     std::fs::create_dir(format!("{base}.d")).map_err(|e| fail("mkdir", e))
+}
+
+/// `utimensat` of `path` (both times now): `set-times-at`.
+fn set_times_at(path: &str) -> std::io::Result<()> {
+    let path = std::ffi::CString::new(path).map_err(std::io::Error::other)?;
+    let now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_NOW,
+    };
+    // SAFETY: a valid C string and two timespecs, read by the call.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), [now, now].as_ptr(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 baton_guest::export_future!(Probe);
