@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::leases::{handover_bound, spec_key, steered, wanted_spread};
 use super::reload;
-use super::serve::Daemon;
+use super::state::Daemon;
 use crate::config::own_files::OwnFilesGranted;
 use crate::config::{Config, LoadError, PluginConfig, ReloadMode};
 use crate::election::Intent;

@@ -15,10 +15,12 @@
 
 mod apply;
 pub mod control;
+mod error;
 mod leases;
 mod load;
 mod pull;
 pub mod reload;
 mod route;
 pub mod serve;
+mod state;
 mod stores;

@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, watch};
 use tokio::time::timeout;
 
-use super::serve::ServeError;
+use super::error::ServeError;
 use crate::config::{Config, StoreConfig};
 use crate::election::{BeforeRelease, LeaseView, Term};
 use crate::ops::metrics::Metrics;

@@ -28,7 +28,6 @@
 //! watches both runtimes, every elector's heartbeat and what it publishes.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,88 +36,23 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::apply::ReloadRefused;
-use super::leases::{
-    ElectorEnd, ElectorFailure, Launcher, LeaseRun, PluginRun, sync_controlled, wanted_spread,
-};
+pub use super::error::ServeError;
+use super::leases::{ElectorFailure, Launcher, sync_controlled, wanted_spread};
 use super::load::{Loaded, load_plugins};
+use super::state::{Daemon, Monitoring};
+use super::stores::store_timings;
 pub use super::stores::{open_store, open_stores};
 use crate::config::Config;
-use crate::config::own_files::OwnFilesGranted;
-use crate::daemon::control::{ControlError, ControlSocket, ControlledHost, SharedLeases};
+use crate::daemon::control::{ControlSocket, ControlledHost, SharedLeases};
 use crate::daemon::reload;
 use crate::election::{ClaimGate, HostHandle, Intent, NoObserver, TermClock};
 use crate::ops::admin::AdminServer;
 use crate::ops::health::Health;
 use crate::ops::metrics::Metrics;
-use crate::runtime::{
-    EngineOptions, Plugin, PluginEngine, PluginRuntime, PoolLimits, RuntimeError, default_cache_dir,
-};
+use crate::runtime::{EngineOptions, Plugin, PluginEngine, PluginRuntime, PoolLimits, default_cache_dir};
 use crate::store::buckets::BucketStore;
-use crate::store::{HostInfo, LeaseStore, StoreTimings};
+use crate::store::{HostInfo, LeaseStore};
 use crate::supervisor::NoTaskObserver;
-
-/// Why the host could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The wasm engine could not be set up.
-    #[error(transparent)]
-    Runtime(#[from] RuntimeError),
-    /// The lease store could not be opened.
-    #[error("{0}")]
-    Store(String),
-    /// No plugin can run (each was reported when it failed to load) and
-    /// every lease has plugins, so no lease is contended for: there is
-    /// nothing to serve, and a supervisor (systemd, Kubernetes) should see
-    /// the host fail.
-    #[error(
-        "none of the {0} configured plugins can run (each is named in the errors above); nothing to serve"
-    )]
-    NothingToRun(usize),
-    /// An elector panicked or ended on its own; its lease's tasks were
-    /// stopped and the lease was not released.
-    #[error(
-        "the elector of lease {lease:?} failed: {reason}; its tasks were stopped and the lease was left to expire"
-    )]
-    ElectorFailed {
-        /// The lease.
-        lease: String,
-        /// The panic message, or what happened.
-        reason: String,
-    },
-    /// Shutting down, some leader tasks could not be confirmed stopped
-    /// (stuck in a host call); their leases were left to expire.
-    #[error("leader tasks of lease(s) {0} could not be confirmed stopped; those leases were left to expire")]
-    TasksNotStopped(String),
-    /// The election's runtime could not be started.
-    #[error("cannot start the election runtime: {0}")]
-    ElectionRuntime(std::io::Error),
-    /// The admin endpoints could not listen on the configured address.
-    #[error("admin-address {address}: cannot serve /metrics, /healthz and /readyz there: {error}")]
-    Admin {
-        /// The configured address.
-        address: SocketAddr,
-        /// Why not.
-        error: std::io::Error,
-    },
-    /// The control socket could not be set up.
-    #[error("{0}")]
-    Control(ControlError),
-    /// A plugin's `dirs` grant reaches the host's own files (see
-    /// [`crate::config::own_files`]).
-    #[error("{}{error}", file_prefix(.file.as_deref()))]
-    Grants {
-        /// The configuration file, if any.
-        file: Option<PathBuf>,
-        /// The grants refused.
-        error: OwnFilesGranted,
-    },
-}
-
-/// `FILE: `, for a message about the configuration file `file`; nothing
-/// without one.
-fn file_prefix(file: Option<&Path>) -> String {
-    file.map(|f| format!("{}: ", f.display())).unwrap_or_default()
-}
 
 /// How [`serve_opts`] runs, beyond the configuration.
 pub struct ServeOptions {
@@ -162,32 +96,6 @@ fn bind_control(config: &Config) -> Result<Option<ControlSocket>, ServeError> {
         (None, None) => Ok(None),
     }
     .map_err(ServeError::Control)
-}
-
-/// What the admin endpoints of one run serve, when configured (their
-/// server serves until [`serve_opts`] returns).
-pub(super) struct Monitoring {
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) health: Arc<Health>,
-}
-
-/// What the store derives from the configured leases' timings: the longest
-/// lease duration (read for a record with a holder but no duration) and
-/// the shortest request timeout; the defaults' without leases. Given to the
-/// store when it is opened, and again after every applied reload.
-pub fn store_timings(config: &Config) -> StoreTimings {
-    let defaults = crate::election::Timings::default();
-    let leases = || config.leases.iter().map(|l| l.timings);
-    StoreTimings {
-        fallback_duration: leases()
-            .map(|t| t.lease_duration)
-            .max()
-            .unwrap_or(defaults.lease_duration),
-        request_timeout: leases()
-            .map(|t| t.request_timeout)
-            .min()
-            .unwrap_or(defaults.request_timeout),
-    }
 }
 
 /// Runs the configured leases and plugins until `shutdown` is cancelled,
@@ -355,42 +263,6 @@ struct Parts {
     engine: PluginEngine,
     runtime: Arc<PluginRuntime>,
     fixed: reload::Fixed,
-}
-
-/// A running `baton run`: the leases and plugins it serves, and what a
-/// reload or the shutdown needs. [`Daemon::run`] runs it until shutdown,
-/// [`Daemon::shut_down`] drains it.
-pub(super) struct Daemon {
-    /// The configuration in force (the last one a reload applied).
-    pub(super) config: Config,
-    pub(super) launcher: Launcher,
-    pub(super) runs: BTreeMap<String, LeaseRun>,
-    pub(super) plugins: BTreeMap<String, PluginRun>,
-    /// Plugins a reload removed, until their supervisor has returned (no
-    /// task of them runs any more): a plugin of the same name added again
-    /// waits for it.
-    pub(super) removed: BTreeMap<String, CancellationToken>,
-    /// Each elector's end: its lease and `Err(why)` if it failed.
-    ended: mpsc::UnboundedReceiver<ElectorEnd>,
-    pub(super) runtime: Arc<PluginRuntime>,
-    engine: PluginEngine,
-    monitoring: Option<Monitoring>,
-    pub(super) fixed: reload::Fixed,
-    reloads: Option<reload::Reload>,
-    /// The files the watcher watches, if it runs.
-    files: watch::Sender<Vec<PathBuf>>,
-    /// The tags of registry plugins the tag watcher watches, if it runs.
-    tags: watch::Sender<super::pull::Tags>,
-    watch_stop: CancellationToken,
-    /// The leases `baton yield` may reach.
-    controlled: SharedLeases,
-    control_stop: CancellationToken,
-    /// Electors that failed, and why.
-    failures: Vec<(String, ElectorFailure)>,
-    /// Leases whose tasks could not be confirmed stopped.
-    unconfirmed: Vec<String>,
-    /// Plugins that could not be loaded at start.
-    failed_plugins: usize,
 }
 
 impl Daemon {

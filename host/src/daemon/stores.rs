@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use super::serve::{ServeError, store_timings};
+use super::error::ServeError;
 use crate::config::{Config, StoreConfig};
 use crate::store::buckets::BucketStore;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::embedded::buckets::EmbeddedBuckets;
 use crate::store::kube::{KubeOptions, KubeStore};
-use crate::store::{LeaseStore, StoreError};
+use crate::store::{LeaseStore, StoreError, StoreTimings};
 
 /// Opens the configured lease store. For a Kubernetes store this builds
 /// the client (no request is made yet): a Lease with a holder but no
@@ -70,5 +70,24 @@ pub async fn open_stores(config: &Config) -> Result<(Arc<dyn LeaseStore>, Arc<dy
             let buckets = Arc::new(store.buckets());
             Ok((Arc::new(store), buckets))
         }
+    }
+}
+
+/// What the store derives from the configured leases' timings: the longest
+/// lease duration (read for a record with a holder but no duration) and
+/// the shortest request timeout; the defaults' without leases. Given to the
+/// store when it is opened, and again after every applied reload.
+pub fn store_timings(config: &Config) -> StoreTimings {
+    let defaults = crate::election::Timings::default();
+    let leases = || config.leases.iter().map(|l| l.timings);
+    StoreTimings {
+        fallback_duration: leases()
+            .map(|t| t.lease_duration)
+            .max()
+            .unwrap_or(defaults.lease_duration),
+        request_timeout: leases()
+            .map(|t| t.request_timeout)
+            .min()
+            .unwrap_or(defaults.request_timeout),
     }
 }
