@@ -5,8 +5,10 @@
 //! - `manifests/sha256/HEX`: a manifest, named by its digest;
 //! - `tags/REGISTRY/REPOSITORY/TAG`: the manifest digest a tag last
 //!   resolved to (what a host restarting while the registry is down runs);
-//! - `verified/HEX.KEY`: a signature of the manifest `HEX` verified with
-//!   the key whose fingerprint is `KEY`.
+//! - `verified/REGISTRY/REPOSITORY/HEX.KEY`: a signature of the manifest
+//!   `HEX`, found in that repository (where cosign keeps it), verified
+//!   with the key whose fingerprint is `KEY`. Per repository: the same
+//!   bytes pushed to another repository unsigned are not signed there.
 //!
 //! Invariants: every file is written whole to a temporary name and renamed
 //! into place, so a reader (another host) sees all of it or nothing; a
@@ -122,20 +124,27 @@ impl Cache {
         }
     }
 
-    fn verified_path(&self, digest: &str, key: &str) -> Option<PathBuf> {
+    fn verified_path(&self, reference: &Reference, digest: &str, key: &str) -> Option<PathBuf> {
         let hex = digest.strip_prefix("sha256:").filter(|_| is_sha256(digest))?;
-        Some(self.root.join("verified").join(format!("{hex}.{key}")))
+        Some(
+            self.root
+                .join("verified")
+                .join(reference.registry().replace(':', "_"))
+                .join(reference.repository())
+                .join(format!("{hex}.{key}")),
+        )
     }
 
     /// Whether a signature of `digest` by the key `key` (a fingerprint) was
-    /// verified here.
-    pub fn is_verified(&self, digest: &str, key: &str) -> bool {
-        self.verified_path(digest, key).is_some_and(|p| p.is_file())
+    /// found in `reference`'s repository and verified here.
+    pub fn is_verified(&self, reference: &Reference, digest: &str, key: &str) -> bool {
+        self.verified_path(reference, digest, key)
+            .is_some_and(|p| p.is_file())
     }
 
     /// Records such a verification.
-    pub fn set_verified(&self, digest: &str, key: &str) -> Result<(), CacheError> {
-        match self.verified_path(digest, key) {
+    pub fn set_verified(&self, reference: &Reference, digest: &str, key: &str) -> Result<(), CacheError> {
+        match self.verified_path(reference, digest, key) {
             Some(path) => write_whole(&path, b""),
             None => Ok(()),
         }
@@ -219,9 +228,14 @@ mod tests {
         assert_eq!(cache.tag(&r), None);
         cache.set_tag(&r, &digest).unwrap();
         assert_eq!(cache.tag(&r), Some(digest.clone()));
-        assert!(!cache.is_verified(&digest, "k1"));
-        cache.set_verified(&digest, "k1").unwrap();
-        assert!(cache.is_verified(&digest, "k1") && !cache.is_verified(&digest, "k2"));
+        assert!(!cache.is_verified(&r, &digest, "k1"));
+        cache.set_verified(&r, &digest, "k1").unwrap();
+        assert!(cache.is_verified(&r, &digest, "k1") && !cache.is_verified(&r, &digest, "k2"));
+        // Another tag of the repository: verified; another repository: not.
+        let same = Reference::parse("oci://127.0.0.1:5000/team/x:2").unwrap();
+        let other = Reference::parse("oci://127.0.0.1:5000/team/y:1").unwrap();
+        assert!(cache.is_verified(&same, &digest, "k1"));
+        assert!(!cache.is_verified(&other, &digest, "k1"));
         cache.put_manifest(&digest, b"manifest").unwrap();
         assert_eq!(cache.manifest(&digest).as_deref(), Some(&b"manifest"[..]));
     }

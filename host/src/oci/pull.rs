@@ -151,7 +151,7 @@ impl Registry {
         let layer = component_layer(reference, &manifest).ok()?;
         let component = self.cache.checked_blob(&layer.digest)?;
         if let Some(key) = key
-            && !self.cache.is_verified(digest, &key.fingerprint())
+            && !self.cache.is_verified(reference, digest, &key.fingerprint())
         {
             return None;
         }
@@ -244,7 +244,7 @@ impl Registry {
         digest: &str,
         key: &VerifyKey,
     ) -> Result<(), PullError> {
-        if self.cache.is_verified(digest, &key.fingerprint()) {
+        if self.cache.is_verified(reference, digest, &key.fingerprint()) {
             return Ok(());
         }
         let unsigned = |why: String| PullError::Unsigned {
@@ -290,7 +290,7 @@ impl Registry {
             c.call(&sig_ref, c.client.pull_blob(&sig_ref.oci(), layer, &mut payload))
                 .await?;
             if key.verifies(&payload, signature) && sign::signed_digest(&payload).as_deref() == Some(digest) {
-                let _ = self.cache.set_verified(digest, &key.fingerprint());
+                let _ = self.cache.set_verified(reference, digest, &key.fingerprint());
                 return Ok(());
             }
         }
