@@ -49,6 +49,23 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[0], v[v.len() / 2], v[v.len() - 1])
 }
 
+/// One question asked 10 million times per run, of a term whose deadline
+/// is an hour off: ns per ask, (min, median, max) over `runs`.
+fn per_ask(runs: usize, ask: impl Fn() -> bool) -> (f64, f64, f64) {
+    const ASKS: u32 = 10_000_000;
+    let mut samples = Vec::new();
+    for _ in 0..runs {
+        let start = Instant::now();
+        let mut yes = 0u32;
+        for _ in 0..ASKS {
+            yes += u32::from(ask());
+        }
+        assert_eq!(yes, 0, "the deadline is an hour off");
+        samples.push(start.elapsed().as_nanos() as f64 / f64::from(ASKS));
+    }
+    median(samples)
+}
+
 fn main() {
     let runs: usize = std::env::var("BATON_BENCH_RUNS")
         .ok()
@@ -106,35 +123,14 @@ fn main() {
         fenced.1 - bare.1
     );
 
-    let mut asks = Vec::new();
-    const ASKS: u32 = 10_000_000;
-    for _ in 0..runs {
-        let start = Instant::now();
-        let mut stops = 0u32;
-        for _ in 0..ASKS {
-            stops += u32::from(std::hint::black_box(&term).must_stop());
-        }
-        assert_eq!(stops, 0);
-        asks.push(start.elapsed().as_nanos() as f64 / f64::from(ASKS));
-    }
-    let asks = median(asks);
+    let asks = per_ask(runs, || std::hint::black_box(&term).must_stop());
     println!(
         "fence: Term::must_stop alone, the deadline far off (coarse clocks): {:.1} / {:.1} / {:.1} ns",
         asks.0, asks.1, asks.2
     );
     // What must_stop costs within half a second of the deadline, or after a
     // suspend: the exact clock.
-    let mut exact = Vec::new();
-    for _ in 0..runs {
-        let start = Instant::now();
-        let mut late = 0u32;
-        for _ in 0..ASKS {
-            late += u32::from(std::hint::black_box(&clock).now() >= term.stop_at());
-        }
-        assert_eq!(late, 0);
-        exact.push(start.elapsed().as_nanos() as f64 / f64::from(ASKS));
-    }
-    let exact = median(exact);
+    let exact = per_ask(runs, || std::hint::black_box(&clock).now() >= term.stop_at());
     println!(
         "fence: near the deadline (the exact CLOCK_BOOTTIME read): {:.1} / {:.1} / {:.1} ns",
         exact.0, exact.1, exact.2

@@ -274,6 +274,21 @@ fn monotonic_now() -> Duration {
 }
 
 fn read_clock(clock: libc::clockid_t) -> Duration {
+    let ts = read_timespec(clock);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Nanoseconds of `clock` (what [`coarse`] reads its clocks with).
+#[inline]
+fn read_nanos(clock: libc::clockid_t) -> u64 {
+    let ts = read_timespec(clock);
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+#[inline]
+fn read_timespec(clock: libc::clockid_t) -> libc::timespec {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -282,7 +297,7 @@ fn read_clock(clock: libc::clockid_t) -> Duration {
     // given; the clocks used here exist on every supported kernel.
     let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime failed");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    ts
 }
 
 #[cfg(test)]

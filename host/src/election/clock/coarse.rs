@@ -31,6 +31,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering, fence};
 use std::time::Duration;
 
+use super::read_nanos;
+
 /// How far ahead of a deadline the coarse clocks answer at all.
 pub const MARGIN: Duration = Duration::from_millis(450);
 
@@ -145,7 +147,9 @@ fn record() {
         return;
     };
     let last = RECORDED_AT.load(Ordering::Relaxed);
-    if SEQ.load(Ordering::Relaxed) != 0 && read(libc::CLOCK_MONOTONIC).saturating_sub(last) < 1_000_000_000 {
+    if SEQ.load(Ordering::Relaxed) != 0
+        && read_nanos(libc::CLOCK_MONOTONIC).saturating_sub(last) < 1_000_000_000
+    {
         return;
     }
     if !check_lag() {
@@ -153,8 +157,8 @@ fn record() {
     }
     // Monotonic first: the offset errs large (deadlines look nearer), never
     // small.
-    let mono = read(libc::CLOCK_MONOTONIC);
-    let boot = read(libc::CLOCK_BOOTTIME);
+    let mono = read_nanos(libc::CLOCK_MONOTONIC);
+    let boot = read_nanos(libc::CLOCK_BOOTTIME);
     let now = coarse();
     let seq = SEQ.load(Ordering::Relaxed);
     SEQ.store(seq + 1, Ordering::Relaxed);
@@ -174,7 +178,7 @@ pub fn check_lag() -> bool {
         return false;
     }
     let coarse_mono = coarse().mono;
-    let exact = read(libc::CLOCK_MONOTONIC);
+    let exact = read_nanos(libc::CLOCK_MONOTONIC);
     let lag = Duration::from_nanos(exact.saturating_sub(coarse_mono));
     let resolution = resolution();
     if lag > MAX_LAG || resolution > MAX_RESOLUTION {
@@ -190,8 +194,8 @@ pub fn check_lag() -> bool {
 }
 
 fn coarse() -> Coarse {
-    let mono = read(libc::CLOCK_MONOTONIC_COARSE);
-    let real = read(libc::CLOCK_REALTIME_COARSE);
+    let mono = read_nanos(libc::CLOCK_MONOTONIC_COARSE);
+    let real = read_nanos(libc::CLOCK_REALTIME_COARSE);
     Coarse {
         mono,
         real: i64::try_from(real).unwrap_or(i64::MAX),
@@ -208,22 +212,6 @@ fn resolution() -> Duration {
         return Duration::MAX;
     }
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// Nanoseconds of `clock`.
-#[inline]
-fn read(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec to the valid pointer it is
-    // given; the clocks used here exist on every supported kernel.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime failed");
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
 }
 
 #[cfg(test)]
@@ -276,7 +264,7 @@ mod tests {
 
     #[test]
     fn the_fast_answer_agrees_with_the_clock() {
-        let now = read(libc::CLOCK_BOOTTIME);
+        let now = read_nanos(libc::CLOCK_BOOTTIME);
         assert!(check_lag(), "this machine's coarse clock is usable");
         // The first call records; later ones answer.
         far_before(now + 10_000 * MS);
