@@ -191,6 +191,17 @@ for g in "${groups[@]}"; do
         failed="${failed:-} $g"
     fi
 done
+# The failures again, last, where a reader of a long log looks: each
+# panic's message (without its backtrace) and each group's list.
+for g in ${failed:-}; do
+    echo "==== failures in $g"
+    awk '/ panicked at /      { n = 12 }
+         /^stack backtrace:/ { n = 0 }
+         n > 0               { print; n-- }
+         /^failures:$/       { list = 1 }
+         list                { print }
+         /^test result:/     { list = 0 }' "$logs/$g.log"
+done
 rm -rf "$logs"
 cargo test -p baton-guest --all-features "$@" -- --test-threads=1 || status=1
 if [ "$status" != 0 ]; then

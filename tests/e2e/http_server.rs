@@ -1,6 +1,6 @@
 //! A small HTTP/1.1 server for tests, on loopback: it records every
-//! request (method, path, headers, body size) and, for `/hang`, when the
-//! client gave up the connection. Used by the end-to-end HTTP tests and the
+//! request (method, path, headers, body size) in the order its connection
+//! was opened and, for `/hang`, when the client gave up the connection. Used by the end-to-end HTTP tests and the
 //! polyglot tests of the `baton new` templates.
 
 use std::collections::BTreeMap;
@@ -12,6 +12,10 @@ use std::time::SystemTime;
 /// One request a test server received.
 #[derive(Clone, Debug)]
 pub struct Seen {
+    /// The connection's place in the order they were accepted: the kernel
+    /// queues connections in the order their handshakes completed, so this
+    /// is the order the clients connected in, whichever thread ran first.
+    pub accepted: usize,
     pub method: String,
     pub path: String,
     pub headers: BTreeMap<String, String>,
@@ -23,7 +27,8 @@ pub struct Seen {
 
 /// An HTTP/1.1 server on loopback: `/hello` answers `hello`, `/big`
 /// answers 2 MiB, `/hang` never answers and records when the client gives
-/// up the connection. Every request is recorded.
+/// up the connection. Every request is recorded; [`Server::seen`] lists
+/// them in the order their connections were opened.
 pub struct Server {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -36,21 +41,25 @@ impl Server {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let log = seen.clone();
         std::thread::spawn(move || {
-            for conn in listener.incoming() {
+            for (accepted, conn) in listener.incoming().enumerate() {
                 let Ok(conn) = conn else { return };
                 let log = log.clone();
-                std::thread::spawn(move || serve(conn, &log));
+                std::thread::spawn(move || serve(accepted, conn, &log));
             }
         });
         Server { addr, seen }
     }
 
+    /// The requests so far, in the order their connections were opened
+    /// (not the order their threads read them, which load can change).
     pub fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
+        let mut seen = self.seen.lock().unwrap().clone();
+        seen.sort_by_key(|s| s.accepted);
+        seen
     }
 }
 
-fn serve(conn: TcpStream, log: &Mutex<Vec<Seen>>) {
+fn serve(accepted: usize, conn: TcpStream, log: &Mutex<Vec<Seen>>) {
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut line = String::new();
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
@@ -104,6 +113,7 @@ fn serve(conn: TcpStream, log: &Mutex<Vec<Seen>>) {
     let index = {
         let mut log = log.lock().unwrap();
         log.push(Seen {
+            accepted,
             method,
             path: path.clone(),
             headers,

@@ -340,11 +340,11 @@ impl MemoryStore {
             }
             if op == Op::Update && std::mem::take(&mut state.panic_next_update) {
                 drop(state);
-                panic!("injected panic in a store update of lease {lease:?}");
+                injected_panic(format!("injected panic in a store update of lease {lease:?}"));
             }
             if op == Op::Watch && std::mem::take(&mut state.panic_next_watch) {
                 drop(state);
-                panic!("injected panic in a watch of lease {lease:?}");
+                injected_panic(format!("injected panic in a watch of lease {lease:?}"));
             }
             if op != Op::List {
                 validate_lease_name(lease).map_err(|e| StoreError::Refused {
@@ -521,3 +521,10 @@ impl MemoryWatch {
 mod tests;
 
 pub mod buckets;
+
+/// Unwinds with `message` as the panic's payload, as `panic!` would, but
+/// without the panic hook: an injected panic is expected, and its message
+/// and backtrace would read like a failure in the test output.
+fn injected_panic(message: String) -> ! {
+    std::panic::resume_unwind(Box::new(message))
+}
