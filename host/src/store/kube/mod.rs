@@ -303,7 +303,10 @@ impl LeaseStore for KubeStore {
             .await
             .map_err(|e| map_error(lease, "get", e))?
         {
-            Some(obj) => inner.accept(lease, &obj).map(Some),
+            Some(mut obj) => {
+                requests::slim(&mut obj);
+                inner.accept(lease, &obj).map(Some)
+            }
             None => inner.deleted(lease, None, None).await,
         }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kube::api::{DynamicObject, ListParams};
 
-use super::requests::{map_error, rv_number};
+use super::requests::{map_error, rv_number, slim};
 use super::{Inner, KEEP_OBJECTS, OWN_REQUEST_TIMEOUT, Recent, to_versioned};
 use crate::store::deleted::Found;
 use crate::store::{ANY_LEASE, StoreError, Versioned};
@@ -139,7 +139,9 @@ impl Inner {
                 detail: format!("listing leases timed out after {}", human(OWN_REQUEST_TIMEOUT)),
             })?
             .map_err(|e| map_error(ANY_LEASE, "list", e))?;
-        Ok(list.items)
+        let mut items = list.items;
+        items.iter_mut().for_each(slim);
+        Ok(items)
     }
 
     /// The object of `lease` at `version`: the one seen, else the Lease as
@@ -154,12 +156,13 @@ impl Inner {
             .get_opt(lease)
             .await
             .map_err(|e| map_error(lease, "get", e))?;
-        let Some(current) = current else {
+        let Some(mut current) = current else {
             return Err(StoreError::Conflict {
                 lease: lease.to_owned(),
                 detail: format!("does not exist (expected version {version})"),
             });
         };
+        slim(&mut current);
         self.accept(lease, &current)?;
         let current_version = current.metadata.resource_version.clone().unwrap_or_default();
         if current_version != version {

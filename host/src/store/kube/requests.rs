@@ -2,6 +2,7 @@
 //! its writes are recorded under, the selectors, resourceVersions as
 //! numbers, and how the API server's errors map to [`StoreError`]s.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::api::{DynamicObject, PostParams};
 
 use crate::store::StoreError;
@@ -109,6 +110,28 @@ pub fn baton_wrote_transitions(obj: &DynamicObject) -> bool {
                 .and_then(|spec| spec.get("f:leaseTransitions"))
                 .is_some()
     })
+}
+
+/// Drops what baton never reads from an object the API server sent:
+/// `metadata.managedFields`, a tree per field manager that is most of a
+/// Lease's bytes and of what caching, cloning and dropping it cost. Keeps
+/// what [`baton_wrote_transitions`] reads: one entry of [`FIELD_MANAGER`]
+/// owning `spec.leaseTransitions`, if the object had one, so that it
+/// answers as before. Writes send no managedFields: the API server then
+/// keeps its own (it replaces them only when a write sends some).
+pub(super) fn slim(obj: &mut DynamicObject) {
+    let kept = baton_wrote_transitions(obj).then(|| {
+        vec![ManagedFieldsEntry {
+            manager: Some(FIELD_MANAGER.into()),
+            operation: Some("Update".into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(
+                serde_json::json!({ "f:spec": { "f:leaseTransitions": {} } }),
+            )),
+            ..ManagedFieldsEntry::default()
+        }]
+    });
+    obj.metadata.managed_fields = kept;
 }
 
 /// Selects one Lease by its name.

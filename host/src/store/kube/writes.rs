@@ -11,7 +11,7 @@ use kube::api::{DynamicObject, ObjectMeta, TypeMeta};
 use serde_json::{Map, Value};
 
 use super::floor::Raised;
-use super::requests::{baton_wrote_transitions, map_error, post_params};
+use super::requests::{baton_wrote_transitions, map_error, post_params, slim};
 use super::{Inner, KubeStore, to_versioned};
 use crate::store::{LeaseRecord, StoreError, Versioned};
 use crate::support::rounding::human;
@@ -33,11 +33,12 @@ impl KubeStore {
         // Raised (and the create counted) before the Lease appears, so that
         // a reader that finds no Lease again knows it was created between.
         inner.raise_floor(lease, None, record, own).await?;
-        let created = inner
+        let mut created = inner
             .api
             .create(&post_params(), &obj)
             .await
             .map_err(|e| map_error(lease, "create", e))?;
+        slim(&mut created);
         let v = inner.accept_written(lease, &created)?;
         inner.check_floor(lease, &created, &v);
         Ok(v)
@@ -78,11 +79,14 @@ impl KubeStore {
         // the object's resourceVersion is no longer this one.
         obj.metadata.resource_version = Some(version.to_owned());
         inner.apply(lease, &mut obj, record)?;
-        let written = inner
+        // The API server keeps its managedFields (this host's copy is slim).
+        obj.metadata.managed_fields = None;
+        let mut written = inner
             .api
             .replace(lease, &post_params(), &obj)
             .await
             .map_err(|e| map_error(lease, "update", e))?;
+        slim(&mut written);
         let v = inner.accept_written(lease, &written)?;
         inner.check_floor(lease, &written, &v);
         Ok(v)

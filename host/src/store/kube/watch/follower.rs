@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::WatchConfig;
 use crate::store::StoreError;
-use crate::store::kube::requests::{map_error, rv_number};
+use crate::store::kube::requests::{map_error, rv_number, slim};
 use crate::support::rounding::human;
 
 /// A watch the server ended sooner than this after it started, without a
@@ -140,7 +140,7 @@ impl Follower {
                     self.current = None;
                 }
                 Some(Err(e)) => return Err(map_error(&self.lease, "watch", e)),
-                Some(Ok(event)) => {
+                Some(Ok(mut event)) => {
                     request.active = true;
                     match event {
                         WatchEvent::Bookmark(ref b) => {
@@ -150,9 +150,10 @@ impl Follower {
                         WatchEvent::Error(status) => {
                             return Err(map_error(&self.lease, "watch", kube::Error::Api(status)));
                         }
-                        WatchEvent::Added(ref obj)
-                        | WatchEvent::Modified(ref obj)
-                        | WatchEvent::Deleted(ref obj) => {
+                        WatchEvent::Added(ref mut obj)
+                        | WatchEvent::Modified(ref mut obj)
+                        | WatchEvent::Deleted(ref mut obj) => {
+                            slim(obj);
                             let rv = obj.metadata.resource_version.clone().unwrap_or_default();
                             self.advance(&rv);
                             return Ok(event);

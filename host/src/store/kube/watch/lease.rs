@@ -11,7 +11,7 @@ use super::follower::Follower;
 use super::shared::Registration;
 use super::{Confirmed, selects};
 use crate::store::kube::Inner;
-use crate::store::kube::requests::{field_selector, map_error};
+use crate::store::kube::requests::{field_selector, map_error, slim};
 use crate::store::{StoreError, Versioned};
 use crate::support::rounding::human;
 
@@ -110,7 +110,11 @@ impl LeaseStream {
         let found = list
             .items
             .into_iter()
-            .find(|o| o.metadata.name.as_deref() == Some(self.lease.as_str()));
+            .find(|o| o.metadata.name.as_deref() == Some(self.lease.as_str()))
+            .map(|mut o| {
+                slim(&mut o);
+                o
+            });
         let own = |lease: &str| {
             let params = WatchParams::default().fields(&field_selector(lease));
             Mode::Own(Box::new(Follower::new(

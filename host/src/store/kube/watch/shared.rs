@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::demux::{Delivery, SharedState, Signal, Taken, Unserved};
 use super::follower::Follower;
 use super::{WatchConfig, selects};
-use crate::store::kube::requests::{map_error, rv_number};
+use crate::store::kube::requests::{map_error, rv_number, slim};
 use crate::store::{ANY_LEASE, StoreError};
 use crate::support::rounding::human;
 
@@ -134,7 +134,10 @@ impl SharedWatch {
                 };
             }
             Ok(Err(e)) => return map_error(ANY_LEASE, "list", e),
-            Ok(Ok(list)) => list,
+            Ok(Ok(mut list)) => {
+                list.items.iter_mut().for_each(slim);
+                list
+            }
         };
         let mut follower = Follower::new(
             self.config.clone(),
