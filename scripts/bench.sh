@@ -5,7 +5,8 @@
 # BATON_BENCH_PROFILE=release measures a release build of the host.
 #
 # The long benches, on a Kubernetes API server of their own
-# (versus_client_go, about 13 minutes; requests_per_lease, about 9), run
+# (versus_client_go, about 13 minutes; requests_per_lease, about 9;
+# api_capacity, about 10), run
 # only with BATON_BENCH_LONG=1 or when named: scripts/bench.sh --bench
 # requests_per_lease. They need the test server installed
 # (scripts/kube-testenv.sh install). Some benches have sweeps of their own
@@ -20,7 +21,7 @@ export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
 # tests).
 export BATON_POLYGLOT_DIR="${BATON_POLYGLOT_DIR:-$BATON_CACHE/polyglot}"
 scripts/build-polyglot-guests.sh >/dev/null
-long="versus_client_go requests_per_lease"
+long="versus_client_go requests_per_lease api_capacity"
 named=0
 for arg in "$@"; do
     case "$arg" in --bench | --bench=* | --benches) named=1 ;; esac

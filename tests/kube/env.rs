@@ -329,7 +329,12 @@ impl Drop for TestNamespace {
 /// `apiserver_request_total` for `resource="leases"`, summed per verb.
 pub async fn lease_requests(admin: &Client) -> BTreeMap<String, f64> {
     let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = admin.request_text(req).await.unwrap();
+    lease_requests_in(&admin.request_text(req).await.unwrap())
+}
+
+/// `apiserver_request_total` for `resource="leases"` in the API server's
+/// metrics `text`, summed per verb.
+pub fn lease_requests_in(text: &str) -> BTreeMap<String, f64> {
     let mut counts = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
