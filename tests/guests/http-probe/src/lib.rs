@@ -26,7 +26,8 @@
 //!     With `PROBE_TRAP_AT_END` set, it panics (a trap) once its term is
 //!     over, so that a host with a core dump folder dumps its memory.
 //!   - `parallel`: starts `HTTP_PARALLEL` requests at once without waiting
-//!     for any, gives them 500 ms, and prints
+//!     for any, waits until one is answered (at most 10 s) and 500 ms
+//!     more, and prints
 //!     `http parallel started=N refused=R pending=P errors=E term=N`
 //!     (refused: `connection-limit-reached`); then drops them all and
 //!     sends one more, printing its `http ok ...` or `http error ...` line
@@ -48,8 +49,10 @@ wit_bindgen::generate!({
 use baton::leader::status_pollable::current_status;
 use baton::leader::types::Role;
 use exports::baton::leader::task_sync::{Guest, Status};
+use wasi::clocks0_2_12::monotonic_clock;
 use wasi::http::outgoing_handler;
 use wasi::http::types::{Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest, Scheme};
+use wasi::io::poll::Pollable;
 use wasi::io::streams::StreamError;
 
 struct Probe;
@@ -165,8 +168,18 @@ fn parallel(url: &str, n: usize, term: u64) {
             Err(_) => errors += 1,
         }
     }
-    let deadline = wasi::clocks0_2_12::monotonic_clock::subscribe_duration(500_000_000);
-    deadline.block();
+    // Until one of them is answered (a refusal comes once the host has
+    // waited for a place) or 10 s, then 500 ms for any other. A fixed wait
+    // read a refusal that a loaded machine was slow to make as a request
+    // in flight.
+    {
+        let answers: Vec<_> = pending.iter().map(|r| r.subscribe()).collect();
+        let give_up = monotonic_clock::subscribe_duration(10_000_000_000);
+        let mut any: Vec<&Pollable> = answers.iter().collect();
+        any.push(&give_up);
+        wasi::io::poll::poll(&any);
+    }
+    monotonic_clock::subscribe_duration(500_000_000).block();
     let mut waiting = 0;
     for response in &pending {
         // `get` answers only for a response whose pollable found it ready.
@@ -256,7 +269,7 @@ fn next_tick(term: u64, tick_ms: u64) -> bool {
         println!("http stop term={term}");
         return false;
     }
-    let timer = wasi::clocks0_2_12::monotonic_clock::subscribe_duration(tick_ms * 1_000_000);
+    let timer = monotonic_clock::subscribe_duration(tick_ms * 1_000_000);
     wasi::io::poll::poll(&[&change, &timer]);
     true
 }
