@@ -19,7 +19,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::store::buckets::{Applied, BucketError, BucketName, BucketStore, Limits, Op, Write};
-use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, StoreError};
+use crate::store::{LeaseRecord, LeaseStore, RELEASED_LEASE_DURATION, StoreError, Versioned};
 
 /// Who writes, where, and whether over a running leader.
 pub struct Operator<'a> {
@@ -85,29 +85,7 @@ impl Operator<'_> {
         limits: Limits,
     ) -> Result<Written, OperatorError> {
         let lease = bucket.lease.as_str();
-        let current = self.leases.get(lease).await?;
-        let (term, holder) = current.as_ref().map_or((0, None), |v| {
-            (v.record.term, v.record.holder().map(str::to_owned))
-        });
-        if let Some(holder) = &holder
-            && !self.force
-        {
-            return Err(OperatorError::Led {
-                lease: lease.to_owned(),
-                holder: holder.clone(),
-                term,
-                lease_duration: self.lease_duration,
-            });
-        }
-        let now = SystemTime::now();
-        let mut record = LeaseRecord::new(Some(&self.identity), term + 1, self.lease_duration);
-        record.acquire_time = Some(now);
-        record.renew_time = Some(now);
-        record.instance = Some(format!("{:016x}", rand::random::<u64>()));
-        let taken = match &current {
-            Some(v) => self.leases.update(lease, &v.version, &record).await?,
-            None => self.leases.create(lease, &record).await?,
-        };
+        let (taken, holder) = self.take(lease).await?;
         let term = taken.record.term;
         let applied = self.buckets.apply(bucket, Write::new(term, ops, limits)).await;
         if holder.is_none() {
@@ -120,7 +98,50 @@ impl Operator<'_> {
             applied: applied?,
         })
     }
+
+    /// Takes the lease in its next term: reads the record, then writes it
+    /// by compare-and-swap; again, reading anew, when another writer wrote
+    /// in between (a leader renewing: forced, that happens whenever the
+    /// read and the write straddle a renewal). Returns the operator's
+    /// version and the holder it displaced.
+    async fn take(&self, lease: &str) -> Result<(Versioned, Option<String>), OperatorError> {
+        let mut attempt = 1;
+        loop {
+            let current = self.leases.get(lease).await?;
+            let (term, holder) = current.as_ref().map_or((0, None), |v| {
+                (v.record.term, v.record.holder().map(str::to_owned))
+            });
+            if let Some(holder) = &holder
+                && !self.force
+            {
+                return Err(OperatorError::Led {
+                    lease: lease.to_owned(),
+                    holder: holder.clone(),
+                    term,
+                    lease_duration: self.lease_duration,
+                });
+            }
+            let now = SystemTime::now();
+            let mut record = LeaseRecord::new(Some(&self.identity), term + 1, self.lease_duration);
+            record.acquire_time = Some(now);
+            record.renew_time = Some(now);
+            record.instance = Some(format!("{:016x}", rand::random::<u64>()));
+            let taken = match &current {
+                Some(v) => self.leases.update(lease, &v.version, &record).await,
+                None => self.leases.create(lease, &record).await,
+            };
+            match taken {
+                Ok(taken) => return Ok((taken, holder)),
+                Err(e) if e.is_conflict() && attempt < TAKE_ATTEMPTS => attempt += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
 }
+
+/// How many times [`Operator::take`] reads and writes the lease before a
+/// conflict is the answer.
+const TAKE_ATTEMPTS: u32 = 10;
 
 #[cfg(test)]
 mod tests {
@@ -198,5 +219,30 @@ mod tests {
             (after.holder(), after.lease_duration),
             (Some("baton-kv"), Duration::from_secs(15))
         );
+    }
+
+    #[tokio::test]
+    async fn a_forced_write_reads_again_after_a_renewal_in_between_and_gives_up_in_the_end() {
+        let leases = MemoryStore::new();
+        let buckets = MemoryBuckets::new();
+        let b = BucketName::new("demo", "p");
+        let held = LeaseRecord::new(Some("node-a"), 7, Duration::from_secs(15));
+        leases.create("demo", &held).await.unwrap();
+        let op = Operator {
+            leases: &leases,
+            buckets: &buckets,
+            identity: "baton-kv".into(),
+            lease_duration: Duration::from_secs(15),
+            force: true,
+        };
+        // The leader's renewals land between the operator's reads and
+        // writes, three times.
+        leases.inject_conflict_next(3);
+        let written = op.write(&b, set("k"), Limits::default()).await.unwrap();
+        assert_eq!((written.term, written.displaced.as_deref()), (8, Some("node-a")));
+        // Every time: a conflict, named as one.
+        leases.inject_conflict_next(u64::from(TAKE_ATTEMPTS));
+        let e = op.write(&b, set("k"), Limits::default()).await.unwrap_err();
+        assert!(matches!(&e, OperatorError::Lease(s) if s.is_conflict()), "{e}");
     }
 }
