@@ -440,20 +440,36 @@ pub fn delete_lease(store: &Path, lease: &str) {
     }
 }
 
-/// Overwrites the newest version of `lease` with `garbage`, again until it
-/// stays the newest (a holder may have read it just before, and write the
-/// next version over it: under load, before its watch reports the
-/// garbling, many times in a row); returns its path.
+/// Overwrites every version of `lease` with `garbage`, again until the
+/// newest stays garbled; returns its path. Every version, not only the
+/// newest: a newest version that cannot be read above a holder's readable
+/// one is read as that holder's torn renewal (see `docs/embedded-store.md`)
+/// and renewed over, as after a crash. And again: a holder renews over its
+/// own last version without reading it, so it may write the next version
+/// before its watch reports the garbling.
 pub fn garble_lease(store: &Path, lease: &str, garbage: &str) -> PathBuf {
+    let dir = lease_dir(store, lease);
     for _ in 0..60 {
-        let file = lease_file(store, lease).expect("a lease to garble");
-        std::fs::write(&file, garbage).unwrap();
+        let newest = lease_file(store, lease).expect("a lease to garble");
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".json") && !name.starts_with('.') {
+                // Removed as old meanwhile: nothing to garble.
+                if let Ok(mut file) = std::fs::OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(entry.path())
+                {
+                    std::io::Write::write_all(&mut file, garbage.as_bytes()).unwrap();
+                }
+            }
+        }
         std::thread::sleep(RETRY_PERIOD * 2);
-        if lease_file(store, lease).as_ref() == Some(&file) {
-            return file;
+        if lease_file(store, lease).as_ref() == Some(&newest) {
+            return newest;
         }
     }
-    panic!("{lease} kept being written over its garbled version");
+    panic!("{lease} kept being written over its garbled versions");
 }
 
 /// The leases a host leads now, by its last status event of each (its

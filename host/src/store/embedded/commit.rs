@@ -35,13 +35,14 @@ pub(super) fn update_record(
     let file = commit(files, &dir, recycle, &stored, durability, writer, None)?;
     // Renewals over this version need not read first: the floor is known to
     // reach its term.
-    if floor_checked && let (Some(dir), Some(file)) = (file_id(&dir, ""), file_id(&file, "")) {
+    if floor_checked && let (Some(dir), Some((file, contents))) = (file_id(&dir, ""), file_state(&file, "")) {
         writer.last_writes.keep(
             &files.lease,
             LastWrite {
                 stored: stored.clone(),
                 dir,
                 file,
+                contents,
             },
         );
     }

@@ -24,8 +24,9 @@
 //!   over what it cannot read.
 //! - **Deleted records** read as tombstones or as a released record at the
 //!   term floor ([`TOMBSTONE`]`term-<floor>`): a term is never reused.
-//! - **Renewals** over this store's own last write read nothing first (13
-//!   system calls); every other write reads and checks (25).
+//! - **Renewals** over this store's own last write, still as it left it
+//!   (inode, birth and change times, size), read nothing first (14 system
+//!   calls); every other write reads and checks (25).
 //! - **Reads** take no lock and check, after reading, that the version's
 //!   name still refers to the file read (files of removed versions are
 //!   reused for new ones).

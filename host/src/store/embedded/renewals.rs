@@ -28,21 +28,39 @@ pub(super) struct FileId {
 /// without following a link; `None` if it cannot be had (no such file, or a
 /// file system that does not keep birth times).
 pub(super) fn file_id(dir: impl std::os::fd::AsFd, name: impl AsRef<Path>) -> Option<FileId> {
+    file_state(dir, name).map(|(id, _)| id)
+}
+
+/// What a write in place changes of a file: when its inode last changed,
+/// and its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Contents {
+    changed: (i64, u32),
+    size: u64,
+}
+
+/// The identity and [`Contents`] of `name` in `dir`, as [`file_id`].
+pub(super) fn file_state(dir: impl std::os::fd::AsFd, name: impl AsRef<Path>) -> Option<(FileId, Contents)> {
     use rustix::fs::StatxFlags;
     let name = name.as_ref();
     let flags = match name.as_os_str().is_empty() {
         true => AtFlags::EMPTY_PATH,
         false => AtFlags::SYMLINK_NOFOLLOW,
     };
-    let wanted = StatxFlags::INO | StatxFlags::BTIME;
+    let wanted = StatxFlags::INO | StatxFlags::BTIME | StatxFlags::CTIME | StatxFlags::SIZE;
     let stat = rustix::fs::statx(dir, name, flags, wanted).ok()?;
+    let id = FileId {
+        dev: (stat.stx_dev_major, stat.stx_dev_minor),
+        ino: stat.stx_ino,
+        born: (stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec),
+    };
+    let contents = Contents {
+        changed: (stat.stx_ctime.tv_sec, stat.stx_ctime.tv_nsec),
+        size: stat.stx_size,
+    };
     StatxFlags::from_bits_retain(stat.stx_mask)
         .contains(wanted)
-        .then_some(FileId {
-            dev: (stat.stx_dev_major, stat.stx_dev_minor),
-            ino: stat.stx_ino,
-            born: (stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec),
-        })
+        .then_some((id, contents))
 }
 
 /// What a store last wrote of a lease: the version, the lease directory it
@@ -53,6 +71,10 @@ pub(super) struct LastWrite {
     pub(super) stored: StoredRecord,
     pub(super) dir: FileId,
     pub(super) file: FileId,
+    /// The file as this store left it: a version changed in place since
+    /// (an operator's edit, a garbled file) is read before it is renewed
+    /// over, so that baton never writes over what it cannot read.
+    pub(super) contents: Contents,
 }
 
 /// The [`LastWrite`] of each lease a store wrote, for renewals.
@@ -110,7 +132,9 @@ pub(super) fn renew_unread(
     let Some(dir) = open_lease_dir(files)? else {
         return Ok(None);
     };
-    if file_id(&dir, "") != Some(last.dir) {
+    if file_id(&dir, "") != Some(last.dir)
+        || file_state(&dir, version_name(last.stored.counter)) != Some((last.file, last.contents))
+    {
         return Ok(None);
     }
     let stored = StoredRecord {
@@ -138,13 +162,14 @@ pub(super) fn renew_unread(
         writer,
         Some(&last),
     )?;
-    if let Some(id) = file_id(&file, "") {
+    if let Some((id, contents)) = file_state(&file, "") {
         writer.last_writes.keep(
             &files.lease,
             LastWrite {
                 stored: stored.clone(),
                 dir: last.dir,
                 file: id,
+                contents,
             },
         );
     }
