@@ -56,7 +56,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::Client;
 use serde_json::{Value, json};
 
-use env::{OwnServer, TestNamespace};
+use env::{OwnServer, TestNamespace, leases_config};
 use support::*;
 
 /// Cumulative histogram counts per upper bound (seconds), summed over the
@@ -124,17 +124,6 @@ fn quantile(b: &Buckets, q: f64) -> f64 {
         })
 }
 
-/// The process's user + system CPU time, in seconds.
-fn cpu_secs(pid: i32) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The command name may hold spaces: fields count from after its ')'.
-    let rest = &text[text.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf has no memory-safety preconditions.
-    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
 /// The API server's metrics, as text.
 fn server_metrics(rt: &tokio::runtime::Runtime, admin: &Client) -> String {
     let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
@@ -198,19 +187,10 @@ fn step(leases: usize, rp: Duration, window: Duration, role: &Role) -> Step {
     let ld = Duration::from_secs((rp * 15 / 2).as_millis().div_ceil(1000) as u64);
     let (rd, grace) = (rp * 5, rp);
     let s = Scratch::new();
-    let mut text = format!(
-        "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\n\n[defaults]\nlease-duration = \"{}ms\"\n\
-         renew-deadline = \"{}ms\"\nretry-period = \"{}ms\"\ngrace = \"{}ms\"\n",
-        ns.name,
-        ld.as_millis(),
-        rd.as_millis(),
-        rp.as_millis(),
-        grace.as_millis()
+    let cfg = s.write(
+        "baton.toml",
+        &leases_config(&ns.name, [ld, rd, rp, grace], leases),
     );
-    for i in 0..leases {
-        text.push_str(&format!("\n[[lease]]\nname = \"lease-{i:04}\"\n"));
-    }
-    let cfg = s.write("baton.toml", &text);
     let mut hosts: Vec<Host> = ["a", "b"]
         .iter()
         .map(|who| {

@@ -99,16 +99,6 @@ fn status_field(pid: i32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The process's user + system CPU time, in seconds.
-fn cpu_secs(pid: i32) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The command name may hold spaces: fields count from after its ')'.
-    let rest = &text[text.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
 struct Run {
     start_ms: f64,
     load_ms: f64,

@@ -69,7 +69,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::Client;
 use serde_json::{Value, json};
 
-use env::{KubeEnv, OwnServer, TestNamespace};
+use env::{KubeEnv, OwnServer, TestNamespace, leases_config};
 use support::*;
 
 const LD: Duration = Duration::from_secs(4);
@@ -151,19 +151,10 @@ impl Bench {
             self.rt.block_on(ns.bind(r, user));
         }
         let s = Scratch::new();
-        let mut text = format!(
-            "[store]\nkind = \"kubernetes\"\nnamespace = {:?}\n\n[defaults]\nlease-duration = \"{}ms\"\n\
-             renew-deadline = \"{}ms\"\nretry-period = \"{}ms\"\ngrace = \"{}ms\"\n",
-            ns.name,
-            LD.as_millis(),
-            RD.as_millis(),
-            RP.as_millis(),
-            GRACE.as_millis()
+        let cfg = s.write(
+            "baton.toml",
+            &leases_config(&ns.name, [LD, RD, RP, GRACE], leases),
         );
-        for i in 0..leases {
-            text.push_str(&format!("\n[[lease]]\nname = \"lease-{i:03}\"\n"));
-        }
-        let cfg = s.write("baton.toml", &text);
         let mut hosts: Vec<Host> = ["a", "b"]
             .iter()
             .map(|who| {

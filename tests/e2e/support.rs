@@ -704,3 +704,15 @@ pub fn probe_host(name: &str, cfg: &Path) -> Host {
         },
     )
 }
+
+/// The user + system CPU time of process `pid` so far, in seconds.
+#[allow(dead_code)] // for the benches
+pub fn cpu_secs(pid: i32) -> f64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The command name may hold spaces: fields count from after its ')'.
+    let rest = &text[text.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no memory-safety preconditions.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}

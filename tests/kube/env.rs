@@ -395,3 +395,26 @@ pub fn compact_etcd(env: &KubeEnv, revision: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A `baton run` configuration on the Kubernetes store in `namespace`:
+/// lease duration, renew deadline, retry period and grace, and `leases`
+/// leases named `lease-0000`, `lease-0001`, ...
+#[allow(dead_code)] // for the benches
+pub fn leases_config(
+    namespace: &str,
+    [ld, rd, rp, grace]: [std::time::Duration; 4],
+    leases: usize,
+) -> String {
+    let mut text = format!(
+        "[store]\nkind = \"kubernetes\"\nnamespace = {namespace:?}\n\n[defaults]\nlease-duration = \"{}ms\"\n\
+         renew-deadline = \"{}ms\"\nretry-period = \"{}ms\"\ngrace = \"{}ms\"\n",
+        ld.as_millis(),
+        rd.as_millis(),
+        rp.as_millis(),
+        grace.as_millis()
+    );
+    for i in 0..leases {
+        text.push_str(&format!("\n[[lease]]\nname = \"lease-{i:04}\"\n"));
+    }
+    text
+}
