@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton::election::{Term, TermClock};
+use baton::runtime::StoreTerm;
 use baton::runtime::fence::call_fence;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
@@ -93,7 +94,7 @@ fn main() {
         for _ in 0..runs {
             let mut store = Store::new(&engine, ());
             if fenced {
-                store.call_hook(call_fence(term.clone()));
+                store.call_hook(call_fence(StoreTerm::of(term.clone())));
             }
             let instance = pre.instantiate(&mut store).expect("instantiate");
             let run = instance

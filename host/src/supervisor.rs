@@ -7,6 +7,12 @@
 //! retried, in a fresh instance, after an exponential back-off, while the
 //! term lasts.
 //!
+//! While it waits for a term, it prepares the instance of the next term's
+//! first run ([`Plugin::prepare`]: instantiated, its term unset), so that
+//! taking the lead costs only the call into `run`; a plugin with a schedule
+//! is not prepared for. A new version (a reload) drops the prepared
+//! instance.
+//!
 //! The supervisor owns the task's future (nothing is spawned), so dropping
 //! it, or the supervisor, ends the instance wherever it is; and it holds
 //! the term's [`TermTask`](crate::election::TermTask) until then, so the
@@ -35,7 +41,7 @@ use tokio::sync::watch;
 use tokio::time::sleep;
 
 use crate::election::{ClaimGate, Intent, LeaseClaims, LeaseView, Moment, Term};
-use crate::runtime::{Plugin, TaskOutcome};
+use crate::runtime::{Plugin, Prepared, TaskOutcome};
 
 mod health;
 mod scheduled;
@@ -201,16 +207,33 @@ pub async fn run_leader_tasks_of(
     intent: Option<watch::Sender<Intent>>,
 ) {
     let name = versions.borrow().name().to_owned();
+    // The instance prepared for the next term, and the version it is of.
+    let mut ahead: Option<(Arc<Plugin>, Prepared)> = None;
+    let mut tried_ahead = false;
     loop {
         observer.state(&name, TaskState::Waiting);
+        let wants_ahead = ahead.is_none() && !tried_ahead && !scheduled(scheduling.as_ref());
+        let following = view.clone();
+        let current = versions.borrow().clone();
         let term = tokio::select! {
+            biased;
             v = view.wait_for(|v| v.leading_term().is_some()) => match v {
                 Ok(v) => v.leading_term().cloned(),
                 Err(_) => return, // the elector is gone: no term will come
             },
             changed = versions.changed() => match changed {
-                Ok(()) => continue,
+                Ok(()) => {
+                    (ahead, tried_ahead) = (None, false);
+                    continue;
+                }
                 Err(_) => return, // removed: no term of it will come
+            },
+            made = current.prepare(&following), if wants_ahead => {
+                // Once per wait: one that cannot be prepared now is made
+                // as the term starts, which says why.
+                tried_ahead = true;
+                ahead = made.map(|p| (current.clone(), p));
+                continue;
             },
         };
         let Some(term) = term else { continue };
@@ -229,17 +252,29 @@ pub async fn run_leader_tasks_of(
         }
         let plugin = versions.borrow_and_update().clone();
         if admitted && let Some(_entry) = term.enter() {
+            // The prepared instance, if of this version.
+            let prepared = ahead
+                .take()
+                .filter(|(of, _)| Arc::ptr_eq(of, &plugin))
+                .map(|(_, p)| p);
             let work = async {
                 match scheduling.as_ref().filter(|s| s.schedule.borrow().is_some()) {
                     Some(s) => scheduled::run_scheduled_term(&plugin, &term, &view, &*observer, s).await,
-                    None => run_term(&plugin, &term, &view, &*observer).await,
+                    None => run_term(&plugin, &term, &view, &*observer, prepared).await,
                 }
             };
             health::beside(&plugin, &term, &view, &*observer, intent.as_ref(), work).await;
         }
         // Not again in this term.
         term.over().await;
+        tried_ahead = false;
     }
+}
+
+/// Whether the plugin runs on a schedule now (then no instance is
+/// prepared ahead: each due time makes its own).
+fn scheduled(scheduling: Option<&Scheduling>) -> bool {
+    scheduling.is_some_and(|s| s.schedule.borrow().is_some())
 }
 
 /// Resolves once the versions' sender is dropped (the plugin was removed).
@@ -248,12 +283,14 @@ async fn removed(versions: &mut watch::Receiver<Arc<Plugin>>) {
 }
 
 /// Runs one term: tries the task until it finishes or the term is over,
-/// and returns once no instance of this plugin runs in it any more.
+/// and returns once no instance of this plugin runs in it any more. The
+/// first try runs in `prepared`, if an instance was made ahead.
 async fn run_term(
     plugin: &Arc<Plugin>,
     term: &Arc<Term>,
     view: &watch::Receiver<LeaseView>,
     observer: &dyn TaskObserver,
+    mut prepared: Option<Prepared>,
 ) {
     let name = plugin.name();
     let mut backoff = INITIAL_BACKOFF;
@@ -268,10 +305,11 @@ async fn run_term(
             attempt,
             world = plugin.wit_world(),
             digest = plugin.digest(),
+            prepared = prepared.is_some(),
             "leader task started"
         );
         let started = term.clock().now();
-        let task = plugin.run_task(term.clone(), view.clone());
+        let task = plugin.run_task_in(prepared.take(), term.clone(), view.clone());
         let Some(outcome) = run_attempt(plugin, term, observer, task).await else {
             return;
         };

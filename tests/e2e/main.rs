@@ -125,6 +125,20 @@ fn one_leader_at_a_time_handover_on_sigkill_and_sigterm_and_terms_grow() {
         e.message() == "lease status changed" && e.str("role") == Some("leading")
     });
     assert_eq!(led.u64("term"), Some(term_c));
+    // Both standbys took over in the instance they had prepared while
+    // following, and it ran in the new term.
+    for (host, term) in [(&b, term_b), (&c, term_c)] {
+        let started = host.wait_for(SECS(1), "leader task started", |e| {
+            e.is("leader task started", Some("probe"))
+        });
+        assert_eq!(
+            started.json.get("prepared"),
+            Some(&serde_json::Value::Bool(true)),
+            "{}",
+            host.name
+        );
+        assert_eq!(started.u64("term"), Some(term), "{}", host.name);
+    }
 
     // Never two at once: b's guest stopped before c's started.
     let mut b = b;

@@ -30,7 +30,7 @@ use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, TcpSocket};
 use wasmtime_wasi::sockets::WasiSocketsView;
 
 use super::state::GuestState;
-use crate::election::Term;
+use crate::runtime::store_term::StoreTerm;
 
 /// The WASI 0.2 TCP interface that [`add_to_linker`] overrides (the
 /// version wasmtime-wasi 48 serves; older 0.2 imports are linked to it).
@@ -92,7 +92,7 @@ pub struct Connections {
 
 struct Inner {
     plugin: Arc<str>,
-    term: Arc<Term>,
+    term: StoreTerm,
     send_buffer: u64,
     state: Mutex<State>,
 }
@@ -115,7 +115,7 @@ struct Socket {
 impl Connections {
     /// The connections of an instance of `plugin` in `term`, each with a
     /// send buffer of `send_buffer` bytes.
-    pub fn new(plugin: Arc<str>, term: Arc<Term>, send_buffer: u64) -> Connections {
+    pub fn new(plugin: Arc<str>, term: StoreTerm, send_buffer: u64) -> Connections {
         Connections {
             inner: Arc::new(Inner {
                 plugin,
@@ -319,7 +319,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::election::TermClock;
+    use crate::election::{Term, TermClock};
 
     #[test]
     fn a_reset_drops_the_queue_and_the_peer_sees_a_reset() {
@@ -334,7 +334,7 @@ mod tests {
             clock.clone(),
             clock.now() + Duration::from_secs(60),
         );
-        let conns = Connections::new("p".into(), term, 16 << 10);
+        let conns = Connections::new("p".into(), StoreTerm::of(term), 16 << 10);
         assert_eq!(
             find(client.local_addr().unwrap(), client.peer_addr().unwrap()),
             Some(client.as_raw_fd())

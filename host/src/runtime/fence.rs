@@ -51,6 +51,7 @@ use wasmtime_wasi::p2::{DynOutputStream, OutputStream, Pollable, StreamError, St
 use super::state::GuestState;
 use super::trap::StoppedByHost;
 use crate::election::Term;
+use crate::runtime::store_term::StoreTerm;
 
 /// The call hook: traps a call into the host once `term` must stop, before
 /// the host does anything. (Entering guest code is not checked: guest code
@@ -58,7 +59,7 @@ use crate::election::Term;
 /// stopped by the epoch check.) Generic so that benchmarks measure exactly
 /// this.
 pub fn call_fence<T>(
-    term: Arc<Term>,
+    term: StoreTerm,
 ) -> impl FnMut(StoreContextMut<'_, T>, CallHook) -> wasmtime::Result<()> + Send + Sync + 'static {
     move |_, hook| match hook {
         CallHook::CallingHost if term.must_stop() => Err(StoppedByHost::of(&term).into()),
@@ -70,7 +71,7 @@ pub fn call_fence<T>(
 /// otherwise yields to the tokio scheduler (its own yield, so that the
 /// worker polls timers and I/O before the guest runs again) and runs on.
 pub fn epoch_check<T>(
-    term: Arc<Term>,
+    term: StoreTerm,
 ) -> impl FnMut(StoreContextMut<'_, T>) -> wasmtime::Result<UpdateDeadline> + Send + Sync + 'static {
     move |_| {
         if term.must_stop() {
@@ -157,7 +158,7 @@ fn write_at(
         Ok(file) => file,
         Err(code) => return Ok(Err(code)),
     };
-    let term = state.term.clone();
+    let term = Arc::clone(&state.term);
     match fenced_write(file.as_raw_fd(), &term, || file.write_at(buffer, offset)) {
         None => Err(StoppedByHost::of(&term).into()),
         Some(Ok(n)) => Ok(Ok(n as u64)),
@@ -235,7 +236,7 @@ fn open_stream(
     let stream: DynOutputStream = Box::new(FencedFile {
         file,
         mode,
-        term: state.term.clone(),
+        term: Arc::clone(&state.term),
         failed: false,
     });
     Ok(Ok(state.table.push(stream)?))

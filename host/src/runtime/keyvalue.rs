@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker, Resource};
 
-use crate::election::Term;
 use crate::runtime::state::GuestState;
+use crate::runtime::store_term::StoreTerm;
 use crate::store::buckets::{Applied, BucketError, BucketName, BucketStore, Entry, Limits, Op, Write};
 
 /// Bindings for `wasi:keyvalue/imports@0.2.0-draft2`.
@@ -204,7 +204,7 @@ pub struct KeyValueCtx {
     /// The lease the instance's term is of.
     pub lease: String,
     /// The instance's term.
-    pub term: Arc<Term>,
+    pub term: StoreTerm,
 }
 
 /// An open bucket (the `bucket` resource).

@@ -279,7 +279,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             if !state.name_lookup {
                 return Ok((Err(ErrorCode::PermanentResolverFailure),));
             }
-            let term = state.term.clone();
+            let term = Arc::clone(&state.term);
             let task = wasmtime_wasi::runtime::spawn(async move { resolve(term, &name).await });
             let mut found = FencedLookup(Lookup::Waiting(task));
             // Errors known at once (an invalid name) surface at once.

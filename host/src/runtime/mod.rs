@@ -7,6 +7,8 @@
 //! - [`bindings`]: `bindgen!` output for `future-plugin` and
 //!   `pollable-plugin`.
 //! - [`state`]: what a Store holds, and the host side of `current-status`.
+//! - [`store_term`]: the term a Store runs in, set when its instance starts
+//!   (later than the Store is made, for an instance prepared ahead).
 //! - [`schedule`]: the scheduled run an instance is for (`current-run`).
 //! - [`fence`]: the host-call fence, the epoch check and inline file
 //!   streams: nothing of a term acts after its force-stop time.
@@ -45,6 +47,7 @@ pub mod output;
 pub mod plugin;
 pub mod schedule;
 pub mod state;
+pub mod store_term;
 pub mod trap;
 
 pub use compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
@@ -57,9 +60,10 @@ pub use network::{ConnectGrant, ConnectGrantError, NetworkGrant};
 pub use output::OutputLimits;
 pub use plugin::{
     Capability, CheckOutcome, Contract, DEFAULT_MEMORY_LIMIT, DirGrant, HealthCheck, HealthChecker, Plugin,
-    PluginRuntime, PluginSpec, TaskOutcome, World,
+    PluginRuntime, PluginSpec, Prepared, TaskOutcome, World,
 };
 pub use schedule::ScheduledRun;
+pub use store_term::StoreTerm;
 pub use trap::{StoppedByHost, Trap};
 
 /// The engine could not be set up.

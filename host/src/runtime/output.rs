@@ -27,7 +27,7 @@ use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
-use crate::election::Term;
+use crate::runtime::store_term::StoreTerm;
 
 /// How much a plugin may print, and the longest line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,7 +195,7 @@ pub enum GuestStream {
 pub struct GuestOutput {
     budget: Arc<OutputBudget>,
     stream: GuestStream,
-    term: Arc<Term>,
+    term: StoreTerm,
     tail: StderrTail,
 }
 
@@ -205,7 +205,7 @@ impl GuestOutput {
     pub fn new(
         budget: Arc<OutputBudget>,
         stream: GuestStream,
-        term: Arc<Term>,
+        term: StoreTerm,
         tail: StderrTail,
     ) -> GuestOutput {
         GuestOutput {
@@ -361,7 +361,7 @@ impl Drop for LineLogger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::election::TermClock;
+    use crate::election::{Term, TermClock};
 
     fn output(limits: OutputLimits) -> (GuestOutput, Arc<OutputBudget>) {
         let clock = TermClock::system();
@@ -373,7 +373,12 @@ mod tests {
             clock.now() + Duration::from_secs(60),
         );
         let budget = OutputBudget::new(Arc::from("p"), limits);
-        let out = GuestOutput::new(budget.clone(), GuestStream::Stderr, term, StderrTail::default());
+        let out = GuestOutput::new(
+            budget.clone(),
+            GuestStream::Stderr,
+            StoreTerm::of(term),
+            StderrTail::default(),
+        );
         (out, budget)
     }
 
@@ -417,7 +422,13 @@ mod tests {
         let term = Term::begin("demo", 1, Duration::ZERO, clock.clone(), clock.now());
         let budget = OutputBudget::new(Arc::from("p"), OutputLimits::default());
         let tail = StderrTail::default();
-        let mut log = GuestOutput::new(budget.clone(), GuestStream::Stderr, term, tail.clone()).logger();
+        let mut log = GuestOutput::new(
+            budget.clone(),
+            GuestStream::Stderr,
+            StoreTerm::of(term),
+            tail.clone(),
+        )
+        .logger();
         log.take(b"too late\n");
         assert!(tail.lock().unwrap().is_empty());
         assert_eq!(budget.bucket().dropped.after_stop_bytes, 9);

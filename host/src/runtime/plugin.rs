@@ -25,7 +25,7 @@ mod task;
 pub use health::{CheckOutcome, HealthChecker};
 pub use load::PluginRuntime;
 pub use spec::{DirGrant, HealthCheck, PluginSpec};
-pub use task::{Plugin, TaskOutcome};
+pub use task::{Plugin, Prepared, TaskOutcome};
 
 /// The memory limit of one plugin instance unless configured otherwise
 /// (and of `baton check`): room for the Python and JavaScript runtimes,

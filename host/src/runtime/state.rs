@@ -18,6 +18,7 @@ use super::output::StderrTail;
 use super::schedule::ScheduledRun;
 use super::trap::GuestLimits;
 use crate::election::{Hosts, LeaseView, Role, Status, Term};
+use crate::runtime::store_term::StoreTerm;
 
 /// What one instance's Store holds: its WASI context and resources, its
 /// limits, its term, and its view of the lease.
@@ -29,8 +30,9 @@ pub struct GuestState {
     pub(crate) table: ResourceTable,
     pub(crate) limits: GuestLimits,
     /// The term this instance runs in: every host call and epoch tick asks
-    /// it whether the instance may still run.
-    pub(crate) term: Arc<Term>,
+    /// it whether the instance may still run. Unset (over) while the
+    /// instance is prepared ahead of its term.
+    pub(crate) term: StoreTerm,
     /// Whether it may resolve names (its `name-lookup` grant; see
     /// [`lookup`](super::lookup)).
     pub(crate) name_lookup: bool,
@@ -196,7 +198,7 @@ where
         (
             state.snapshot(with_address),
             state.view.clone(),
-            state.term.clone(),
+            Arc::clone(&state.term),
         )
     };
     let seen = status.clone();
@@ -321,7 +323,7 @@ impl GuestState {
         let status = self.snapshot(with_address);
         let change = self.table.push(StatusChange {
             rx: self.view.clone(),
-            term: self.term.clone(),
+            term: Arc::clone(&self.term),
             seen: status.clone(),
             with_address,
         })?;

@@ -73,8 +73,19 @@ impl GuestLimits {
 
     /// Counts this instance's linear memory in `usage` while it lives.
     pub fn counting(mut self, usage: Arc<AtomicU64>) -> GuestLimits {
-        self.usage = Some(usage);
+        self.count_in(usage);
         self
+    }
+
+    /// Counts this instance's linear memory in `usage` from now on,
+    /// including what it has already (an instance prepared ahead of its
+    /// term is counted once it starts). Once only: a second call does
+    /// nothing.
+    pub fn count_in(&mut self, usage: Arc<AtomicU64>) {
+        if self.usage.is_none() {
+            usage.fetch_add(self.mine, Ordering::Relaxed);
+            self.usage = Some(usage);
+        }
     }
 }
 
@@ -96,11 +107,13 @@ impl ResourceLimiter for GuestLimits {
         let allowed = self.inner.memory_growing(current, desired, maximum)?;
         if !allowed {
             self.refused = Some(desired);
-        } else if let Some(usage) = &self.usage {
+        } else {
             // Also called when a memory is created (from zero).
             let grown = desired.saturating_sub(current) as u64;
             self.mine += grown;
-            usage.fetch_add(grown, Ordering::Relaxed);
+            if let Some(usage) = &self.usage {
+                usage.fetch_add(grown, Ordering::Relaxed);
+            }
         }
         Ok(allowed)
     }

@@ -58,6 +58,7 @@ use super::connections::Connections;
 use super::kubernetes::{self, KUBERNETES_ORIGIN, KubeAccess};
 use super::lookup::{self, LookupError};
 use crate::election::Term;
+use crate::runtime::store_term::StoreTerm;
 
 mod grant;
 
@@ -78,7 +79,7 @@ pub const TERM_HEADER: &str = "baton-term";
 pub struct GuestHttp {
     plugin: Arc<str>,
     policy: HttpPolicy,
-    term: Arc<Term>,
+    term: StoreTerm,
     in_flight: Arc<Semaphore>,
     connections: Connections,
     /// The instance's own client of the Kubernetes API, made at its first
@@ -89,7 +90,7 @@ pub struct GuestHttp {
 impl GuestHttp {
     /// The hooks of an instance of `plugin` in `term`, whose connections
     /// join `connections`.
-    pub fn new(plugin: Arc<str>, policy: HttpPolicy, term: Arc<Term>, connections: Connections) -> GuestHttp {
+    pub fn new(plugin: Arc<str>, policy: HttpPolicy, term: StoreTerm, connections: Connections) -> GuestHttp {
         let in_flight = Arc::new(Semaphore::new(policy.limits.concurrent));
         GuestHttp {
             plugin,
@@ -334,7 +335,7 @@ impl GuestHttp {
         if let Some(ip) = to.literal {
             return Ok(vec![SocketAddr::new(ip, to.port)]);
         }
-        let found: Vec<SocketAddr> = lookup::resolve(self.term.clone(), &to.bare)
+        let found: Vec<SocketAddr> = lookup::resolve(Arc::clone(&self.term), &to.bare)
             .await
             .map_err(|e| match e {
                 LookupError::NoAnswer => HttpError::DnsTimeout,

@@ -184,6 +184,23 @@ pub(super) enum Pre {
     Pollable04(v0_4::pollable_plugin::PollablePluginPre<GuestState>),
 }
 
+impl Pre {
+    /// The world's untyped instance factory: what a prepared instance is
+    /// made from (its typed exports are looked up when it starts).
+    pub(super) fn instance_pre(&self) -> &InstancePre<GuestState> {
+        match self {
+            Pre::Future01(p) => p.instance_pre(),
+            Pre::Pollable01(p) => p.instance_pre(),
+            Pre::Future02(p) => p.instance_pre(),
+            Pre::Pollable02(p) => p.instance_pre(),
+            Pre::Future03(p) => p.instance_pre(),
+            Pre::Pollable03(p) => p.instance_pre(),
+            Pre::Future04(p) => p.instance_pre(),
+            Pre::Pollable04(p) => p.instance_pre(),
+        }
+    }
+}
+
 /// Compiles a component and checks its world and imports. `cache` is set
 /// to where its code came from once it is compiled.
 pub(super) fn compile(

@@ -173,7 +173,7 @@ async fn instantiate(
     let ticking = plugin.engine.ticking();
     let setup = |e: &dyn std::fmt::Display| Failure::Setup(e.to_string());
     let mut store = plugin
-        .new_store(term.clone(), view.clone(), None)
+        .store_for(term.clone(), view.clone())
         .map_err(|e| setup(&e))?;
     plugin.claim_buckets(term, view).await.map_err(|e| setup(&e))?;
     let instance = match pre {

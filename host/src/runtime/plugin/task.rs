@@ -1,10 +1,13 @@
 //! `Plugin`, a checked component with its grants, and one run of its
 //! leader task: a fresh Store and instance per run, in one term, dropped
-//! when the run ends or the term's force-stop comes.
+//! when the run ends or the term's force-stop comes. The instance of a
+//! term's first run may be [`Prepared`] while this host follows.
 //!
-//! Invariant: `run` is called only if the lease is still led in the term
+//! Invariants: `run` is called only if the lease is still led in the term
 //! once the instance exists; every call into the host is fenced by the
-//! term (see [`fence`]).
+//! term (see [`fence`]); a prepared instance ran no guest code but its
+//! component's start functions, and any host call made then trapped (its
+//! Store's term was unset: over), so it was never kept.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -29,6 +32,7 @@ use crate::runtime::keyvalue::{BucketCounts, KeyValueCtx, PluginBuckets};
 use crate::runtime::output::{GuestOutput, GuestStream, OutputBudget, StderrTail};
 use crate::runtime::schedule::ScheduledRun;
 use crate::runtime::state::{GuestState, Shown};
+use crate::runtime::store_term::StoreTerm;
 use crate::runtime::trap::{GuestLimits, Trap};
 use crate::support::rounding::human;
 
@@ -56,6 +60,20 @@ pub struct Plugin {
     pub(super) content: ContentKey,
     /// Its buckets (`wasi:keyvalue`), where the host has a lease store.
     pub(super) buckets: Option<Arc<PluginBuckets>>,
+}
+
+/// How many epoch ticks (of [`EPOCH_TICK`](crate::runtime::EPOCH_TICK))
+/// an instance being prepared may run its start functions before it traps
+/// and is not kept.
+const PREPARE_TICKS: u64 = 10;
+
+/// An instance made ahead of its term, while this host follows the lease
+/// ([`Plugin::prepare`]): taking the lead then costs only the call into
+/// `run`. Its Store's term is unset until the run starts; its memory is
+/// counted as the plugin's from then on. Dropping it frees the instance.
+pub struct Prepared {
+    store: Store<GuestState>,
+    instance: wasmtime::component::Instance,
 }
 
 /// Why a Store for one run could not be made.
@@ -192,14 +210,25 @@ impl Plugin {
         self.memory.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A fresh Store for one run in `term` (for the scheduled run
-    /// `scheduled`, if one): WASI with the plugin's grants, its memory
-    /// limit, and the fence (see [`fence`]).
-    pub(super) fn new_store(
+    /// A fresh Store for one run in `term`, its memory counted as the
+    /// plugin's: see [`new_store`](Self::new_store).
+    pub(super) fn store_for(
         &self,
         term: Arc<Term>,
         view: watch::Receiver<LeaseView>,
-        scheduled: Option<ScheduledRun>,
+    ) -> Result<Store<GuestState>, SetupError> {
+        let mut store = self.new_store(StoreTerm::of(term), view)?;
+        store.data_mut().limits.count_in(self.memory.clone());
+        Ok(store)
+    }
+
+    /// A fresh Store for one run in `term` (unset for an instance prepared
+    /// ahead): WASI with the plugin's grants, its memory limit, and the
+    /// fence (see [`fence`]).
+    fn new_store(
+        &self,
+        term: StoreTerm,
+        view: watch::Receiver<LeaseView>,
     ) -> Result<Store<GuestState>, SetupError> {
         let tail = StderrTail::default();
         let mut wasi = WasiCtxBuilder::new();
@@ -244,12 +273,12 @@ impl Plugin {
             connections: connections.clone(),
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limits: GuestLimits::new(memory_limit).counting(self.memory.clone()),
+            limits: GuestLimits::new(memory_limit),
             term: term.clone(),
             name_lookup,
             view,
             hosts: self.hosts.clone(),
-            scheduled,
+            scheduled: None,
             stderr_tail: tail,
             http: WasiHttpCtx::new(),
             http_hooks: GuestHttp::new(self.name.clone(), http, term.clone(), connections),
@@ -336,11 +365,53 @@ impl Plugin {
         }
     }
 
+    /// Prepares an instance for the plugin's next term, while this host
+    /// follows the lease behind `view`: its Store and grants as for a run,
+    /// its term unset, the component instantiated. `None` if that cannot be
+    /// done now (a grant cannot be opened, or instantiating trapped or
+    /// called the host): the term then makes its instance as it starts, and
+    /// says what failed.
+    pub async fn prepare(&self, view: &watch::Receiver<LeaseView>) -> Option<Prepared> {
+        // The epoch advances while it is instantiated: a start function that
+        // does not return traps at the next tick (its term is unset).
+        let _ticking = self.engine.ticking();
+        let lease = view.borrow().status.lease.clone();
+        let mut store = match self.new_store(StoreTerm::unset(&lease), view.clone()) {
+            Ok(store) => store,
+            Err(e) => {
+                tracing::debug!(plugin = %self.name, error = %e, "no instance prepared ahead of the term");
+                return None;
+            }
+        };
+        // Room for a large component's start functions, where a run's
+        // instance gets one tick before it is checked (and yields).
+        store.set_epoch_deadline(PREPARE_TICKS);
+        match self.pre.instance_pre().instantiate_async(&mut store).await {
+            Ok(instance) => Some(Prepared { store, instance }),
+            Err(e) => {
+                tracing::debug!(plugin = %self.name, error = %e, "no instance prepared ahead of the term");
+                None
+            }
+        }
+    }
+
     /// Runs the leader task once, in a fresh instance and Store, in `term`,
     /// until it returns or traps. Dropping the returned future drops the
     /// Store and so ends the task wherever it is.
     pub async fn run_task(&self, term: Arc<Term>, view: watch::Receiver<LeaseView>) -> TaskOutcome {
-        self.run_once(term, view, None).await
+        self.run_once(term, view, None, None).await
+    }
+
+    /// Runs the leader task once in `prepared`, an instance of this plugin
+    /// made ahead (see [`prepare`](Self::prepare)), or in a fresh one if
+    /// none, as [`run_task`](Self::run_task) does.
+    pub async fn run_task_in(
+        &self,
+        prepared: Option<Prepared>,
+        term: Arc<Term>,
+        view: watch::Receiver<LeaseView>,
+    ) -> TaskOutcome {
+        self.run_once(term, view, None, prepared).await
     }
 
     /// Runs the leader task once for the scheduled run `run`, as
@@ -353,15 +424,17 @@ impl Plugin {
         view: watch::Receiver<LeaseView>,
         run: ScheduledRun,
     ) -> TaskOutcome {
-        self.run_once(term, view, Some(run)).await
+        self.run_once(term, view, Some(run), None).await
     }
 
-    /// One run of the task, for `scheduled` if it is a scheduled run.
+    /// One run of the task, for `scheduled` if it is a scheduled run, in
+    /// `prepared` if an instance was made ahead.
     async fn run_once(
         &self,
         term: Arc<Term>,
         view: watch::Receiver<LeaseView>,
         scheduled: Option<ScheduledRun>,
+        prepared: Option<Prepared>,
     ) -> TaskOutcome {
         // Declared before the Store, so dropped after it: the epoch
         // advances for as long as this instance may run.
@@ -369,25 +442,60 @@ impl Plugin {
         if self.uses_hosts {
             self.await_counted(&view).await;
         }
-        let mut store = match self.new_store(term.clone(), view.clone(), scheduled) {
-            Ok(s) => s,
-            Err(e) => return TaskOutcome::Trapped(Trap::setup(e.to_string())),
+        let (mut store, instance) = match prepared {
+            Some(p) => (p.store, Some(p.instance)),
+            None => match self.new_store(StoreTerm::of(term.clone()), view.clone()) {
+                Ok(s) => (s, None),
+                Err(e) => return TaskOutcome::Trapped(Trap::setup(e.to_string())),
+            },
         };
+        if let Err(e) = self.start_in(&mut store, &term, &view, scheduled, instance.is_some()) {
+            return TaskOutcome::Trapped(Trap::setup(e.to_string()));
+        }
         if let Err(e) = self.claim_buckets(&term, &view).await {
             return TaskOutcome::Trapped(Trap::setup(e.to_string()));
         }
-        match self.instantiate_and_run(&mut store, &term, &view).await {
+        match self.instantiate_and_run(&mut store, instance, &term, &view).await {
             Ok(outcome) => outcome,
             Err(e) => self.trapped(&mut store, &term, e),
         }
     }
 
-    /// Instantiates the component in `store` and calls `run` with the
-    /// status as it is once the instance exists (creating it takes a while
-    /// for a large guest): `leading`, or not called.
+    /// Makes `store` one of a run in `term` seen through `view` (for
+    /// `scheduled`, if one): if it was prepared ahead, its term set and
+    /// its configuration values read again (they are read as the run
+    /// starts); its memory counted, its epoch deadline from now.
+    fn start_in(
+        &self,
+        store: &mut Store<GuestState>,
+        term: &Arc<Term>,
+        view: &watch::Receiver<LeaseView>,
+        scheduled: Option<ScheduledRun>,
+        prepared: bool,
+    ) -> Result<(), SetupError> {
+        let state = store.data_mut();
+        if prepared {
+            // Set once, here: the Store was made with it unset.
+            let _ = state.term.set(term.clone());
+            state.view = view.clone();
+            if let Some(spec) = &self.spec {
+                state.config = spec.config.resolve()?;
+            }
+        }
+        state.scheduled = scheduled;
+        state.limits.count_in(self.memory.clone());
+        store.set_epoch_deadline(1);
+        Ok(())
+    }
+
+    /// Calls `run` in `instance` (one prepared ahead), or in an instance of
+    /// the component made in `store` now, with the status as it is once the
+    /// instance exists (creating it takes a while for a large guest):
+    /// `leading`, or not called.
     async fn instantiate_and_run(
         &self,
         store: &mut Store<GuestState>,
+        instance: Option<wasmtime::component::Instance>,
         term: &Term,
         view: &watch::Receiver<LeaseView>,
     ) -> wasmtime::Result<TaskOutcome> {
@@ -397,39 +505,52 @@ impl Plugin {
             let shown = Shown::of(&view.borrow(), term, true);
             shown.status.is_leading().then_some(shown)
         };
+        // The typed exports: of the prepared instance, or of a new one.
+        macro_rules! instance {
+            ($pre:expr, $bindings:ty) => {
+                match instance {
+                    Some(i) => <$bindings>::new(&mut *store, &i)?,
+                    None => $pre.instantiate_async(&mut *store).await?,
+                }
+            };
+        }
         // One arm per world and version; the generated types differ, the
         // calls do not.
         macro_rules! run_future {
-            ($pre:expr, $task:ident, $status:ty) => {{
-                let instance = $pre.instantiate_async(&mut *store).await?;
+            ($pre:expr, $version:ident, $status:ty) => {{
+                let instance = instance!($pre, $version::future_plugin::FuturePlugin);
                 let Some(shown) = status() else {
                     return Ok(TaskOutcome::NotStarted);
                 };
                 let arg = <$status>::from(&shown);
                 store
-                    .run_concurrent(async |a| instance.$task().call_run(a, arg).await)
+                    .run_concurrent(async |a| instance.baton_leader_task_async().call_run(a, arg).await)
                     .await??
             }};
         }
         macro_rules! run_pollable {
-            ($pre:expr, $task:ident, $status:ty) => {{
-                let instance = $pre.instantiate_async(&mut *store).await?;
+            ($pre:expr, $version:ident, $status:ty) => {{
+                let instance = instance!($pre, $version::pollable_plugin::PollablePlugin);
                 let Some(shown) = status() else {
                     return Ok(TaskOutcome::NotStarted);
                 };
                 let arg = <$status>::from(&shown);
-                instance.$task().call_run(&mut *store, &arg).await?
+                instance
+                    .baton_leader_task_sync()
+                    .call_run(&mut *store, &arg)
+                    .await?
             }};
         }
+        use crate::runtime::bindings::{v0_1, v0_2, v0_3, v0_4};
         let returned = match &self.pre {
-            Pre::Future01(pre) => run_future!(pre, baton_leader_task_async, WitStatus),
-            Pre::Pollable01(pre) => run_pollable!(pre, baton_leader_task_sync, WitStatus),
-            Pre::Future02(pre) => run_future!(pre, baton_leader_task_async, WitStatus),
-            Pre::Pollable02(pre) => run_pollable!(pre, baton_leader_task_sync, WitStatus),
-            Pre::Future03(pre) => run_future!(pre, baton_leader_task_async, WitStatus),
-            Pre::Pollable03(pre) => run_pollable!(pre, baton_leader_task_sync, WitStatus),
-            Pre::Future04(pre) => run_future!(pre, baton_leader_task_async, WitStatus4),
-            Pre::Pollable04(pre) => run_pollable!(pre, baton_leader_task_sync, WitStatus4),
+            Pre::Future01(pre) => run_future!(pre, v0_1, WitStatus),
+            Pre::Pollable01(pre) => run_pollable!(pre, v0_1, WitStatus),
+            Pre::Future02(pre) => run_future!(pre, v0_2, WitStatus),
+            Pre::Pollable02(pre) => run_pollable!(pre, v0_2, WitStatus),
+            Pre::Future03(pre) => run_future!(pre, v0_3, WitStatus),
+            Pre::Pollable03(pre) => run_pollable!(pre, v0_3, WitStatus),
+            Pre::Future04(pre) => run_future!(pre, v0_4, WitStatus4),
+            Pre::Pollable04(pre) => run_pollable!(pre, v0_4, WitStatus4),
         };
         Ok(match returned {
             Ok(()) => TaskOutcome::Finished,

@@ -238,6 +238,26 @@ fn led_at(
     (term, rx)
 }
 
+/// A lease another host leads, as a following host sees it.
+fn followed() -> tokio::sync::watch::Receiver<crate::election::LeaseView> {
+    use crate::election::{LeaseView, Role, Status, TermClock};
+    let view = LeaseView {
+        status: Status {
+            role: Role::Following,
+            holder: Some("other".into()),
+            lease: "sched".into(),
+            term: 5,
+        },
+        term: None,
+        since: TermClock::system().now(),
+        yielded: None,
+        holder_address: None,
+    };
+    let (tx, rx) = tokio::sync::watch::channel(view);
+    std::mem::forget(tx);
+    rx
+}
+
 /// A spec for the test guest `file` with the variables `env` and, if
 /// given, a directory granted as `/records`.
 fn spec_of(file: &str, env: &[(&str, &str)], records: Option<&Path>) -> PluginSpec {
@@ -390,4 +410,94 @@ fn a_health_check_table_needs_a_component_that_exports_one() {
             && error.contains("baton:leader/pollable-plugin@0.3.0"),
         "{error}"
     );
+}
+
+#[test]
+fn an_instance_prepared_ahead_runs_only_in_the_term_it_starts_in() {
+    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
+    let records = tempfile::tempdir().unwrap();
+    let env = [("SCHED_RECORDS", "/records"), ("SCHED_HOST", "h1")];
+    let pollable = runtime
+        .load(&spec_of("sched_probe.wasm", &env, Some(records.path())))
+        .unwrap();
+    let future = runtime
+        .load(&spec_of("probe_future.wasm", &[("PROBE_MODE", "schedule")], None))
+        .unwrap();
+    let lines = guest_lines(|| async {
+        for plugin in [&pollable, &future] {
+            let prepared = plugin.prepare(&followed()).await.expect("an instance prepared");
+            assert_eq!(plugin.memory_bytes(), 0, "counted only once it runs");
+            let (term, view) = led(6);
+            let outcome = plugin.run_task_in(Some(prepared), term, view).await;
+            assert!(matches!(outcome, TaskOutcome::Finished), "{outcome}");
+            assert_eq!(plugin.memory_bytes(), 0, "not counted once gone");
+        }
+    });
+    // Run in the term it was started in, and nothing before it.
+    assert!(lines.contains("sched run none term=6"), "{lines}");
+    let written = std::fs::read_to_string(records.path().join("records")).unwrap();
+    assert_eq!(written, "none 6 h1\n");
+    assert!(lines.contains("probe schedule none term=6"), "{lines}");
+}
+
+/// A `pollable-plugin` component whose `run` returns `ok` at once, and
+/// whose core module's start function calls `wasi:clocks/monotonic-clock`'s
+/// `now` (a host call while it is instantiated) if `calls_host`.
+fn starting_component(calls_host: bool) -> Vec<u8> {
+    let start = if calls_host { "(start $start)" } else { "" };
+    let text = r#"(component
+  (import "wasi:clocks/monotonic-clock@0.2.12" (instance $clock
+    (export "now" (func (result u64)))))
+  (import "baton:leader/types@0.4.0" (instance $types
+    (type $r (enum "pending" "leading" "following"))
+    (export "role" (type $role (eq $r)))
+    (type $s (record (field "role" $role) (field "holder" (option string)) (field "lease" string)
+      (field "term" u64) (field "holder-address" (option string))))
+    (export "status" (type (eq $s)))))
+  (alias export $types "status" (type $status))
+  (core module $m
+    (import "host" "now" (func $now (result i64)))
+    (memory (export "memory") 1)
+    (global $heap (mut i32) (i32.const 1024))
+    (func $start (drop (call $now)))
+    START
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $p i32)
+      (local.set $p (global.get $heap))
+      (global.set $heap (i32.add (global.get $heap) (i32.add (local.get 3) (i32.const 8))))
+      (local.get $p))
+    (func (export "run") (param i32 i32 i32 i32 i32 i32 i64 i32 i32 i32) (result i32)
+      (i32.store (i32.const 16) (i32.const 0))
+      (i32.const 16)))
+  (core func $now (canon lower (func $clock "now")))
+  (core instance $host (export "now" (func $now)))
+  (core instance $i (instantiate $m (with "host" (instance $host))))
+  (func $run (param "status" $status) (result (result (error string)))
+    (canon lift (core func $i "run") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (instance $task (export "run" (func $run)))
+  (export "baton:leader/task-sync@0.4.0" (instance $task)))"#;
+    wat::parse_str(text.replace("START", start)).expect("the test component's text")
+}
+
+#[test]
+fn a_component_that_calls_the_host_while_instantiated_is_not_prepared_and_runs_as_its_term_starts() {
+    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = |calls_host: bool| {
+        let path = dir.path().join(format!("start-{calls_host}.wasm"));
+        std::fs::write(&path, starting_component(calls_host)).unwrap();
+        let mut spec = spec_of("probe_pollable.wasm", &[], None);
+        (spec.name, spec.path) = (format!("start-{calls_host}"), path);
+        runtime.load(&spec).unwrap()
+    };
+    let (quiet, calling) = (plugin(false), plugin(true));
+    guest_lines(|| async {
+        assert!(quiet.prepare(&followed()).await.is_some());
+        // Its start function's host call trapped: no instance kept.
+        assert!(calling.prepare(&followed()).await.is_none());
+        // In its term, the host call is allowed and the task runs.
+        let (term, view) = led(7);
+        let outcome = calling.run_task_in(None, term, view).await;
+        assert!(matches!(outcome, TaskOutcome::Finished), "{outcome}");
+    });
 }
