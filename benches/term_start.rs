@@ -5,17 +5,20 @@
 //! Each sample is a hand-over between two real `baton` processes: a
 //! standby that has loaded its plugin and follows takes over when the
 //! leader gets SIGTERM, then a new standby is started for the next sample.
-//! So every term starts in a host that had been idle, as in production,
-//! and the figure covers the instantiation of a fresh instance, the guest's
-//! own start-up and the output path, not the election.
+//! So every term starts in a host that had been idle, as in production
+//! (300 ms after it follows: it has prepared its instance), and the figure
+//! covers the gates a task passes, the call into the prepared instance,
+//! the guest's own start-up and the output path, not the election.
 //!
 //! Guests: the Rust probes of both worlds (`tests/guests`), and the
 //! Python, JavaScript and C example tickers (`scripts/build-polyglot-guests.sh`,
 //! in `BATON_POLYGLOT_DIR`; left out with a note if missing).
 //!
-//! Prints p50, p99 (with fewer than 100 samples: the largest) and max per
-//! guest, in milliseconds. `BATON_BENCH_RUNS` sets the samples per guest
-//! (default 30). Run: `scripts/bench.sh --bench term_start`.
+//! Prints p50 and p99 (with fewer than 100 samples: the largest) per
+//! guest, in milliseconds, in all and split at the host's `leader task
+//! started`. `BATON_BENCH_RUNS` sets the samples per guest (default 30),
+//! `BATON_BENCH_GUESTS` picks guests by words of their names (`python,c`).
+//! Run: `scripts/bench.sh --bench term_start`.
 // A bench is a test program: exempt from the production length limit.
 #![allow(clippy::too_many_lines)]
 
@@ -45,8 +48,17 @@ fn is_leading(e: &Event) -> bool {
     e.message() == "lease status changed" && e.str("role") == Some("leading")
 }
 
-/// `samples` term starts of the guest at `path`, in milliseconds.
-fn term_starts(path: &std::path::Path, samples: usize) -> Vec<f64> {
+/// One term start, in ms: winning the lease to the guest's first line, and
+/// its two parts, to the host's `leader task started` (the gates) and from
+/// there to the first line (the instance and the guest).
+struct Start {
+    total: f64,
+    gates: f64,
+    guest: f64,
+}
+
+/// `samples` term starts of the guest at `path`.
+fn term_starts(path: &std::path::Path, samples: usize) -> Vec<Start> {
     let s = Scratch::new();
     let cfg = s.write("baton.toml", &config_text(&s.store(), path));
     let mut leader = Host::start("h0", &cfg);
@@ -59,12 +71,22 @@ fn term_starts(path: &std::path::Path, samples: usize) -> Vec<f64> {
         standby.wait_for(Duration::from_secs(120), "standby following", |e| {
             e.message() == "lease status changed" && e.str("role") == Some("following")
         });
+        // A standby prepares its instance once it follows (a millisecond
+        // or two): as in production, it has been idle a while first.
+        std::thread::sleep(Duration::from_millis(300));
         leader.sigterm();
         let led = standby.wait_for(Duration::from_secs(10), "standby leading", is_leading);
         let first = standby.wait_for(Duration::from_secs(10), "standby's guest", |e| {
             e.guest_line("g", "")
         });
-        out.push(ms_between(led.at, first.at));
+        let started = standby.wait_for(Duration::from_secs(1), "task started", |e| {
+            e.message() == "leader task started"
+        });
+        out.push(Start {
+            total: ms_between(led.at, first.at),
+            gates: ms_between(led.at, started.at),
+            guest: ms_between(started.at, first.at),
+        });
         assert!(
             leader.wait_exit(Duration::from_secs(10)).success(),
             "the old leader failed"
@@ -108,16 +130,25 @@ fn main() {
             None => println!("{name}: left out ({file} not found; set BATON_POLYGLOT_DIR)"),
         }
     }
-    println!("term start: winning the lease -> the guest's first line, {samples} hand-overs per guest (ms)");
+    // `BATON_BENCH_GUESTS`: only the guests whose names contain one of
+    // these words (comma-separated).
+    let only: Vec<String> = std::env::var("BATON_BENCH_GUESTS")
+        .map(|v| v.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
+    guests.retain(|(name, _)| only.is_empty() || only.iter().any(|w| name.contains(w.as_str())));
+    println!("term start: winning the lease -> the guest's first line, {samples} hand-overs per guest (ms);");
+    println!("  gates: to `leader task started`; guest: from there to the first line");
     for (name, path) in guests {
-        let mut ms = term_starts(&path, samples);
-        ms.sort_by(f64::total_cmp);
+        let starts = term_starts(&path, samples);
+        let stat = |f: fn(&Start) -> f64| {
+            let mut ms: Vec<f64> = starts.iter().map(f).collect();
+            ms.sort_by(f64::total_cmp);
+            (percentile(&ms, 0.5), percentile(&ms, 0.99))
+        };
+        let ((p50, p99), (g50, g99), (u50, u99)) = (stat(|s| s.total), stat(|s| s.gates), stat(|s| s.guest));
         println!(
-            "{name:<20} n {:>3}  p50 {:>7.2}  p99 {:>7.2}  max {:>7.2}",
-            ms.len(),
-            percentile(&ms, 0.5),
-            percentile(&ms, 0.99),
-            ms[ms.len() - 1]
+            "{name:<20} n {:>3}  p50 {p50:>6.2}  p99 {p99:>6.2}   gates {g50:>5.2} / {g99:>5.2}   guest {u50:>5.2} / {u99:>5.2}",
+            starts.len()
         );
     }
 }

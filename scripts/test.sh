@@ -130,21 +130,25 @@ cargo test -p baton --doc "$@" || status=1
 # from registries run with state and schedules, the shortest group.
 # The host's unit tests and the in-process core tests (about 25 s, paused
 # time mostly) run beside them too.
-groups=(unit core e2e state chaos kube kubechaos polyglot)
-declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubechaos]=kube [polyglot]=polyglot)
+groups=(unit core e2e state chaos kube kubechaos polyglot templates)
+declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubechaos]=kube [polyglot]=polyglot [templates]=polyglot)
 leader_tests="state:: schedules:: alerts:: health:: registry:: drain prefer_and_avoid weights_decide leases_and_status_name"
 # The embedded store's paused leaders (a minute) run with its chaos
 # segments, which they resemble. (Not the Kubernetes ones: they share the
 # test API server with the kube group, whose request counts they disturb;
 # the chaos segments have servers of their own.)
 paused="a_leader_paused_past_its_lease_never_appends"
+# tests/polyglot's builds and compilations: the templates (`baton new`)
+# and a compile with an empty cache.
+compiling="baton_new_ a_big_plugin_says_it_is_compiling"
 declare -A filter=(
     [e2e]="--skip chaos:: --skip $paused $(printf -- '--skip %s ' $leader_tests)"
     [state]="$leader_tests"
     [chaos]="chaos:: $paused"
     [kube]="--skip chaos::"
     [kubechaos]="chaos::"
-    [polyglot]=""
+    [polyglot]="$(printf -- '--skip %s ' $compiling)"
+    [templates]="$compiling"
     [unit]=""
     [core]=""
 )
