@@ -94,11 +94,14 @@ install_c() {
 
 # --- helpers ----------------------------------------------------------------
 
-# The fingerprint of a guest's inputs: the files given, the WIT, this script.
+# The fingerprint of a guest's inputs (paths in the repository): the files
+# given, the WIT, this script. By content and relative path, so that a
+# fresh clone elsewhere finds the guests its sources built.
 fingerprint() {
+    local inputs=("${@#"$repo"/}")
     {
-        find "$@" "$repo/wit" -type f -print0 | sort -z | xargs -0 sha256sum
-        sha256sum "${BASH_SOURCE[0]}"
+        (cd "$repo" && find "${inputs[@]}" wit -type f -print0 | sort -z | xargs -0 sha256sum)
+        sha256sum <"${BASH_SOURCE[0]}"
     } | sha256sum | cut -d' ' -f1
 }
 
