@@ -164,7 +164,7 @@ struct Inner {
 #[derive(Default)]
 struct Recent {
     /// Recently seen objects, newest last.
-    objects: VecDeque<DynamicObject>,
+    objects: VecDeque<Arc<DynamicObject>>,
     /// The highest resourceVersion learned from any answer (reads, writes,
     /// the watch, deletions).
     newest: u64,
@@ -305,7 +305,7 @@ impl LeaseStore for KubeStore {
         {
             Some(mut obj) => {
                 requests::slim(&mut obj);
-                inner.accept(lease, &obj).map(Some)
+                inner.accept(lease, Arc::new(obj)).map(Some)
             }
             None => inner.deleted(lease, None, None).await,
         }

@@ -4,6 +4,7 @@
 //! as, and the listings.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{DynamicObject, ListParams};
@@ -27,8 +28,9 @@ impl Inner {
         self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Remembers an object as the latest seen of its lease.
-    pub(super) fn remember(&self, lease: &str, obj: &DynamicObject) {
+    /// Remembers an object as the latest seen of its lease (shared with
+    /// the watch's cache, not copied).
+    pub(super) fn remember(&self, lease: &str, obj: Arc<DynamicObject>) {
         let mut recent = self.recent();
         let recent = recent.entry(lease.to_owned()).or_default();
         let rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
@@ -40,7 +42,7 @@ impl Inner {
         {
             return;
         }
-        list.push_back(obj.clone());
+        list.push_back(obj);
         while list.len() > KEEP_OBJECTS {
             list.pop_front();
         }
@@ -101,13 +103,13 @@ impl Inner {
             .iter()
             .rev()
             .find(|o| o.metadata.resource_version.as_deref() == Some(version))
-            .cloned()
+            .map(|o| DynamicObject::clone(o))
     }
 
     /// Converts an object the API server sent in answer to a read (or a
     /// watch), and remembers it.
-    pub(super) fn accept(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
-        let v = self.versioned(lease, obj)?;
+    pub(super) fn accept(&self, lease: &str, obj: Arc<DynamicObject>) -> Result<Versioned, StoreError> {
+        let v = self.versioned(lease, &obj)?;
         self.remember(lease, obj);
         self.seen.found(lease, Found::Record(v.clone()));
         Ok(v)
@@ -115,13 +117,13 @@ impl Inner {
 
     /// Converts the object the API server answered a write with, and
     /// remembers it.
-    pub(super) fn accept_written(&self, lease: &str, obj: &DynamicObject) -> Result<Versioned, StoreError> {
-        let v = self.versioned(lease, obj)?;
-        self.remember(lease, obj);
-        self.seen.wrote(lease, &v);
+    pub(super) fn accept_written(&self, lease: &str, obj: Arc<DynamicObject>) -> Result<Versioned, StoreError> {
+        let v = self.versioned(lease, &obj)?;
         // The shared watch must deliver it: how its cache is known to be
         // current (see "Listing membership records" in docs/kubernetes.md).
-        self.shared.wrote(obj);
+        self.shared.wrote(&obj);
+        self.remember(lease, obj);
+        self.seen.wrote(lease, &v);
         Ok(v)
     }
 
@@ -163,7 +165,7 @@ impl Inner {
             });
         };
         slim(&mut current);
-        self.accept(lease, &current)?;
+        self.accept(lease, Arc::new(current.clone()))?;
         let current_version = current.metadata.resource_version.clone().unwrap_or_default();
         if current_version != version {
             return Err(StoreError::Conflict {

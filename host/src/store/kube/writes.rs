@@ -39,7 +39,8 @@ impl KubeStore {
             .await
             .map_err(|e| map_error(lease, "create", e))?;
         slim(&mut created);
-        let v = inner.accept_written(lease, &created)?;
+        let created = Arc::new(created);
+        let v = inner.accept_written(lease, created.clone())?;
         inner.check_floor(lease, &created, &v);
         Ok(v)
     }
@@ -87,7 +88,8 @@ impl KubeStore {
             .await
             .map_err(|e| map_error(lease, "update", e))?;
         slim(&mut written);
-        let v = inner.accept_written(lease, &written)?;
+        let written = Arc::new(written);
+        let v = inner.accept_written(lease, written.clone())?;
         inner.check_floor(lease, &written, &v);
         Ok(v)
     }

@@ -26,10 +26,10 @@ pub(super) const WATCH_LAG_ALLOWANCE: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub(super) enum Delivery {
     /// The Lease was added or changed: its new state.
-    Object(DynamicObject),
+    Object(Arc<DynamicObject>),
     /// DELETED: the Lease was deleted, or it stopped carrying the labels.
     /// Its last state as the event told it.
-    Deleted(DynamicObject),
+    Deleted(Arc<DynamicObject>),
 }
 
 /// How the shared watch tells a lease watch that something happened.
@@ -112,7 +112,7 @@ pub(super) struct Run {
     pub(super) synced: bool,
     /// The newest object of every Lease the watch selects, by name, as of
     /// the last event applied.
-    pub(super) cache: HashMap<String, DynamicObject>,
+    pub(super) cache: HashMap<String, Arc<DynamicObject>>,
     /// The highest resourceVersion the watch has reached (the list's, then
     /// every event's and bookmark's): the cache is current up to it.
     pub(super) reached: u64,
@@ -205,7 +205,7 @@ impl SharedState {
         };
         run.cache = items
             .into_iter()
-            .filter_map(|o| Some((o.metadata.name.clone()?, o)))
+            .filter_map(|o| Some((o.metadata.name.clone()?, Arc::new(o))))
             .collect();
         run.synced = true;
         run.reach(rv);
@@ -235,6 +235,8 @@ impl SharedState {
                 let Some(name) = obj.metadata.name.clone() else {
                     return;
                 };
+                // One object, shared by the cache and every delivery.
+                let obj = Arc::new(obj);
                 run.cache.insert(name.clone(), obj.clone());
                 (name, Delivery::Object(obj))
             }
@@ -243,7 +245,7 @@ impl SharedState {
                     return;
                 };
                 run.cache.remove(&name);
-                (name, Delivery::Deleted(obj))
+                (name, Delivery::Deleted(Arc::new(obj)))
             }
             WatchEvent::Bookmark(_) | WatchEvent::Error(_) => return,
         };
@@ -282,7 +284,7 @@ impl SharedState {
             .cache
             .iter()
             .filter(|(name, _)| name.starts_with(prefix))
-            .map(|(_, obj)| obj.clone())
+            .map(|(_, obj)| DynamicObject::clone(obj))
             .collect())
     }
 

@@ -86,7 +86,7 @@ impl LeaseStream {
     async fn join(&mut self) -> Result<(), StoreError> {
         match self.registration.join().await? {
             Some(obj) => {
-                self.first = Some(self.accepted(&obj));
+                self.first = Some(self.accepted(obj));
                 self.mode = Mode::Shared;
                 Ok(())
             }
@@ -127,12 +127,12 @@ impl LeaseStream {
         };
         match Confirmed::of(found, &inner.watch.selector) {
             Confirmed::Selected(obj) => {
-                self.first = Some(self.accepted(&obj));
+                self.first = Some(self.accepted(Arc::new(obj)));
                 self.mode = Mode::Shared;
             }
             Confirmed::Unselected(obj) => {
                 tracing::debug!(lease = %self.lease, "the Lease lacks baton's labels: watching it on its own until it has them again");
-                self.first = Some(self.accepted(&obj));
+                self.first = Some(self.accepted(Arc::new(obj)));
                 self.mode = own(&self.lease);
             }
             Confirmed::Gone => {
@@ -153,7 +153,7 @@ impl LeaseStream {
 
     /// An object the API server sent in answer to a read, accepted, as the
     /// next observation.
-    fn accepted(&self, obj: &DynamicObject) -> (Observation, String) {
+    fn accepted(&self, obj: Arc<DynamicObject>) -> (Observation, String) {
         let rv = obj.metadata.resource_version.clone().unwrap_or_default();
         (self.inner.accept(&self.lease, obj).map(Some), rv)
     }
@@ -165,7 +165,7 @@ impl LeaseStream {
     }
 
     /// An event's object, accepted, if it is news.
-    fn event(&mut self, obj: &DynamicObject) -> Option<Observation> {
+    fn event(&mut self, obj: Arc<DynamicObject>) -> Option<Observation> {
         let rv = obj.metadata.resource_version.clone().unwrap_or_default();
         if !self.is_news(&rv) {
             return None;
@@ -221,11 +221,11 @@ impl LeaseStream {
     async fn shared_step(&mut self) -> Option<Observation> {
         match self.registration.next().await {
             Err(e) => Some(Err(e)),
-            Ok(Delivery::Object(obj)) => self.event(&obj),
+            Ok(Delivery::Object(obj)) => self.event(obj),
             // Deleted, or no longer carrying the labels: a read tells
             // (even for a stale event: the Lease may lack the labels
             // now, and the shared watch would not see its changes).
-            Ok(Delivery::Deleted(obj)) => self.confirm(Some(obj)).await.err().map(Err),
+            Ok(Delivery::Deleted(obj)) => self.confirm(Some(Arc::unwrap_or_clone(obj))).await.err().map(Err),
         }
     }
 
@@ -243,7 +243,7 @@ impl LeaseStream {
                     tracing::debug!(lease = %self.lease, "the Lease carries baton's labels again: back to the shared watch");
                     self.mode = Mode::Join;
                 }
-                self.event(&obj)
+                self.event(Arc::new(obj))
             }
             Ok(WatchEvent::Deleted(obj)) => {
                 let rv = obj.metadata.resource_version.clone().unwrap_or_default();

@@ -205,7 +205,7 @@ impl Registration {
     /// Lease is missing, or lacks the labels, or is too new for the
     /// watch). From then on every event about the lease is delivered: the
     /// cache and the deliveries leave no gap.
-    pub(super) async fn join(&self) -> Result<Option<DynamicObject>, StoreError> {
+    pub(super) async fn join(&self) -> Result<Option<Arc<DynamicObject>>, StoreError> {
         let (generation, mut status) = self.shared.ensure_run();
         let outcome = status
             .wait_for(Option::is_some)

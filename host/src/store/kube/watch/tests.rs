@@ -188,7 +188,7 @@ fn a_failure_reaches_every_watch_and_ends_the_run() {
         }
     }
     // Joining clears what a former run left.
-    a.deliver(Delivery::Object(lease("a", 6, LABELS)));
+    a.deliver(Delivery::Object(lease("a", 6, LABELS).into()));
     a.break_with(error);
     a.clear();
     assert!(matches!(a.take(), Taken::Nothing));
