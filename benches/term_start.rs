@@ -44,7 +44,7 @@ fn config_text(store: &std::path::Path, path: &std::path::Path) -> String {
     // A SIGTERM hand-over does not wait for the lease to expire; a kill
     // does, so its lease is short.
     let timings = if by_kill() {
-        "lease-duration = \"1s\"\nrenew-deadline = \"600ms\"\nretry-period = \"100ms\"\ngrace = \"200ms\"\n"
+        "lease-duration = \"2s\"\nrenew-deadline = \"1200ms\"\nretry-period = \"200ms\"\ngrace = \"300ms\"\n"
     } else {
         "lease-duration = \"4s\"\nrenew-deadline = \"3s\"\nretry-period = \"500ms\"\ngrace = \"500ms\"\n"
     };

@@ -117,7 +117,11 @@ impl Inner {
 
     /// Converts the object the API server answered a write with, and
     /// remembers it.
-    pub(super) fn accept_written(&self, lease: &str, obj: Arc<DynamicObject>) -> Result<Versioned, StoreError> {
+    pub(super) fn accept_written(
+        &self,
+        lease: &str,
+        obj: Arc<DynamicObject>,
+    ) -> Result<Versioned, StoreError> {
         let v = self.versioned(lease, &obj)?;
         // The shared watch must deliver it: how its cache is known to be
         // current (see "Listing membership records" in docs/kubernetes.md).
