@@ -288,20 +288,28 @@ fn spec_of(file: &str, env: &[(&str, &str)], records: Option<&Path>) -> PluginSp
     }
 }
 
+/// Both worlds' probes of `current-run`: `sched-probe` (pollable), which
+/// appends each run to `records`, and `probe-future` in its `schedule`
+/// mode.
+fn schedule_probes(records: &Path) -> (Plugin, Plugin) {
+    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
+    let env = [("SCHED_RECORDS", "/records"), ("SCHED_HOST", "h1")];
+    let pollable = runtime
+        .load(&spec_of("sched_probe.wasm", &env, Some(records)))
+        .unwrap();
+    let future = runtime
+        .load(&spec_of("probe_future.wasm", &[("PROBE_MODE", "schedule")], None))
+        .unwrap();
+    (pollable, future)
+}
+
 #[test]
 fn a_scheduled_run_is_told_to_its_instance_and_none_to_a_run_per_term() {
     use std::time::{Duration, UNIX_EPOCH};
 
     use crate::runtime::ScheduledRun;
-    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
     let records = tempfile::tempdir().unwrap();
-    let env = [("SCHED_RECORDS", "/records"), ("SCHED_HOST", "h1")];
-    let pollable = runtime
-        .load(&spec_of("sched_probe.wasm", &env, Some(records.path())))
-        .unwrap();
-    let future = runtime
-        .load(&spec_of("probe_future.wasm", &[("PROBE_MODE", "schedule")], None))
-        .unwrap();
+    let (pollable, future) = schedule_probes(records.path());
     let run = ScheduledRun {
         due: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
         attempt: 2,
@@ -414,15 +422,8 @@ fn a_health_check_table_needs_a_component_that_exports_one() {
 
 #[test]
 fn an_instance_prepared_ahead_runs_only_in_the_term_it_starts_in() {
-    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
     let records = tempfile::tempdir().unwrap();
-    let env = [("SCHED_RECORDS", "/records"), ("SCHED_HOST", "h1")];
-    let pollable = runtime
-        .load(&spec_of("sched_probe.wasm", &env, Some(records.path())))
-        .unwrap();
-    let future = runtime
-        .load(&spec_of("probe_future.wasm", &[("PROBE_MODE", "schedule")], None))
-        .unwrap();
+    let (pollable, future) = schedule_probes(records.path());
     let lines = guest_lines(|| async {
         for plugin in [&pollable, &future] {
             let prepared = plugin.prepare(&followed()).await.expect("an instance prepared");
