@@ -441,11 +441,26 @@ fn an_instance_prepared_ahead_runs_only_in_the_term_it_starts_in() {
     assert!(lines.contains("probe schedule none term=6"), "{lines}");
 }
 
+/// What the start function of [`starting_component`]'s core module does
+/// when the component is instantiated.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// There is none.
+    Nothing,
+    /// Calls `wasi:clocks/monotonic-clock`'s `now`: a host call.
+    CallsHost,
+    /// Loops for ever.
+    Loops,
+}
+
 /// A `pollable-plugin` component whose `run` returns `ok` at once, and
-/// whose core module's start function calls `wasi:clocks/monotonic-clock`'s
-/// `now` (a host call while it is instantiated) if `calls_host`.
-fn starting_component(calls_host: bool) -> Vec<u8> {
-    let start = if calls_host { "(start $start)" } else { "" };
+/// whose core module's start function does `start`.
+fn starting_component(start: Start) -> Vec<u8> {
+    let start = match start {
+        Start::Nothing => "",
+        Start::CallsHost => "(func $start (drop (call $now))) (start $start)",
+        Start::Loops => "(func $start (loop (br 0))) (start $start)",
+    };
     let text = r#"(component
   (import "wasi:clocks/monotonic-clock@0.2.12" (instance $clock
     (export "now" (func (result u64)))))
@@ -460,7 +475,6 @@ fn starting_component(calls_host: bool) -> Vec<u8> {
     (import "host" "now" (func $now (result i64)))
     (memory (export "memory") 1)
     (global $heap (mut i32) (i32.const 1024))
-    (func $start (drop (call $now)))
     START
     (func (export "realloc") (param i32 i32 i32 i32) (result i32)
       (local $p i32)
@@ -481,17 +495,21 @@ fn starting_component(calls_host: bool) -> Vec<u8> {
 }
 
 #[test]
-fn a_component_that_calls_the_host_while_instantiated_is_not_prepared_and_runs_as_its_term_starts() {
+fn a_component_whose_start_calls_the_host_or_never_returns_is_not_prepared() {
     let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let plugin = |calls_host: bool| {
-        let path = dir.path().join(format!("start-{calls_host}.wasm"));
-        std::fs::write(&path, starting_component(calls_host)).unwrap();
+    let plugin = |start: Start| {
+        let path = dir.path().join(format!("{start:?}.wasm"));
+        std::fs::write(&path, starting_component(start)).unwrap();
         let mut spec = spec_of("probe_pollable.wasm", &[], None);
-        (spec.name, spec.path) = (format!("start-{calls_host}"), path);
+        (spec.name, spec.path) = (format!("{start:?}"), path);
         runtime.load(&spec).unwrap()
     };
-    let (quiet, calling) = (plugin(false), plugin(true));
+    let (quiet, calling, looping) = (
+        plugin(Start::Nothing),
+        plugin(Start::CallsHost),
+        plugin(Start::Loops),
+    );
     guest_lines(|| async {
         assert!(quiet.prepare(&followed()).await.is_some());
         // Its start function's host call trapped: no instance kept.
@@ -500,5 +518,10 @@ fn a_component_that_calls_the_host_while_instantiated_is_not_prepared_and_runs_a
         let (term, view) = led(7);
         let outcome = calling.run_task_in(None, term, view).await;
         assert!(matches!(outcome, TaskOutcome::Finished), "{outcome}");
+        // A start function that never returns traps at the epoch bound
+        // (10 ticks of 10 ms), instead of holding the supervisor.
+        let bound = std::time::Duration::from_secs(5);
+        let prepared = tokio::time::timeout(bound, looping.prepare(&followed())).await;
+        assert!(matches!(prepared, Ok(None)), "still preparing after {bound:?}");
     });
 }
