@@ -212,7 +212,7 @@ pub async fn run_leader_tasks_of(
     let mut tried_ahead = false;
     loop {
         observer.state(&name, TaskState::Waiting);
-        let wants_ahead = ahead.is_none() && !tried_ahead && !scheduled(scheduling.as_ref());
+        let wants_ahead = ahead.is_none() && !tried_ahead && on_schedule(scheduling.as_ref()).is_none();
         let following = view.clone();
         let current = versions.borrow().clone();
         let term = tokio::select! {
@@ -258,7 +258,7 @@ pub async fn run_leader_tasks_of(
                 .filter(|(of, _)| Arc::ptr_eq(of, &plugin))
                 .map(|(_, p)| p);
             let work = async {
-                match scheduling.as_ref().filter(|s| s.schedule.borrow().is_some()) {
+                match on_schedule(scheduling.as_ref()) {
                     Some(s) => scheduled::run_scheduled_term(&plugin, &term, &view, &*observer, s).await,
                     None => run_term(&plugin, &term, &view, &*observer, prepared).await,
                 }
@@ -271,10 +271,10 @@ pub async fn run_leader_tasks_of(
     }
 }
 
-/// Whether the plugin runs on a schedule now (then no instance is
-/// prepared ahead: each due time makes its own).
-fn scheduled(scheduling: Option<&Scheduling>) -> bool {
-    scheduling.is_some_and(|s| s.schedule.borrow().is_some())
+/// The scheduling, if the plugin runs on a schedule now (then each due
+/// time makes its own instance: none is prepared ahead).
+fn on_schedule(scheduling: Option<&Scheduling>) -> Option<&Scheduling> {
+    scheduling.filter(|s| s.schedule.borrow().is_some())
 }
 
 /// Resolves once the versions' sender is dropped (the plugin was removed).

@@ -40,7 +40,8 @@ pub struct StoreTerm(Arc<Slot>);
 struct Slot {
     term: OnceLock<Arc<Term>>,
     /// What it reads as until then: a term of the same lease, over from
-    /// the clock's origin, with no grace.
+    /// the clock's origin, with no grace (for a Store made for its term,
+    /// that term).
     unset: Arc<Term>,
 }
 
@@ -52,9 +53,11 @@ pub struct AlreadySet;
 impl StoreTerm {
     /// The term of a Store made for `term`.
     pub fn of(term: Arc<Term>) -> StoreTerm {
-        let slot = StoreTerm::unset(term.lease());
-        let _ = slot.0.term.set(term);
-        slot
+        StoreTerm(Arc::new(Slot {
+            term: OnceLock::from(term.clone()),
+            // Never read: the term is set.
+            unset: term,
+        }))
     }
 
     /// The term of a Store of `lease` prepared before its term: over until

@@ -71,12 +71,6 @@ impl GuestLimits {
         }
     }
 
-    /// Counts this instance's linear memory in `usage` while it lives.
-    pub fn counting(mut self, usage: Arc<AtomicU64>) -> GuestLimits {
-        self.count_in(usage);
-        self
-    }
-
     /// Counts this instance's linear memory in `usage` from now on,
     /// including what it has already (an instance prepared ahead of its
     /// term is counted once it starts). Once only: a second call does

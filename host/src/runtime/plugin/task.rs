@@ -376,23 +376,23 @@ impl Plugin {
         // does not return traps at the next tick (its term is unset).
         let _ticking = self.engine.ticking();
         let lease = view.borrow().status.lease.clone();
-        let mut store = match self.new_store(StoreTerm::unset(&lease), view.clone()) {
-            Ok(store) => store,
-            Err(e) => {
-                tracing::debug!(plugin = %self.name, error = %e, "no instance prepared ahead of the term");
-                return None;
+        let made = match self.new_store(StoreTerm::unset(&lease), view.clone()) {
+            Ok(mut store) => {
+                // Room for a large component's start functions, where a
+                // run's instance gets one tick before it is checked (and
+                // yields).
+                store.set_epoch_deadline(PREPARE_TICKS);
+                let instantiated = self.pre.instance_pre().instantiate_async(&mut store).await;
+                instantiated
+                    .map(|instance| Prepared { store, instance })
+                    .map_err(|e| e.to_string())
             }
+            Err(e) => Err(e.to_string()),
         };
-        // Room for a large component's start functions, where a run's
-        // instance gets one tick before it is checked (and yields).
-        store.set_epoch_deadline(PREPARE_TICKS);
-        match self.pre.instance_pre().instantiate_async(&mut store).await {
-            Ok(instance) => Some(Prepared { store, instance }),
-            Err(e) => {
-                tracing::debug!(plugin = %self.name, error = %e, "no instance prepared ahead of the term");
-                None
-            }
-        }
+        made.inspect_err(|error| {
+            tracing::debug!(plugin = %self.name, error, "no instance prepared ahead of the term");
+        })
+        .ok()
     }
 
     /// Runs the leader task once, in a fresh instance and Store, in `term`,
@@ -449,7 +449,7 @@ impl Plugin {
                 Err(e) => return TaskOutcome::Trapped(Trap::setup(e.to_string())),
             },
         };
-        if let Err(e) = self.start_in(&mut store, &term, &view, scheduled, instance.is_some()) {
+        if let Err(e) = self.start_in(&mut store, &term, &view, scheduled) {
             return TaskOutcome::Trapped(Trap::setup(e.to_string()));
         }
         if let Err(e) = self.claim_buckets(&term, &view).await {
@@ -462,20 +462,19 @@ impl Plugin {
     }
 
     /// Makes `store` one of a run in `term` seen through `view` (for
-    /// `scheduled`, if one): if it was prepared ahead, its term set and
-    /// its configuration values read again (they are read as the run
-    /// starts); its memory counted, its epoch deadline from now.
+    /// `scheduled`, if one): if it was prepared ahead (its term unset), its
+    /// term set and its configuration values read again (they are read as
+    /// the run starts); its memory counted, its epoch deadline from now.
     fn start_in(
         &self,
         store: &mut Store<GuestState>,
         term: &Arc<Term>,
         view: &watch::Receiver<LeaseView>,
         scheduled: Option<ScheduledRun>,
-        prepared: bool,
     ) -> Result<(), SetupError> {
         let state = store.data_mut();
-        if prepared {
-            // Set once, here: the Store was made with it unset.
+        if !state.term.is_set() {
+            // Set once, here: the Store was prepared with it unset.
             let _ = state.term.set(term.clone());
             state.view = view.clone();
             if let Some(spec) = &self.spec {
