@@ -395,6 +395,35 @@ async fn a_standby_whose_time_passes_during_a_slow_renewal_still_hands_the_lease
 }
 
 #[tokio::test(start_paused = true)]
+async fn told_to_stop_during_a_slow_renewal_the_term_ends_at_once_and_the_release_follows() {
+    for intent in [Intent::Stop, Intent::Drain] {
+        let c = Cluster::new();
+        let mut a = c.start("a");
+        a.until_leading().await;
+        let term = a.term();
+        // Each renewal takes 900 ms from now on: at 1.1 s one is in flight
+        // until 1.9 s.
+        c.store.set_latency(Duration::from_millis(900));
+        sleep(Duration::from_millis(1100)).await;
+        a.intent.send_replace(intent);
+        sleep(Duration::from_millis(1)).await;
+        assert!(
+            term.is_over(),
+            "{intent:?}: the tasks were not told while the renewal was in flight"
+        );
+        assert!(term.stop_at() <= c.clock.now() + timings().grace);
+        // The renewal's answer comes, then the release.
+        let released = tokio::time::timeout(secs(5), async {
+            while c.store.peek(LEASE).unwrap().record.holder().is_some() {
+                sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(released.is_ok(), "{intent:?}: never released");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_standby_does_not_take_a_free_lease_before_its_time() {
     let c = Cluster::new();
     let mut a = c.start("a");

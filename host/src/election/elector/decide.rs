@@ -137,3 +137,17 @@ pub fn contend_after(
     };
     Some(not_before.max(after))
 }
+
+/// Whether a host leading in `term`, which it began at `began`, goes on
+/// leading under `intent` at `now`. A stand-by asked for in this term
+/// hands the lease over even once its time has passed (a renewal slower
+/// than it let the time pass before it was seen); one whose time has come
+/// otherwise contends again.
+pub fn keeps_leading(intent: Intent, term: u64, began: Instant, now: Instant) -> bool {
+    match intent {
+        Intent::Contend | Intent::Defer { .. } => true,
+        Intent::HandOver { term: t, .. } => t != term,
+        Intent::StandBy { until } => now >= until && until <= began,
+        Intent::Drain | Intent::Stop => false,
+    }
+}

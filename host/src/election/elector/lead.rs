@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
 
-use super::decide::{Verdict, judge_sighting};
+use super::decide::{Verdict, judge_sighting, keeps_leading};
 use super::{DRAIN_ALLOWANCE, Elector, Following, Intent, Lead, Loss, State, claims_changed};
 use crate::election::clock::Moment;
 use crate::election::report::{StoreErrorKind, before_release_bound};
@@ -20,28 +21,19 @@ impl Elector {
     /// Leading: renew on time; step down when the term's deadline passes
     /// or the lease is seen in other hands.
     pub(super) async fn lead(&mut self, mut l: Lead) -> State {
-        if !self.keeps(l.term.number()) {
+        if !self.keeps(&l) {
             return self.start_resigning(l);
         }
         tokio::select! {
             biased;
             changed = self.intent.changed() => {
-                if changed.is_err() {
-                    return self.start_resigning(l);
-                }
-                // A stand-by asked for in this term hands the lease over
-                // even if a renewal slower than it let its time pass
-                // before this was seen.
-                let intent = *self.intent.borrow_and_update();
-                if let Intent::StandBy { until } = intent
-                    && until > l.began
-                {
+                if changed.is_err() || !self.keeps(&l) {
                     return self.start_resigning(l);
                 }
                 State::Leading(l)
             }
             _ = l.term.over() => self.step_down(l, Loss::Deadline("no renewal was confirmed within the renew deadline")),
-            _ = self.clock.sleep_until(l.next_renew) => match self.renew(&mut l).await {
+            _ = self.clock.sleep_until(l.next_renew) => match self.renew_heeding_intent(&mut l).await {
                 Ok(()) => State::Leading(l),
                 Err(loss) => self.step_down(l, loss),
             },
@@ -60,6 +52,26 @@ impl Elector {
                 }
             }
         }
+    }
+
+    /// [`Elector::renew`], but told to resign while the renewal is in
+    /// flight (a slow store may hold it up to `request-timeout`), the term
+    /// ends at once: the tasks are told now, not when the store answers.
+    /// The resignation itself follows the answer (the release needs it).
+    async fn renew_heeding_intent(&mut self, l: &mut Lead) -> Result<(), Loss> {
+        let mut intent = self.intent.clone();
+        let (term, began, clock) = (l.term.clone(), l.began, self.clock.clone());
+        let lease = self.cfg.lease.clone();
+        let renewal = self.renew(l);
+        tokio::pin!(renewal);
+        tokio::select! {
+            biased;
+            result = &mut renewal => return result,
+            () = resign_asked(&mut intent, &term, began) => {}
+        }
+        term.end(clock.now());
+        tracing::debug!(%lease, term = term.number(), "told to resign while renewing: the term ends now, the release follows the renewal");
+        renewal.await
     }
 
     /// Ends the term (its tasks are told now) but keeps the lease until
@@ -401,5 +413,16 @@ impl Elector {
     /// Sleeps `d` on tokio's clock.
     pub(super) async fn pause(&self, d: Duration) {
         tokio::time::sleep(d).await;
+    }
+}
+
+/// Resolves once `intent` asks the leader of `term`, begun at `began`, to
+/// give it up ([`keeps_leading`]), or its sender is gone.
+async fn resign_asked(intent: &mut watch::Receiver<Intent>, term: &Term, began: Instant) {
+    while intent.changed().await.is_ok() {
+        let now = *intent.borrow_and_update();
+        if !keeps_leading(now, term.number(), began, Instant::now()) {
+            return;
+        }
     }
 }

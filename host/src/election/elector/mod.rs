@@ -32,7 +32,9 @@ mod follow;
 mod lead;
 mod news;
 
-pub use decide::{Decision, Verdict, contend_after, follower_decision, follower_status, judge_sighting};
+pub use decide::{
+    Decision, Verdict, contend_after, follower_decision, follower_status, judge_sighting, keeps_leading,
+};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -402,14 +404,8 @@ impl Elector {
         *self.intent.borrow()
     }
 
-    /// Whether this host should go on leading in `term` (a stand-by whose
-    /// time has come contends again).
-    fn keeps(&self, term: u64) -> bool {
-        match self.intent() {
-            Intent::Contend | Intent::Defer { .. } => true,
-            Intent::HandOver { term: t, .. } => t != term,
-            Intent::StandBy { until } => Instant::now() >= until,
-            Intent::Drain | Intent::Stop => false,
-        }
+    /// Whether this host should go on leading in `l` ([`keeps_leading`]).
+    fn keeps(&self, l: &Lead) -> bool {
+        keeps_leading(self.intent(), l.term.number(), l.began, Instant::now())
     }
 }
