@@ -138,6 +138,43 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
 }
 
 #[test]
+fn a_create_that_lost_the_race_takes_its_count_back_and_no_term_is_skipped() {
+    // Two hosts start on a lease that does not exist. One counts its create
+    // in the floor and creates the Lease in term 1; the other read the
+    // floor of that count before the Lease appeared (a missing Lease reads
+    // as released at its floor), so it counts a create in term 2, and the
+    // API server refuses its Lease: AlreadyExists. That count must not be
+    // taken for a term given out, or the next hand-over skips term 2.
+    let t = KubeTest::new("count");
+    t.rt.block_on(async {
+        let held = |holder: &str, term| LeaseRecord {
+            instance: Some(format!("{holder}-instance")),
+            ..record(Some(holder), term)
+        };
+        let (a, b) = (t.store(&[]), t.store(&[]));
+        let v1 = a.create("demo", &held("a", 1)).await.unwrap();
+        let lost = b.create("demo", &held("b", 2)).await.unwrap_err();
+        println!("the create that lost: {lost}");
+        assert!(lost.is_conflict(), "{lost:?}");
+        // Taken back in the background: the floor is 1 again, the count stays.
+        let start = std::time::Instant::now();
+        let floor = loop {
+            let floor = floor_of(&t.admin, &t.ns.name, "demo").await.unwrap();
+            if floor.get("floor").map(String::as_str) == Some("1") {
+                break floor;
+            }
+            assert!(start.elapsed() < SECS(5), "the count was not taken back: {floor:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(floor.get("creates").map(String::as_str), Some("2"), "{floor:?}");
+        // The holder releases; the other takes the next term, 2.
+        let released = a.update("demo", &v1.version, &record(None, 1)).await.unwrap();
+        let next = b.update("demo", &released.version, &held("b", 2)).await.unwrap();
+        assert_eq!(next.record.term, 2);
+    });
+}
+
+#[test]
 fn terms_never_repeat_when_every_lease_is_deleted_while_no_host_runs() {
     let t = KubeTest::new("terms");
     let cfg = t.scratch.write(

@@ -106,6 +106,16 @@ pub enum Raised {
     Behind(u64),
 }
 
+/// A create counted in the floor ([`Floors::raise_for_create`]), to take
+/// back if the Lease is not created ([`Floors::undo_create`]).
+#[derive(Debug)]
+pub struct Counted {
+    /// The floor as the count found it.
+    before: Floor,
+    /// The floor ConfigMap's resourceVersion the count wrote.
+    version: Option<String>,
+}
+
 /// The floor ConfigMaps of one namespace, and the floor last seen of each
 /// lease (floors only grow, so one seen covering a term still does).
 #[derive(Clone)]
@@ -200,38 +210,79 @@ impl Floors {
         term: u64,
         own: bool,
         instance: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.raise(lease, |floor| {
-            if !own && floor.term > 0 && term <= floor.term {
-                return Err(StoreError::Conflict {
-                    lease: lease.to_owned(),
-                    detail: format!(
-                        "term {term} is not above the lease's highest term {} ({}): terms never repeat",
-                        floor.term,
-                        self.describe(lease)
-                    ),
-                });
-            }
-            if floor.version.as_deref() != base {
-                return Err(StoreError::Conflict {
-                    lease: lease.to_owned(),
-                    detail: format!(
-                        "the lease's term floor ({}) changed since the Lease was found missing: \
+    ) -> Result<Counted, StoreError> {
+        let mut before = None;
+        let written = self
+            .raise(lease, |floor| {
+                before = Some(floor.clone());
+                if !own && floor.term > 0 && term <= floor.term {
+                    return Err(StoreError::Conflict {
+                        lease: lease.to_owned(),
+                        detail: format!(
+                            "term {term} is not above the lease's highest term {} ({}): terms never repeat",
+                            floor.term,
+                            self.describe(lease)
+                        ),
+                    });
+                }
+                if floor.version.as_deref() != base {
+                    return Err(StoreError::Conflict {
+                        lease: lease.to_owned(),
+                        detail: format!(
+                            "the lease's term floor ({}) changed since the Lease was found missing: \
                          another host wrote first",
-                        self.describe(lease)
-                    ),
-                });
-            }
-            Ok(Some(Floor {
-                term: floor.term.max(term),
-                // Only ever compared for a change.
-                creates: floor.creates.wrapping_add(1),
-                raised_by: instance.map(str::to_owned),
-                raised_on: None,
-                version: None,
-            }))
+                            self.describe(lease)
+                        ),
+                    });
+                }
+                Ok(Some(Floor {
+                    term: floor.term.max(term),
+                    // Only ever compared for a change.
+                    creates: floor.creates.wrapping_add(1),
+                    raised_by: instance.map(str::to_owned),
+                    raised_on: None,
+                    version: None,
+                }))
+            })
+            .await?;
+        Ok(Counted {
+            before: before.unwrap_or_default(),
+            version: written.and_then(|w| w.version),
         })
-        .await
+    }
+
+    /// Takes back a counted create whose Lease was not created (another
+    /// host's create came first: 409 AlreadyExists), if nobody wrote the
+    /// floor since: its term goes back to what it was, so that the next
+    /// hand-over is not taken for a re-created Lease and does not skip
+    /// a term. Nothing can have given a term out on the count: a create
+    /// and a new term over a Lease both write the floor first (a new term
+    /// is covered without a write only by a floor raised for that Lease
+    /// object, which a count never is), and any write makes this one
+    /// conflict. Best effort: a floor left raised skips a term, which
+    /// fencing tokens allow. A floor the count created is left alone.
+    pub async fn undo_create(&self, lease: &str, counted: &Counted) -> Result<bool, StoreError> {
+        let (object, floor) = self.fetch(lease).await?;
+        if counted.before.version.is_none() || counted.version.is_none() || floor.version != counted.version {
+            return Ok(false);
+        }
+        let restored = Floor {
+            term: counted.before.term,
+            creates: floor.creates,
+            raised_by: counted.before.raised_by.clone(),
+            raised_on: counted.before.raised_on.clone(),
+            version: None,
+        };
+        match self.write(lease, object, &restored).await {
+            Ok(object) => {
+                let mut written = restored;
+                written.version = object.metadata.resource_version.clone();
+                self.remember(lease, &written);
+                Ok(true)
+            }
+            Err(e) if e.is_conflict() => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Before a write of the Lease object `uid` of `lease` that starts
@@ -328,11 +379,13 @@ impl Floors {
         &self,
         lease: &str,
         mut change: impl FnMut(&Floor) -> Result<Option<Floor>, StoreError>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<Floor>, StoreError> {
         let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
             let (object, floor) = self.fetch(lease).await?;
-            let Some(new) = change(&floor)? else { return Ok(()) };
+            let Some(new) = change(&floor)? else {
+                return Ok(None);
+            };
             match self.write(lease, object, &new).await {
                 Ok(object) => {
                     let mut written = new;
@@ -341,7 +394,7 @@ impl Floors {
                         written.raised_on = Some(String::new());
                     }
                     self.remember(lease, &written);
-                    return Ok(());
+                    return Ok(Some(written));
                 }
                 Err(e) if e.is_conflict() => last = Some(e),
                 Err(e) => return Err(e),

@@ -7,6 +7,12 @@ use kube::api::{DynamicObject, PostParams};
 
 use crate::store::StoreError;
 
+/// Whether `err` is the API server's answer to a create of an object that
+/// exists (409 AlreadyExists): nothing was created.
+pub fn is_already_exists(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 409 && status.reason == "AlreadyExists")
+}
+
 /// Maps a client error to a store error.
 pub fn map_error(lease: &str, verb: &str, err: kube::Error) -> StoreError {
     let lease = lease.to_owned();

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use kube::api::{DynamicObject, ObjectMeta, TypeMeta};
 use serde_json::{Map, Value};
 
-use super::floor::Raised;
-use super::requests::{baton_wrote_transitions, map_error, post_params, slim};
+use super::floor::{Counted, Raised};
+use super::requests::{baton_wrote_transitions, is_already_exists, map_error, post_params, slim};
 use super::{Inner, KubeStore, to_versioned};
 use crate::store::{LeaseRecord, StoreError, Versioned};
 use crate::support::rounding::human;
@@ -32,12 +32,16 @@ impl KubeStore {
         inner.apply(lease, &mut obj, record)?;
         // Raised (and the create counted) before the Lease appears, so that
         // a reader that finds no Lease again knows it was created between.
-        inner.raise_floor(lease, None, record, own).await?;
-        let mut created = inner
-            .api
-            .create(&post_params(), &obj)
-            .await
-            .map_err(|e| map_error(lease, "create", e))?;
+        let counted = inner.count_create(lease, record, own).await?;
+        let mut created = match inner.api.create(&post_params(), &obj).await {
+            Ok(created) => created,
+            Err(e) => {
+                if is_already_exists(&e) {
+                    inner.undo_create(lease, counted);
+                }
+                return Err(map_error(lease, "create", e));
+            }
+        };
         slim(&mut created);
         let created = Arc::new(created);
         let v = inner.accept_written(lease, created.clone())?;
@@ -75,7 +79,7 @@ impl KubeStore {
         record: &LeaseRecord,
     ) -> Result<Versioned, StoreError> {
         let inner = &self.inner;
-        inner.raise_floor(lease, Some(&obj), record, false).await?;
+        inner.raise_floor(lease, &obj, record).await?;
         // The precondition: the API server refuses the update with 409 if
         // the object's resourceVersion is no longer this one.
         obj.metadata.resource_version = Some(version.to_owned());
@@ -112,19 +116,14 @@ impl Inner {
         }
     }
 
-    /// Before `record` is written over `current` (a Lease object) or, with
-    /// `current` `None`, created: raises the term floor if the record starts
-    /// a new term, or checks and counts the create.
+    /// Before `record` is written over `current` (a Lease object): raises
+    /// the term floor if the record starts a new term.
     async fn raise_floor(
         &self,
         lease: &str,
-        current: Option<&DynamicObject>,
+        current: &DynamicObject,
         record: &LeaseRecord,
-        own: bool,
     ) -> Result<(), StoreError> {
-        let Some(current) = current else {
-            return self.count_create(lease, record, own).await;
-        };
         let written = to_versioned(lease, current, self.fallback_duration())?
             .record
             .term;
@@ -158,7 +157,12 @@ impl Inner {
 
     /// Before the Lease is created: checks that the floor is unchanged
     /// since this store found the Lease missing, and counts the create.
-    async fn count_create(&self, lease: &str, record: &LeaseRecord, own: bool) -> Result<(), StoreError> {
+    async fn count_create(
+        &self,
+        lease: &str,
+        record: &LeaseRecord,
+        own: bool,
+    ) -> Result<Counted, StoreError> {
         let seen = self.recent().get(lease).and_then(|r| r.floor_version.clone());
         let base = match seen {
             Some(base) => base,
@@ -174,6 +178,29 @@ impl Inner {
                 record.instance.as_deref(),
             )
             .await
+    }
+
+    /// Another host created the Lease after this store counted its own
+    /// create: takes the count back in the background, bounded by the
+    /// request timeout (the caller gets its conflict at once).
+    fn undo_create(self: &Arc<Self>, lease: &str, counted: Counted) {
+        let inner = self.clone();
+        let lease = lease.to_owned();
+        tokio::spawn(async move {
+            let bound = inner.watch.request_timeout();
+            match tokio::time::timeout(bound, inner.floors.undo_create(&lease, &counted)).await {
+                Ok(Ok(true)) => {
+                    tracing::debug!(%lease, "another host created the Lease first: this host's count of its create taken back")
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(%lease, error = %e, "cannot take back the count of a create that did not happen")
+                }
+                Err(_) => {
+                    tracing::debug!(%lease, "taking back the count of a create that did not happen timed out")
+                }
+            }
+        });
     }
 
     /// A write of `term` over a Lease at `written` found the lease's
