@@ -163,7 +163,10 @@ fn a_create_that_lost_the_race_takes_its_count_back_and_no_term_is_skipped() {
             if floor.get("floor").map(String::as_str) == Some("1") {
                 break floor;
             }
-            assert!(start.elapsed() < SECS(5), "the count was not taken back: {floor:?}");
+            assert!(
+                start.elapsed() < SECS(5),
+                "the count was not taken back: {floor:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         assert_eq!(floor.get("creates").map(String::as_str), Some("2"), "{floor:?}");

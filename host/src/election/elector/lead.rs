@@ -204,7 +204,7 @@ impl Elector {
                         "the renewal was confirmed only after the renew deadline",
                     ));
                 }
-                l.next_renew = started + t.retry_period;
+                l.next_renew = on_grid(started + t.retry_period, t.retry_period);
                 l.term
                     .confirm_claims(written.record.plugins.as_deref().unwrap_or_default());
                 l.current = written.clone();
@@ -424,5 +424,46 @@ async fn resign_asked(intent: &mut watch::Receiver<Intent>, term: &Term, began: 
         if !keeps_leading(now, term.number(), began, Instant::now()) {
             return;
         }
+    }
+}
+
+/// `at`, moved back to the grid of sixteenths of `retry_period`: a host's
+/// renewals of leases of one retry period fall on at most sixteen moments
+/// of each period, so its thread wakes for them together (one wake-up per
+/// moment, not one per lease). At most a sixteenth early, so a renewal
+/// comes no later than it would have; after the first, every renewal is on
+/// the grid and a period apart.
+fn on_grid(at: Moment, retry_period: std::time::Duration) -> Moment {
+    let step = u64::try_from((retry_period / 16).as_nanos()).unwrap_or(u64::MAX);
+    if step == 0 {
+        return at;
+    }
+    let n = at.as_nanos();
+    Moment::from_nanos(n - n % step)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn renewals_fall_on_sixteenths_of_the_retry_period_never_later() {
+        let rp = Duration::from_secs(2);
+        let step = rp / 16;
+        let mut at = Moment::from_nanos(1_234_567_891);
+        for _ in 0..5 {
+            let next = on_grid(at + rp, rp);
+            assert!(next <= at + rp, "never later");
+            assert!((at + rp) - next < step, "at most a sixteenth early");
+            assert_eq!(next.as_nanos() % step.as_nanos() as u64, 0, "on the grid");
+            at = next;
+        }
+        // Once on the grid, a period apart.
+        assert_eq!(on_grid(at + rp, rp) - at, rp);
+        // A retry period too short to divide: unchanged.
+        let tiny = Duration::from_nanos(10);
+        assert_eq!(on_grid(at + tiny, tiny), at + tiny);
     }
 }
