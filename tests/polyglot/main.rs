@@ -8,7 +8,7 @@
 //! `stop term=N role=R` once the status changes) or `busy` (ignores the
 //! change in a compute loop). The assertions are those of the Rust probes
 //! in tests/e2e: a guest runs only while its host leads, sees the term its
-//! host leads in, returns within 20 ms of a cooperative change, and is
+//! host leads in, returns within 100 ms of a cooperative change, and is
 //! stopped by force after the grace when it ignores the change.
 //!
 //! A missing guest fails the test: scripts/test.sh always builds them.
@@ -31,8 +31,12 @@ use support::*;
 const STARTED: &str = "leader task started";
 const STOPPED: &str = "leader task stopped";
 const SECS: fn(u64) -> Duration = Duration::from_secs;
-/// How soon a cooperative guest must return after the change.
-const COOPERATIVE_MS: f64 = 20.0;
+/// How soon a cooperative guest must return after the change: well below
+/// its tick (once a second), so a guest that misses the change signal and
+/// notices at its next tick fails, with room for the suite's load on two
+/// cores (idle, the Python ticker returns in about 3 ms; a loaded warm
+/// suite saw 10 to 32 ms). The same bound as the Rust probes' in tests/e2e.
+const COOPERATIVE_MS: f64 = 100.0;
 
 /// The folder of the built polyglot guests.
 fn polyglot_dir() -> PathBuf {
@@ -70,7 +74,7 @@ fn leading(e: &Event) -> bool {
 }
 
 /// Two hosts, one cooperative guest: only the leader runs it, with its term;
-/// on SIGTERM it returns within 20 ms and the standby takes over in a newer
+/// on SIGTERM it returns within 100 ms and the standby takes over in a newer
 /// term, its guest running within 50 ms of winning the lease (the standby
 /// compiled the plugin before contending).
 fn cooperative(file: &str) -> f64 {
