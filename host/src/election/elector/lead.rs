@@ -61,7 +61,6 @@ impl Elector {
     async fn renew_heeding_intent(&mut self, l: &mut Lead) -> Result<(), Loss> {
         let mut intent = self.intent.clone();
         let (term, began, clock) = (l.term.clone(), l.began, self.clock.clone());
-        let lease = self.cfg.lease.clone();
         let renewal = self.renew(l);
         tokio::pin!(renewal);
         tokio::select! {
@@ -70,7 +69,11 @@ impl Elector {
             () = resign_asked(&mut intent, &term, began) => {}
         }
         term.end(clock.now());
-        tracing::debug!(%lease, term = term.number(), "told to resign while renewing: the term ends now, the release follows the renewal");
+        tracing::debug!(
+            lease = term.lease(),
+            term = term.number(),
+            "told to resign while renewing: the term ends now, the release follows the renewal"
+        );
         renewal.await
     }
 

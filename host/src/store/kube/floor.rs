@@ -262,27 +262,23 @@ impl Floors {
     /// conflict. Best effort: a floor left raised skips a term, which
     /// fencing tokens allow. A floor the count created is left alone.
     pub async fn undo_create(&self, lease: &str, counted: &Counted) -> Result<bool, StoreError> {
-        let (object, floor) = self.fetch(lease).await?;
-        if counted.before.version.is_none() || counted.version.is_none() || floor.version != counted.version {
+        if counted.before.version.is_none() || counted.version.is_none() {
             return Ok(false);
         }
-        let restored = Floor {
-            term: counted.before.term,
-            creates: floor.creates,
-            raised_by: counted.before.raised_by.clone(),
-            raised_on: counted.before.raised_on.clone(),
-            version: None,
-        };
-        match self.write(lease, object, &restored).await {
-            Ok(object) => {
-                let mut written = restored;
-                written.version = object.metadata.resource_version.clone();
-                self.remember(lease, &written);
-                Ok(true)
-            }
-            Err(e) if e.is_conflict() => Ok(false),
-            Err(e) => Err(e),
-        }
+        let undone = self
+            .raise(lease, |floor| {
+                // Anyone's write since: left as it is (read again after a
+                // conflict, which then finds the version changed).
+                Ok((floor.version == counted.version).then(|| Floor {
+                    term: counted.before.term,
+                    creates: floor.creates,
+                    raised_by: counted.before.raised_by.clone(),
+                    raised_on: counted.before.raised_on.clone(),
+                    version: None,
+                }))
+            })
+            .await?;
+        Ok(undone.is_some())
     }
 
     /// Before a write of the Lease object `uid` of `lease` that starts
