@@ -32,7 +32,7 @@
 //!    since: the tombstone then stands for that holder, as in rule 4.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::{LeaseRecord, RELEASED_LEASE_DURATION, StoreError, TOMBSTONE, Versioned};
 
@@ -66,8 +66,9 @@ pub struct DeletedRecords {
 
 #[derive(Debug, Default)]
 struct Memory {
-    /// The last record read or written, while it exists.
-    last: Option<Versioned>,
+    /// The last record read or written, while it exists (shared with
+    /// `written`: a renewal copies its record once).
+    last: Option<Arc<Versioned>>,
     /// The record was deleted while held: its last state, under a
     /// [`TOMBSTONE`] version.
     tombstone: Option<Versioned>,
@@ -79,7 +80,7 @@ struct Memory {
     writes: u64,
     /// The record of this store's last write (compared by content: a
     /// deletion event may carry it under a version of the deletion's own).
-    written: Option<LeaseRecord>,
+    written: Option<Arc<Versioned>>,
     /// The tombstone is of this store's own last write.
     tombstone_ours: bool,
     /// The record of an own tombstone that another host's term overtook
@@ -119,11 +120,12 @@ impl DeletedRecords {
     /// This store wrote `written`.
     pub fn wrote(&self, lease: &str, written: &Versioned) {
         self.with(lease, |m| {
+            let written = Arc::new(written.clone());
             m.last = Some(written.clone());
             m.tombstone = None;
             m.writes += 1;
-            m.written = Some(written.record.clone());
             m.highest = m.highest.max(written.record.term);
+            m.written = Some(written);
             m.disowned = None;
         });
     }
@@ -164,7 +166,7 @@ impl DeletedRecords {
     pub fn found_since(&self, lease: &str, ticket: ReadTicket, found: Found) -> Option<Versioned> {
         self.with(lease, |m| {
             if m.writes != ticket.0 {
-                m.last.clone().or_else(|| m.tombstone.clone())
+                m.last.as_deref().cloned().or_else(|| m.tombstone.clone())
             } else {
                 m.report(found)
             }
@@ -211,14 +213,14 @@ impl Memory {
         let (last, floor, creates) = match found {
             Found::Record(current) => {
                 self.highest = self.highest.max(current.record.term);
-                self.last = Some(current.clone());
+                self.last = Some(Arc::new(current.clone()));
                 self.tombstone = None;
                 self.disowned = None;
                 return Some(current);
             }
             Found::Missing { last, floor, creates } => (last, floor, creates),
         };
-        let last = last.or_else(|| self.last.take());
+        let last = last.or_else(|| self.last.take().map(Arc::unwrap_or_clone));
         self.last = None;
         if let Some(last) = &last {
             self.highest = self.highest.max(last.record.term);
@@ -236,7 +238,7 @@ impl Memory {
             {
                 self.renewals = 0;
                 self.creates = creates;
-                self.tombstone_ours = self.written.as_ref() == Some(&last.record);
+                self.tombstone_ours = self.written.as_ref().map(|w| &w.record) == Some(&last.record);
                 self.tombstone = last.record.holder().is_some().then(|| Versioned {
                     version: format!("{TOMBSTONE}{}", last.version),
                     record: last.record,

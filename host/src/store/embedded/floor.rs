@@ -38,9 +38,10 @@ pub(super) fn read_floor_file(files: &LeaseFiles) -> Result<LockState, StoreErro
             Err(e) => Err(io_error(&files.lease, "cannot read", path, e)),
         }
     };
-    let (path, text) = match read(&files.floor)? {
-        Some(text) => (&files.floor, text),
-        None => (&files.lock, read(&files.lock)?.unwrap_or_default()),
+    let (floor, lock) = (files.floor(), files.lock());
+    let (path, text) = match read(&floor)? {
+        Some(text) => (&floor, text),
+        None => (&lock, read(&lock)?.unwrap_or_default()),
     };
     parse_lock_state(files, path, &text)
 }
@@ -95,20 +96,21 @@ pub(super) fn parse_lock_state(files: &LeaseFiles, path: &Path, text: &str) -> R
 /// the lock): written whole and renamed into place.
 pub(super) fn write_lock_state(files: &LeaseFiles, state: LockState) -> Result<(), StoreError> {
     let text = format!("{} {}\n", state.floor, state.creates);
-    replace_file(files, &files.floor_temp, &files.floor, text.as_bytes())
+    replace_file(files, &files.floor_temp(), &files.floor(), text.as_bytes())
 }
 
 /// The term marks of a lease, lowest first. Names that are not numbers
 /// are not marks (an editor's backup file, say) and are left alone.
 pub(super) fn term_marks(files: &LeaseFiles) -> Result<Vec<u64>, StoreError> {
-    let entries = match fs::read_dir(&files.terms) {
+    let terms = files.terms();
+    let entries = match fs::read_dir(&terms) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_error(&files.lease, "cannot list", &files.terms, e)),
+        Err(e) => return Err(io_error(&files.lease, "cannot list", &terms, e)),
     };
     let mut marks = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| io_error(&files.lease, "cannot list", &files.terms, e))?;
+        let entry = entry.map_err(|e| io_error(&files.lease, "cannot list", &terms, e))?;
         if let Some(term) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
             marks.push(term);
         }
@@ -122,22 +124,23 @@ pub(super) fn term_marks(files: &LeaseFiles) -> Result<Vec<u64>, StoreError> {
 /// lower what the other wrote. Keeps the highest few marks.
 pub(super) fn raise_floor(files: &LeaseFiles, term: u64) -> Result<(), StoreError> {
     let cannot = |what: &str, path: &Path, e: io::Error| io_error(&files.lease, what, path, e);
-    let fresh = match fs::create_dir(&files.terms) {
+    let terms = files.terms();
+    let fresh = match fs::create_dir(&terms) {
         Ok(()) => true,
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
-        Err(e) => return Err(cannot("cannot create", &files.terms, e)),
+        Err(e) => return Err(cannot("cannot create", &terms, e)),
     };
-    let mark = files.terms.join(term.to_string());
+    let mark = terms.join(term.to_string());
     File::create(&mark).map_err(|e| cannot("cannot create", &mark, e))?;
-    File::open(&files.terms)
+    File::open(&terms)
         .and_then(|dir| dir.sync_all())
-        .map_err(|e| cannot("cannot sync", &files.terms, e))?;
+        .map_err(|e| cannot("cannot sync", &terms, e))?;
     if fresh {
         sync_dir(files)?;
     }
     let marks = term_marks(files)?;
     for old in marks.iter().rev().skip(KEPT_TERM_MARKS) {
-        let _ = fs::remove_file(files.terms.join(old.to_string()));
+        let _ = fs::remove_file(files.terms().join(old.to_string()));
     }
     Ok(())
 }
@@ -177,7 +180,7 @@ pub(super) fn take_lock(
                 pause = (pause * 2).min(Duration::from_millis(10));
             }
             Err(std::fs::TryLockError::Error(e)) => {
-                return Err(io_error(&files.lease, "cannot lock", &files.lock, e));
+                return Err(io_error(&files.lease, "cannot lock", &files.lock(), e));
             }
         }
     }

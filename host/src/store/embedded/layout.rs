@@ -59,6 +59,14 @@ impl StoredRecord {
         format!("{}-{}", self.incarnation, self.counter)
     }
 
+    /// Whether [`StoredRecord::version`] is `version` (without making it).
+    pub(super) fn is_version(&self, version: &str) -> bool {
+        version
+            .strip_prefix(self.incarnation.as_str())
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|counter| counter.parse() == Ok(self.counter) && !counter.starts_with(['0', '+']))
+    }
+
     pub(super) fn into_versioned(self) -> Versioned {
         Versioned {
             version: self.version(),
@@ -98,24 +106,58 @@ pub(super) fn version_counter(name: &[u8]) -> Option<u64> {
     Some(counter)
 }
 
-/// The files of one (validated) lease.
+/// The files of one (validated) lease. Only the two paths every request
+/// uses are kept; the others are made when needed (a renewal uses none).
 #[derive(Clone, Debug)]
 pub(super) struct LeaseFiles {
     pub(super) lease: String,
     /// The store's directory.
-    pub(super) dir: PathBuf,
+    pub(super) dir: Arc<PathBuf>,
     /// The lease's directory, holding its versions.
     pub(super) versions: PathBuf,
-    /// The term marks.
-    pub(super) terms: PathBuf,
-    pub(super) lock: PathBuf,
-    pub(super) floor: PathBuf,
-    pub(super) floor_temp: PathBuf,
-    /// The record of an older baton.
-    pub(super) legacy: PathBuf,
 }
 
 impl LeaseFiles {
+    pub(super) fn new(dir: Arc<PathBuf>, lease: &str) -> LeaseFiles {
+        let mut versions =
+            PathBuf::with_capacity(dir.as_os_str().len() + lease.len() + LEASE_SUFFIX.len() + 1);
+        versions.push(&*dir);
+        versions.push(lease);
+        versions.as_mut_os_string().push(LEASE_SUFFIX);
+        LeaseFiles {
+            lease: lease.to_owned(),
+            dir,
+            versions,
+        }
+    }
+
+    /// `.<lease><suffix>` in the store's directory.
+    fn dotted(&self, suffix: &str) -> PathBuf {
+        self.dir.join(format!(".{}{suffix}", self.lease))
+    }
+
+    /// The term marks.
+    pub(super) fn terms(&self) -> PathBuf {
+        self.dotted(".terms")
+    }
+
+    pub(super) fn lock(&self) -> PathBuf {
+        self.dotted(".lock")
+    }
+
+    pub(super) fn floor(&self) -> PathBuf {
+        self.dotted(".floor")
+    }
+
+    pub(super) fn floor_temp(&self) -> PathBuf {
+        self.dotted(".floor.tmp")
+    }
+
+    /// The record of an older baton.
+    pub(super) fn legacy(&self) -> PathBuf {
+        self.dir.join(format!("{}{LEGACY_SUFFIX}", self.lease))
+    }
+
     /// The path of a version file, for messages.
     pub(super) fn version_path(&self, counter: u64) -> PathBuf {
         self.versions.join(version_name(counter))

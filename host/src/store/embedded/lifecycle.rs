@@ -69,7 +69,7 @@ pub(super) fn install_lease_dir(files: &LeaseFiles, stored: &StoredRecord) -> Re
 /// Removes what a create or delete killed half-way left in the store's
 /// directory (the caller holds the lock).
 pub(super) fn remove_leftovers(files: &LeaseFiles) {
-    let Ok(entries) = fs::read_dir(&files.dir) else {
+    let Ok(entries) = fs::read_dir(files.dir.as_path()) else {
         return;
     };
     let new = format!(".{}.new-", files.lease);
@@ -102,17 +102,18 @@ pub(super) fn remove_lease_dir(files: &LeaseFiles) -> Result<bool, StoreError> {
 /// Moves the record of an older baton, `<lease>.lease.json`, into a lease
 /// directory under the same version (the caller holds the lock).
 pub(super) fn move_legacy_record(files: &LeaseFiles) -> Result<(), StoreError> {
-    let bytes = match fs::read(&files.legacy) {
+    let bytes = match fs::read(files.legacy()) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_error(&files.lease, "cannot read", &files.legacy, e)),
+        Err(e) => return Err(io_error(&files.lease, "cannot read", &files.legacy(), e)),
     };
     // Moved already, by a process that died before removing the old file.
     if open_lease_dir(files)?.is_none() {
-        let stored = parse_record(files, &files.legacy, &bytes, None)?;
+        let stored = parse_record(files, &files.legacy(), &bytes, None)?;
         install_lease_dir(files, &stored)?;
     }
-    fs::remove_file(&files.legacy).map_err(|e| io_error(&files.lease, "cannot remove", &files.legacy, e))?;
+    fs::remove_file(files.legacy())
+        .map_err(|e| io_error(&files.lease, "cannot remove", &files.legacy(), e))?;
     let _ = fs::remove_file(files.dir.join(format!(".{}.tmp", files.lease)));
     sync_dir(files)
 }
@@ -158,7 +159,7 @@ pub(super) fn replace_file(
 
 /// Makes a rename or removal in the store's directory durable.
 pub(super) fn sync_dir(files: &LeaseFiles) -> Result<(), StoreError> {
-    File::open(&files.dir)
+    File::open(files.dir.as_path())
         .and_then(|dir| dir.sync_all())
         .map_err(|e| io_error(&files.lease, "cannot sync", &files.dir, e))
 }

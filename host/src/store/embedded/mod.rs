@@ -141,30 +141,21 @@ impl EmbeddedStore {
             lease: lease.into(),
             detail: e.to_string(),
         })?;
-        Ok(LeaseFiles {
-            lease: lease.into(),
-            dir: self.dir.to_path_buf(),
-            versions: self.dir.join(format!("{lease}{LEASE_SUFFIX}")),
-            terms: self.dir.join(format!(".{lease}.terms")),
-            lock: self.dir.join(format!(".{lease}.lock")),
-            floor: self.dir.join(format!(".{lease}.floor")),
-            floor_temp: self.dir.join(format!(".{lease}.floor.tmp")),
-            legacy: self.dir.join(format!("{lease}{LEGACY_SUFFIX}")),
-        })
+        Ok(LeaseFiles::new(self.dir.clone(), lease))
     }
 
     /// Moves every record of an older baton into its lease's directory.
     fn move_legacy_records(&self) -> Result<(), StoreError> {
-        for files in self.leases_named(LEGACY_SUFFIX)? {
+        for files in self.leases_named("", LEGACY_SUFFIX)? {
             with_lock(&files, &|| None, move_legacy_record)?;
         }
         Ok(())
     }
 
     /// The files of every lease with an entry named `<lease><suffix>` in
-    /// the directory; names that no store of ours would have written are
-    /// left out.
-    fn leases_named(&self, suffix: &str) -> Result<Vec<LeaseFiles>, StoreError> {
+    /// the directory whose name starts with `prefix`; names that no store of
+    /// ours would have written are left out.
+    fn leases_named(&self, prefix: &str, suffix: &str) -> Result<Vec<LeaseFiles>, StoreError> {
         let cannot = |e| io_error(ANY_LEASE, "cannot list", self.dir(), e);
         let mut leases = Vec::new();
         for entry in fs::read_dir(self.dir()).map_err(cannot)? {
@@ -172,6 +163,7 @@ impl EmbeddedStore {
             if let Some(files) = name
                 .to_str()
                 .and_then(|n| n.strip_suffix(suffix))
+                .filter(|lease| lease.starts_with(prefix))
                 .and_then(|lease| self.files(lease).ok())
             {
                 leases.push(files);
@@ -280,7 +272,7 @@ impl LeaseStore for EmbeddedStore {
         let store = self.clone();
         blocking(ANY_LEASE, move || {
             let (mut leases, mut unreadable) = (Vec::new(), Vec::new());
-            for files in store.leases_named(LEASE_SUFFIX)? {
+            for files in store.leases_named("", LEASE_SUFFIX)? {
                 match read_current(&files) {
                     // `None`: deleted since the directory was read.
                     Ok(None) => {}
@@ -301,8 +293,7 @@ impl LeaseStore for EmbeddedStore {
         let prefix = prefix.to_owned();
         blocking(ANY_LEASE, move || {
             let mut leases = Vec::new();
-            let named = store.leases_named(LEASE_SUFFIX)?;
-            for files in named.into_iter().filter(|f| f.lease.starts_with(&prefix)) {
+            for files in store.leases_named(&prefix, LEASE_SUFFIX)? {
                 // `None`: deleted since the directory was read.
                 if let Some((_, stored, _)) = read_current(&files)? {
                     leases.push((files.lease, stored.into_versioned()));
@@ -455,8 +446,8 @@ fn with_lock<T>(
         .write(true)
         .create(true)
         .truncate(false)
-        .open(&files.lock)
-        .map_err(|e| io_error(&files.lease, "cannot open lock file", &files.lock, e))?;
+        .open(files.lock())
+        .map_err(|e| io_error(&files.lease, "cannot open lock file", &files.lock(), e))?;
     take_lock(files, &lock, false, give_up)?;
     let result = work(files);
     // Closing the file would release the lock too; be explicit.

@@ -16,10 +16,10 @@ pub(super) fn observe(files: &LeaseFiles) -> Result<Found, StoreError> {
     if let Some((_, stored, _)) = read_current(files)? {
         return Ok(Found::Record(stored.into_versioned()));
     }
-    let lock = match File::open(&files.lock) {
+    let lock = match File::open(files.lock()) {
         Ok(lock) => lock,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(missing(read_lock_state(files)?)),
-        Err(e) => return Err(io_error(&files.lease, "cannot open lock file", &files.lock, e)),
+        Err(e) => return Err(io_error(&files.lease, "cannot open lock file", &files.lock(), e)),
     };
     // Give up after a while, as a timeout would.
     let deadline = Instant::now() + SHARED_LOCK_WAIT;
@@ -27,7 +27,7 @@ pub(super) fn observe(files: &LeaseFiles) -> Result<Found, StoreError> {
         (Instant::now() >= deadline).then(|| {
             format!(
                 "{} stayed locked by a create or delete for {}",
-                files.lock.display(),
+                files.lock().display(),
                 human(SHARED_LOCK_WAIT)
             )
         })

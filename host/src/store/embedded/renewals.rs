@@ -106,23 +106,22 @@ impl LastWrites {
     }
 }
 
-/// A renewal over the version this store wrote last, without reading the
-/// record or the floor first (see [Renewals](self#renewals)); `None` if it
-/// is not one, or the lease's directory is not the one that version was
-/// written in: the caller then reads and writes as for any update.
-pub(super) fn renew_unread(
+/// The version this store wrote last of the lease, with the lease's
+/// directory, if `record` renews it (see [Renewals](self#renewals)) and the
+/// directory is the one it was written in; `None` if not: the caller then
+/// reads and writes as for any update.
+pub(super) fn own_last_write(
     files: &LeaseFiles,
     version: &str,
     record: &LeaseRecord,
-    abandoned: &AtomicBool,
     writer: &Writer,
-) -> Result<Option<Versioned>, StoreError> {
+) -> Result<Option<(LastWrite, OwnedFd)>, StoreError> {
     // Taken out: kept again only by a write that lands.
     let Some(last) = writer.last_writes.take(&files.lease) else {
         return Ok(None);
     };
     let held = &last.stored.record;
-    if last.stored.version() != version
+    if !last.stored.is_version(version)
         || record.term != held.term
         || record.holder != held.holder
         || record.instance != held.instance
@@ -137,13 +136,25 @@ pub(super) fn renew_unread(
     {
         return Ok(None);
     }
+    Ok(Some((last, dir)))
+}
+
+/// Writes `record` over `last`, this store's last write, in the lease's
+/// directory `dir`, without reading first (see [`own_last_write`]).
+pub(super) fn renew_unread(
+    files: &LeaseFiles,
+    (last, dir): (LastWrite, OwnedFd),
+    record: LeaseRecord,
+    abandoned: &AtomicBool,
+    writer: &Writer,
+) -> Result<Versioned, StoreError> {
     let stored = StoredRecord {
         incarnation: last.stored.incarnation.clone(),
         counter: last.stored.counter + 1,
         write: random_id(),
         replaced: last.stored.write.clone(),
         durable: last.stored.durable,
-        record: record.clone(),
+        record,
     };
     if abandoned.load(Ordering::SeqCst) {
         return Err(abandoned_error(files));
@@ -175,5 +186,5 @@ pub(super) fn renew_unread(
     }
     #[cfg(test)]
     writer.last_writes.renewed_unread.fetch_add(1, Ordering::Relaxed);
-    Ok(Some(stored.into_versioned()))
+    Ok(stored.into_versioned())
 }

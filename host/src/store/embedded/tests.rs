@@ -516,7 +516,7 @@ fn raise_the_floor_forever(dir: &Path) -> ! {
         .write(true)
         .create(true)
         .truncate(false)
-        .open(&files.lock)
+        .open(files.lock())
         .unwrap();
     loop {
         take_lock(&files, &lock, false, &|| None).unwrap();
@@ -1803,4 +1803,54 @@ async fn a_renewal_reads_first_over_a_version_changed_in_place() {
     assert_eq!(renewed_unread(&a), unread, "it did not count as renewed");
     assert!(!files.version_path(3).exists(), "nothing was written");
     assert_eq!(fs::read(files.version_path(2)).unwrap(), b"garbage\n");
+}
+
+#[tokio::test]
+async fn a_taken_file_a_little_longer_is_padded_a_much_longer_one_cut() {
+    let (_dir, store) = store();
+    let sized = |n: usize| LeaseRecord {
+        instance: Some("i".repeat(n)),
+        ..record(Some("a"), 1)
+    };
+    let mut v = store.create("demo", &sized(600)).await.unwrap();
+    // Sizes in a cycle of three, so the file of the version 17 below (the
+    // one taken) held the record of the next size: 10 over 590 (cut), 590
+    // over 600 (padded), 600 over 10.
+    let (mut padded, mut cut) = (0, 0);
+    for i in 0..KEPT_VERSIONS as usize * 3 {
+        let n = [10, 590, 600][i % 3];
+        v = store.update("demo", &v.version, &sized(n)).await.unwrap();
+        let text = fs::read_to_string(newest_version(store.dir(), "demo")).unwrap();
+        let json = text.trim_end();
+        assert!(text.ends_with('\n'), "{text:?}");
+        let slack = text.len() - json.len() - 1;
+        assert!(slack <= 256, "{slack} bytes of padding");
+        match (n, slack) {
+            (590, s) if s > 0 => padded += 1,
+            (10, 0) => cut += 1,
+            _ => {}
+        }
+        assert_eq!(store.get("demo").await.unwrap(), Some(v.clone()));
+        let other = EmbeddedStore::open(store.dir()).unwrap();
+        assert_eq!(other.get("demo").await.unwrap(), Some(v.clone()));
+    }
+    assert!(padded > 5 && cut > 5, "padded {padded}, cut {cut}");
+}
+
+#[test]
+fn is_version_says_what_version_would() {
+    let stored = StoredRecord {
+        incarnation: "ab12".into(),
+        counter: 42,
+        write: String::new(),
+        replaced: String::new(),
+        durable: 0,
+        record: record(Some("a"), 1),
+    };
+    assert_eq!(stored.version(), "ab12-42");
+    for v in [
+        "ab12-42", "ab12-042", "ab12-+42", "ab12-4", "ab12-420", "ab1-42", "ab12--42", "ab1242", "",
+    ] {
+        assert_eq!(stored.is_version(v), stored.version() == v, "{v}");
+    }
 }

@@ -357,8 +357,8 @@ impl DirWatcher {
         }
         let inotify = running.as_ref().expect("started above").inotify.clone();
         let mut routes = self.routes();
-        routes.dir = files.dir.clone();
-        let store_wd = match inotify::add_watch(&*inotify, &files.dir, STORE_DIR) {
+        routes.dir = files.dir.to_path_buf();
+        let store_wd = match inotify::add_watch(&*inotify, files.dir.as_path(), STORE_DIR) {
             Ok(wd) => {
                 if !routes.store_wds.contains(&wd) {
                     routes.store_wds.push(wd);
