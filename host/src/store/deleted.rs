@@ -119,8 +119,9 @@ impl DeletedRecords {
 
     /// This store wrote `written`.
     pub fn wrote(&self, lease: &str, written: &Versioned) {
+        // Copied outside the lock.
+        let written = Arc::new(written.clone());
         self.with(lease, |m| {
-            let written = Arc::new(written.clone());
             m.last = Some(written.clone());
             m.tombstone = None;
             m.writes += 1;

@@ -140,7 +140,7 @@ pub(super) fn raise_floor(files: &LeaseFiles, term: u64) -> Result<(), StoreErro
     }
     let marks = term_marks(files)?;
     for old in marks.iter().rev().skip(KEPT_TERM_MARKS) {
-        let _ = fs::remove_file(files.terms().join(old.to_string()));
+        let _ = fs::remove_file(terms.join(old.to_string()));
     }
     Ok(())
 }

@@ -102,18 +102,18 @@ pub(super) fn remove_lease_dir(files: &LeaseFiles) -> Result<bool, StoreError> {
 /// Moves the record of an older baton, `<lease>.lease.json`, into a lease
 /// directory under the same version (the caller holds the lock).
 pub(super) fn move_legacy_record(files: &LeaseFiles) -> Result<(), StoreError> {
-    let bytes = match fs::read(files.legacy()) {
+    let legacy = files.legacy();
+    let bytes = match fs::read(&legacy) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_error(&files.lease, "cannot read", &files.legacy(), e)),
+        Err(e) => return Err(io_error(&files.lease, "cannot read", &legacy, e)),
     };
     // Moved already, by a process that died before removing the old file.
     if open_lease_dir(files)?.is_none() {
-        let stored = parse_record(files, &files.legacy(), &bytes, None)?;
+        let stored = parse_record(files, &legacy, &bytes, None)?;
         install_lease_dir(files, &stored)?;
     }
-    fs::remove_file(files.legacy())
-        .map_err(|e| io_error(&files.lease, "cannot remove", &files.legacy(), e))?;
+    fs::remove_file(&legacy).map_err(|e| io_error(&files.lease, "cannot remove", &legacy, e))?;
     let _ = fs::remove_file(files.dir.join(format!(".{}.tmp", files.lease)));
     sync_dir(files)
 }

@@ -441,13 +441,14 @@ fn with_lock<T>(
     give_up: &dyn Fn() -> Option<String>,
     work: impl FnOnce(&LeaseFiles) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
+    let path = files.lock();
     let lock = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(files.lock())
-        .map_err(|e| io_error(&files.lease, "cannot open lock file", &files.lock(), e))?;
+        .open(&path)
+        .map_err(|e| io_error(&files.lease, "cannot open lock file", &path, e))?;
     take_lock(files, &lock, false, give_up)?;
     let result = work(files);
     // Closing the file would release the lock too; be explicit.
