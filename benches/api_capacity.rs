@@ -257,7 +257,7 @@ fn step(leases: usize, rp: Duration, window: Duration, role: &Role) -> Step {
     let secs = t0.elapsed().as_secs_f64();
     let taken_after: usize = hosts.iter().map(leads_taken).sum();
 
-    let requests = |text: &str| env::lease_requests_in(text);
+    let requests = |text: &str| env::requests_in(text, "leases");
     let counts = env::delta(&requests(&server_before), &requests(&server_after));
     let put_latency = minus(
         &buckets(&server_after, "apiserver_request_duration_seconds", &put),

@@ -328,13 +328,20 @@ impl Drop for TestNamespace {
 
 /// `apiserver_request_total` for `resource="leases"`, summed per verb.
 pub async fn lease_requests(admin: &Client) -> BTreeMap<String, f64> {
-    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    lease_requests_in(&admin.request_text(req).await.unwrap())
+    requests_to(admin, "leases").await
 }
 
-/// `apiserver_request_total` for `resource="leases"` in the API server's
-/// metrics `text`, summed per verb.
-pub fn lease_requests_in(text: &str) -> BTreeMap<String, f64> {
+/// `apiserver_request_total` for `resource` (`leases`, `configmaps`),
+/// summed per verb.
+pub async fn requests_to(admin: &Client, resource: &str) -> BTreeMap<String, f64> {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    requests_in(&admin.request_text(req).await.unwrap(), resource)
+}
+
+/// `apiserver_request_total` for `resource` in the API server's metrics
+/// `text`, summed per verb.
+pub fn requests_in(text: &str, resource: &str) -> BTreeMap<String, f64> {
+    let wanted = format!("resource=\"{resource}\"");
     let mut counts = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
@@ -343,7 +350,7 @@ pub fn lease_requests_in(text: &str) -> BTreeMap<String, f64> {
         let Some((labels, value)) = rest.split_once("} ") else {
             continue;
         };
-        if !labels.contains("resource=\"leases\"") {
+        if !labels.contains(&wanted) {
             continue;
         }
         let verb = labels

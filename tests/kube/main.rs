@@ -79,7 +79,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 
-use env::{KubeEnv, OwnServer, TestNamespace, compact_etcd, delta, lease_requests};
+use env::{KubeEnv, OwnServer, TestNamespace, compact_etcd, delta, lease_requests, requests_to};
 use fixture::*;
 use support::*;
 

@@ -352,3 +352,90 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
     assert!(took < (RP * 2).as_millis() as f64, "{took:.0} ms");
     assert_eq!(started.guest_term(), Some(6));
 }
+
+#[test]
+fn store_a_standby_reads_the_floor_ahead_and_starts_its_term_without_reading_it() {
+    // A store that follows a lease reads its floor in the background, so
+    // that its term start writes the floor, or finds it covers the term,
+    // without a read of the ConfigMap first.
+    let t = KubeTest::new("ahead");
+    t.rt.block_on(async {
+        let held = |holder: &str, term| LeaseRecord {
+            instance: Some(format!("{holder}-instance")),
+            ..record(Some(holder), term)
+        };
+        let (a, b) = (t.store(&[]), t.store(&[]));
+        let v1 = a.create("demo", &held("a", 1)).await.unwrap();
+        let mut wa = a.watch("demo").await.unwrap();
+        let mut wb = b.watch("demo").await.unwrap();
+        assert_eq!(next_within(&mut wb, 5).await.unwrap().record.holder(), Some("a"));
+        // The read ahead is paced and in the background.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let released = a.update("demo", &v1.version, &record(None, 1)).await.unwrap();
+        let seen = until_version(&mut wb, &released.version).await;
+
+        // Term 2 over the term-1 Lease: the floor must be raised (a create
+        // counts, it reserves nothing), with one write and no read.
+        let before = requests_to(&t.admin, "configmaps").await;
+        let v2 = b.update("demo", &seen.version, &held("b", 2)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let raised = delta(&before, &requests_to(&t.admin, "configmaps").await);
+        println!("configmap requests of term 2's start: {raised:?}");
+        assert_eq!(raised, std::collections::BTreeMap::from([("PUT".to_owned(), 1)]));
+        let floor = floor_of(&t.admin, &t.ns.name, "demo").await.unwrap();
+        assert_eq!(floor.get("floor"), Some(&(1 + RESERVED_TERMS).to_string()));
+
+        // The other store saw term 2 above the floor it knew and read it
+        // again: term 3 is covered, and starts with no floor request.
+        let released = b.update("demo", &v2.version, &record(None, 2)).await.unwrap();
+        let seen = until_version(&mut wa, &released.version).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = requests_to(&t.admin, "configmaps").await;
+        let v3 = a.update("demo", &seen.version, &held("a", 3)).await.unwrap();
+        assert_eq!(v3.record.term, 3);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let covered = delta(&before, &requests_to(&t.admin, "configmaps").await);
+        println!("configmap requests of term 3's start: {covered:?}");
+        assert!(covered.is_empty(), "{covered:?}");
+
+        // A floor read ahead and changed since (here by hand): the write
+        // based on it is refused (409), and the term start reads the floor
+        // and writes again.
+        let v1 = a.create("other", &held("a", 1)).await.unwrap();
+        let mut wb = b.watch("other").await.unwrap();
+        assert_eq!(next_within(&mut wb, 5).await.unwrap().record.holder(), Some("a"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let floors: kube::Api<ConfigMap> = kube::Api::namespaced(t.admin.clone(), &t.ns.name);
+        let mut cm = floors.get("baton-terms.other").await.unwrap();
+        cm.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("edited".into(), "by hand".into());
+        floors
+            .replace("baton-terms.other", &PostParams::default(), &cm)
+            .await
+            .unwrap();
+        let released = a.update("other", &v1.version, &record(None, 1)).await.unwrap();
+        let seen = until_version(&mut wb, &released.version).await;
+        let before = requests_to(&t.admin, "configmaps").await;
+        let v2 = b.update("other", &seen.version, &held("b", 2)).await.unwrap();
+        assert_eq!(v2.record.term, 2);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stale = delta(&before, &requests_to(&t.admin, "configmaps").await);
+        println!("configmap requests of a term start on a stale floor: {stale:?}");
+        let expected = [("GET", 1), ("PUT", 2)].map(|(verb, n)| (verb.to_owned(), n));
+        assert_eq!(stale, std::collections::BTreeMap::from(expected));
+        let floor = floor_of(&t.admin, &t.ns.name, "other").await.unwrap();
+        assert_eq!(floor.get("floor"), Some(&(1 + RESERVED_TERMS).to_string()));
+    });
+}
+
+/// The watch's observations until the one at `version`.
+async fn until_version(watch: &mut LeaseWatch, version: &str) -> Versioned {
+    loop {
+        let v = next_within(watch, 5).await.expect("an observation");
+        if v.version == version {
+            return v;
+        }
+    }
+}

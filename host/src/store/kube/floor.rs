@@ -18,17 +18,24 @@
 //!   [`deleted`](super::super::deleted)); the holder remakes a deleted
 //!   floor within about a lease duration ([`Floors::ensure`]);
 //! - a floor garbled by hand is refused, never reset: the error names the
-//!   ConfigMap and the fix.
+//!   ConfigMap and the fix;
+//! - a write is first tried against the floor this store last read or
+//!   wrote, when that floor asks for one (its resourceVersion makes a stale
+//!   one a conflict); every other decision is made on a fresh read. A
+//!   followed lease's floor is read ahead of its next term ([`ahead`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta};
 
 use super::ROLE_LABEL;
-use super::requests::{map_error, post_params};
+use super::requests::{map_error, post_params, rv_number};
 use crate::store::StoreError;
+
+mod ahead;
 
 /// The prefix of every floor ConfigMap's name.
 pub const FLOOR_PREFIX: &str = "baton-terms.";
@@ -122,7 +129,18 @@ pub struct Counted {
 pub struct Floors {
     api: Api<ConfigMap>,
     namespace: String,
-    seen: Arc<Mutex<HashMap<String, Floor>>>,
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+    ahead: Arc<ahead::Ahead>,
+}
+
+/// A floor as this store last read or wrote it, with its ConfigMap (`None`:
+/// there was none), the base of the next write.
+#[derive(Clone)]
+struct Seen {
+    floor: Floor,
+    object: Option<ConfigMap>,
+    /// When the read was answered or the write made.
+    at: Instant,
 }
 
 impl Floors {
@@ -132,13 +150,51 @@ impl Floors {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
             seen: Arc::default(),
+            ahead: Arc::default(),
         }
     }
 
-    fn remember(&self, lease: &str, floor: &Floor) {
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         // Every change is one assignment: a poisoned lock is used as is.
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.insert(lease.to_owned(), floor.clone());
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `floor` (in `object`) as `lease`'s, unless the one kept is a
+    /// later version of the ConfigMap (a read answered before a write of
+    /// this store's, say).
+    fn remember(&self, lease: &str, floor: &Floor, object: Option<&ConfigMap>) {
+        let number = |floor: &Floor| floor.version.as_deref().and_then(rv_number);
+        let mut seen = self.seen();
+        if let Some(kept) = seen.get(lease)
+            && let (Some(kept), Some(new)) = (number(&kept.floor), number(floor))
+            && kept > new
+        {
+            return;
+        }
+        let object = object.map(|object| {
+            let mut object = object.clone();
+            // Never sent back: the API server keeps its own.
+            object.metadata.managed_fields = None;
+            object
+        });
+        let at = Instant::now();
+        let floor = floor.clone();
+        seen.insert(lease.to_owned(), Seen { floor, object, at });
+    }
+
+    /// Whether this store read or wrote `lease`'s floor ConfigMap, holding
+    /// at least `term`, less than `within` ago.
+    pub fn seen_holding(&self, lease: &str, term: u64, within: Duration) -> bool {
+        self.seen().get(lease).is_some_and(|kept| {
+            kept.floor.version.is_some() && kept.floor.term >= term && kept.at.elapsed() < within
+        })
+    }
+
+    /// The floor and ConfigMap this store last read or wrote for `lease`.
+    fn last_seen(&self, lease: &str) -> Option<(Option<ConfigMap>, Floor)> {
+        let seen = self.seen();
+        let kept = seen.get(lease)?;
+        Some((kept.object.clone(), kept.floor.clone()))
     }
 
     /// Where `lease`'s floor is kept, for messages.
@@ -161,7 +217,7 @@ impl Floors {
             Some(object) => self.parse(lease, object)?,
             None => Floor::default(),
         };
-        self.remember(lease, &floor);
+        self.remember(lease, &floor, object.as_ref());
         Ok((object, floor))
     }
 
@@ -307,12 +363,7 @@ impl Floors {
         let covers = |floor: &Floor| {
             continuous && floor.term >= term && uid.is_some() && floor.raised_on.as_deref() == uid
         };
-        let known = self
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(lease)
-            .cloned();
+        let known = self.seen().get(lease).map(|kept| kept.floor.clone());
         if known.as_ref().is_some_and(covers) {
             return Ok(Raised::Done);
         }
@@ -368,14 +419,25 @@ impl Floors {
         Ok(raised)
     }
 
-    /// Reads the floor, asks `change` for the new one (`None`: leave it),
-    /// and writes that with the read's resourceVersion; again on a lost
-    /// race.
+    /// Asks `change` for the new floor (`None`: leave it) and writes that
+    /// with the resourceVersion it was based on; again on a lost race. The
+    /// first try is based on the floor this store last read or wrote, if
+    /// `change` writes over it (a stale one is a conflict); every other
+    /// answer of `change` is based on a fresh read.
     async fn raise(
         &self,
         lease: &str,
         mut change: impl FnMut(&Floor) -> Result<Option<Floor>, StoreError>,
     ) -> Result<Option<Floor>, StoreError> {
+        if let Some((object, floor)) = self.last_seen(lease)
+            && let Ok(Some(new)) = change(&floor)
+        {
+            match self.write(lease, object, &new).await {
+                Ok(object) => return Ok(Some(self.wrote(lease, new, &object))),
+                Err(e) if e.is_conflict() => {}
+                Err(e) => return Err(e),
+            }
+        }
         let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
             let (object, floor) = self.fetch(lease).await?;
@@ -383,15 +445,7 @@ impl Floors {
                 return Ok(None);
             };
             match self.write(lease, object, &new).await {
-                Ok(object) => {
-                    let mut written = new;
-                    written.version = object.metadata.resource_version.clone();
-                    if written.raised_on.is_none() {
-                        written.raised_on = Some(String::new());
-                    }
-                    self.remember(lease, &written);
-                    return Ok(Some(written));
-                }
+                Ok(object) => return Ok(Some(self.wrote(lease, new, &object))),
                 Err(e) if e.is_conflict() => last = Some(e),
                 Err(e) => return Err(e),
             }
@@ -404,6 +458,16 @@ impl Floors {
                 last.map_or_else(String::new, |e| e.to_string())
             ),
         })
+    }
+
+    /// `new` was written as `object`: remembered, and returned as written.
+    fn wrote(&self, lease: &str, mut new: Floor, object: &ConfigMap) -> Floor {
+        new.version = object.metadata.resource_version.clone();
+        if new.raised_on.is_none() {
+            new.raised_on = Some(String::new());
+        }
+        self.remember(lease, &new, Some(object));
+        new
     }
 
     /// Writes `new` over `object`, the floor's ConfigMap as read, or

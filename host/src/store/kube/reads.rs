@@ -110,6 +110,9 @@ impl Inner {
     /// watch), and remembers it.
     pub(super) fn accept(&self, lease: &str, obj: Arc<DynamicObject>) -> Result<Versioned, StoreError> {
         let v = self.versioned(lease, &obj)?;
+        let uid = obj.metadata.uid.as_deref();
+        self.floors
+            .read_ahead(lease, v.record.term, uid, &self.watch.timings);
         self.remember(lease, obj);
         self.seen.found(lease, Found::Record(v.clone()));
         Ok(v)

@@ -244,9 +244,14 @@ impl Inner {
     /// lives, which no new term would notice while the floor seen before
     /// covers it). So a floor deleted while its lease is held is back
     /// within about a lease duration, before a deletion of the Lease would
-    /// need it.
+    /// need it. A floor this store read or wrote, holding the term, within
+    /// a lease duration counts as checked (the term start's own raise).
     fn check_floor(self: &Arc<Self>, lease: &str, written: &DynamicObject, v: &Versioned) {
-        if v.record.holder().is_none() || !self.floor_check_due(lease, v.record.lease_duration) {
+        let duration = v.record.lease_duration;
+        if v.record.holder().is_none()
+            || self.floors.seen_holding(lease, v.record.term, duration)
+            || !self.floor_check_due(lease, duration)
+        {
             return;
         }
         let inner = self.clone();
