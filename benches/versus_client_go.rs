@@ -454,7 +454,7 @@ struct Frozen {
 }
 
 fn handover(b: &Bench, tool: Tool, t: &Timing, lease: &str, sig: i32) -> f64 {
-    let (mut a, mut s) = b.pair(tool, t, lease);
+    let (mut a, s) = b.pair(tool, t, lease);
     let stopped = a.signal(sig);
     let first = s.wait_act(
         stopped,
@@ -469,14 +469,23 @@ fn handover(b: &Bench, tool: Tool, t: &Timing, lease: &str, sig: i32) -> f64 {
             a.name
         );
     }
-    // The new leader hands its lease over before the next run: killed, its
-    // Lease would stay held for a lease duration, listing the plugin
-    // "probe", and the next run's hosts (of another lease, the same
-    // plugin) would wait for it to expire before starting their tasks
-    // (the claims of docs/architecture.md): 4 s in every run but the first.
-    s.signal(libc::SIGTERM);
-    s.wait_exit(t.rd + t.grace + Duration::from_secs(10));
+    release_all(&mut [s], t);
     ms_between(stopped, first)
+}
+
+/// Stops each process with SIGTERM and waits for it to exit, so that it
+/// releases its lease. Killed, a leader's Lease would stay held, listing
+/// the plugin "probe", and every later host of another lease with the
+/// same plugin would wait for it to expire, a lease duration from when it
+/// first saw it, before starting its task (the claims of
+/// docs/architecture.md): 4 s in every later run.
+fn release_all(procs: &mut [Proc], t: &Timing) {
+    for p in procs.iter() {
+        p.signal(libc::SIGTERM);
+    }
+    for p in procs.iter_mut() {
+        p.wait_exit(t.rd + t.grace + Duration::from_secs(10));
+    }
 }
 
 fn frozen(b: &Bench, tool: Tool, t: &Timing, lease: &str) -> Frozen {
@@ -503,14 +512,16 @@ fn frozen(b: &Bench, tool: Tool, t: &Timing, lease: &str) -> Frozen {
     if early.iter().any(|&at| ms_between(stop, at) > 50.0) {
         eprintln!("versus_client_go: {}: acts while frozen? {early:?}", a.name);
     }
-    Frozen {
+    let frozen = Frozen {
         frozen_ms: ms_between(stop, cont),
         takeover_ms: ms_between(stop, first),
         acts_after: after.len(),
         acting_ms: after.last().map_or(0.0, |&l| ms_between(cont, l)),
         stopped_ms: a.stopped_after(stop).map(|at| ms_between(cont, at)),
         overlap: a.acts().iter().any(|&at| at >= first),
-    }
+    };
+    release_all(&mut [a, s], t);
+    frozen
 }
 
 /// Requests per minute, per process and per "resource verb".
@@ -576,7 +587,7 @@ fn idle(b: &Bench, t: &Timing, audit: &Path) -> (Idle, f64) {
             *n /= minutes;
         }
     }
-    drop((ba, bb, ca, cb));
+    release_all(&mut [ba, bb, ca, cb], t);
     (counts, window.as_secs_f64())
 }
 
