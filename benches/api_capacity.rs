@@ -16,6 +16,8 @@
 //!
 //! - the renewals the API server answered a second (`apiserver_request_total`,
 //!   PUT on Leases) and any reads (GET, LIST) of Leases;
+//! - the reads of term floors a second (GET on ConfigMaps): each holder
+//!   checks its lease's floor once per lease duration;
 //! - its PUT latency (`apiserver_request_duration_seconds`, p50 / p99 as
 //!   bucket bounds: its buckets start at 50 ms);
 //! - baton's renewal latency, both hosts' `baton_lease_renewal_seconds`
@@ -147,6 +149,8 @@ struct Step {
     offered: f64,
     answered: f64,
     reads: f64,
+    /// GETs of term floors (ConfigMaps) a second: the holders' checks.
+    floor_reads: f64,
     server_p50: f64,
     server_p99: f64,
     renew_p50: f64,
@@ -259,6 +263,8 @@ fn step(leases: usize, rp: Duration, window: Duration, role: &Role) -> Step {
 
     let requests = |text: &str| env::requests_in(text, "leases");
     let counts = env::delta(&requests(&server_before), &requests(&server_after));
+    let floors = |text: &str| env::requests_in(text, "configmaps");
+    let floor_counts = env::delta(&floors(&server_before), &floors(&server_after));
     let put_latency = minus(
         &buckets(&server_after, "apiserver_request_duration_seconds", &put),
         &buckets(&server_before, "apiserver_request_duration_seconds", &put),
@@ -281,6 +287,7 @@ fn step(leases: usize, rp: Duration, window: Duration, role: &Role) -> Step {
         offered: leases as f64 / rp.as_secs_f64(),
         answered: counts.get("PUT").copied().unwrap_or(0) as f64 / secs,
         reads: (counts.get("GET").copied().unwrap_or(0) + counts.get("LIST").copied().unwrap_or(0)) as f64,
+        floor_reads: floor_counts.get("GET").copied().unwrap_or(0) as f64 / secs,
         server_p50: quantile(&put_latency, 0.5),
         server_p99: quantile(&put_latency, 0.99),
         renew_p50: quantile(&renew, 0.5),
@@ -330,12 +337,13 @@ fn main() {
         let s = step(leases, rp, window, &role);
         let cpu: Vec<String> = s.cpu.iter().map(|(k, v)| format!("{k} {v:.1} %")).collect();
         println!(
-            "RP {:>5} ms: offered {:>6.0}/s, answered {:>6.0}/s, reads {}, server PUT p50 {} p99 {} ms, \
+            "RP {:>5} ms: offered {:>6.0}/s, answered {:>6.0}/s, reads {}, floor reads {:.1}/s, server PUT p50 {} p99 {} ms, \
              baton renewal p50 {} p99 {} ms ({:.0}/s), leads lost {}, led {}/{leases}; CPU {}",
             s.retry_ms,
             s.offered,
             s.answered,
             s.reads,
+            s.floor_reads,
             ms(s.server_p50),
             ms(s.server_p99),
             ms(s.renew_p50),
@@ -385,7 +393,7 @@ fn main() {
         .map(|s| {
             json!({
                 "retry_ms": s.retry_ms, "offered_per_s": s.offered, "answered_per_s": s.answered,
-                "lease_reads": s.reads,
+                "lease_reads": s.reads, "floor_reads_per_s": s.floor_reads,
                 "server_put_p50_ms": finite(s.server_p50), "server_put_p99_ms": finite(s.server_p99),
                 "renewal_p50_ms": finite(s.renew_p50), "renewal_p99_ms": finite(s.renew_p99),
                 "renewals_per_s": s.renewals, "leads_lost": s.lost, "led": s.led, "cpu_percent": s.cpu,
