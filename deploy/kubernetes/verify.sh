@@ -151,8 +151,8 @@ leases=leases.coordination.k8s.io
 for who in sa baton-a; do
     for verb in get list watch create update delete; do expect "$who" yes "$verb" "$leases" "$ns"; done
     for verb in patch deletecollection; do expect "$who" no "$verb" "$leases" "$ns"; done
-    for verb in get list create update; do expect "$who" yes "$verb" configmaps "$ns"; done
-    for verb in watch delete patch; do expect "$who" no "$verb" configmaps "$ns"; done
+    for verb in get list watch create update; do expect "$who" yes "$verb" configmaps "$ns"; done
+    for verb in delete patch; do expect "$who" no "$verb" configmaps "$ns"; done
     for verb in get list patch; do expect "$who" yes "$verb" pods "$ns"; done
     for verb in create update delete watch; do expect "$who" no "$verb" pods "$ns"; done
     expect "$who" no get secrets "$ns"

@@ -1,6 +1,8 @@
 //! Terms and their floors: terms never repeat after Leases are deleted,
 //! with or without a host running; a watch resumed after a compaction.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 #[test]
@@ -354,10 +356,11 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
 }
 
 #[test]
-fn store_a_standby_reads_the_floor_ahead_and_starts_its_term_without_reading_it() {
-    // A store that follows a lease reads its floor in the background, so
-    // that its term start writes the floor, or finds it covers the term,
-    // without a read of the ConfigMap first.
+fn store_term_starts_and_idle_holders_make_no_floor_reads() {
+    // The floors are watched (or, without the permission, read ahead while
+    // following): a term start writes the floor, or finds that it covers
+    // the term, without reading the ConfigMap first, and a holder reads no
+    // floor while it renews.
     let t = KubeTest::new("ahead");
     t.rt.block_on(async {
         let held = |holder: &str, term| LeaseRecord {
@@ -369,41 +372,61 @@ fn store_a_standby_reads_the_floor_ahead_and_starts_its_term_without_reading_it(
         let mut wa = a.watch("demo").await.unwrap();
         let mut wb = b.watch("demo").await.unwrap();
         assert_eq!(next_within(&mut wb, 5).await.unwrap().record.holder(), Some("a"));
-        // The read ahead is paced and in the background.
+        // The floors are listed in the background.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let released = a.update("demo", &v1.version, &record(None, 1)).await.unwrap();
         let seen = until_version(&mut wb, &released.version).await;
 
         // Term 2 over the term-1 Lease: the floor must be raised (a create
         // counts, it reserves nothing), with one write and no read.
-        let before = requests_to(&t.admin, "configmaps").await;
+        let before = floor_requests(&t).await;
         let v2 = b.update("demo", &seen.version, &held("b", 2)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let raised = delta(&before, &requests_to(&t.admin, "configmaps").await);
-        println!("configmap requests of term 2's start: {raised:?}");
-        assert_eq!(raised, std::collections::BTreeMap::from([("PUT".to_owned(), 1)]));
+        let raised = since(&t, &before).await;
+        println!("floor requests of term 2's start: {raised:?}");
+        assert_eq!(raised, BTreeMap::from([("PUT".to_owned(), 1)]));
         let floor = floor_of(&t.admin, &t.ns.name, "demo").await.unwrap();
         assert_eq!(floor.get("floor"), Some(&(1 + RESERVED_TERMS).to_string()));
 
-        // The other store saw term 2 above the floor it knew and read it
-        // again: term 3 is covered, and starts with no floor request.
-        let released = b.update("demo", &v2.version, &record(None, 2)).await.unwrap();
+        // Renewals for longer than a lease duration: no floor read.
+        let before = floor_requests(&t).await;
+        let mut last = v2;
+        for _ in 0..6 {
+            tokio::time::sleep(LD / 4).await;
+            last = b.update("demo", &last.version, &held("b", 2)).await.unwrap();
+        }
+        let idle = since(&t, &before).await;
+        println!("floor requests of 6 renewals over {:?}: {idle:?}", LD * 6 / 4);
+        assert!(idle.is_empty(), "{idle:?}");
+
+        // The other store saw the floor raised: term 3 is covered, and
+        // starts with no floor request.
+        let released = b.update("demo", &last.version, &record(None, 2)).await.unwrap();
         let seen = until_version(&mut wa, &released.version).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let before = requests_to(&t.admin, "configmaps").await;
+        let before = floor_requests(&t).await;
         let v3 = a.update("demo", &seen.version, &held("a", 3)).await.unwrap();
         assert_eq!(v3.record.term, 3);
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let covered = delta(&before, &requests_to(&t.admin, "configmaps").await);
-        println!("configmap requests of term 3's start: {covered:?}");
+        let covered = since(&t, &before).await;
+        println!("floor requests of term 3's start: {covered:?}");
         assert!(covered.is_empty(), "{covered:?}");
 
-        // A floor read ahead and changed since (here by hand): the write
-        // based on it is refused (409), and the term start reads the floor
-        // and writes again.
+        // Without list and watch on ConfigMaps (a Role older than the
+        // floor watch): the floor is read ahead. One changed since (here
+        // by hand) makes the write based on it a conflict (409), and the
+        // term start reads the floor and writes again.
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/role.yaml");
+        let mut role: Role = serde_saphyr::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+        for rule in role.rules.iter_mut().flatten() {
+            if rule.resources.iter().flatten().any(|r| r == "configmaps") {
+                rule.verbs.retain(|v| v != "list" && v != "watch");
+            }
+        }
+        t.ns.bind(role, "baton-a").await;
+        let c = store(t.env.client(&t.env.kubeconfig("baton-a")).await, &t.ns.name, &[]);
         let v1 = a.create("other", &held("a", 1)).await.unwrap();
-        let mut wb = b.watch("other").await.unwrap();
-        assert_eq!(next_within(&mut wb, 5).await.unwrap().record.holder(), Some("a"));
+        let mut wc = c.watch("other").await.unwrap();
+        assert_eq!(next_within(&mut wc, 5).await.unwrap().record.holder(), Some("a"));
         tokio::time::sleep(Duration::from_millis(500)).await;
         let floors: kube::Api<ConfigMap> = kube::Api::namespaced(t.admin.clone(), &t.ns.name);
         let mut cm = floors.get("baton-terms.other").await.unwrap();
@@ -416,18 +439,31 @@ fn store_a_standby_reads_the_floor_ahead_and_starts_its_term_without_reading_it(
             .await
             .unwrap();
         let released = a.update("other", &v1.version, &record(None, 1)).await.unwrap();
-        let seen = until_version(&mut wb, &released.version).await;
-        let before = requests_to(&t.admin, "configmaps").await;
-        let v2 = b.update("other", &seen.version, &held("b", 2)).await.unwrap();
+        let seen = until_version(&mut wc, &released.version).await;
+        let before = floor_requests(&t).await;
+        let v2 = c.update("other", &seen.version, &held("c", 2)).await.unwrap();
         assert_eq!(v2.record.term, 2);
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let stale = delta(&before, &requests_to(&t.admin, "configmaps").await);
-        println!("configmap requests of a term start on a stale floor: {stale:?}");
+        let stale = since(&t, &before).await;
+        println!("floor requests of a term start on a stale floor: {stale:?}");
         let expected = [("GET", 1), ("PUT", 2)].map(|(verb, n)| (verb.to_owned(), n));
-        assert_eq!(stale, std::collections::BTreeMap::from(expected));
+        assert_eq!(stale, BTreeMap::from(expected));
         let floor = floor_of(&t.admin, &t.ns.name, "other").await.unwrap();
         assert_eq!(floor.get("floor"), Some(&(1 + RESERVED_TERMS).to_string()));
     });
+}
+
+/// The API server's requests to ConfigMaps so far, per verb.
+async fn floor_requests(t: &KubeTest) -> BTreeMap<String, f64> {
+    requests_to(&t.admin, "configmaps").await
+}
+
+/// The requests to ConfigMaps since `before`, but watches (a watch is
+/// counted when it ends, which its server-side timeout decides).
+async fn since(t: &KubeTest, before: &BTreeMap<String, f64>) -> BTreeMap<String, u64> {
+    let mut counts = delta(before, &floor_requests(t).await);
+    counts.remove("WATCH");
+    counts
 }
 
 /// The watch's observations until the one at `version`.

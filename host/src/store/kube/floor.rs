@@ -21,8 +21,9 @@
 //!   ConfigMap and the fix;
 //! - a write is first tried against the floor this store last read or
 //!   wrote, when that floor asks for one (its resourceVersion makes a stale
-//!   one a conflict); every other decision is made on a fresh read. A
-//!   followed lease's floor is read ahead of its next term ([`ahead`]).
+//!   one a conflict); every other decision is made on a fresh read. The
+//!   floors seen come from a watch of them ([`watch`]), or, without it,
+//!   from reads ahead of a followed lease's next term ([`ahead`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -36,6 +37,7 @@ use super::requests::{map_error, post_params, rv_number};
 use crate::store::StoreError;
 
 mod ahead;
+mod watch;
 
 /// The prefix of every floor ConfigMap's name.
 pub const FLOOR_PREFIX: &str = "baton-terms.";
@@ -131,6 +133,7 @@ pub struct Floors {
     namespace: String,
     seen: Arc<Mutex<HashMap<String, Seen>>>,
     ahead: Arc<ahead::Ahead>,
+    watch: Arc<watch::FloorWatch>,
 }
 
 /// A floor as this store last read or wrote it, with its ConfigMap (`None`:
@@ -151,6 +154,7 @@ impl Floors {
             namespace: namespace.to_owned(),
             seen: Arc::default(),
             ahead: Arc::default(),
+            watch: Arc::default(),
         }
     }
 
@@ -182,12 +186,19 @@ impl Floors {
         seen.insert(lease.to_owned(), Seen { floor, object, at });
     }
 
-    /// Whether this store read or wrote `lease`'s floor ConfigMap, holding
-    /// at least `term`, less than `within` ago.
+    /// Whether `lease`'s floor ConfigMap holds at least `term` as this
+    /// store last saw it, and that is current: the floors are watched, or
+    /// it was read or written less than `within` ago.
     pub fn seen_holding(&self, lease: &str, term: u64, within: Duration) -> bool {
+        let watched = self.watched();
         self.seen().get(lease).is_some_and(|kept| {
-            kept.floor.version.is_some() && kept.floor.term >= term && kept.at.elapsed() < within
+            kept.floor.version.is_some() && kept.floor.term >= term && (watched || kept.at.elapsed() < within)
         })
+    }
+
+    /// `lease`'s floor ConfigMap was deleted (or lost its label).
+    fn forget(&self, lease: &str) {
+        self.seen().remove(lease);
     }
 
     /// The floor and ConfigMap this store last read or wrote for `lease`.
@@ -506,7 +517,7 @@ impl Floors {
                 namespace: Some(self.namespace.clone()),
                 labels: Some(BTreeMap::from([
                     ("app.kubernetes.io/managed-by".to_owned(), "baton".to_owned()),
-                    (ROLE_LABEL.to_owned(), "term-floor".to_owned()),
+                    (ROLE_LABEL.to_owned(), watch::FLOOR_ROLE.to_owned()),
                 ])),
                 annotations: Some(BTreeMap::from([(
                     FLOOR_LEASE_ANNOTATION.to_owned(),

@@ -41,6 +41,7 @@ mod follower;
 mod lease;
 mod shared;
 
+pub(super) use self::follower::Follower;
 pub(super) use self::lease::{LeaseStream, next_observation};
 pub(super) use self::shared::SharedWatch;
 

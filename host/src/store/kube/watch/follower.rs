@@ -29,7 +29,7 @@ type Events = BoxStream<'static, Result<WatchEvent<DynamicObject>, kube::Error>>
 /// One watch request at a time, resumed from the last resourceVersion seen
 /// when the server ends it; bookmarks keep that version current. Yields
 /// the events that carry an object, and bookmarks.
-pub(super) struct Follower {
+pub(in crate::store::kube) struct Follower {
     config: WatchConfig,
     /// The selector (label or field) of every request.
     params: WatchParams,
@@ -53,7 +53,7 @@ struct Request {
 }
 
 impl Follower {
-    pub(super) fn new(
+    pub(in crate::store::kube) fn new(
         config: WatchConfig,
         params: WatchParams,
         lease: &str,
@@ -104,7 +104,7 @@ impl Follower {
 
     /// The next ADDED, MODIFIED, DELETED or BOOKMARK event, resuming the
     /// watch as needed; any error ends it (the caller drops the follower).
-    pub(super) async fn next(&mut self) -> Result<WatchEvent<DynamicObject>, StoreError> {
+    pub(in crate::store::kube) async fn next(&mut self) -> Result<WatchEvent<DynamicObject>, StoreError> {
         loop {
             if self.current.is_none() {
                 self.start().await?;
