@@ -357,10 +357,11 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
 
 #[test]
 fn store_term_starts_and_idle_holders_make_no_floor_reads() {
-    // The floors are watched (or, without the permission, read ahead while
-    // following): a term start writes the floor, or finds that it covers
-    // the term, without reading the ConfigMap first, and a holder reads no
-    // floor while it renews.
+    // A follower reads its leases' floors ahead, and a holder watches the
+    // floors: a term start writes the floor, or finds that it covers the
+    // term, without reading the ConfigMap first, and a holder reads no
+    // floor while it renews (without the permission to watch, once per
+    // lease duration).
     let t = KubeTest::new("ahead");
     t.rt.block_on(async {
         let held = |holder: &str, term| LeaseRecord {
@@ -372,7 +373,7 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
         let mut wa = a.watch("demo").await.unwrap();
         let mut wb = b.watch("demo").await.unwrap();
         assert_eq!(next_within(&mut wb, 5).await.unwrap().record.holder(), Some("a"));
-        // The floors are listed in the background.
+        // The floor is read ahead in the background.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let released = a.update("demo", &v1.version, &record(None, 1)).await.unwrap();
         let seen = until_version(&mut wb, &released.version).await;
@@ -388,21 +389,36 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
         let floor = floor_of(&t.admin, &t.ns.name, "demo").await.unwrap();
         assert_eq!(floor.get("floor"), Some(&(1 + RESERVED_TERMS).to_string()));
 
-        // Renewals for longer than a lease duration: no floor read.
+        // Renewals: the first periodic check of the floor, a lease
+        // duration after term 2's start wrote it, reads it once and starts
+        // the floors' watch (one LIST); from then on renewals read nothing.
+        let renew = |n: usize, mut last: Versioned| {
+            let b = &b;
+            async move {
+                for _ in 0..n {
+                    tokio::time::sleep(LD / 4).await;
+                    last = b.update("demo", &last.version, &held("b", 2)).await.unwrap();
+                }
+                last
+            }
+        };
         let before = floor_requests(&t).await;
-        let mut last = v2;
-        for _ in 0..6 {
-            tokio::time::sleep(LD / 4).await;
-            last = b.update("demo", &last.version, &held("b", 2)).await.unwrap();
-        }
+        let last = renew(5, v2).await;
+        let first = since(&t, &before).await;
+        println!("floor requests of renewals over {:?}: {first:?}", LD * 5 / 4);
+        let expected = [("GET", 1), ("LIST", 1)].map(|(verb, n)| (verb.to_owned(), n));
+        assert_eq!(first, BTreeMap::from(expected));
+        let before = floor_requests(&t).await;
+        let last = renew(8, last).await;
         let idle = since(&t, &before).await;
-        println!("floor requests of 6 renewals over {:?}: {idle:?}", LD * 6 / 4);
+        println!("floor requests of renewals over {:?}, watched: {idle:?}", LD * 2);
         assert!(idle.is_empty(), "{idle:?}");
 
-        // The other store saw the floor raised: term 3 is covered, and
-        // starts with no floor request.
+        // The other store saw the floor raised and read it ahead: term 3 is
+        // covered, and starts with no floor request.
         let released = b.update("demo", &last.version, &record(None, 2)).await.unwrap();
         let seen = until_version(&mut wa, &released.version).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let before = floor_requests(&t).await;
         let v3 = a.update("demo", &seen.version, &held("a", 3)).await.unwrap();
         assert_eq!(v3.record.term, 3);
@@ -450,6 +466,21 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
         assert_eq!(stale, BTreeMap::from(expected));
         let floor = floor_of(&t.admin, &t.ns.name, "other").await.unwrap();
         assert_eq!(floor.get("floor"), Some(&(1 + RESERVED_TERMS).to_string()));
+
+        // Its floor is checked by reads, once per lease duration: the
+        // watch is refused.
+        let before = floor_requests(&t).await;
+        let mut last = v2;
+        for _ in 0..10 {
+            tokio::time::sleep(LD / 4).await;
+            last = c.update("other", &last.version, &held("c", 2)).await.unwrap();
+        }
+        let checks = since(&t, &before).await;
+        println!(
+            "floor requests of renewals over {:?}, the watch refused: {checks:?}",
+            LD * 10 / 4
+        );
+        assert!(checks.get("GET").is_some_and(|&n| n >= 2), "{checks:?}");
     });
 }
 

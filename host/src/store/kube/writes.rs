@@ -245,7 +245,9 @@ impl Inner {
     /// covers it). So a floor deleted while its lease is held is back
     /// within about a lease duration, before a deletion of the Lease would
     /// need it. A floor this store read or wrote, holding the term, within
-    /// a lease duration counts as checked (the term start's own raise).
+    /// a lease duration counts as checked (the term start's own raise), and
+    /// while the floors are watched, a floor seen holding the term does.
+    /// The first check starts the floors' watch.
     fn check_floor(self: &Arc<Self>, lease: &str, written: &DynamicObject, v: &Versioned) {
         let duration = v.record.lease_duration;
         if v.record.holder().is_none()
@@ -254,6 +256,9 @@ impl Inner {
         {
             return;
         }
+        // From now on the floors are watched, if the Role allows it.
+        self.floors
+            .start_watch(&tokio::runtime::Handle::current(), &self.watch.timings);
         let inner = self.clone();
         let lease = lease.to_owned();
         let term = v.record.term;

@@ -13,9 +13,10 @@
 //! stale; a stale one costs a conflict and a fresh read.
 //!
 //! Reads are paced ([`PACE`]) and made at most once per lease, Lease
-//! object and term, only while the floors are not watched (see
-//! [`watch`](super::watch)) and this store knows no floor for the lease or
-//! one below the term it sees (raised since by another host).
+//! object and term, only while the floors are not watched (a host that
+//! holds a lease watches them: [`watch`](super::watch)) and this store
+//! knows no floor for the lease or one below the term it sees (raised
+//! since by another host).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -41,10 +42,10 @@ pub(super) struct Ahead {
 }
 
 impl Floors {
-    /// The Lease object `uid` of `lease` was seen at `term`: starts the
-    /// floors' watch if it is not running; if it is not in sync and this
-    /// store knows no floor for the lease, or one below `term`, reads it
-    /// in the background, paced, at most once per object and term. Each read is
+    /// The Lease object `uid` of `lease` was seen at `term`: unless the
+    /// floors are watched, if this store knows no floor for the lease, or
+    /// one below `term`, reads it in the background, paced, at most once
+    /// per object and term. Each read is
     /// bounded by the store's request timeout; a failed one is left to
     /// the next term start, which reads the floor as before.
     pub(in crate::store::kube) fn read_ahead(
@@ -54,16 +55,15 @@ impl Floors {
         uid: Option<&str>,
         timings: &Arc<LiveTimings>,
     ) {
-        // Outside a runtime (no task can run): nothing read ahead.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        self.start_watch(&runtime, timings);
         let Some(uid) = uid else { return };
         // Watched, the floors seen are current: a read would tell nothing.
         if self.watched() || self.seen().get(lease).is_some_and(|kept| kept.floor.term >= term) {
             return;
         }
+        // Outside a runtime (no task can run): nothing read ahead.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         {
             let mut asked = self.ahead.asked.lock().unwrap_or_else(|e| e.into_inner());
             if asked.get(lease).is_some_and(|(u, t)| u == uid && *t == term) {

@@ -1,15 +1,21 @@
 //! The namespace's term floors, listed once and then watched (label
-//! `baton.dev/role=term-floor`): while the watch is in sync, the floors
-//! seen are the floors as they are, give or take the watch's delay. So a
-//! holder learns of a floor deleted under its live Lease from the watch,
-//! with no read, and a host that follows many leases gets their floors in
-//! one listing instead of a read ahead each.
+//! `baton.dev/role=term-floor`) by a store that holds a lease: while the
+//! watch is in sync, the floors seen are the floors as they are, give or
+//! take the watch's delay. So a holder learns of a floor deleted under its
+//! live Lease from the watch instead of reading the floor once per lease
+//! duration, and needs no read ahead of the leases it follows.
+//!
+//! Started in place of the holder's first periodic read of its floor, a
+//! lease duration after its term start wrote or read the floor: out of
+//! the way of the term start, whose requests would otherwise wait for a
+//! new connection (a store that only follows keeps one spare, see
+//! [`ahead`](super::ahead)).
 //!
 //! Only a cache: nothing decides on it that a stale floor could make
-//! wrong (see [`ahead`](super::ahead)). Without `list` and `watch` on
-//! ConfigMaps (an older Role), or while the watch is down, the store
-//! falls back to reading: each holder reads its floor once per lease
-//! duration, and a follower reads its leases' floors ahead.
+//! wrong. Without `list` and `watch` on ConfigMaps (an older Role), or
+//! while the watch is down, the store falls back to reading: each holder
+//! reads its floor once per lease duration, and a follower reads its
+//! leases' floors ahead.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,7 +62,11 @@ impl Floors {
     }
 
     /// Starts the floor watch, once per store, in `runtime`.
-    pub(super) fn start_watch(&self, runtime: &tokio::runtime::Handle, timings: &Arc<LiveTimings>) {
+    pub(in crate::store::kube) fn start_watch(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        timings: &Arc<LiveTimings>,
+    ) {
         if self.watch.state.started.swap(true, Ordering::AcqRel) {
             return;
         }
