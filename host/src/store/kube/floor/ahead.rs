@@ -93,6 +93,10 @@ impl Floors {
         };
         runtime.spawn(async move {
             while let Some(lease) = asked.recv().await {
+                // Watched since it was asked for: the floor seen is current.
+                if reader.watched() {
+                    continue;
+                }
                 let bound = timings.request_timeout();
                 match tokio::time::timeout(bound, reader.fetch(&lease)).await {
                     Ok(Ok(_)) => {}
