@@ -10,10 +10,6 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
     let t = KubeTest::new("floor");
     t.rt.block_on(async {
         let fresh = || t.store(&[]);
-        let held = |holder: &str, term| LeaseRecord {
-            instance: Some(format!("{holder}-instance")),
-            ..record(Some(holder), term)
-        };
         let a = fresh();
         let v1 = a.create("demo", &held("a", 1)).await.unwrap();
         let v2 = a.update("demo", &v1.version, &held("a", 2)).await.unwrap();
@@ -149,10 +145,6 @@ fn a_create_that_lost_the_race_takes_its_count_back_and_no_term_is_skipped() {
     // taken for a term given out, or the next hand-over skips term 2.
     let t = KubeTest::new("count");
     t.rt.block_on(async {
-        let held = |holder: &str, term| LeaseRecord {
-            instance: Some(format!("{holder}-instance")),
-            ..record(Some(holder), term)
-        };
         let (a, b) = (t.store(&[]), t.store(&[]));
         let v1 = a.create("demo", &held("a", 1)).await.unwrap();
         let lost = b.create("demo", &held("b", 2)).await.unwrap_err();
@@ -364,10 +356,6 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
     // lease duration).
     let t = KubeTest::new("ahead");
     t.rt.block_on(async {
-        let held = |holder: &str, term| LeaseRecord {
-            instance: Some(format!("{holder}-instance")),
-            ..record(Some(holder), term)
-        };
         let (a, b) = (t.store(&[]), t.store(&[]));
         let v1 = a.create("demo", &held("a", 1)).await.unwrap();
         let mut wa = a.watch("demo").await.unwrap();
@@ -495,6 +483,14 @@ async fn since(t: &KubeTest, before: &BTreeMap<String, f64>) -> BTreeMap<String,
     let mut counts = delta(before, &floor_requests(t).await);
     counts.remove("WATCH");
     counts
+}
+
+/// A record of `holder` in `term`, with its instance.
+fn held(holder: &str, term: u64) -> LeaseRecord {
+    LeaseRecord {
+        instance: Some(format!("{holder}-instance")),
+        ..record(Some(holder), term)
+    }
 }
 
 /// The watch's observations until the one at `version`.
