@@ -4,7 +4,7 @@
 //! (1.4 ms of 13.7 on the test API server; docs/performance.md, "One
 //! hand-over, request by request"). The read also opens a connection
 //! beside the one that carries the watch, which the hand-over then finds
-//! open.
+//! open if it comes within the client's pool idle timeout (90 s).
 //!
 //! Safe by the argument that already lets a floor seen before decide
 //! without a read: floors only grow, a floor covers a term only for the
@@ -45,9 +45,9 @@ impl Floors {
     /// The Lease object `uid` of `lease` was seen at `term`: unless the
     /// floors are watched, if this store knows no floor for the lease, or
     /// one below `term`, reads it in the background, paced, at most once
-    /// per object and term. Each read is
-    /// bounded by the store's request timeout; a failed one is left to
-    /// the next term start, which reads the floor as before.
+    /// per object and term. Each read is bounded by the store's request
+    /// timeout; a failed one is left to the next term start, which reads
+    /// the floor as before.
     pub(in crate::store::kube) fn read_ahead(
         &self,
         lease: &str,
