@@ -41,14 +41,14 @@ const MIN_PAUSE: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub(super) struct FloorWatch {
     state: Arc<State>,
-    /// Dropped with the store (never cloned into the task): ends the task.
+    /// Set when the task starts; dropped with the store (the task's copy
+    /// has none), which ends the task.
     alive: std::sync::OnceLock<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// What the store and the watch's task share.
 #[derive(Default)]
 struct State {
-    started: AtomicBool,
     synced: AtomicBool,
     /// A refusal (403) was logged: said once.
     refused: AtomicBool,
@@ -67,7 +67,7 @@ impl Floors {
         runtime: &tokio::runtime::Handle,
         timings: &Arc<LiveTimings>,
     ) {
-        if self.watch.state.started.swap(true, Ordering::AcqRel) {
+        if self.watch.alive.get().is_some() {
             return;
         }
         let (alive, gone) = tokio::sync::oneshot::channel();
