@@ -392,10 +392,14 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
         };
         let before = floor_requests(&t).await;
         let last = renew(5, v2).await;
+        let listed = delta(&before, &floor_requests(&t).await);
         let first = since(&t, &before).await;
-        println!("floor requests of renewals over {:?}: {first:?}", LD * 5 / 4);
-        let expected = [("GET", 1), ("LIST", 1)].map(|(verb, n)| (verb.to_owned(), n));
-        assert_eq!(first, BTreeMap::from(expected));
+        println!(
+            "floor requests of renewals over {:?}: {first:?}, all: {listed:?}",
+            LD * 5 / 4
+        );
+        assert_eq!(first, BTreeMap::from([("GET".to_owned(), 1)]));
+        assert!(listed.get("LIST").is_some_and(|&n| n >= 1), "{listed:?}");
         let before = floor_requests(&t).await;
         let last = renew(8, last).await;
         let idle = since(&t, &before).await;
@@ -477,11 +481,14 @@ async fn floor_requests(t: &KubeTest) -> BTreeMap<String, f64> {
     requests_to(&t.admin, "configmaps").await
 }
 
-/// The requests to ConfigMaps since `before`, but watches (a watch is
-/// counted when it ends, which its server-side timeout decides).
+/// The reads and writes of ConfigMaps since `before` (GET, PUT, POST).
+/// Watches are left out (one is counted when it ends, which its
+/// server-side timeout decides), and so are listings: they start a watch,
+/// and the API server counts them for every namespace (seen: a listing
+/// of another's in a suite run).
 async fn since(t: &KubeTest, before: &BTreeMap<String, f64>) -> BTreeMap<String, u64> {
     let mut counts = delta(before, &floor_requests(t).await);
-    counts.remove("WATCH");
+    counts.retain(|verb, _| ["GET", "PUT", "POST"].contains(&verb.as_str()));
     counts
 }
 
