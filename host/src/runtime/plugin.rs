@@ -172,4 +172,4 @@ fn unversioned(name: &str) -> &str {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -62,6 +62,10 @@ pub struct Progress {
     /// The last skip: up to which due time, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_skip: Option<(u64, String)>,
+    /// The term that wrote it last: with the rest, it tells a writer whose
+    /// write went unanswered whether that write landed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_in: Option<u64>,
 }
 
 impl Progress {

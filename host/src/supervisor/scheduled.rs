@@ -10,11 +10,14 @@
 //! (within the grace after its term too); one that failed after its term
 //! ended, or was stopped by force, is cut off: it stays recorded as
 //! started, so the next leader runs it again within its deadline.
-//! `scheduled run ended` is logged once its end is written. Every write
-//! carries the term: a write refused by the fence
-//! ends the term's work here.
+//! `scheduled run ended` is logged once its end is written, and a skip
+//! once the write that carries it is known to have landed: a write the
+//! store did not answer is settled by the next read (the progress read back
+//! is the one written, or not), and one still unsettled when the term ends
+//! is logged as `scheduled runs skipped, unconfirmed`. Every write carries
+//! the term: a write refused by the fence ends the term's work here.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use rand::Rng;
@@ -53,6 +56,16 @@ struct Ctx<'a> {
     observer: &'a dyn TaskObserver,
     scheduling: &'a Scheduling,
     bucket: BucketName,
+    /// A skip whose write went unanswered, with the progress written.
+    unsettled: Mutex<Option<(Skip, Progress)>>,
+}
+
+/// Due times skipped: `count` of them up to `upto`, for `reason`.
+#[derive(Clone, Copy)]
+struct Skip {
+    upto: SystemTime,
+    count: u64,
+    reason: SkipReason,
 }
 
 /// Why a scheduled term's work ended.
@@ -77,6 +90,7 @@ pub(super) async fn run_scheduled_term(
         observer,
         scheduling,
         bucket,
+        unsettled: Mutex::new(None),
     };
     if let Err(e) = scheduling.store.claim(&ctx.bucket, term.number()).await {
         tracing::warn!(plugin = plugin.name(), term = term.number(), error = %e, "cannot claim the schedule's progress for the term; no run in it");
@@ -85,9 +99,10 @@ pub(super) async fn run_scheduled_term(
     let mut run_now = scheduling.run_now.lock().await;
     while !term.is_over() {
         if let Err(Stop::Term) = ctx.step(&mut run_now).await {
-            return;
+            break;
         }
     }
+    ctx.unsettled_said();
 }
 
 impl Ctx<'_> {
@@ -168,9 +183,7 @@ impl Ctx<'_> {
     ) -> Result<(), Stop> {
         progress.cut_off();
         progress.skipped(upto, count, reason);
-        if self.write(progress).await? {
-            self.skipped_said(upto, count, reason);
-        }
+        self.write(progress, Some(Skip { upto, count, reason })).await?;
         Ok(())
     }
 
@@ -186,7 +199,7 @@ impl Ctx<'_> {
         };
         progress.cut_off();
         progress.started(self.record(&run));
-        if !self.write(progress).await? {
+        if !self.write(progress, None).await? {
             return Ok(());
         }
         let lateness = SystemTime::now()
@@ -235,10 +248,7 @@ impl Ctx<'_> {
                 return if written { Ok(()) } else { Err(Stop::Term) };
             }
             let skip = self.overlapped(schedule, run, &mut progress, label);
-            if self.write(&progress).await? {
-                if let Some((upto, count)) = skip {
-                    self.skipped_said(upto, count, SkipReason::Overlap);
-                }
+            if self.write(&progress, skip).await? {
                 return Ok(());
             }
         }
@@ -246,14 +256,14 @@ impl Ctx<'_> {
 
     /// The run ended with `label`; under `overlap = "skip"`, the due times
     /// that came while it ran are skipped.
-    /// Returns the skip it recorded: up to which due time, and how many.
+    /// Returns the skip it recorded.
     fn overlapped(
         &self,
         schedule: &Schedule,
         run: &ScheduledRun,
         progress: &mut Progress,
         label: &str,
-    ) -> Option<(SystemTime, u64)> {
+    ) -> Option<Skip> {
         progress.ended(SystemTime::now(), label);
         if schedule.overlap == Overlap::Skip
             && !run.on_demand
@@ -261,20 +271,51 @@ impl Ctx<'_> {
             && Some(millis(upto)) > progress.handled
         {
             let count = schedule.when.count_between(run.due, upto);
-            progress.skipped(upto, count, SkipReason::Overlap);
-            return Some((upto, count));
+            let reason = SkipReason::Overlap;
+            progress.skipped(upto, count, reason);
+            return Some(Skip { upto, count, reason });
         }
         None
     }
 
     /// A skip written: logged and counted.
-    fn skipped_said(&self, upto: SystemTime, count: u64, reason: SkipReason) {
+    fn skipped_said(&self, skip: Skip) {
+        let Skip { upto, count, reason } = skip;
         if count == 0 {
             return;
         }
         tracing::warn!(plugin = self.name(), term = self.term.number(), count, reason = reason.label(),
             upto = %humantime::format_rfc3339_millis(upto), "scheduled runs skipped");
         self.observer.schedule_skipped(self.name(), reason.label(), count);
+    }
+
+    /// The progress read: settles a skip whose write went unanswered (it
+    /// landed if the progress is the one written; no other write of this
+    /// term came between).
+    fn settle(&self, read: &Progress) {
+        let unsettled = self.unsettled.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match unsettled {
+            Some((skip, written)) if written == *read => self.skipped_said(skip),
+            Some((skip, _)) => tracing::debug!(
+                plugin = self.name(),
+                term = self.term.number(),
+                count = skip.count,
+                reason = skip.reason.label(),
+                "a skip whose write went unanswered did not land"
+            ),
+            None => {}
+        }
+    }
+
+    /// The term's work ended with a skip's write unanswered: whether it
+    /// landed, the progress will tell (`baton status`).
+    fn unsettled_said(&self) {
+        let unsettled = self.unsettled.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((Skip { upto, count, reason }, _)) = unsettled.filter(|(s, _)| s.count > 0) {
+            tracing::warn!(plugin = self.name(), term = self.term.number(), count, reason = reason.label(),
+                upto = %humantime::format_rfc3339_millis(upto),
+                "scheduled runs skipped, unconfirmed: the store did not answer the write before the term ended");
+        }
     }
 
     /// The run's task, until it returns (`Some`) or is stopped (`None`): at
@@ -329,24 +370,28 @@ impl Ctx<'_> {
     /// out); a malformed one is logged and read as empty (so the schedule
     /// starts from now).
     async fn read(&self) -> Result<Option<Progress>, Stop> {
-        match self.scheduling.store.get(&self.bucket, self.name()).await {
-            Ok(None) => Ok(Some(Progress::default())),
-            Ok(Some(entry)) => Ok(Some(Progress::from_bytes(&entry.value).unwrap_or_else(|e| {
+        let read = match self.scheduling.store.get(&self.bucket, self.name()).await {
+            Ok(None) => Progress::default(),
+            Ok(Some(entry)) => Progress::from_bytes(&entry.value).unwrap_or_else(|e| {
                 tracing::error!(plugin = self.name(), bucket = %self.bucket, error = %e, "the schedule's progress is unreadable; starting from now");
                 Progress::default()
-            }))),
-            Err(e) => self.failed(e).await.map(|()| None),
-        }
+            }),
+            Err(e) => return self.failed(e).await.map(|()| None),
+        };
+        self.settle(&read);
+        Ok(Some(read))
     }
 
-    /// Writes the progress in the term: `true` once written, `false` if the
-    /// store failed (waited out); a refusal (fenced, or past the
-    /// force-stop) ends the term's work here.
-    async fn write(&self, progress: &Progress) -> Result<bool, Stop> {
+    /// Writes the progress in the term, with the `skip` it carries (logged
+    /// once known written): `true` once written, `false` if the store failed
+    /// (waited out); a refusal (fenced, or past the force-stop) ends the
+    /// term's work here.
+    async fn write(&self, progress: &Progress, skip: Option<Skip>) -> Result<bool, Stop> {
         let mut progress = progress.clone();
         if let Some(s) = self.scheduling.schedule.borrow().as_ref() {
             progress.when = Some(s.when.to_string());
         }
+        progress.written_in = Some(self.term.number());
         let term = self.term.clone();
         let write = Write {
             term: term.number(),
@@ -358,8 +403,18 @@ impl Ctx<'_> {
             may_commit: Arc::new(move || !term.must_stop()),
         };
         match self.scheduling.store.apply(&self.bucket, write).await {
-            Ok(_) => Ok(true),
-            Err(e) => self.failed(e).await.map(|()| false),
+            Ok(_) => {
+                if let Some(s) = skip {
+                    self.skipped_said(s);
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                if let Some(s) = skip.filter(|_| !e.is_stale()) {
+                    *self.unsettled.lock().unwrap_or_else(|e| e.into_inner()) = Some((s, progress));
+                }
+                self.failed(e).await.map(|()| false)
+            }
         }
     }
 
@@ -395,3 +450,6 @@ fn outcome_kind(outcome: &TaskOutcome) -> &'static str {
         TaskOutcome::Trapped(_) => "trapped",
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,7 +8,7 @@ use crate::runtime::{CacheUse, Compile, CompileObserver, EngineOptions, PluginEn
 
 /// A test guest built by `scripts/build-guests.sh`, found through
 /// `BATON_GUESTS_DIR` (set by `scripts/test.sh`).
-fn guest(file: &str) -> std::path::PathBuf {
+pub(crate) fn guest(file: &str) -> std::path::PathBuf {
     let dir = std::env::var_os("BATON_GUESTS_DIR").expect("BATON_GUESTS_DIR: run scripts/test.sh");
     std::path::Path::new(&dir).join(file)
 }
@@ -164,7 +164,7 @@ fn every_version_of_the_contract_is_served_and_told_apart() {
 
 /// What the guests print while `f` runs on this thread (a current-thread
 /// runtime), one log message a line.
-fn guest_lines<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> String {
+pub(crate) fn guest_lines<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> String {
     #[derive(Clone, Default)]
     struct Sink(Arc<Mutex<Vec<u8>>>);
     impl std::io::Write for Sink {
@@ -260,7 +260,7 @@ fn followed() -> tokio::sync::watch::Receiver<crate::election::LeaseView> {
 
 /// A spec for the test guest `file` with the variables `env` and, if
 /// given, a directory granted as `/records`.
-fn spec_of(file: &str, env: &[(&str, &str)], records: Option<&Path>) -> PluginSpec {
+pub(crate) fn spec_of(file: &str, env: &[(&str, &str)], records: Option<&Path>) -> PluginSpec {
     PluginSpec {
         name: file.trim_end_matches(".wasm").replace('_', "-"),
         path: guest(file),
