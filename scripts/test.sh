@@ -161,6 +161,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["test"], ["lib"]):
         print(m["target"]["name"], m["executable"])')
 logs="$(mktemp -d)"
+echo "test: built and set up in ${SECONDS} s; the groups start" >&2
+groups_start=$SECONDS
 declare -A pid
 for g in "${groups[@]}"; do
     exe="${bin[${binary[$g]}]:-}"
@@ -171,6 +173,7 @@ for g in "${groups[@]}"; do
         # shellcheck disable=SC2086 # the filter is words
         "$exe" --test-threads=1 --nocapture ${filter[$g]} || rc=$?
         echo "$rc" >"$logs/$g.rc"
+        echo "$SECONDS" >"$logs/$g.secs"
     ) >"$logs/$g.log" 2>&1 &
     pid[$g]=$!
     if [ "${BATON_TEST_SERIAL:-0}" = 1 ]; then wait "${pid[$g]}"; fi
@@ -183,6 +186,7 @@ if [ -n "${archive:-}" ]; then
         rc=0
         BATON_KUBE_ENV="$BATON_CACHE/kube/run/test-image-$$.env" scripts/image-test.sh "$archive" || rc=$?
         echo "$rc" >"$logs/image.rc"
+        echo "$SECONDS" >"$logs/image.secs"
     ) >"$logs/image.log" 2>&1 &
     pid[image]=$!
 fi
@@ -190,6 +194,8 @@ for g in "${groups[@]}"; do
     wait "${pid[$g]}" 2>/dev/null || true
     echo "==== $g"
     cat "$logs/$g.log"
+    took="$(( $(cat "$logs/$g.secs" 2>/dev/null || echo "$SECONDS") - groups_start ))"
+    times="${times:-}$g ${took} s, "
     if [ "$(cat "$logs/$g.rc" 2>/dev/null)" != 0 ]; then
         status=1
         failed="${failed:-} $g"
@@ -207,7 +213,9 @@ for g in ${failed:-}; do
          /^test result:/     { list = 0 }' "$logs/$g.log"
 done
 rm -rf "$logs"
+echo "test: the groups took ${times%, } (their longest sets the suite's time)" >&2
 cargo test -p baton-guest --all-features "$@" -- --test-threads=1 || status=1
+echo "test: ${SECONDS} s in all" >&2
 if [ "$status" != 0 ]; then
     echo "test: failed:${failed:- (see above)}" >&2
 fi
