@@ -34,11 +34,16 @@ fi
 # host target (the workspace's lints are in Cargo.toml).
 cargo fmt --all --check
 cargo clippy -p baton --all-targets --locked -- -D warnings
+# Where the set-up's time goes, on standard error.
+phase() { echo "test: $1 by ${SECONDS} s" >&2; }
+phase "style gate"
 
 scripts/build-guests.sh >/dev/null
+phase "guests built"
 export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
 export BATON_POLYGLOT_DIR="${BATON_POLYGLOT_DIR:-$BATON_CACHE/polyglot}"
 scripts/build-polyglot-guests.sh >/dev/null
+phase "polyglot guests built"
 # The container image (scripts/image.sh) is built beside the steps below, in
 # the background: its static release build for the musl target compiles
 # wasmtime once more (about 20 minutes on a cold 2-core machine, cached in
@@ -87,7 +92,9 @@ deploy/kubernetes/verify.sh
 export BATON_REGISTRY_ENV="$BATON_CACHE/registry/run/test-$$.env"
 registries=1
 eval "$(scripts/registry-testenv.sh start)"
+phase "servers started"
 cargo build -p baton
+phase "host built"
 # The host and the SDK are tested in two runs: together, the SDK's
 # wit-bindgen would change the features of crates that wasmtime's macros
 # share, and wasmtime would be compiled a second time.
@@ -96,6 +103,7 @@ cargo build -p baton
 # build leaves gigabytes of dirty pages, and in the first tests after one
 # the lease files' fsyncs took over 200 ms each for more than a second.
 cargo test --no-run -p baton "$@"
+phase "tests built"
 if [ -n "$image" ]; then
     if ! wait "$image"; then
         echo "test: building the container image failed (scripts/image.sh):" >&2
@@ -103,6 +111,7 @@ if [ -n "$image" ]; then
         exit 1
     fi
     image=
+    phase "image built"
     archive="$(cat "$image_log.out")"
     tail -n 1 "$image_log" >&2
     rm -f "$image_log" "$image_log.out"
