@@ -289,12 +289,17 @@ impl Ctx<'_> {
         self.observer.schedule_skipped(self.name(), reason.label(), count);
     }
 
+    /// The skip whose write went unanswered, if any. Every change is one
+    /// assignment: a poisoned lock is used as is.
+    fn unsettled(&self) -> std::sync::MutexGuard<'_, Option<(Skip, Progress)>> {
+        self.unsettled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The progress read: settles a skip whose write went unanswered (it
     /// landed if the progress is the one written; no other write of this
     /// term came between).
     fn settle(&self, read: &Progress) {
-        let unsettled = self.unsettled.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match unsettled {
+        match self.unsettled().take() {
             Some((skip, written)) if written == *read => self.skipped_said(skip),
             Some((skip, _)) => tracing::debug!(
                 plugin = self.name(),
@@ -310,8 +315,8 @@ impl Ctx<'_> {
     /// The term's work ended with a skip's write unanswered: whether it
     /// landed, the progress will tell (`baton status`).
     fn unsettled_said(&self) {
-        let unsettled = self.unsettled.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((Skip { upto, count, reason }, _)) = unsettled.filter(|(s, _)| s.count > 0) {
+        if let Some((Skip { upto, count, reason }, _)) = self.unsettled().take().filter(|(s, _)| s.count > 0)
+        {
             tracing::warn!(plugin = self.name(), term = self.term.number(), count, reason = reason.label(),
                 upto = %humantime::format_rfc3339_millis(upto),
                 "scheduled runs skipped, unconfirmed: the store did not answer the write before the term ended");
@@ -411,7 +416,7 @@ impl Ctx<'_> {
             }
             Err(e) => {
                 if let Some(s) = skip.filter(|_| !e.is_stale()) {
-                    *self.unsettled.lock().unwrap_or_else(|e| e.into_inner()) = Some((s, progress));
+                    *self.unsettled() = Some((s, progress));
                 }
                 self.failed(e).await.map(|()| false)
             }
