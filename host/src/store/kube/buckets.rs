@@ -25,6 +25,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, ObjectMeta};
+
+use super::gate::Gated;
 use serde::{Deserialize, Serialize};
 
 use super::ROLE_LABEL;
@@ -139,15 +141,24 @@ struct Loaded {
 /// Buckets as ConfigMaps; see the [module documentation](self).
 #[derive(Clone)]
 pub struct KubeBuckets {
-    api: Api<ConfigMap>,
+    api: Gated<ConfigMap>,
     namespace: String,
 }
 
 impl KubeBuckets {
     /// The buckets in `namespace`, through `client`.
     pub fn new(client: kube::Client, namespace: &str) -> KubeBuckets {
+        let api = Gated::<ConfigMap>::new(Api::namespaced(client, namespace), Default::default());
+        KubeBuckets::through(&api, namespace)
+    }
+
+    /// The buckets in `namespace`, through a store's client and gate.
+    pub(super) fn through<K>(store: &Gated<K>, namespace: &str) -> KubeBuckets
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
+    {
         KubeBuckets {
-            api: Api::namespaced(client, namespace),
+            api: store.other(|client| Api::namespaced(client, namespace)),
             namespace: namespace.to_owned(),
         }
     }

@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta};
 
+use super::gate::Gated;
+
 use super::ROLE_LABEL;
 use super::requests::{map_error, post_params, rv_number};
 use crate::store::StoreError;
@@ -129,7 +131,7 @@ pub struct Counted {
 /// lease (floors only grow, so one seen covering a term still does).
 #[derive(Clone)]
 pub struct Floors {
-    api: Api<ConfigMap>,
+    api: Gated<ConfigMap>,
     namespace: String,
     seen: Arc<Mutex<HashMap<String, Seen>>>,
     ahead: Arc<ahead::Ahead>,
@@ -148,9 +150,12 @@ struct Seen {
 
 impl Floors {
     /// The floors in `namespace`.
-    pub fn new(client: kube::Client, namespace: &str) -> Floors {
+    pub(super) fn new<K>(store: &Gated<K>, namespace: &str) -> Floors
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
+    {
         Floors {
-            api: Api::namespaced(client, namespace),
+            api: store.other(|client| Api::namespaced(client, namespace)),
             namespace: namespace.to_owned(),
             seen: Arc::default(),
             ahead: Arc::default(),

@@ -44,6 +44,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 pub mod buckets;
 mod client;
 pub mod floor;
+mod gate;
 pub mod pod_label;
 mod reads;
 mod record;
@@ -59,6 +60,7 @@ pub use record::{
 pub use requests::{FIELD_MANAGER, baton_wrote_transitions, map_error};
 
 use self::floor::Floors;
+use self::gate::{Class, Gated, RequestGate};
 use self::reads::listed;
 use self::watch::{LeaseStream, LiveTimings, SharedWatch, WatchConfig};
 use super::deleted::DeletedRecords;
@@ -137,7 +139,7 @@ pub struct KubeStore {
 }
 
 struct Inner {
-    api: Api<DynamicObject>,
+    api: Gated<DynamicObject>,
     /// Where and how its watches watch; `watch.selector` holds every label
     /// it writes.
     watch: WatchConfig,
@@ -232,7 +234,10 @@ impl KubeStore {
     /// Opens the store on an existing client.
     pub fn with_client(client: Client, namespace: &str, server: String, options: &KubeOptions) -> KubeStore {
         let resource = ApiResource::erase::<Lease>(&());
-        let api = Api::namespaced_with(client.clone(), namespace, &resource);
+        let api = Gated::new(
+            Api::namespaced_with(client, namespace, &resource),
+            Arc::new(RequestGate::default()),
+        );
         let timings = StoreTimings {
             fallback_duration: options.fallback_duration,
             request_timeout: options.request_timeout,
@@ -245,7 +250,7 @@ impl KubeStore {
         };
         KubeStore {
             inner: Arc::new(Inner {
-                floors: Floors::new(client, namespace),
+                floors: Floors::new(&api, namespace),
                 api,
                 shared: Arc::new(SharedWatch::new(watch.clone())),
                 watch,
@@ -268,13 +273,13 @@ impl KubeStore {
     /// store's), through the same client.
     pub fn pod_labels(&self, namespace: Option<&str>, pod: &str) -> pod_label::PodLabels {
         let namespace = namespace.unwrap_or(&self.inner.namespace);
-        pod_label::PodLabels::new(self.inner.api.clone().into_client(), namespace, pod)
+        pod_label::PodLabels::through(&self.inner.api, namespace, pod)
     }
 
     /// The buckets of plugins' key-value state beside the Leases: ConfigMaps
     /// of the same namespace, through the same client.
     pub fn buckets(&self) -> buckets::KubeBuckets {
-        buckets::KubeBuckets::new(self.inner.api.clone().into_client(), &self.inner.namespace)
+        buckets::KubeBuckets::through(&self.inner.api, &self.inner.namespace)
     }
 }
 
@@ -296,24 +301,12 @@ impl LeaseStore for KubeStore {
     }
 
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
-        let inner = &self.inner;
-        match inner
-            .api
-            .get_opt(lease)
-            .await
-            .map_err(|e| map_error(lease, "get", e))?
-        {
-            Some(mut obj) => {
-                requests::slim(&mut obj);
-                inner.accept(lease, Arc::new(obj)).map(Some)
-            }
-            None => inner.deleted(lease, None, None).await,
-        }
+        Class::Elect.scope(self.read(lease)).await
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
         // A lease read as never written: its floor must still be 0.
-        self.create_at(lease, record, false).await
+        Class::Elect.scope(self.create_at(lease, record, false)).await
     }
 
     /// A delete with the version as its `resourceVersion` precondition
@@ -330,7 +323,7 @@ impl LeaseStore for KubeStore {
             }),
             ..DeleteParams::default()
         };
-        match self.inner.api.delete(lease, &params).await {
+        match Class::Elect.scope(self.inner.api.delete(lease, &params)).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
             Err(e) => Err(map_error(lease, "delete", e)),
@@ -344,10 +337,11 @@ impl LeaseStore for KubeStore {
         record: &LeaseRecord,
     ) -> Result<Versioned, StoreError> {
         if version.starts_with(TOMBSTONE) {
-            return self.recreate(lease, version, record).await;
+            return Class::Elect.scope(self.recreate(lease, version, record)).await;
         }
-        let obj = self.inner.object_at(lease, version).await?;
-        self.replace(lease, obj, version, record).await
+        let obj = Class::Elect.scope(self.inner.object_at(lease, version)).await?;
+        let class = self.inner.class_of_write(lease, &obj, record);
+        class.scope(self.replace(lease, obj, version, record)).await
     }
 
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
@@ -375,7 +369,7 @@ impl LeaseStore for KubeStore {
             Err(why) => {
                 tracing::debug!(reason = %why, prefix, "listing the Leases from the API server");
                 let selector = watch::label_selector(&inner.watch.selector);
-                inner.list_objects(&selector).await?
+                Class::Elect.scope(inner.list_objects(&selector)).await?
             }
         };
         listed(prefix, &objects, inner.fallback_duration())

@@ -17,6 +17,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+
+use super::gate::Gated;
 use sha2::{Digest, Sha256};
 
 use super::requests::{FIELD_MANAGER, map_error};
@@ -53,7 +55,7 @@ pub fn route_label(lease: &str) -> String {
 /// This host's pod, and the requests on the route labels of its namespace.
 #[derive(Clone)]
 pub struct PodLabels {
-    api: Api<Pod>,
+    api: Gated<Pod>,
     namespace: String,
     pod: String,
 }
@@ -74,8 +76,17 @@ fn params() -> PatchParams {
 impl PodLabels {
     /// The pod `pod` in `namespace`, through `client`. Makes no request.
     pub fn new(client: Client, namespace: &str, pod: &str) -> PodLabels {
+        let api = Gated::<Pod>::new(Api::namespaced(client, namespace), Default::default());
+        PodLabels::through(&api, namespace, pod)
+    }
+
+    /// The pod `pod` in `namespace`, through a store's client and gate.
+    pub(super) fn through<K>(store: &Gated<K>, namespace: &str, pod: &str) -> PodLabels
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
+    {
         PodLabels {
-            api: Api::namespaced(client, namespace),
+            api: store.other(|client| Api::namespaced(client, namespace)),
             namespace: namespace.to_owned(),
             pod: pod.to_owned(),
         }

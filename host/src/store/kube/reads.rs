@@ -9,11 +9,32 @@ use std::time::Duration;
 
 use kube::api::{DynamicObject, ListParams};
 
+use super::gate::Class;
 use super::requests::{map_error, rv_number, slim};
-use super::{Inner, KEEP_OBJECTS, OWN_REQUEST_TIMEOUT, Recent, to_versioned};
+use super::{Inner, KEEP_OBJECTS, KubeStore, OWN_REQUEST_TIMEOUT, Recent, to_versioned};
 use crate::store::deleted::Found;
-use crate::store::{ANY_LEASE, StoreError, Versioned};
+use crate::store::{ANY_LEASE, LeaseRecord, StoreError, Versioned};
 use crate::support::rounding::human;
+
+impl KubeStore {
+    /// The Lease as the API server holds it, or the record of a deleted
+    /// one.
+    pub(super) async fn read(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
+        let inner = &self.inner;
+        match inner
+            .api
+            .get_opt(lease)
+            .await
+            .map_err(|e| map_error(lease, "get", e))?
+        {
+            Some(mut obj) => {
+                slim(&mut obj);
+                inner.accept(lease, Arc::new(obj)).map(Some)
+            }
+            None => inner.deleted(lease, None, None).await,
+        }
+    }
+}
 
 impl Inner {
     /// The duration read for a Lease with a holder but no usable
@@ -151,6 +172,22 @@ impl Inner {
         let mut items = list.items;
         items.iter_mut().for_each(slim);
         Ok(items)
+    }
+
+    /// The class of a write of `record` over `current`: [`Class::Hold`]
+    /// for a renewal or a release by the holder (same term, same holder or
+    /// none), [`Class::Elect`] for the rest.
+    pub(super) fn class_of_write(&self, lease: &str, current: &DynamicObject, record: &LeaseRecord) -> Class {
+        let Ok(now) = to_versioned(lease, current, self.fallback_duration()) else {
+            return Class::Elect;
+        };
+        let now = now.record;
+        let holder_writes = now.holder.is_some() && (record.holder.is_none() || record.holder == now.holder);
+        if now.term == record.term && holder_writes {
+            Class::Hold
+        } else {
+            Class::Elect
+        }
     }
 
     /// The object of `lease` at `version`: the one seen, else the Lease as

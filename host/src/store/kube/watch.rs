@@ -31,7 +31,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kube::api::{Api, DynamicObject};
+use kube::api::DynamicObject;
+
+use super::gate::Gated;
 use rand::Rng;
 
 use crate::store::StoreTimings;
@@ -48,7 +50,7 @@ pub(super) use self::shared::SharedWatch;
 /// What the watches of one store have in common: where and how to watch.
 #[derive(Clone)]
 pub(super) struct WatchConfig {
-    pub api: Api<DynamicObject>,
+    pub api: Gated<DynamicObject>,
     /// The labels every Lease of this store carries (the store's constant
     /// one and the configured ones): the shared watch's selector.
     pub selector: BTreeMap<String, String>,

@@ -95,7 +95,9 @@ impl Floors {
     /// as the store lives.
     async fn follow_floors(&self, timings: Arc<LiveTimings>) {
         let resource = ApiResource::erase::<ConfigMap>(&());
-        let api = Api::namespaced_with(self.api.clone().into_client(), &self.namespace, &resource);
+        let api = self
+            .api
+            .other(|client| Api::namespaced_with(client, &self.namespace, &resource));
         let selector = std::collections::BTreeMap::from([(ROLE_LABEL.to_owned(), FLOOR_ROLE.to_owned())]);
         let config = WatchConfig {
             api,

@@ -84,7 +84,7 @@ impl Follower {
             })?
             .map_err(|e| map_error(&self.lease, "watch", e))?;
         self.current = Some(Request {
-            events: events.boxed(),
+            events,
             started: Instant::now(),
             limit: Duration::from_secs(secs.into()),
             active: false,

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::demux::{Delivery, SharedState, Signal, Taken, Unserved};
 use super::follower::Follower;
 use super::{WatchConfig, selects};
+use crate::store::kube::gate::Class;
 use crate::store::kube::requests::{map_error, rv_number, slim};
 use crate::store::{ANY_LEASE, StoreError};
 use crate::support::rounding::human;
@@ -180,7 +181,9 @@ async fn run_shared(shared: Arc<SharedWatch>, generation: u64) {
     let mut ended = Ended(shared.clone(), generation, None);
     // Wait for the spawner to put the run in place (it holds the lock).
     drop(shared.state());
-    let error = shared.follow(generation).await;
+    // Every lease watch of the store waits for this one: it goes before
+    // the background requests.
+    let error = Class::Elect.scope(shared.follow(generation)).await;
     tracing::debug!(error = %error, "the shared lease watch ended");
     ended.2 = Some(error);
 }

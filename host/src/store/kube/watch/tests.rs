@@ -338,10 +338,13 @@ async fn only_writes_of_leases_the_watch_selects_are_awaited() {
 fn config() -> WatchConfig {
     let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
     WatchConfig {
-        api: Api::namespaced_with(
-            client,
-            "ns",
-            &kube::api::ApiResource::erase::<k8s_openapi::api::coordination::v1::Lease>(&()),
+        api: Gated::new(
+            kube::Api::namespaced_with(
+                client,
+                "ns",
+                &kube::api::ApiResource::erase::<k8s_openapi::api::coordination::v1::Lease>(&()),
+            ),
+            Default::default(),
         ),
         selector: selector(),
         timings: Arc::new(LiveTimings::new(StoreTimings {
