@@ -26,7 +26,7 @@ use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, ObjectMeta};
 
-use super::gate::Gated;
+use super::gate::{Gated, RequestGate};
 use serde::{Deserialize, Serialize};
 
 use super::ROLE_LABEL;
@@ -148,7 +148,8 @@ pub struct KubeBuckets {
 impl KubeBuckets {
     /// The buckets in `namespace`, through `client`.
     pub fn new(client: kube::Client, namespace: &str) -> KubeBuckets {
-        let api = Gated::<ConfigMap>::new(Api::namespaced(client, namespace), Default::default());
+        let gate = RequestGate::new(|| REQUEST_TIMEOUT);
+        let api = Gated::<ConfigMap>::new(Api::namespaced(client, namespace), gate.into());
         KubeBuckets::through(&api, namespace)
     }
 

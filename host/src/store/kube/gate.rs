@@ -3,20 +3,25 @@
 //! other requests and the shared watch, then everything else.
 //!
 //! Every request of a store goes through its one [`RequestGate`], by the
-//! [`Gated`] API that wraps kube's: at most [`IN_FLIGHT`] are in flight,
-//! at most [`ELECT_IN_FLIGHT`] of them other than renewals, at most
-//! [`BACKGROUND_IN_FLIGHT`] of them background ones; a request waits its
-//! turn within its caller's bound. So a host with many leases never offers
-//! the API server more than it can answer within the request timeout: a
-//! request that times out while it waits here cost the server nothing,
-//! and [`IN_FLIGHT`] slots always serve whatever does get through.
+//! [`Gated`] API that wraps kube's. The bound adapts to the API server as
+//! TCP's window does: it starts at [`START_LIMIT`], its lowest, grows by one for each
+//! answer that comes within a quarter of the request timeout (doubling
+//! each round trip) until the first sign of congestion, then by one a
+//! round trip, and halves, once a round trip, when an answer comes after
+//! half the timeout or not at all. A quarter of the places are kept for
+//! renewals, and background requests take half at most. A request waits
+//! its turn within its caller's bound, and one that waited over half the
+//! request timeout is not sent ([`Shed`]): whatever is sent has time to
+//! be answered, and the server never works on answers nobody waits for.
 //!
-//! Without the bound a host starting 100 leases sent about 500 requests at
+//! Without a bound, a host starting 100 leases sent about 500 requests at
 //! once (per lease: a listing, a floor read, a watch, an acquisition). On
 //! a busy 2-core machine the API server answered them in 1 to 5 s, past
-//! the 500 ms request timeout: every request timed out, was retried a
-//! retry period later, and the server spent itself on answers nobody
-//! waited for. No lease was led for minutes.
+//! the 500 ms request timeout: every request timed out and was retried,
+//! and no lease was led for minutes. A fixed bound of 16 cured that, but
+//! held 1,000 leases at a retry period of 1 s to a fraction of the rate
+//! the server answers; a fixed 64 did not cure it, nor did a bound that
+//! slow answers halved down to 4.
 //!
 //! A request's [`Class`] is set for the task that makes it
 //! ([`Class::scope`]); a request made outside any scope (a task of the
@@ -25,6 +30,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -33,22 +39,25 @@ use kube::api::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{AcquireError, Semaphore, SemaphorePermit};
+use std::collections::VecDeque;
+use std::sync::Mutex;
 
-/// The most requests of one store in flight at once. On the test API
-/// server (2 cores, loopback) a write takes 2 to 5 ms when the server is
-/// idle: 16 in flight carry 3,000 to 8,000 a second, above what the server
-/// answers (about 1,000 writes a second: docs/performance.md).
-pub const IN_FLIGHT: usize = 16;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 
-/// The most in flight other than renewals and releases: the other 4 are
-/// kept for renewals, so a burst of acquisitions and reads never makes a
-/// holder wait past its renew deadline.
-pub const ELECT_IN_FLIGHT: usize = 12;
+use crate::support::rounding::human;
 
-/// The most background requests in flight (watches started, listings,
-/// term floors read ahead, plugins' buckets, pod labels).
-pub const BACKGROUND_IN_FLIGHT: usize = 8;
+/// The bound on requests in flight a store starts with, and the lowest it
+/// goes: 16 carried 100 leases' start on a starved machine where the
+/// bound lower still (halved down to 4 by slow answers) let too few
+/// through, and no bound none at all.
+pub const START_LIMIT: usize = 16;
+
+/// The lowest bound.
+pub const MIN_LIMIT: usize = START_LIMIT;
+
+/// The highest bound.
+pub const MAX_LIMIT: usize = 256;
 
 tokio::task_local! {
     static CLASS: Class;
@@ -83,55 +92,221 @@ impl Class {
 
 /// A store's bound on its requests in flight; see the [module
 /// documentation](self).
-#[derive(Debug)]
 pub struct RequestGate {
-    all: Semaphore,
-    elect: Semaphore,
-    background: Semaphore,
+    state: Mutex<State>,
+    /// The request timeout, read at each request (a reload may change it).
+    timeout: Box<dyn Fn() -> Duration + Send + Sync>,
 }
 
-impl Default for RequestGate {
-    fn default() -> RequestGate {
-        RequestGate {
-            all: Semaphore::new(IN_FLIGHT),
-            elect: Semaphore::new(ELECT_IN_FLIGHT),
-            background: Semaphore::new(BACKGROUND_IN_FLIGHT),
+/// The bound, what is in flight and who waits.
+struct State {
+    /// The bound on requests in flight, [`MIN_LIMIT`] to [`MAX_LIMIT`].
+    limit: f64,
+    /// Growing by one per quick answer (doubling each round trip) until
+    /// the first sign of congestion; by one a round trip after.
+    slow_start: bool,
+    /// When the bound was last halved: answers to requests sent before
+    /// that do not halve it again.
+    halved: Option<Instant>,
+    /// Requests in flight, by [`Class`].
+    in_flight: [usize; 3],
+    /// Requests waiting for a place, by [`Class`], oldest first.
+    waiting: [VecDeque<oneshot::Sender<()>>; 3],
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            limit: START_LIMIT as f64,
+            slow_start: true,
+            halved: None,
+            in_flight: [0; 3],
+            waiting: Default::default(),
         }
+    }
+
+    fn limit(&self) -> usize {
+        self.limit as usize
+    }
+
+    /// Whether a request of `class` may go now.
+    fn fits(&self, class: Class) -> bool {
+        let limit = self.limit();
+        let [hold, elect, background] = self.in_flight;
+        let others = limit.saturating_sub((limit / 4).max(1));
+        let room = hold + elect + background < limit;
+        match class {
+            Class::Hold => room,
+            Class::Elect => room && elect + background < others,
+            Class::Background => room && elect + background < others && background < (limit / 2).max(1),
+        }
+    }
+
+    /// Lets waiters go while they fit, renewals first.
+    fn grant(&mut self) {
+        for class in [Class::Hold, Class::Elect, Class::Background] {
+            while self.fits(class) {
+                let Some(waiter) = self.waiting[class as usize].pop_front() else {
+                    break;
+                };
+                // A waiter that gave up is passed over.
+                if waiter.send(()).is_ok() {
+                    self.in_flight[class as usize] += 1;
+                }
+            }
+        }
+    }
+
+    /// A request of `class` sent at `sent` ended: answered after `took`,
+    /// or (`None`) given up by its caller before the answer.
+    fn ended(&mut self, class: Class, sent: Instant, took: Option<Duration>, timeout: Duration) {
+        self.in_flight[class as usize] -= 1;
+        match took {
+            Some(took) if took <= timeout / 4 => {
+                let step = if self.slow_start { 1.0 } else { 1.0 / self.limit };
+                self.limit = (self.limit + step).min(MAX_LIMIT as f64);
+            }
+            Some(took) if took <= timeout / 2 => {}
+            // Slow or cut: the server is busier than this bound lets it
+            // be. Once a round trip: what was in flight then tells of the
+            // old bound.
+            _ if self.halved.is_none_or(|at| sent > at) => {
+                self.limit = (self.limit / 2.0).max(MIN_LIMIT as f64);
+                self.slow_start = false;
+                self.halved = Some(Instant::now());
+                tracing::debug!(
+                    limit = self.limit(),
+                    "the API server is slow: fewer requests in flight"
+                );
+            }
+            _ => {}
+        }
+        self.grant();
     }
 }
 
-/// A request's place in flight; dropping it frees the place.
+/// A request that waited for its place longer than half the request
+/// timeout, and was not sent: by the time the API server answered, its
+/// caller would most likely have given up.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "not sent: the host waited {} for a place in flight to the API server (now {limit}), over half the request timeout ({})",
+    human(*.waited),
+    human(*.timeout)
+)]
+pub struct Shed {
+    waited: Duration,
+    timeout: Duration,
+    limit: usize,
+}
+
+/// A request's place in flight; dropping it frees the place and tells the
+/// gate how the request went.
 pub struct Admitted<'a> {
-    _permits: [Option<SemaphorePermit<'a>>; 3],
+    gate: &'a RequestGate,
+    class: Class,
+    sent: Instant,
+    /// How long the answer took; `None`: none came.
+    answered: Option<Duration>,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let timeout = (self.gate.timeout)();
+        let mut state = self.gate.state();
+        state.ended(self.class, self.sent, self.answered, timeout);
+    }
+}
+
+/// A request waiting for its place: dropped before it took one (its
+/// caller gave up), it hands back a place granted meanwhile.
+struct Waiting<'a> {
+    gate: &'a RequestGate,
+    class: Class,
+    granted: oneshot::Receiver<()>,
+    taken: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        self.granted.close();
+        if self.granted.try_recv().is_ok() {
+            let mut state = self.gate.state();
+            state.in_flight[self.class as usize] -= 1;
+            state.grant();
+        }
+    }
 }
 
 impl RequestGate {
-    /// Waits until a request of `class` may go. The permits are taken in
-    /// one order (background, elect, all), so no two waiters deadlock.
-    pub async fn admit(&self, class: Class) -> Admitted<'_> {
-        let background = match class {
-            Class::Background => Some(permit(self.background.acquire().await)),
-            _ => None,
-        };
-        let elect = match class {
-            Class::Hold => None,
-            _ => Some(permit(self.elect.acquire().await)),
-        };
-        let all = permit(self.all.acquire().await);
-        Admitted {
-            _permits: [background, elect, Some(all)],
+    /// A gate for requests bounded by `timeout()`.
+    pub fn new(timeout: impl Fn() -> Duration + Send + Sync + 'static) -> RequestGate {
+        RequestGate {
+            state: Mutex::new(State::new()),
+            timeout: Box::new(timeout),
         }
     }
 
-    /// Sends `request` once it is admitted, in the current task's class.
-    pub async fn send<T>(&self, request: impl Future<Output = T>) -> T {
-        let _admitted = self.admit(Class::current()).await;
-        request.await
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every change is complete under the lock.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-fn permit(acquired: Result<SemaphorePermit<'_>, AcquireError>) -> SemaphorePermit<'_> {
-    acquired.expect("the gate's semaphores are never closed")
+    /// Waits until a request of `class` may go.
+    pub async fn admit(&self, class: Class) -> Admitted<'_> {
+        let waiting = {
+            let mut state = self.state();
+            if state.waiting[class as usize].is_empty() && state.fits(class) {
+                state.in_flight[class as usize] += 1;
+                None
+            } else {
+                let (tx, granted) = oneshot::channel();
+                state.waiting[class as usize].push_back(tx);
+                Some(Waiting {
+                    gate: self,
+                    class,
+                    granted,
+                    taken: false,
+                })
+            }
+        };
+        if let Some(mut waiting) = waiting {
+            // Senders are dropped unsent only with the gate.
+            let _ = (&mut waiting.granted).await;
+            waiting.taken = true;
+        }
+        Admitted {
+            gate: self,
+            class,
+            sent: Instant::now(),
+            answered: None,
+        }
+    }
+
+    /// Sends `request` once it is admitted, in the current task's class,
+    /// unless it waited over half the request timeout for it.
+    pub async fn send<T>(&self, request: impl Future<Output = kube::Result<T>>) -> kube::Result<T> {
+        let asked = Instant::now();
+        let mut admitted = self.admit(Class::current()).await;
+        let timeout = (self.timeout)();
+        let waited = asked.elapsed();
+        if waited > timeout / 2 {
+            // Not sent: no news of the server.
+            admitted.answered = Some(timeout / 3);
+            let limit = self.state().limit();
+            return Err(kube::Error::Service(Box::new(Shed {
+                waited,
+                timeout,
+                limit,
+            })));
+        }
+        let answer = request.await;
+        admitted.answered = Some(admitted.sent.elapsed());
+        answer
+    }
 }
 
 /// kube's [`Api`] with every request through a [`RequestGate`].
@@ -227,67 +402,131 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
-    /// Holds `n` places of `class` until the returned sender is dropped.
-    fn hold(gate: &Arc<RequestGate>, class: Class, n: usize) -> Vec<tokio::sync::oneshot::Sender<()>> {
-        (0..n)
-            .map(|_| {
-                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-                let gate = gate.clone();
-                tokio::spawn(async move {
-                    let _in = gate.admit(class).await;
-                    let _ = rx.await;
-                });
-                tx
-            })
-            .collect()
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// Takes places of `class` while they fit; how many it took.
+    fn fill(state: &mut State, class: Class) -> usize {
+        let mut n = 0;
+        while state.fits(class) {
+            state.in_flight[class as usize] += 1;
+            n += 1;
+        }
+        n
     }
 
-    async fn admitted_within(gate: &RequestGate, class: Class) -> bool {
-        tokio::time::timeout(Duration::from_millis(10), gate.admit(class))
-            .await
-            .is_ok()
+    #[test]
+    fn a_quarter_of_the_places_is_kept_for_renewals_and_half_at_most_goes_to_the_background() {
+        let mut s = State::new();
+        assert_eq!(fill(&mut s, Class::Background), 8);
+        assert_eq!(fill(&mut s, Class::Elect), 4);
+        assert_eq!(fill(&mut s, Class::Hold), 4);
+        s.limit = 4.0;
+        s.in_flight = [0; 3];
+        assert_eq!(fill(&mut s, Class::Background), 2);
+        assert_eq!(fill(&mut s, Class::Elect), 1);
+        assert_eq!(fill(&mut s, Class::Hold), 1);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn background_requests_leave_room_for_the_elector_and_renewals() {
-        let gate = Arc::new(RequestGate::default());
-        let _bg = hold(&gate, Class::Background, BACKGROUND_IN_FLIGHT + 5);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(!admitted_within(&gate, Class::Background).await);
-        assert!(admitted_within(&gate, Class::Elect).await);
-        let _elect = hold(&gate, Class::Elect, 20);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(!admitted_within(&gate, Class::Elect).await);
-        // Four places are left for renewals, whatever waits.
-        let _hold = hold(&gate, Class::Hold, IN_FLIGHT - ELECT_IN_FLIGHT - 1);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(admitted_within(&gate, Class::Hold).await);
-        let _last = hold(&gate, Class::Hold, 1);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(!admitted_within(&gate, Class::Hold).await);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_freed_place_goes_to_a_waiter_and_the_class_follows_the_task() {
-        let gate = Arc::new(RequestGate::default());
-        let held = hold(&gate, Class::Background, BACKGROUND_IN_FLIGHT);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        let waiting = {
-            let gate = gate.clone();
-            tokio::spawn(async move { gate.send(async { Class::current() }).await })
+    #[test]
+    fn the_bound_grows_while_answers_are_quick_and_halves_once_a_round_trip_when_they_are_not() {
+        let timeout = Duration::from_millis(1000);
+        let mut s = State::new();
+        let quick = Some(Duration::from_millis(250));
+        let t0 = Instant::now();
+        let end = |s: &mut State, class: Class, sent: Instant, took: Option<Duration>| {
+            s.in_flight[class as usize] += 1;
+            s.ended(class, sent, took, timeout);
         };
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(
-            !waiting.is_finished(),
-            "a background request waits when eight are in flight"
+        for _ in 0..16 {
+            end(&mut s, Class::Hold, t0, quick);
+        }
+        assert_eq!(s.limit(), 32, "slow start: one more per quick answer");
+        end(&mut s, Class::Hold, t0, Some(Duration::from_millis(400)));
+        assert_eq!(s.limit(), 32, "between a quarter and a half: no change");
+        end(&mut s, Class::Hold, t0, Some(Duration::from_millis(600)));
+        assert_eq!(s.limit(), 16, "a slow answer halves it");
+        for _ in 0..17 {
+            end(&mut s, Class::Elect, t0, quick);
+        }
+        assert_eq!(s.limit(), 17, "past slow start: one more a round trip");
+        s.limit = 40.0;
+        end(&mut s, Class::Hold, t0, None);
+        assert_eq!(
+            s.limit(),
+            40,
+            "a cut request sent before the halving does not halve it"
         );
-        drop(held);
-        assert_eq!(waiting.await.unwrap(), Class::Background);
-        let class = Class::Hold.scope(gate.send(async { Class::current() })).await;
-        assert_eq!(class, Class::Hold);
+        let later = Instant::now() + Duration::from_millis(1);
+        end(&mut s, Class::Hold, later, None);
+        assert_eq!(s.limit(), 20, "one sent after it does");
+        for _ in 0..10 {
+            s.halved = None;
+            end(&mut s, Class::Background, t0, None);
+        }
+        assert_eq!(s.limit(), MIN_LIMIT);
+    }
+
+    async fn current() -> kube::Result<Class> {
+        Ok(Class::current())
+    }
+
+    fn wait(gate: &Arc<RequestGate>, class: Class) -> tokio::task::JoinHandle<kube::Result<Class>> {
+        let gate = gate.clone();
+        tokio::spawn(class.scope(async move { gate.send(current()).await }))
+    }
+
+    /// Sets the bound (0: nothing goes) and lets waiters go.
+    fn set_limit(gate: &RequestGate, limit: usize) {
+        let mut state = gate.state();
+        state.limit = limit as f64;
+        state.grant();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_place_goes_to_a_waiting_renewal_before_earlier_waiters() {
+        let gate = Arc::new(RequestGate::new(|| HOUR));
+        set_limit(&gate, 0);
+        let background = wait(&gate, Class::Background);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let renewal = wait(&gate, Class::Hold);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // One place, kept for renewals: the renewal has it, the earlier
+        // background request waits on.
+        set_limit(&gate, 1);
+        assert_eq!(gate.state().in_flight, [1, 0, 0]);
+        assert_eq!(gate.state().waiting[Class::Background as usize].len(), 1);
+        assert_eq!(renewal.await.unwrap().unwrap(), Class::Hold);
+        // Its quick answer makes room for another.
+        assert_eq!(background.await.unwrap().unwrap(), Class::Background);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_gives_up_leaves_no_place_taken() {
+        let gate = Arc::new(RequestGate::new(|| HOUR));
+        set_limit(&gate, 0);
+        let gave_up = tokio::time::timeout(Duration::from_millis(5), gate.admit(Class::Elect)).await;
+        assert!(gave_up.is_err());
+        set_limit(&gate, 16);
+        let state = gate.state();
+        assert_eq!(state.in_flight, [0; 3]);
+        assert!(state.waiting.iter().all(VecDeque::is_empty));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_waited_over_half_the_timeout_is_not_sent() {
+        let gate = Arc::new(RequestGate::new(|| Duration::from_secs(10)));
+        set_limit(&gate, 0);
+        let early = wait(&gate, Class::Background);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        set_limit(&gate, 16);
+        assert!(early.await.unwrap().is_ok(), "waited 4 s of 10: sent");
+        set_limit(&gate, 0);
+        let late = wait(&gate, Class::Background);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        set_limit(&gate, 16);
+        let shed = late.await.unwrap().unwrap_err().to_string();
+        assert!(shed.contains("not sent") && shed.contains("6s"), "{shed}");
     }
 }

@@ -234,18 +234,17 @@ impl KubeStore {
     /// Opens the store on an existing client.
     pub fn with_client(client: Client, namespace: &str, server: String, options: &KubeOptions) -> KubeStore {
         let resource = ApiResource::erase::<Lease>(&());
-        let api = Gated::new(
-            Api::namespaced_with(client, namespace, &resource),
-            Arc::new(RequestGate::default()),
-        );
-        let timings = StoreTimings {
+        let timings = Arc::new(LiveTimings::new(StoreTimings {
             fallback_duration: options.fallback_duration,
             request_timeout: options.request_timeout,
-        };
+        }));
+        let bound = timings.clone();
+        let gate = RequestGate::new(move || bound.request_timeout());
+        let api = Gated::new(Api::namespaced_with(client, namespace, &resource), Arc::new(gate));
         let watch = WatchConfig {
             api: api.clone(),
             selector: written_labels(&options.labels),
-            timings: Arc::new(LiveTimings::new(timings)),
+            timings,
             watch_timeout_secs: options.watch_timeout_secs,
         };
         KubeStore {

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
-use super::gate::Gated;
+use super::gate::{Gated, RequestGate};
 use sha2::{Digest, Sha256};
 
 use super::requests::{FIELD_MANAGER, map_error};
@@ -76,7 +76,9 @@ fn params() -> PatchParams {
 impl PodLabels {
     /// The pod `pod` in `namespace`, through `client`. Makes no request.
     pub fn new(client: Client, namespace: &str, pod: &str) -> PodLabels {
-        let api = Gated::<Pod>::new(Api::namespaced(client, namespace), Default::default());
+        // Its callers bound its requests by the store's request timeout.
+        let gate = RequestGate::new(|| std::time::Duration::from_secs(1));
+        let api = Gated::<Pod>::new(Api::namespaced(client, namespace), gate.into());
         PodLabels::through(&api, namespace, pod)
     }
 

@@ -344,7 +344,7 @@ fn config() -> WatchConfig {
                 "ns",
                 &kube::api::ApiResource::erase::<k8s_openapi::api::coordination::v1::Lease>(&()),
             ),
-            Default::default(),
+            crate::store::kube::gate::RequestGate::new(|| Duration::from_millis(500)).into(),
         ),
         selector: selector(),
         timings: Arc::new(LiveTimings::new(StoreTimings {
