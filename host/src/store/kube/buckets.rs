@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ListParams, ObjectMeta};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta};
 
 use super::gate::{Gated, RequestGate};
 use serde::{Deserialize, Serialize};
@@ -149,15 +149,14 @@ impl KubeBuckets {
     /// The buckets in `namespace`, through `client`.
     pub fn new(client: kube::Client, namespace: &str) -> KubeBuckets {
         let gate = RequestGate::new(|| REQUEST_TIMEOUT);
-        let api = Gated::<ConfigMap>::new(Api::namespaced(client, namespace), gate.into());
-        KubeBuckets::through(&api, namespace)
+        KubeBuckets {
+            api: Gated::new(Api::namespaced(client, namespace), gate.into()),
+            namespace: namespace.to_owned(),
+        }
     }
 
     /// The buckets in `namespace`, through a store's client and gate.
-    pub(super) fn through<K>(store: &Gated<K>, namespace: &str) -> KubeBuckets
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
-    {
+    pub(super) fn through(store: &Gated<DynamicObject>, namespace: &str) -> KubeBuckets {
         KubeBuckets {
             api: store.other(|client| Api::namespaced(client, namespace)),
             namespace: namespace.to_owned(),

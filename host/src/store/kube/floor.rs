@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta};
+use kube::api::{Api, DynamicObject, ObjectMeta};
 
 use super::gate::Gated;
 
@@ -150,10 +150,7 @@ struct Seen {
 
 impl Floors {
     /// The floors in `namespace`.
-    pub(super) fn new<K>(store: &Gated<K>, namespace: &str) -> Floors
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
-    {
+    pub(super) fn new(store: &Gated<DynamicObject>, namespace: &str) -> Floors {
         Floors {
             api: store.other(|client| Api::namespaced(client, namespace)),
             namespace: namespace.to_owned(),

@@ -4,35 +4,27 @@
 //!
 //! Every request of a store goes through its one [`RequestGate`], by the
 //! [`Gated`] API that wraps kube's. The bound adapts to the API server as
-//! TCP's window does: it starts at [`START_LIMIT`], its lowest, grows by
-//! one for each answer within half the request timeout (doubling each
-//! round trip) until a request times out, then by one a round trip, and
-//! halves, once a round trip, when a request times out. A quarter of
-//! the places are kept for renewals, and background requests take half
-//! at most. A request waits
-//! its turn within its caller's bound, and one that waited over half the
-//! request timeout is not sent ([`Shed`]): whatever is sent has time to
-//! be answered, and the server never works on answers nobody waits for.
-//!
-//! Without a bound, a host starting 100 leases sent about 500 requests at
-//! once (per lease: a listing, a floor read, a watch, an acquisition). On
-//! a busy 2-core machine the API server answered them in 1 to 5 s, past
-//! the 500 ms request timeout: every request timed out and was retried,
-//! and no lease was led for minutes. A fixed bound of 16 cured that, but
-//! held 1,000 leases at a retry period of 1 s to a fraction of the rate
-//! the server answers; a fixed 64 did not cure it, nor did a bound that
-//! slow answers halved down to 4. Halving on slow answers (over half the
-//! timeout) as well held 1,000 leases at a retry period of 1 s, where the
-//! server works at its capacity and slow answers are the rule, to too
-//! few renewals: 789 leads were lost in 20 s.
+//! TCP's window does: it starts at [`MIN_LIMIT`], grows by one for each
+//! answer within half the request timeout (doubling each round trip)
+//! until a request times out, then by one a round trip, and halves, once
+//! a round trip, when a request times out. A quarter of the places are
+//! kept for renewals, and background requests take half at most. A
+//! request waits its turn within its caller's bound, and one that waited
+//! over half the request timeout is not sent ([`Shed`]): whatever is sent
+//! has time to be answered, and the server never works on answers nobody
+//! waits for. Without a bound, a host starting 100 leases on a busy
+//! machine sent 500 requests at once, all timed out, and no lease was led
+//! for minutes; the designs tried and their figures are in
+//! docs/performance.md ("A bound on requests in flight").
 //!
 //! A request's [`Class`] is set for the task that makes it
 //! ([`Class::scope`]); a request made outside any scope (a task of the
 //! store's own, a listing for a status report) is [`Class::Background`].
 
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -42,22 +34,14 @@ use kube::api::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use std::collections::VecDeque;
-use std::sync::Mutex;
-
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::support::rounding::human;
 
-/// The bound on requests in flight a store starts with, and the lowest it
-/// goes: 16 carried 100 leases' start on a starved machine where the
-/// bound lower still (halved down to 4 by slow answers) let too few
-/// through, and no bound none at all.
-pub const START_LIMIT: usize = 16;
-
-/// The lowest bound.
-pub const MIN_LIMIT: usize = START_LIMIT;
+/// The bound a store starts with, and the lowest it goes: below it, slow
+/// answers on a starved machine let too few requests through.
+pub const MIN_LIMIT: usize = 16;
 
 /// The highest bound.
 pub const MAX_LIMIT: usize = 256;
@@ -120,7 +104,7 @@ struct State {
 impl State {
     fn new() -> State {
         State {
-            limit: START_LIMIT as f64,
+            limit: MIN_LIMIT as f64,
             slow_start: true,
             halved: None,
             in_flight: [0; 3],

@@ -272,7 +272,7 @@ impl KubeStore {
     /// store's), through the same client.
     pub fn pod_labels(&self, namespace: Option<&str>, pod: &str) -> pod_label::PodLabels {
         let namespace = namespace.unwrap_or(&self.inner.namespace);
-        pod_label::PodLabels::through(&self.inner.api, namespace, pod)
+        pod_label::PodLabels::new(&self.inner.api, namespace, pod)
     }
 
     /// The buckets of plugins' key-value state beside the Leases: ConfigMaps

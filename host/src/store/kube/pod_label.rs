@@ -15,10 +15,9 @@
 //! Every request is bounded by the caller.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
-use super::gate::{Gated, RequestGate};
+use super::gate::Gated;
 use sha2::{Digest, Sha256};
 
 use super::requests::{FIELD_MANAGER, map_error};
@@ -74,19 +73,9 @@ fn params() -> PatchParams {
 }
 
 impl PodLabels {
-    /// The pod `pod` in `namespace`, through `client`. Makes no request.
-    pub fn new(client: Client, namespace: &str, pod: &str) -> PodLabels {
-        // Its callers bound its requests by the store's request timeout.
-        let gate = RequestGate::new(|| std::time::Duration::from_secs(1));
-        let api = Gated::<Pod>::new(Api::namespaced(client, namespace), gate.into());
-        PodLabels::through(&api, namespace, pod)
-    }
-
     /// The pod `pod` in `namespace`, through a store's client and gate.
-    pub(super) fn through<K>(store: &Gated<K>, namespace: &str, pod: &str) -> PodLabels
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
-    {
+    /// Makes no request.
+    pub(super) fn new(store: &Gated<DynamicObject>, namespace: &str, pod: &str) -> PodLabels {
         PodLabels {
             api: store.other(|client| Api::namespaced(client, namespace)),
             namespace: namespace.to_owned(),
