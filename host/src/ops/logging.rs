@@ -231,6 +231,7 @@ pub fn init_with(format: LogFormat, default: &str, progress: ProgressMode) -> Lo
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(paints(terminal, std::env::var_os("NO_COLOR").as_deref()))
         .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
@@ -269,6 +270,14 @@ fn draws_progress(
         && format == LogFormat::Text
         && terminal
         && term.is_some_and(|t| !t.is_empty() && t != "dumb")
+}
+
+/// Whether the text log is coloured: only on a terminal, and only while
+/// `NO_COLOR` is unset or empty (<https://no-color.org>). A file, a pipe,
+/// journald, `kubectl logs` or `docker logs` get plain lines. (The JSON log
+/// has no colours either way.)
+fn paints(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 /// The writer thread: writes the queued lines to stderr, blocking as long
@@ -382,5 +391,17 @@ mod tests {
             Some(OsStr::new(""))
         ));
         assert!(!draws_progress(ProgressMode::Auto, LogFormat::Text, true, None));
+    }
+
+    #[test]
+    fn the_text_log_is_coloured_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(paints(true, None));
+        // A file, a pipe, journald.
+        assert!(!paints(false, None));
+        // NO_COLOR set to anything but the empty string.
+        assert!(!paints(true, Some(OsStr::new("1"))));
+        assert!(!paints(false, Some(OsStr::new("1"))));
+        assert!(paints(true, Some(OsStr::new(""))));
     }
 }
