@@ -11,7 +11,7 @@
 //!
 //! Invariants: no check runs before its term's task is admitted or once
 //! the term is over (the check's future, and so its instance, is dropped
-//! then); a hand-over never overrides a stop, nor a stand-by that lasts
+//! then), and no check that ends after its term counts; a hand-over never overrides a stop, nor a stand-by that lasts
 //! longer, nor any intent other than contending.
 
 use std::future::Future;
@@ -66,10 +66,18 @@ impl FailureCount {
 /// until `over` resolves (`None`) or `threshold` checks in a row failed:
 /// then the last failure. `report` is told each outcome and the failures
 /// in a row.
+///
+/// A check that comes back once its term is over (`is_over`) counts for
+/// nothing and is not reported: its answer (often a trap *because* the term
+/// ended, or a timeout stretched by a paused process) says nothing of the
+/// plugin's health, and a hand-over for a lease this host no longer leads
+/// would only keep it out of the next election. `is_over` is asked, not
+/// `over` polled, because both may be ready at once.
 pub(super) async fn watch_health<C: Check>(
     checker: &mut C,
     settings: &HealthCheck,
     over: impl Future<Output = ()>,
+    is_over: impl Fn() -> bool,
     mut report: impl FnMut(&CheckOutcome, u32),
 ) -> Option<CheckOutcome> {
     let mut over = pin!(over);
@@ -86,6 +94,9 @@ pub(super) async fn watch_health<C: Check>(
             _ = &mut over => return None,
             outcome = checker.check(settings.timeout) => outcome,
         };
+        if is_over() {
+            return None;
+        }
         // The timeout is below the period: the next check is due after
         // this one ended.
         next = (next + settings.period).max(Instant::now());
@@ -117,7 +128,7 @@ pub(super) async fn beside(
             return std::future::pending().await;
         };
         let (name, lease, number) = (plugin.name(), term.lease(), term.number());
-        let failing = watch_health(&mut checker, settings, term.over(), |outcome, failures| {
+        let failing = watch_health(&mut checker, settings, term.over(), || term.is_over(), |outcome, failures| {
             observer.health_check(name, outcome.as_str());
             if !outcome.is_healthy() {
                 tracing::warn!(plugin = name, lease, term = number, failures, threshold = settings.threshold, reason = %outcome, "health check failed");

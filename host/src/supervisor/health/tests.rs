@@ -72,7 +72,7 @@ async fn checks_come_every_period_and_threshold_failures_in_a_row_end_the_watch(
     let mut script = Script::new(&[true, false, false, true, false, false, false], secs(1));
     let mut seen = Vec::new();
     let started = Instant::now();
-    let last = watch_health(&mut script, &settings(3), std::future::pending(), |o, n| {
+    let last = watch_health(&mut script, &settings(3), std::future::pending(), || false, |o, n| {
         seen.push((o.as_str(), n))
     })
     .await;
@@ -106,10 +106,43 @@ async fn the_end_of_the_term_ends_the_watch_even_during_a_check() {
     let mut script = Script::new(&[false, false, false], secs(3));
     let over = tokio::time::sleep(Duration::from_millis(12_500));
     let started = Instant::now();
-    let last = watch_health(&mut script, &settings(2), over, |_, _| {}).await;
+    let last = watch_health(&mut script, &settings(2), over, || false, |_, _| {}).await;
     assert!(last.is_none());
     assert_eq!(started.elapsed(), Duration::from_millis(12_500));
     assert_eq!(script.called, [secs(5), secs(10)]);
+}
+
+/// A check stopped by the end of its own term: it returns at the moment
+/// the term is over, before the watch has seen `over` resolve.
+struct EndsTheTerm(Arc<std::sync::atomic::AtomicBool>);
+
+impl Check for EndsTheTerm {
+    fn check(&mut self, _timeout: Duration) -> impl Future<Output = CheckOutcome> + Send {
+        let ended = self.0.clone();
+        async move {
+            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            CheckOutcome::Unhealthy("stopped by the host because term 4 ended".into())
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_check_that_returns_once_its_term_is_over_counts_for_nothing() {
+    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut check = EndsTheTerm(ended.clone());
+    let mut reported = Vec::new();
+    // `over` never resolves here: only the term's own answer says it ended.
+    let last = watch_health(
+        &mut check,
+        &settings(1),
+        std::future::pending(),
+        || ended.load(std::sync::atomic::Ordering::SeqCst),
+        |o, n| reported.push((o.as_str(), n)),
+    )
+    .await;
+    // A threshold of 1: counted, it would have handed the lease over.
+    assert!(last.is_none(), "{last:?}");
+    assert!(reported.is_empty(), "reported after the term: {reported:?}");
 }
 
 #[tokio::test(start_paused = true)]
