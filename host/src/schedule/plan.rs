@@ -37,10 +37,21 @@ pub enum Next {
     /// Runs the due time `due` now (after its jitter); `attempt` runs of it
     /// were started before.
     Run {
-        /// The due time.
+        /// The due time (for a run asked by `baton run-now`: when it was
+        /// asked).
         due: SystemTime,
         /// Earlier runs of it (cut off).
         attempt: u32,
+        /// Whether `baton run-now` asked for it: such a run, cut off and
+        /// run again, is still one on demand.
+        on_demand: bool,
+    },
+    /// A run asked by `baton run-now`, cut off by its term's end and now
+    /// past its starting deadline: given up. Nothing of the schedule
+    /// changes (no due time handled, no skip counted).
+    GiveUp {
+        /// When it was asked.
+        due: SystemTime,
     },
     /// Records every due time up to `upto` (`count` of them) as skipped.
     Skip {
@@ -70,16 +81,18 @@ pub fn next(schedule: &Schedule, progress: &Progress, now: SystemTime) -> Next {
     }
     if let Some(run) = &progress.running {
         let due = from_millis(run.due);
-        if late(schedule, due, now) {
-            return Next::Skip {
+        return match (late(schedule, due, now), run.on_demand) {
+            (true, true) => Next::GiveUp { due },
+            (true, false) => Next::Skip {
                 upto: due,
                 count: 1,
                 reason: SkipReason::CutOff,
-            };
-        }
-        return Next::Run {
-            due,
-            attempt: run.attempt + 1,
+            },
+            (false, on_demand) => Next::Run {
+                due,
+                attempt: run.attempt + 1,
+                on_demand,
+            },
         };
     }
     let same = progress
@@ -118,6 +131,7 @@ pub fn next(schedule: &Schedule, progress: &Progress, now: SystemTime) -> Next {
             Next::Run {
                 due: first,
                 attempt: 0,
+                on_demand: false,
             }
         }
         CatchUp::Latest if first < latest => {
@@ -137,6 +151,7 @@ pub fn next(schedule: &Schedule, progress: &Progress, now: SystemTime) -> Next {
         CatchUp::Latest => Next::Run {
             due: latest,
             attempt: 0,
+            on_demand: false,
         },
     }
 }

@@ -118,7 +118,8 @@ fn a_new_schedule_starts_from_now_and_waits_for_its_next_due_time() {
         next(&s, &p, at("2026-12-04T10:00:01.002Z")),
         Next::Run {
             due: at("2026-12-04T10:00:01Z"),
-            attempt: 0
+            attempt: 0,
+            on_demand: false
         }
     );
 }
@@ -142,7 +143,8 @@ fn missed_due_times_run_once_within_the_deadline_and_are_skipped_past_it() {
         next(&s, &p, now),
         Next::Run {
             due: at("2026-12-04T10:00:05Z"),
-            attempt: 0
+            attempt: 0,
+            on_demand: false
         }
     );
     // Past its deadline (one period) and no later one due yet: skipped.
@@ -179,7 +181,8 @@ fn catch_up_all_runs_each_missed_time_within_the_deadline_in_order() {
         next(&s, &p, now),
         Next::Run {
             due: at("2026-12-04T10:00:03Z"),
-            attempt: 0
+            attempt: 0,
+            on_demand: false
         }
     );
 }
@@ -203,7 +206,8 @@ fn a_run_cut_off_by_its_terms_end_runs_again_within_its_deadline_then_is_skipped
         next(&s, &p, soon),
         Next::Run {
             due: at("2026-12-04T10:00:01Z"),
-            attempt: 1
+            attempt: 1,
+            on_demand: false
         }
     );
     let later = at("2026-12-04T10:00:02.500Z");
@@ -250,3 +254,34 @@ fn an_ended_run_is_handled_and_never_due_again_and_suspend_idles() {
     s.suspend = true;
     assert_eq!(next(&s, &p, at("2026-12-04T10:00:05Z")), Next::Idle);
 }
+
+#[test]
+fn a_cut_off_run_now_run_runs_again_on_demand_then_is_given_up_outside_the_skips() {
+    let s = every_second();
+    let mut p = handled("2026-12-04T10:00:00Z");
+    let asked = at("2026-12-04T10:00:00.250Z");
+    p.started(RunRecord {
+        due: millis(asked),
+        attempt: 0,
+        on_demand: true,
+        started: millis(asked),
+        ended: None,
+        outcome: None,
+        host: "a".into(),
+        term: 3,
+    });
+    assert_eq!(
+        next(&s, &p, at("2026-12-04T10:00:00.900Z")),
+        Next::Run {
+            due: asked,
+            attempt: 1,
+            on_demand: true
+        }
+    );
+    // Past its deadline (one period): given up, not skipped.
+    assert_eq!(
+        next(&s, &p, at("2026-12-04T10:00:01.500Z")),
+        Next::GiveUp { due: asked }
+    );
+}
+

@@ -27,7 +27,7 @@ use super::{TaskObserver, run_attempt};
 use crate::election::{LeaseView, Term};
 use crate::runtime::schedule::ScheduledRun;
 use crate::runtime::{Plugin, TaskOutcome};
-use crate::schedule::{Next, Overlap, Progress, RunRecord, Schedule, SkipReason, millis};
+use crate::schedule::{Next, Overlap, Progress, RunRecord, Schedule, SkipReason, from_millis, millis};
 use crate::store::buckets::{BucketError, BucketName, BucketStore, Limits, Op, Write};
 
 /// The bucket of every scheduled plugin's progress under a lease (one key
@@ -121,14 +121,11 @@ impl Ctx<'_> {
         };
         match crate::schedule::next(&schedule, &progress, SystemTime::now()) {
             Next::Skip { upto, count, reason } => self.skip(&mut progress, upto, count, reason).await,
-            Next::Run { due, attempt } => {
-                let run = ScheduledRun {
-                    due,
-                    attempt,
-                    on_demand: false,
-                };
+            Next::Run { due, attempt, on_demand } => {
+                let run = ScheduledRun { due, attempt, on_demand };
                 self.run(&schedule, &mut progress, run).await
             }
+            Next::GiveUp { due } => self.give_up(&mut progress, due).await,
             Next::Wait(until) => self.wait(Some(until), run_now).await,
             Next::Idle => self.wait(None, run_now).await,
         }
@@ -163,8 +160,10 @@ impl Ctx<'_> {
             return Ok(());
         };
         let schedule = self.scheduling.schedule.borrow().clone();
+        // Whole milliseconds, as recorded: a run cut off and run again
+        // gets the very due time the first attempt got.
         let run = ScheduledRun {
-            due: SystemTime::now(),
+            due: from_millis(millis(SystemTime::now())),
             attempt: 0,
             on_demand: true,
         };
@@ -172,6 +171,17 @@ impl Ctx<'_> {
             Some(s) => self.run(&s, &mut progress, run).await,
             None => Ok(()),
         }
+    }
+
+    /// A cut-off `baton run-now` run past its deadline: recorded as cut
+    /// off, nothing else.
+    async fn give_up(&self, progress: &mut Progress, due: SystemTime) -> Result<(), Stop> {
+        progress.cut_off();
+        if self.write(progress, None).await? {
+            tracing::info!(plugin = self.name(), term = self.term.number(), due = %humantime::format_rfc3339_millis(due),
+                "a run asked by `baton run-now`, cut off, is past its starting deadline: not run again");
+        }
+        Ok(())
     }
 
     async fn skip(
