@@ -520,6 +520,18 @@ pub fn parse_admin_address(text: &str) -> Result<SocketAddr, AdminAddressError> 
         .map_err(|_| AdminAddressError::NotAnAddress(text.to_owned()))
 }
 
+/// The folder relative paths in the configuration are taken from: the
+/// file's own, made absolute (`--config run.toml` names the current
+/// folder; wasmtime's cache, for one, takes absolute paths only); the
+/// current folder for text without a file.
+fn base_of(source: Option<&Path>) -> PathBuf {
+    let folder = source
+        .and_then(Path::parent)
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::path::absolute(folder).unwrap_or_else(|_| folder.to_path_buf())
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
@@ -542,10 +554,7 @@ impl Config {
         let src = parse::Source {
             file: source.map_or_else(|| "<configuration>".to_owned(), |p| p.display().to_string()),
             text,
-            base: source
-                .and_then(Path::parent)
-                .map(Path::to_path_buf)
-                .unwrap_or_default(),
+            base: base_of(source),
         };
         let mut raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError {
             file: src.file.clone(),

@@ -79,7 +79,7 @@ impl Overrides {
             cfg.store = StoreConfig::Embedded { dir: dir.clone() };
         }
         if let Some(dir) = &self.cache_dir {
-            cfg.cache_dir = Some(dir.clone());
+            cfg.cache_dir = Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone()));
         }
         if let Some(dir) = &self.coredump_dir {
             cfg.coredump_dir = Some(dir.clone());

@@ -344,3 +344,20 @@ fn route_label_needs_the_kubernetes_store_and_names_its_pod() {
     .to_string();
     assert!(e.contains("invalid namespace"), "{e}");
 }
+
+#[test]
+fn relative_paths_are_taken_from_the_files_folder_made_absolute() {
+    let text = "cache-dir = \"compiled\"\ncoredump-dir = \"dumps\"\n[store]\nkind = \"embedded\"\ndir = \"leases\"\n";
+    let cwd = std::env::current_dir().unwrap();
+    // `--config run.toml`: the file's folder is the current one.
+    let c = Config::parse(text, Some(Path::new("run.toml"))).unwrap();
+    assert_eq!(c.cache_dir.as_deref(), Some(cwd.join("compiled").as_path()));
+    assert_eq!(c.coredump_dir.as_deref(), Some(cwd.join("dumps").as_path()));
+    let c = Config::parse(text, Some(Path::new("etc/baton/run.toml"))).unwrap();
+    assert_eq!(
+        c.cache_dir.as_deref(),
+        Some(cwd.join("etc/baton/compiled").as_path())
+    );
+    let c = Config::parse(text, Some(Path::new("/srv/run.toml"))).unwrap();
+    assert_eq!(c.cache_dir.as_deref(), Some(Path::new("/srv/compiled")));
+}
