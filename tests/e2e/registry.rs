@@ -12,7 +12,12 @@
 //!   credentials, a container image and a registry that never answers
 //!   are each refused in one line naming the plugin
 //!   and the reference, while the other plugins run (over TLS, signed);
-//!   credentials added to the file and a reload run the refused one.
+//!   credentials added to the file and a reload run the refused one;
+//! - `baton push` writes what `wkg oci push` writes (the layer's title, the
+//!   config's `component`: exports, imports, target), read back over HTTP,
+//!   and refuses a file that does not decode, naming it;
+//! - a Spin application pushed over HTTP (its locked app as the config,
+//!   one wasm layer) is refused as one, by the host and by `baton pull`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -476,4 +481,269 @@ fn bad_references_signatures_and_credentials_are_named_and_the_others_run() {
         "{}",
         tail(&h.output(), 30)
     );
+}
+
+/// One HTTP/1.1 exchange with a plain-HTTP registry: the status, the
+/// headers (names in lower case) and the body.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(SECS(10))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("{method} {path}: not an HTTP answer"));
+    let head = String::from_utf8_lossy(&answer[..end]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("{method} {path}: {head}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    assert!(
+        !headers
+            .iter()
+            .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked")),
+        "{method} {path}: a chunked answer: {head}"
+    );
+    (status, headers, answer[end + 4..].to_vec())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+/// The manifest of `repo:reference` in the registry at `addr`, parsed.
+fn get_manifest(addr: &str, repo: &str, reference: &str) -> serde_json::Value {
+    let (status, _, body) = http(
+        addr,
+        "GET",
+        &format!("/v2/{repo}/manifests/{reference}"),
+        &[("Accept", "application/vnd.oci.image.manifest.v1+json")],
+        b"",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// The blob `digest` of `repo`, as the registry serves it.
+fn get_blob(addr: &str, repo: &str, digest: &str) -> Vec<u8> {
+    let (status, headers, body) = http(addr, "GET", &format!("/v2/{repo}/blobs/{digest}"), &[], b"");
+    if (300..400).contains(&status) {
+        let to = header(&headers, "location").expect("a redirect's location");
+        let path = to.find("/v2/").map_or(to, |i| &to[i..]);
+        let (status, _, body) = http(addr, "GET", path, &[], b"");
+        assert_eq!(status, 200, "{to}");
+        return body;
+    }
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    body
+}
+
+/// Uploads `bytes` as a blob of `repo` (a POST, then one PUT); its digest.
+fn put_blob(addr: &str, repo: &str, bytes: &[u8]) -> String {
+    let digest = baton::oci::sha256(bytes);
+    let (status, headers, _) = http(addr, "POST", &format!("/v2/{repo}/blobs/uploads/"), &[], b"");
+    assert_eq!(status, 202, "{headers:?}");
+    let location = header(&headers, "location").expect("an upload location");
+    let path = location.find("/v2/").map_or(location, |i| &location[i..]);
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let (status, _, body) = http(
+        addr,
+        "PUT",
+        &format!("{path}{sep}digest={digest}"),
+        &[("Content-Type", "application/octet-stream")],
+        bytes,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    digest
+}
+
+#[test]
+fn a_pushed_component_says_what_it_exports_and_imports_and_its_file_name() {
+    let reg = registries();
+    let repo = unique("described");
+    let tag = format!("oci://{}/{repo}:v1", reg.plain);
+    let plain = ["--plain-http", reg.plain.as_str()];
+    let file = guest("probe_pollable.wasm");
+    let digest = push(&file, &tag, &plain);
+    let manifest = get_manifest(&reg.plain, &repo, &digest);
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.wasm.config.v0+json"
+    );
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{manifest}");
+    assert_eq!(layers[0]["mediaType"], "application/wasm");
+    assert_eq!(
+        layers[0]["annotations"]["org.opencontainers.image.title"], "probe_pollable.wasm",
+        "{manifest}"
+    );
+    let raw = get_blob(&reg.plain, &repo, manifest["config"]["digest"].as_str().unwrap());
+    let text = String::from_utf8(raw).unwrap();
+    // oci-wasm's fields, in its order, the absent ones null.
+    let order = [
+        "\"created\":",
+        "\"author\":null,",
+        "\"architecture\":\"wasm\",",
+        "\"os\":\"wasip2\",",
+        "\"layerDigests\":",
+        "\"component\":{\"exports\":",
+        "\"imports\":",
+        "\"target\":null}",
+    ];
+    let at: Vec<Option<usize>> = order.iter().map(|k| text.find(k)).collect();
+    assert!(
+        at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]),
+        "{text}"
+    );
+    let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(config["layerDigests"], serde_json::json!([layers[0]["digest"]]));
+    let component = &config["component"];
+    assert_eq!(
+        component["exports"],
+        serde_json::json!(["baton:leader/health-sync@0.4.0", "baton:leader/task-sync@0.4.0"]),
+        "{text}"
+    );
+    let imports = component["imports"].as_array().unwrap();
+    assert!(
+        imports
+            .iter()
+            .any(|i| i.as_str().unwrap().starts_with("baton:leader/"))
+            && imports.iter().any(|i| i.as_str().unwrap().starts_with("wasi:")),
+        "{text}"
+    );
+    assert!(component["target"].is_null());
+
+    // A file with a component's preamble that does not decode: refused,
+    // named, nothing pushed.
+    let s = Scratch::new();
+    let broken = s.dir.path().join("broken.wasm");
+    std::fs::write(&broken, b"\0asm\x0d\x00\x01\x00\x7f\x05\x01\x02").unwrap();
+    let broken_tag = format!("oci://{}/{repo}:broken", reg.plain);
+    let out = baton()
+        .arg("push")
+        .arg(&broken)
+        .arg(&broken_tag)
+        .args(plain)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains(&format!(
+                "{}: cannot be decoded as a WebAssembly component",
+                broken.display()
+            )),
+        "{said}"
+    );
+    let (status, _, _) = http(
+        &reg.plain,
+        "GET",
+        &format!("/v2/{repo}/manifests/broken"),
+        &[],
+        b"",
+    );
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn a_spin_application_is_refused_as_one() {
+    let reg = registries();
+    let s = Scratch::new();
+    // Spin 1's layout: the locked app as the config, the component as a
+    // wasm-to-oci layer (a real component: the layout alone refuses it).
+    let repo = unique("spin");
+    let spin = "application/vnd.fermyon.spin.application.v1+config";
+    let locked = br#"{"spin_lock_version":0,"metadata":{"name":"hello"},"triggers":[],"components":[]}"#;
+    let wasm = std::fs::read(guest("probe_pollable.wasm")).unwrap();
+    let config = put_blob(&reg.plain, &repo, locked);
+    let layer = put_blob(&reg.plain, &repo, &wasm);
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": spin, "digest": config, "size": locked.len()},
+        "layers": [{
+            "mediaType": "application/vnd.wasm.content.layer.v1+wasm",
+            "digest": layer,
+            "size": wasm.len(),
+        }],
+    });
+    let (status, _, body) = http(
+        &reg.plain,
+        "PUT",
+        &format!("/v2/{repo}/manifests/v1"),
+        &[("Content-Type", "application/vnd.oci.image.manifest.v1+json")],
+        manifest.to_string().as_bytes(),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let reference = format!("oci://{}/{repo}:v1", reg.plain);
+    let words = format!("{reference}: a Spin application (config {spin}), not a component: ");
+
+    let out = baton()
+        .arg("pull")
+        .arg(&reference)
+        .args(["--plain-http", reg.plain.as_str()])
+        .env("BATON_CACHE_DIR", s.dir.path().join("compiled"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains(&words), "{said}");
+
+    let cfg = s.write(
+        "baton.toml",
+        &format!(
+            "[store]\nkind = \"embedded\"\ndir = {:?}\n[defaults]\nlease-duration = \"2s\"\n\
+             renew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n\
+             [registry]\nplain-http = [{:?}]\ncache-dir = {:?}\n[[lease]]\nname = \"demo\"\n\
+             [[plugin]]\nname = \"spin\"\npath = {reference:?}\nlease = \"demo\"\n\
+             [[plugin]]\nname = \"file\"\npath = {:?}\nlease = \"demo\"\n",
+            s.store().display().to_string(),
+            reg.plain,
+            s.dir.path().join("oci").display().to_string(),
+            guest("probe_pollable.wasm").display().to_string(),
+        ),
+    );
+    let mut h = Host::start("host-a", &cfg);
+    h.wait_for(SECS(60), "the other plugin runs", |e| {
+        e.is("leader task started", Some("file"))
+    });
+    let refused = h.wait_for(SECS(5), "the refusal", |e| {
+        e.message().starts_with("cannot pull the plugin's component") && e.str("plugin") == Some("spin")
+    });
+    let error = refused.str("error").unwrap();
+    assert!(error.contains(&words), "{error}");
+    assert!(
+        h.all(|e| e.is("leader task started", Some("spin"))).is_empty(),
+        "{}",
+        tail(&h.output(), 30)
+    );
+    h.sigterm();
+    assert!(h.wait_exit(SECS(30)).success());
 }

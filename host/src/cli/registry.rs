@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::config::Config;
-use crate::oci::{Pulled, Reference, Registry, SigningKey, VerifyKey};
+use crate::oci::{Artifact, Pulled, Reference, Registry, SigningKey, VerifyKey};
 use crate::runtime::default_cache_dir;
 
 /// How to reach registries, on the command line.
@@ -108,15 +108,10 @@ pub async fn push(
     );
     let key = sign_key.map(SigningKey::read).transpose()?;
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    // The component binary's preamble: magic, version 0x0d, layer 1.
-    let is_component = bytes.starts_with(b"\0asm\x0d\x00\x01\x00");
-    anyhow::ensure!(
-        is_component,
-        "{}: not a WebAssembly component (`baton check` says what it is)",
-        file.display()
-    );
+    // Decoded for its config; the layer is titled with the file's name.
+    let artifact = Artifact::new(file, bytes, &reference)?;
     let (registry, _) = args.registry()?;
-    let pushed = registry.push(bytes, &reference, key.as_ref()).await?;
+    let pushed = registry.push(artifact, &reference, key.as_ref()).await?;
     println!("{}", pushed.digest);
     println!("  {}", reference.at(&pushed.digest));
     if let Some(tag) = pushed.signature {

@@ -108,6 +108,17 @@ pub enum PullError {
         /// What it is instead.
         what: String,
     },
+    /// The manifest is a Spin application's (its locked app as the config,
+    /// Spin 1, or as a layer, Spin 2), not one component's.
+    #[error("{reference}: a Spin application ({mark}), not a component: {layout}")]
+    SpinApplication {
+        /// The reference.
+        reference: Reference,
+        /// What says it is Spin's: its config's or a layer's media type.
+        mark: String,
+        /// Its layout, and what a component's is.
+        layout: String,
+    },
     /// Content does not match the digest it was asked for or served under.
     #[error("{reference}: digest mismatch: {detail}")]
     DigestMismatch {

@@ -4,7 +4,11 @@
 //! a content-addressed [`Cache`] shared by the machine's hosts, and checks
 //! its digest and, when a key is required, its cosign signature; the
 //! runtime then compiles the cached file as any other.
-//! [`Registry::push`] publishes a component in the same layout.
+//! It takes one layer in a component's layout only (its config's media
+//! type checked too), and names a Spin application as one.
+//! [`Registry::push`] publishes a component as `wkg oci push` does: the
+//! layer titled with the file's name, the config saying what the
+//! component exports and imports.
 //!
 //! Invariants: nothing runs that was not checked against its digest; a
 //! pinned, cached reference needs no network; a tag the registry cannot be
@@ -22,7 +26,9 @@ mod sign;
 pub use auth::{AuthError, Credentials};
 pub use cache::{Cache, CacheError, sha256};
 pub use client::{DEFAULT_POLL, DEFAULT_TIMEOUT, MIN_POLL, PullError, Settings};
-pub use pull::{Pulled, Registry, WASM_CONFIG, WASM_LAYER};
-pub use push::Pushed;
+pub use pull::{
+    Pulled, Registry, SPIN_APPLICATION, WASM_CONFIG, WASM_CONFIG_OLD, WASM_LAYER, WASM_LAYER_OLD,
+};
+pub use push::{Artifact, ArtifactError, ComponentInfo, Pushed};
 pub use reference::{Reference, ReferenceError, SCHEME, is_sha256};
 pub use sign::{KeyError, SigningKey, VerifyKey};

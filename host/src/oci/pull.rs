@@ -26,8 +26,20 @@ pub const WASM_LAYER: &str = "application/wasm";
 /// The media type of a component's config (the same tools).
 pub const WASM_CONFIG: &str = "application/vnd.wasm.config.v0+json";
 
-/// The layer media type of the older `wasm-to-oci` layout, also accepted.
+/// The layer media type of the older `wasm-to-oci` layout, also accepted
+/// (with [`WASM_CONFIG_OLD`] only).
 pub const WASM_LAYER_OLD: &str = oci_client::manifest::WASM_LAYER_MEDIA_TYPE;
+
+/// The config media type of the older `wasm-to-oci` layout (with
+/// [`WASM_LAYER_OLD`] only).
+pub const WASM_CONFIG_OLD: &str = oci_client::manifest::WASM_CONFIG_MEDIA_TYPE;
+
+/// A Spin application's locked app: its config up to Spin 1.5, a layer
+/// (beside an image config) since Spin 2.0. Refused, as `wkg` refuses it.
+pub const SPIN_APPLICATION: &str = "application/vnd.fermyon.spin.application.v1+config";
+
+/// The layouts of one component: a config's media type and its one layer's.
+const LAYOUTS: [(&str, &str); 2] = [(WASM_CONFIG, WASM_LAYER), (WASM_CONFIG_OLD, WASM_LAYER_OLD)];
 
 /// Manifests asked for.
 const ACCEPTED: &[&str] = &[
@@ -301,27 +313,41 @@ impl Registry {
     }
 }
 
-/// The one component layer of `manifest`, or what it is instead.
+/// The one component layer of `manifest`, or what it is instead: exactly
+/// one layer, in one of the [`LAYOUTS`] (its config's media type checked
+/// too, as `wkg` checks it).
 fn component_layer(reference: &Reference, manifest: &OciImageManifest) -> Result<OciDescriptor, PullError> {
-    let wasm: Vec<&OciDescriptor> = manifest
-        .layers
-        .iter()
-        .filter(|l| l.media_type == WASM_LAYER || l.media_type == WASM_LAYER_OLD)
-        .collect();
-    match wasm.as_slice() {
-        [one] => Ok((*one).clone()),
-        _ => {
-            let layers: Vec<&str> = manifest.layers.iter().map(|l| l.media_type.as_str()).collect();
-            Err(PullError::NotAComponent {
-                reference: reference.clone(),
-                what: format!(
-                    "config {}, layers [{}]; a component is one layer of {WASM_LAYER}",
-                    manifest.config.media_type,
-                    layers.join(", ")
-                ),
-            })
-        }
+    let config = manifest.config.media_type.as_str();
+    if let [one] = manifest.layers.as_slice()
+        && LAYOUTS.contains(&(config, one.media_type.as_str()))
+    {
+        return Ok(one.clone());
     }
+    let types: Vec<&str> = manifest.layers.iter().map(|l| l.media_type.as_str()).collect();
+    let layers = format!("layers [{}]", types.join(", "));
+    let expected = format!(
+        "a component is one layer of {WASM_LAYER} with a config of {WASM_CONFIG} \
+         (or of {WASM_LAYER_OLD} with {WASM_CONFIG_OLD})"
+    );
+    let reference = reference.clone();
+    if config == SPIN_APPLICATION {
+        return Err(PullError::SpinApplication {
+            reference,
+            mark: format!("config {config}"),
+            layout: format!("{layers}; {expected}"),
+        });
+    }
+    if types.contains(&SPIN_APPLICATION) {
+        return Err(PullError::SpinApplication {
+            reference,
+            mark: format!("layer {SPIN_APPLICATION}"),
+            layout: format!("config {config}, {layers}; {expected}"),
+        });
+    }
+    Err(PullError::NotAComponent {
+        reference,
+        what: format!("config {config}, {layers}; {expected}"),
+    })
 }
 
 #[cfg(test)]
@@ -345,13 +371,7 @@ mod tests {
     fn one_wasm_layer_is_a_component_and_anything_else_is_named() {
         let r = Reference::parse("oci://r.io/x:1").unwrap();
         assert!(component_layer(&r, &manifest(WASM_CONFIG, &[WASM_LAYER])).is_ok());
-        assert!(
-            component_layer(
-                &r,
-                &manifest("application/vnd.wasm.config.v1+json", &[WASM_LAYER_OLD])
-            )
-            .is_ok()
-        );
+        assert!(component_layer(&r, &manifest(WASM_CONFIG_OLD, &[WASM_LAYER_OLD])).is_ok());
         let image = manifest(
             "application/vnd.oci.image.config.v1+json",
             &["application/vnd.oci.image.layer.v1.tar+gzip"],
@@ -364,6 +384,74 @@ mod tests {
             "{e}"
         );
         assert!(component_layer(&r, &manifest(WASM_CONFIG, &[WASM_LAYER, WASM_LAYER])).is_err());
+    }
+
+    #[test]
+    fn only_the_two_layouts_with_one_layer_are_components() {
+        let r = Reference::parse("oci://r.io/x:1").unwrap();
+        let refused = [
+            // The layouts mixed: `wkg` takes neither.
+            manifest(WASM_CONFIG, &[WASM_LAYER_OLD]),
+            manifest(WASM_CONFIG_OLD, &[WASM_LAYER]),
+            // ORAS's default config (`oras push f.wasm:application/wasm`).
+            manifest("application/vnd.oci.empty.v1+json", &[WASM_LAYER]),
+            manifest("application/vnd.unknown.config.v1+json", &[WASM_LAYER]),
+            // One component layer beside another.
+            manifest(
+                WASM_CONFIG,
+                &[WASM_LAYER, "application/vnd.wasm.content.layer.v1+data"],
+            ),
+            manifest(WASM_CONFIG, &[]),
+        ];
+        for m in refused {
+            let e = component_layer(&r, &m).unwrap_err();
+            assert!(matches!(e, PullError::NotAComponent { .. }), "{e}");
+            let e = e.to_string();
+            assert!(
+                e.starts_with("oci://r.io/x:1: not a WebAssembly component: config ")
+                    && e.contains(&format!(
+                        "a component is one layer of {WASM_LAYER} with a config of {WASM_CONFIG}"
+                    )),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_spin_application_is_named_as_one() {
+        let r = Reference::parse("oci://r.io/spin:1").unwrap();
+        // Spin 1: the locked app as the config, one component.
+        let e = component_layer(&r, &manifest(SPIN_APPLICATION, &[WASM_LAYER_OLD]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "oci://r.io/spin:1: a Spin application (config {SPIN_APPLICATION}), not a component: \
+                 layers [{WASM_LAYER_OLD}]; a component is one layer of {WASM_LAYER}"
+            )),
+            "{e}"
+        );
+        // Spin 1 with static files, and a Spin config over a wkg layer.
+        for layers in [
+            &[WASM_LAYER_OLD, "application/vnd.wasm.content.layer.v1+data"][..],
+            &[WASM_LAYER],
+        ] {
+            let e = component_layer(&r, &manifest(SPIN_APPLICATION, layers)).unwrap_err();
+            assert!(matches!(e, PullError::SpinApplication { .. }), "{e}");
+        }
+        // Spin 2: an image config, the locked app as the last layer.
+        let spin2 = manifest(
+            "application/vnd.oci.image.config.v1+json",
+            &[WASM_LAYER_OLD, SPIN_APPLICATION],
+        );
+        let e = component_layer(&r, &spin2).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "oci://r.io/spin:1: a Spin application (layer {SPIN_APPLICATION}), not a component: \
+                 config application/vnd.oci.image.config.v1+json, layers [{WASM_LAYER_OLD}, {SPIN_APPLICATION}]"
+            )),
+            "{e}"
+        );
     }
 
     #[tokio::test]
@@ -388,6 +476,19 @@ mod tests {
         let pulled = registry.pull(&r, None).await.unwrap();
         assert!(!pulled.asked && pulled.stale.is_none());
         assert_eq!(std::fs::read(&pulled.component).unwrap(), component);
+        // A Spin application cached under a pinned digest is not run from
+        // the cache: the registry is asked, and its answer refuses it.
+        let spin = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "config": {"mediaType": SPIN_APPLICATION, "digest": format!("sha256:{}", "2".repeat(64)), "size": 2},
+            "layers": [{"mediaType": WASM_LAYER_OLD, "digest": layer, "size": component.len()}],
+        }))
+        .unwrap();
+        let spin_digest = super::super::cache::sha256(&spin);
+        registry.cache().put_manifest(&spin_digest, &spin).unwrap();
+        let pinned_spin = Reference::parse(&format!("oci://127.0.0.1:9/x@{spin_digest}")).unwrap();
+        let e = registry.pull(&pinned_spin, None).await.unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
         // A tag whose registry is down and was never pulled here: named.
         let tag = Reference::parse("oci://127.0.0.1:9/x:1").unwrap();
         let e = registry.pull(&tag, None).await.unwrap_err();
