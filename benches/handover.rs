@@ -5,6 +5,12 @@
 //! - graceful: SIGTERM the leader (drain, release, file-change notification);
 //! - crash: SIGKILL the leader (the standby waits out the lease).
 //!
+//! And how a leader's tasks stop at a SIGTERM (the figures the end-to-end
+//! tests print but do not judge): a guest that returns at the change (from
+//! its term's end to its return, `after_ms`), and one that ignores it and
+//! is stopped by force (from the force-stop time the host computed to the
+//! stop, as logged).
+//!
 //! Timings are client-go's fast row from shared/anchors.md (lease 4 s,
 //! renew deadline 3 s, retry period 500 ms; grace 500 ms), so the figures
 //! compare with its 0.05 / 0.44 / 0.75 s graceful and 4.0 / 4.3 / 4.9 s crash
@@ -60,8 +66,43 @@ fn handover(signal: i32) -> f64 {
     ms_between(stopped, started.at)
 }
 
+/// One SIGTERM of a host leading a guest that returns at the change and
+/// one that ignores it: the first's `after_ms`, and the forced stop's
+/// lateness after its force-stop time, in ms.
+fn stops() -> (f64, f64) {
+    let s = Scratch::new();
+    let probe = guest("probe_pollable.wasm").display().to_string();
+    let text = format!(
+        "[store]\nkind = \"embedded\"\ndir = {:?}\n[defaults]\nlease-duration = \"4s\"\nrenew-deadline = \"3s\"\n\
+         retry-period = \"500ms\"\ngrace = \"500ms\"\n[[lease]]\nname = \"bench\"\n\
+         [[plugin]]\nname = \"returns\"\npath = {probe:?}\nlease = \"bench\"\nenv = {{ PROBE_MODE = \"cooperative\" }}\n\
+         [[plugin]]\nname = \"ignores\"\npath = {probe:?}\nlease = \"bench\"\nenv = {{ PROBE_MODE = \"busy\" }}\n",
+        s.store().display().to_string()
+    );
+    let cfg = s.write("baton.toml", &text);
+    let mut h = Host::start("leader", &cfg);
+    h.wait_for(Duration::from_secs(30), "both guests", |e| {
+        e.guest_line("returns", "probe start")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    h.sigterm();
+    h.wait_exit(Duration::from_secs(10));
+    let stop = |plugin: &str| {
+        h.all(|e| e.is("leader task stopped", Some(plugin)))
+            .pop()
+            .unwrap_or_else(|| panic!("{plugin} did not stop: {}", tail(&h.output(), 20)))
+    };
+    let returned = stop("returns");
+    let forced = stop("ignores");
+    let force_stop_at = humantime::parse_rfc3339(forced.str("force_stop_at").unwrap()).unwrap();
+    (
+        returned.f64("after_ms").unwrap(),
+        ms_between(force_stop_at, forced.at),
+    )
+}
+
 fn summary(name: &str, mut ms: Vec<f64>) {
-    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    ms.sort_by(f64::total_cmp);
     let median = if ms.len() % 2 == 1 {
         ms[ms.len() / 2]
     } else {
@@ -100,4 +141,10 @@ fn main() {
         440.0 / median(graceful).max(0.001),
         4300.0 / median(crash)
     );
+    let (returned, late): (Vec<f64>, Vec<f64>) = (0..runs).map(|_| stops()).unzip();
+    println!(
+        "a SIGTERM's stops: from the term's end to a guest's return at the change; from the force-stop time to a forced stop"
+    );
+    summary("returned", returned);
+    summary("forced", late);
 }
