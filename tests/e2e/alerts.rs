@@ -31,7 +31,7 @@ const DASHBOARD: &str = "deploy/grafana/baton-dashboard.json";
 type Labels = BTreeMap<String, String>;
 
 /// Each host's scrape per round (round, host): `None` when it failed (no
-/// answer within the round).
+/// answer within two and a half rounds).
 type Scrapes = BTreeMap<(usize, String), Option<String>>;
 type Rounds = Arc<Mutex<Scrapes>>;
 
@@ -64,11 +64,30 @@ impl Scraper {
             while !stop.load(Ordering::SeqCst) {
                 let at = start + step * round as u32;
                 std::thread::sleep(at.saturating_duration_since(Instant::now()));
-                let text = scrape(addr, at + step * 8 / 10);
+                // Given up after two and a half steps (a busy machine
+                // answers late; a paused host never): the rounds it
+                // spans have no sample, `stale` as a failed one.
+                let text = scrape(addr, at + step * 25 / 10);
                 rounds.lock().unwrap().insert((round, name.clone()), text);
                 round = (start.elapsed().as_millis() as u64 / STEP_MS + 1) as usize;
             }
         }));
+    }
+
+    /// Waits (up to a minute) until the scrapes so far satisfy `done`: a
+    /// phase of the scenario lasts until the scrapes show what its alert
+    /// needs, however many a busy machine lost.
+    fn wait(&self, what: &str, done: impl Fn(&Scrapes) -> bool) {
+        let until = Instant::now() + SECS(60);
+        while !done(&self.rounds.lock().unwrap()) {
+            assert!(Instant::now() < until, "no scrape showed {what} within 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The round of `at`.
+    fn round_of(&self, at: Instant) -> usize {
+        (at.saturating_duration_since(self.start).as_millis() as u64 / STEP_MS) as usize
     }
 
     fn finish(self) -> Scrapes {
@@ -99,6 +118,14 @@ fn scrape(addr: std::net::SocketAddr, until: Instant) -> Option<String> {
     s.read_to_string(&mut answer).ok()?;
     let (head, body) = answer.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// The value of `name` for lease `lease` in a scrape.
+fn value_of(text: &str, name: &str, lease: &str) -> Option<f64> {
+    samples(text)
+        .into_iter()
+        .find(|(l, _)| l["__name__"] == name && l.get("lease").map(String::as_str) == Some(lease))
+        .map(|(_, v)| v)
 }
 
 /// The samples of a Prometheus text body: name and labels, value.
@@ -563,29 +590,43 @@ fn run_scenario(s: &Scratch) -> (Scrapes, Vec<Host>) {
     // renew deadline; its tasks are stopped by force; b takes over.
     let mut a = start("a", &cfg, &["--test-stall-election-runtime", "2s"], &[]);
     scraper.add(&a);
-    a.wait_for(SECS(20), "a leads", leading);
+    a.wait_for(SECS(60), "a leads", leading);
     let delay = [("BATON_TEST_BUCKET_WRITE_DELAY", "3s")];
     let b = start("b", &cfg, &[], &delay);
     scraper.add(&b);
-    b.wait_for(SECS(20), "b leads", leading);
+    b.wait_for(SECS(60), "b leads", leading);
+    // a's overdue renewal, as scrapes of a show it (a few in a row, for
+    // the alert's evaluation), however many scrapes a busy machine lost.
+    scraper.wait("a's renewal overdue in three scrapes", |rounds| {
+        let overdue = |text: &str| {
+            let since = value_of(text, "baton_lease_seconds_since_renewal", "demo");
+            let rd = value_of(text, "baton_lease_renew_deadline_seconds", "demo");
+            since.zip(rd).is_some_and(|(since, rd)| since > rd)
+        };
+        rounds
+            .iter()
+            .filter(|((_, h), text)| h == "a" && text.as_deref().is_some_and(overdue))
+            .count()
+            >= 3
+    });
     std::thread::sleep(SECS(1));
     a.sigkill();
     // b paused in a write (delayed 3 s in the host): c takes over, and b's
     // write is refused when it resumes.
-    b.wait_for(SECS(20), "b's write", |e| e.guest_line("counter", "kv try"));
+    b.wait_for(SECS(60), "b's write", |e| e.guest_line("counter", "kv try"));
     std::thread::sleep(Duration::from_millis(300));
     b.signal(libc::SIGSTOP);
     let c = start("c", &cfg, &[], &[]);
     scraper.add(&c);
-    c.wait_for(SECS(20), "c's first write", |e| e.guest_line("counter", "kv ok"));
+    c.wait_for(SECS(60), "c's first write", |e| e.guest_line("counter", "kv ok"));
     b.signal(libc::SIGCONT);
-    b.wait_for(SECS(10), "b's write refused", |e| {
+    b.wait_for(SECS(30), "b's write refused", |e| {
         e.message() == "refused a stale write"
     });
     // b knows c's term before the record goes, so that b's takeover below
     // is dated from the deletion (a frozen leader that missed c's term
     // waits out c's unknown lease first: crash.rs).
-    b.wait_for(SECS(10), "b follows c", |e| {
+    b.wait_for(SECS(30), "b follows c", |e| {
         e.message() == "lease status changed" && e.str("holder") == Some("c")
     });
     // c paused and its record garbled: b cannot take the lease (store
@@ -596,21 +637,30 @@ fn run_scenario(s: &Scratch) -> (Scrapes, Vec<Host>) {
     let paused = Instant::now();
     garble_lease(&s.store(), "demo", "garbage\n");
     std::thread::sleep((paused + Duration::from_millis(4200)).saturating_duration_since(Instant::now()));
+    // And until a scrape of b that late (LD + RP + 1 s after the pause)
+    // came, however many a busy machine lost: the lease was without a
+    // leader for longer than LD + RP by the scrapes.
+    let late = scraper.round_of(paused + Duration::from_millis(3200));
+    scraper.wait("a scrape of b after LD + RP", |rounds| {
+        rounds
+            .iter()
+            .any(|((r, h), text)| *r >= late && h == "b" && text.is_some())
+    });
     c.sigkill();
     let deleted = std::time::SystemTime::now();
     delete_lease(&s.store(), "demo");
-    b.wait_for(SECS(10), "b leads again", |e| e.at >= deleted && leading(e));
+    b.wait_for(SECS(30), "b leads again", |e| e.at >= deleted && leading(e));
     // One more term: b hands over to d on SIGTERM.
     let d = start("d", &cfg, &[], &[]);
     scraper.add(&d);
-    d.wait_for(SECS(20), "d follows", |e| {
+    d.wait_for(SECS(60), "d follows", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
     let mut b = b;
     let handed = std::time::SystemTime::now();
     b.sigterm();
-    d.wait_for(SECS(10), "the hand-over", |e| e.at >= handed && leading(e));
-    b.wait_exit(SECS(10));
+    d.wait_for(SECS(30), "the hand-over", |e| e.at >= handed && leading(e));
+    b.wait_exit(SECS(30));
     std::thread::sleep(Duration::from_millis(1000));
     (scraper.finish(), vec![d])
 }

@@ -124,12 +124,17 @@ fn a_file_system_shut_down_under_a_leader_is_led_again_after_remount() {
         e.message() == "lease status changed" && e.str("role") == Some("leading")
     });
     let took = ms_between(seen.at, led.at);
-    let bound = (LEASE_DURATION + RETRY_PERIOD).as_millis() as f64;
-    println!("after the shutdown: b led {took:.0} ms after it first saw the lease (bound {bound:.0} ms)");
+    // A bound only a wedged lease breaks (how soon is a figure: LD + RP on
+    // an idle machine).
+    let bound = (LEASE_DURATION + RETRY_PERIOD + SECS(2)).as_millis() as f64;
+    println!(
+        "after the shutdown: b led {took:.0} ms after it first saw the lease (LD + RP = {} ms)",
+        (LEASE_DURATION + RETRY_PERIOD).as_millis()
+    );
     assert!(took <= bound, "led {took:.0} ms after its first sighting");
     let term_b = led.u64("term").unwrap();
     assert!(term_b > term_a, "term {term_b} after {term_a}");
-    b.wait_for(SECS(5), "b's guest start", |e| {
+    b.wait_for(SECS(15), "b's guest start", |e| {
         e.guest_line("probe", "probe start")
     });
     drop(b);

@@ -92,8 +92,38 @@ fn no_file_operation_of_a_paused_term_lands_after_the_next_terms_first() {
         })
         .collect();
     let rounds = std::env::var("BATON_TEST_ROUNDS").map_or(4, |r| r.parse().unwrap());
-    witness::pause_leaders(&hosts, rounds, Duration::from_secs(5));
-    std::thread::sleep(Duration::from_secs(1));
+    // Each leader paused once an operation of its term landed.
+    let of_term = |term: u64| {
+        let prefix = format!("t{term:06}.");
+        std::fs::read_dir(&ops).is_ok_and(|d| {
+            d.filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        })
+    };
+    witness::pause_leaders_when(&hosts, rounds, Duration::from_secs(5), of_term);
+    // And the term after the last pause landed some too (however long
+    // that takes here).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let terms = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(&ops)
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .split('.')
+                    .next()
+                    .map(str::to_owned)
+            })
+            .collect()
+    };
+    while terms().len() <= rounds {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no operation of a term after the last pause within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for h in &hosts {
         h.sigterm();
     }

@@ -98,7 +98,7 @@ fn a_grant_over_the_store_is_refused_at_start_and_at_reload_and_through_a_symlin
         )),
         "{err}"
     );
-    h.wait_for(SECS(5), "a tick after the refusal", |e| {
+    h.wait_for(SECS(15), "a tick after the refusal", |e| {
         e.guest_line("probe", "probe tick") && e.at > refusal.at
     });
     assert_eq!(led(&h), ["demo".to_owned()].into());
@@ -109,7 +109,10 @@ fn a_grant_over_the_store_is_refused_at_start_and_at_reload_and_through_a_symlin
 }
 
 /// Ctrl-C at start-up: SIGINT while a large component compiles with an
-/// empty cache ends the process at once, and no lease is taken.
+/// empty cache ends the process without waiting for the compile (which
+/// never says it is done), and no lease is taken. How soon it exits is a
+/// figure; the bound only catches a process that waits for a compile that
+/// takes seconds more (an 18 MB Python component: `tests/polyglot`).
 #[test]
 fn sigint_while_compiling_at_start_ends_the_process_at_once() {
     let s = Scratch::new();
@@ -131,11 +134,26 @@ fn sigint_while_compiling_at_start_ends_the_process_at_once() {
     h.wait_for(SECS(30), "compiling", |e| e.message() == "compiling plugin");
     std::thread::sleep(Duration::from_millis(500));
     let sent = std::time::Instant::now();
-    h.signal(libc::SIGINT);
+    let sent_at = h.signal(libc::SIGINT);
     h.wait_exit(SECS(120));
     let took = sent.elapsed();
     eprintln!("{}: exited {took:?} after SIGINT", big.display());
-    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    // The compile was abandoned: it did not finish (and say so) after the
+    // SIGINT, nor was the plugin loaded. (A small component that compiled
+    // before the SIGINT, where the big one is missing, proves less.)
+    let compiled = h.all(|e| e.message() == "plugin compiled");
+    assert!(
+        compiled.iter().all(|e| e.at < sent_at),
+        "the compile went on after SIGINT: {:?}",
+        compiled.iter().map(|e| &e.json).collect::<Vec<_>>()
+    );
+    if compiled.is_empty() {
+        assert!(
+            h.all(|e| e.message() == "plugin loaded").is_empty(),
+            "a plugin was loaded after SIGINT"
+        );
+    }
+    assert!(took < SECS(10), "took {took:?}");
     assert!(!lease_dir(&s.store(), "demo").exists(), "no lease was taken");
     assert!(h.all(|e| e.message() == "lease status changed").is_empty());
 }

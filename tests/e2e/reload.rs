@@ -112,7 +112,7 @@ fn sighup_restarts_nothing_and_broken_or_restart_only_changes_are_refused() {
     // The old version still runs, in the same term, as if nothing had
     // happened.
     let refusal = refused(&h, 3).at;
-    h.wait_for(SECS(5), "a tick after the refusals", |e| {
+    h.wait_for(SECS(15), "a tick after the refusals", |e| {
         e.guest_line("probe", "probe tick") && e.at > refusal
     });
     assert!(h.exited().is_none(), "SIGHUP never ends the process");
@@ -164,7 +164,7 @@ fn a_changed_plugin_runs_from_the_next_term_forced_by_a_yield() {
         applied.json
     );
     std::thread::sleep(SECS(1));
-    a.wait_for(SECS(5), "a tick after the reload", |e| {
+    a.wait_for(SECS(15), "a tick after the reload", |e| {
         e.guest_line("probe", "probe tick") && e.at > applied.at
     });
     assert_eq!(starts(&a, "probe").len(), 1, "the running term kept its version");
@@ -186,7 +186,7 @@ fn a_changed_plugin_runs_from_the_next_term_forced_by_a_yield() {
     );
     assert!(first.str("world").unwrap().contains("pollable"));
     assert!(second.u64("term").unwrap() > first.u64("term").unwrap());
-    let stopped = a.wait_for(SECS(5), "a's stop", |e| {
+    let stopped = a.wait_for(SECS(15), "a's stop", |e| {
         e.is("leader task stopped", Some("probe"))
     });
     assert!(
@@ -232,7 +232,7 @@ fn a_replaced_plugin_with_reload_now_runs_at_once_in_a_new_term_never_beside_the
     });
     assert!(second.u64("term").unwrap() > first.u64("term").unwrap());
     let applied = h.wait_for(SECS(1), "applied", |e| e.message() == "reload applied");
-    let stop = h.wait_for(SECS(5), "old stopped", |e| {
+    let stop = h.wait_for(SECS(15), "old stopped", |e| {
         e.is("leader task stopped", Some("probe"))
     });
     assert!(
@@ -405,23 +405,18 @@ fn spreading_with(store: &Path, data: &Path, leases: &[usize], spread: &str) -> 
 
 /// Waits until each of `leases` is led by exactly one of `hosts`, no
 /// other lease is led, and the hosts' counts differ by one at most, and
-/// that holds for [`STEADY`]; a lease led by both for more than a moment
-/// (by their logs) fails. Returns each host's leases.
+/// that holds for [`STEADY`]. Returns each host's leases. A lease led by
+/// both by their logs does not fail it (a status event is logged after the
+/// fact, by as much as a busy machine delays it): that no lease's guest
+/// ran on both at once is the records' check ([`check_leases`]).
 fn wait_led(hosts: &[&Host], leases: &[usize], within: Duration) -> Vec<std::collections::BTreeSet<String>> {
     let want: std::collections::BTreeSet<String> = leases.iter().map(|&i| lease_name(i)).collect();
     let start = std::time::Instant::now();
-    let mut doubled: Option<std::time::Instant> = None;
     let mut held: Option<std::time::Instant> = None;
     loop {
         let sets: Vec<_> = hosts.iter().map(|h| led(h)).collect();
         let all: Vec<&String> = sets.iter().flatten().collect();
         let unique: std::collections::BTreeSet<&String> = all.iter().copied().collect();
-        if unique.len() < all.len() {
-            let since = *doubled.get_or_insert_with(std::time::Instant::now);
-            assert!(since.elapsed() < SECS(1), "a lease led by two hosts: {sets:?}");
-        } else {
-            doubled = None;
-        }
         let counts: Vec<usize> = sets.iter().map(|s| s.len()).collect();
         let even = counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1;
         if unique.len() == all.len()
@@ -458,7 +453,7 @@ fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed
     for h in [&a, &b] {
         h.wait_for(SECS(60), "loaded", |e| e.message() == "compiled-code cache");
     }
-    wait_led(&[&a, &b], &[0], SECS(30));
+    wait_led(&[&a, &b], &[0], SECS(60));
     // Two leases added, on a, then on b: spread, each led by one host.
     s.write("baton.toml", &spreading(&s.store(), &data, &[0, 1, 2]));
     for h in [&a, &b] {
@@ -474,7 +469,7 @@ fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed
         a.all(|e| e.message().starts_with("reload refused")).is_empty(),
         "not refused"
     );
-    let sets = wait_led(&[&a, &b], &[0, 1, 2], SECS(30));
+    let sets = wait_led(&[&a, &b], &[0, 1, 2], SECS(60));
     eprintln!("spread after adding two leases: a {:?}, b {:?}", sets[0], sets[1]);
     let holder = if sets[0].contains("lease-02") { &a } else { &b };
     let holder_name = holder.name.clone();
@@ -495,7 +490,7 @@ fn with_spreading_leases_added_by_reloads_are_spread_and_a_removed_one_is_handed
             e.message().starts_with("lease removed by a reload") && e.str("lease") == Some("lease-02")
         });
     }
-    wait_led(&[&a, &b], &[0, 1], SECS(30));
+    wait_led(&[&a, &b], &[0, 1], SECS(60));
     let record = read_lease(&s.store(), "lease-02").unwrap();
     assert!(record["record"]["holder"].is_null(), "released: {record}");
     let stops: Vec<Event> = [&a, &b]
@@ -624,14 +619,14 @@ fn spreading_turned_on_and_off_by_reloads_spreads_the_leads_then_moves_none() {
     for h in [&a, &b] {
         h.wait_for(SECS(60), "loaded", |e| e.message() == "compiled-code cache");
     }
-    wait_led(&[&a, &b], &[0], SECS(30));
+    wait_led(&[&a, &b], &[0], SECS(60));
     assert!(!member_held(&store, "host-a") && !member_held(&store, "host-b"));
     // Four leases, on a, then on b: spreading turns on, and the leads are
     // spread over both hosts as the assignment says.
     let four = [0, 1, 2, 3];
     s.write("baton.toml", &spreading_with(&store, &data, &four, ""));
     reload_all(&[&a, &b], "spreading on");
-    let sets = wait_led(&[&a, &b], &four, SECS(30));
+    let sets = wait_led(&[&a, &b], &four, SECS(60));
     assert_eq!([sets[0].len(), sets[1].len()], [2, 2], "{sets:?}");
     led_as_preferred(&cfg, &[&a, &b]);
     eprintln!("spreading on: a {:?}, b {:?}", sets[0], sets[1]);
@@ -649,7 +644,7 @@ fn spreading_turned_on_and_off_by_reloads_spreads_the_leads_then_moves_none() {
         &format!("{}{hosts_plugin}", spreading_with(&store, &data, &four, off)),
     );
     reload_all(&[&a, &b], "spreading off");
-    let deadline = std::time::Instant::now() + SECS(10);
+    let deadline = std::time::Instant::now() + SECS(30);
     let counts_two = |e: &Event| e.guest_line("hosts-pollable", "probe hosts live=2 this-host-live=true");
     while a.all(counts_two).is_empty() && b.all(counts_two).is_empty() {
         assert!(std::time::Instant::now() < deadline, "the live hosts not counted");
@@ -663,7 +658,7 @@ fn spreading_turned_on_and_off_by_reloads_spreads_the_leads_then_moves_none() {
     assert!(!member_held(&store, "host-a") && !member_held(&store, "host-b"));
     assert_eq!(status_json(&cfg)["live_hosts"], serde_json::json!([]));
     // Each lease still led by one host, the same: nothing moved.
-    let after = wait_led(&[&a, &b], &four, SECS(10));
+    let after = wait_led(&[&a, &b], &four, SECS(60));
     assert_eq!(after, sets, "a lease moved");
     let now: Vec<usize> = four.iter().map(|&i| task_starts(&[&a, &b], i)).collect();
     assert_eq!(now, starts, "a lease's task started again");
@@ -692,13 +687,13 @@ fn a_host_started_without_leases_gets_them_by_a_reload_and_spreads_them_with_ano
     a.wait_for(SECS(60), "a started", |e| e.message() == "baton starting");
     b.wait_for(SECS(60), "b loaded", |e| e.message() == "compiled-code cache");
     // b leads every lease; a, without leases, keeps no membership record.
-    wait_led(&[&b], &four, SECS(30));
+    wait_led(&[&b], &four, SECS(60));
     assert!(!member_held(&store, "host-a"));
     assert!(member_held(&store, "host-b"));
     // a gets the four leases: it spreads them with b.
     s.write("a.toml", &spreading_with(&store, &data, &four, ""));
     reload_all(&[&a], "spreading on");
-    let sets = wait_led(&[&a, &b], &four, SECS(30));
+    let sets = wait_led(&[&a, &b], &four, SECS(60));
     assert_eq!([sets[0].len(), sets[1].len()], [2, 2], "{sets:?}");
     led_as_preferred(&full, &[&a, &b]);
     eprintln!(

@@ -161,6 +161,83 @@ fn a_run_cut_off_by_its_term_runs_again_on_the_next_leader() {
     assert!(later.message().contains("attempt=0"), "{}", later.message());
 }
 
+/// The `due=` of a host event (`scheduled run started`, `... ended`, ...),
+/// in ms since the epoch.
+fn due_ms(e: &Event, key: &str) -> u64 {
+    let at = humantime::parse_rfc3339(e.str(key).expect(key)).unwrap();
+    at.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// `ms` since the epoch as a time.
+fn at_ms(ms: u64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// The host's events about `plugin`'s schedule.
+struct Sched {
+    /// Due times of the runs started, in order.
+    started: Vec<u64>,
+    /// Due times of the runs ended, with the event.
+    ended: Vec<(u64, Event)>,
+    /// Skips logged: (reason, first due, last due, count).
+    skips: Vec<(String, u64, u64, u64)>,
+    /// Runs replaced by the next due time.
+    replaced: Vec<Event>,
+}
+
+impl Sched {
+    fn of(h: &Host, plugin: &str) -> Sched {
+        let mine = |e: &Event| e.str("plugin") == Some(plugin);
+        let started = h
+            .all(|e| mine(e) && e.message() == "scheduled run started")
+            .iter()
+            .map(|e| due_ms(e, "due"))
+            .collect();
+        let ended = h
+            .all(|e| mine(e) && e.message() == "scheduled run ended")
+            .into_iter()
+            .map(|e| (due_ms(&e, "due"), e))
+            .collect();
+        let skips = h
+            .all(|e| mine(e) && e.message().starts_with("scheduled runs skipped"))
+            .iter()
+            .map(|e| {
+                let (upto, count) = (due_ms(e, "upto"), e.u64("count").unwrap());
+                let reason = e.str("reason").unwrap().to_owned();
+                (reason, upto - (count - 1) * 1000, upto, count)
+            })
+            .collect();
+        let replaced = h.all(|e| mine(e) && e.message() == "scheduled run replaced by the next due time");
+        Sched {
+            started,
+            ended,
+            skips,
+            replaced,
+        }
+    }
+
+    fn skipped(&self, reason: &str) -> u64 {
+        self.skips.iter().filter(|s| s.0 == reason).map(|s| s.3).sum()
+    }
+
+    /// Every due time (every second) from the first handled to the last
+    /// was handled once: run to its end, or skipped for a reason.
+    fn assert_each_due_handled_once(&self, plugin: &str) -> u64 {
+        let mut handled: Vec<u64> = self.ended.iter().map(|(d, _)| *d).collect();
+        for (_, first, upto, _) in &self.skips {
+            handled.extend((*first..=*upto).step_by(1000));
+        }
+        handled.sort_unstable();
+        let gaps: Vec<u64> = handled.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            gaps.iter().all(|g| *g == 1000),
+            "{plugin}: every due time handled once, run or skipped: handled {handled:?}, skips {:?}",
+            self.skips
+        );
+        *handled.last().expect("handled")
+    }
+}
+
 #[test]
 fn overlapping_runs_are_skipped_queued_or_replaced() {
     let s = Scratch::new();
@@ -173,7 +250,7 @@ fn overlapping_runs_are_skipped_queued_or_replaced() {
     .concat();
     let cfg = config_with(&s, &tables);
     let admin = ["--admin-address".as_ref(), "127.0.0.1:0".as_ref()];
-    let h = Host::start_opts(
+    let mut h = Host::start_opts(
         "h",
         &cfg,
         Opts {
@@ -181,82 +258,154 @@ fn overlapping_runs_are_skipped_queued_or_replaced() {
             ..Opts::default()
         },
     );
-    std::thread::sleep(SECS(9));
-    let dues = |p: &str| -> Vec<u64> {
-        h.all(|e| e.guest_line(p, "sched run"))
+    // Enough runs of each, however long they take on this machine: two
+    // runs of `skip` ended, a queued run of `queue` (one whose due time
+    // came before the run before it ended), six runs of `replace`.
+    let queued = |q: &Sched| {
+        q.ended
             .iter()
-            .map(due_of)
-            .collect()
+            .any(|(d, ended)| q.started.iter().any(|s| s > d && ended.at > at_ms(*s)))
     };
+    let deadline = std::time::Instant::now() + SECS(90);
+    loop {
+        let (skip, queue, replace) = (
+            Sched::of(&h, "skip"),
+            Sched::of(&h, "queue"),
+            Sched::of(&h, "replace"),
+        );
+        if skip.ended.len() >= 2 && queue.started.len() >= 3 && queued(&queue) && replace.started.len() >= 6 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not enough runs: skip {:?}, queue {:?}, replace {:?}; log:\n{}",
+            skip.started,
+            queue.started,
+            replace.started,
+            h.output()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The metrics agree with the logs (a run is logged, then counted: read
+    // both until they are at rest).
+    let agree = || {
+        let text = h.scrape();
+        let (skip, replace) = (Sched::of(&h, "skip"), Sched::of(&h, "replace"));
+        let series = |name: &str, labels: &[&str]| metric_sum(&text, name, labels) as usize;
+        let got = [
+            series(
+                "baton_schedule_runs_total",
+                &["plugin=\"skip\"", "outcome=\"ok\""],
+            ),
+            series("baton_schedule_lateness_seconds_count", &["plugin=\"skip\""]),
+            series(
+                "baton_schedule_skipped_total",
+                &["plugin=\"skip\"", "reason=\"overlap\""],
+            ),
+            series(
+                "baton_schedule_runs_total",
+                &["plugin=\"replace\"", "outcome=\"failed\""],
+            ),
+        ];
+        let logged = [
+            skip.ended.len(),
+            skip.ended.len(),
+            skip.skipped("overlap") as usize,
+            replace.replaced.len(),
+        ];
+        (got == logged).then_some(()).ok_or((got, logged, text))
+    };
+    let mut tries = 0;
+    while let Err((got, logged, text)) = agree() {
+        tries += 1;
+        assert!(tries < 50, "metrics {got:?}, logs {logged:?}: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    h.sigterm();
+    h.wait_exit(SECS(30));
+
+    // skip: a run's due times that came while it ran (a 2.5 s run: at least
+    // two) are skipped as overlapping; the next run is a later due time.
+    let skip = Sched::of(&h, "skip");
+    let handled = skip.assert_each_due_handled_once("skip");
+    for (due, _) in &skip.ended {
+        assert!(
+            skip.skips
+                .iter()
+                .any(|(r, first, upto, _)| r == "overlap" && *first == due + 1000 && *upto >= due + 2000),
+            "skip: the due times while the run of {due} ran were not skipped: {:?}",
+            skip.skips
+        );
+    }
     let gaps = |d: &[u64]| -> Vec<u64> { d.windows(2).map(|w| w[1] - w[0]).collect() };
-    let skip = dues("skip");
     assert!(
-        skip.len() >= 2 && gaps(&skip).iter().all(|g| *g == 3000),
-        "skip: {skip:?}"
+        gaps(&skip.started).iter().all(|g| *g >= 3000 && g % 1000 == 0),
+        "skip: {:?}",
+        skip.started
     );
-    let queue = dues("queue");
-    assert!(
-        queue.len() >= 3 && gaps(&queue).iter().all(|g| *g == 2000 || *g == 3000),
-        "queue-one: {queue:?}"
+    let p = progress(&cfg, "skip");
+    assert_eq!(p["handled"].as_u64(), Some(handled), "{p}");
+    assert_eq!(
+        p["skipped"]["overlap"].as_u64(),
+        Some(skip.skipped("overlap")),
+        "{p}"
     );
-    // The queued run starts late, when the one before it ends.
-    let late = |p: &str| -> Vec<f64> {
-        h.all(|e| e.message() == "scheduled run started" && e.str("plugin") == Some(p))
+    assert!(skip.skipped("overlap") >= 2, "{:?}", skip.skips);
+
+    // queue-one: the latest due time that came while a run ran is run
+    // after it (late), the ones before it superseded; none is skipped as
+    // overlapping.
+    let queue = Sched::of(&h, "queue");
+    let handled = queue.assert_each_due_handled_once("queue");
+    assert!(queued(&queue), "queue-one: nothing queued: {:?}", queue.started);
+    assert_eq!(queue.skipped("overlap"), 0, "{:?}", queue.skips);
+    assert!(queue.skipped("superseded") >= 1, "{:?}", queue.skips);
+    let p = progress(&cfg, "queue");
+    assert_eq!(p["handled"].as_u64(), Some(handled), "{p}");
+    assert_eq!(
+        p["skipped"]["superseded"].as_u64(),
+        Some(queue.skipped("superseded")),
+        "{p}"
+    );
+
+    // replace: every run that ended was replaced when the next due time
+    // came (never sooner), none completed.
+    let replace = Sched::of(&h, "replace");
+    let handled = replace.assert_each_due_handled_once("replace");
+    assert!(h.all(|e| e.guest_line("replace", "sched done")).is_empty());
+    assert!(replace.replaced.len() >= 5, "{:?}", replace.started);
+    assert_eq!(
+        replace.replaced.len(),
+        replace.ended.len(),
+        "replace: {:?}",
+        replace.started
+    );
+    for ((due, ended), r) in replace.ended.iter().zip(&replace.replaced) {
+        let outcome = ended.str("outcome").unwrap_or("");
+        assert!(outcome.contains("replaced"), "{:?}", ended.json);
+        // (5 ms: the clock's granularity.)
+        assert!(
+            r.at + Duration::from_millis(5) >= at_ms(due + 1000) && r.at <= ended.at,
+            "replace: the run of {due} was replaced before the next due time: {:?}",
+            r.json
+        );
+    }
+    assert_eq!(replace.skipped("overlap"), 0, "{:?}", replace.skips);
+    let p = progress(&cfg, "replace");
+    assert_eq!(p["handled"].as_u64(), Some(handled), "{p}");
+
+    // The figures (benches/schedule_lateness): how late each run started.
+    for plugin in ["skip", "queue", "replace"] {
+        let late: Vec<f64> = h
+            .all(|e| e.message() == "scheduled run started" && e.str("plugin") == Some(plugin))
             .iter()
             .map(|e| e.f64("late_ms").unwrap())
-            .collect()
-    };
-    assert!(
-        late("queue").iter().any(|ms| *ms > 400.0),
-        "queue-one: {:?}",
-        late("queue")
-    );
-    assert!(
-        late("skip").iter().all(|ms| *ms < 400.0),
-        "skip: {:?}",
-        late("skip")
-    );
-    let replace = dues("replace");
-    assert!(
-        replace.len() >= 6 && gaps(&replace).iter().all(|g| *g == 1000),
-        "replace: {replace:?}"
-    );
-    assert!(h.all(|e| e.guest_line("replace", "sched done")).is_empty());
-    let replaced = h.all(|e| {
-        e.message() == "scheduled run replaced by the next due time" && e.str("plugin") == Some("replace")
-    });
-    assert!(replaced.len() >= 5);
-    let p = progress(&cfg, "skip");
-    assert!(p["skipped"]["overlap"].as_u64().unwrap() >= 2, "{p}");
-    let p = progress(&cfg, "queue");
-    assert!(p["skipped"]["superseded"].as_u64().unwrap() >= 1, "{p}");
-    // The metrics agree with the logs.
-    let text = h.scrape();
-    let runs = metric_sum(
-        &text,
-        "baton_schedule_runs_total",
-        &["plugin=\"skip\"", "outcome=\"ok\""],
-    );
-    let ended = h.all(|e| e.message() == "scheduled run ended" && e.str("plugin") == Some("skip"));
-    assert_eq!(runs as usize, ended.len(), "{text}");
-    let replaced = metric_sum(
-        &text,
-        "baton_schedule_runs_total",
-        &["plugin=\"replace\"", "outcome=\"failed\""],
-    );
-    assert!(replaced >= 5.0, "{text}");
-    let overlap = metric_sum(
-        &text,
-        "baton_schedule_skipped_total",
-        &["plugin=\"skip\"", "reason=\"overlap\""],
-    );
-    assert!(overlap >= 2.0, "{text}");
-    let late = metric_sum(
-        &text,
-        "baton_schedule_lateness_seconds_count",
-        &["plugin=\"skip\""],
-    );
-    assert_eq!(late as usize, ended.len(), "{text}");
+            .collect();
+        println!(
+            "{plugin}: dues {:?}, started {late:?} ms late",
+            Sched::of(&h, plugin).started
+        );
+    }
 }
 
 #[test]
@@ -264,8 +413,14 @@ fn jitter_spreads_the_starts_within_its_bound() {
     let s = Scratch::new();
     let cfg = config_with(&s, &probe("spread", "every = \"1s\"\njitter = \"400ms\""));
     let h = Host::start("h", &cfg);
-    std::thread::sleep(SECS(7));
-    let started = h.all(|e| e.message() == "scheduled run started");
+    // Four starts, however long they take here.
+    let started = |h: &Host| h.all(|e| e.message() == "scheduled run started");
+    let deadline = std::time::Instant::now() + SECS(60);
+    while started(&h).len() < 4 {
+        assert!(std::time::Instant::now() < deadline, "not 4 runs: {}", h.output());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let started = started(&h);
     let jitter: Vec<f64> = started.iter().map(|e| e.f64("jitter_ms").unwrap()).collect();
     let late: Vec<f64> = started.iter().map(|e| e.f64("late_ms").unwrap()).collect();
     println!("jitter 400 ms: waited {jitter:?}, started {late:?} ms after the due times");

@@ -1,10 +1,13 @@
 //! `baton yield`, the scenario both stores run: two hosts on one lease
 //! with a cooperative guest; a yield to the follower says it does not lead,
 //! one for a lease it does not have says so; a yield found through the
-//! configuration file reaches the leader, whose guest stops cooperatively,
-//! and the follower takes over within milliseconds; the yielder does not
-//! take the lease back before the yield's time, even when it is released
-//! meanwhile, and leads again right after.
+//! configuration file reaches the leader, whose guest stops cooperatively
+//! before it releases the lease, and the follower takes it through that
+//! release (not by waiting for it to expire); the yielder does not take
+//! the lease back before the yield's time, even when it is released
+//! meanwhile, and leads again once it is up (not after another yield).
+//! How fast the hand-over is, is a figure (printed; `benches/handover.rs`
+//! measures hand-overs), not a verdict.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -41,9 +44,9 @@ pub fn socket_of(cfg: &Path, identity: &str) -> PathBuf {
 
 /// The scenario (see the module documentation) on the configuration `cfg`
 /// (one lease "demo" with one cooperative probe "probe"); `start` starts a
-/// host under a name. Returns the hand-over time in milliseconds: from
-/// the yield command to the other host's guest start.
-pub fn two_hosts_yield(cfg: &Path, start: &dyn Fn(&str) -> Host, store: &str, bound_ms: f64) -> f64 {
+/// host under a name. Returns the hand-over time in milliseconds (a figure): from the yield
+/// command to the other host's guest start.
+pub fn two_hosts_yield(cfg: &Path, start: &dyn Fn(&str) -> Host, store: &str) -> f64 {
     let mut a = start("host-a");
     a.wait_for(Duration::from_secs(60), "a's guest start", is_start);
     let mut b = start("host-b");
@@ -95,20 +98,29 @@ pub fn two_hosts_yield(cfg: &Path, start: &dyn Fn(&str) -> Host, store: &str, bo
         "{said}"
     );
     println!("{store}: baton yield said: {}", said.trim());
-    let started = b.wait_for(Duration::from_secs(5), "b's guest start", is_start);
+    // When the yielder contends again, as it computed it.
+    let until = said
+        .split("does not contend for it until ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+        .unwrap_or_else(|| panic!("no time to contend again in: {said}"));
+    let started = b.wait_for(Duration::from_secs(30), "b's guest start", is_start);
     let handover = ms_between(yielded, started.at);
-    let released = a.wait_for(Duration::from_secs(1), "a's release", |e| {
-        e.message() == "released the lease"
-    });
-    let b_leads = b.wait_for(Duration::from_secs(1), "b leading", leading);
+    // Taken through the release (b saw the lease free before it led), and
+    // a's tasks stopped before it.
+    let from_release = assert_handed_over_by_release(&a, &b, "demo", yielded);
+    let b_leads = b.wait_for(Duration::from_secs(10), "b leading", leading);
     println!(
         "{store}: yield hand-over: {handover:.1} ms from the command to the other host's guest start \
-         ({:.1} ms from the release to its lead)",
-        ms_between(released.at, b_leads.at)
+         ({from_release:.1} ms from the release to its lead)"
     );
     assert_eq!(started.guest_term(), Some(term + 1));
-    assert!(handover < bound_ms, "the hand-over took {handover:.1} ms");
-    let stopped = a.wait_for(Duration::from_secs(1), "a's guest stop", |e| {
+    assert_eq!(b_leads.u64("term"), Some(term + 1));
+    let released = a.wait_for(Duration::from_secs(10), "a's release", |e| {
+        e.message() == "released the lease"
+    });
+    let stopped = a.wait_for(Duration::from_secs(10), "a's guest stop", |e| {
         e.is("leader task stopped", Some("probe"))
     });
     assert_eq!(stopped.str("how"), Some("cooperative"));
@@ -131,10 +143,14 @@ pub fn two_hosts_yield(cfg: &Path, start: &dyn Fn(&str) -> Host, store: &str, bo
     std::thread::sleep(yield_for / 4);
     b.sigterm();
     assert!(b.wait_exit(Duration::from_secs(10)).success());
-    let back = a.wait_for(yield_for * 2, "a leading again", |e| leading(e) && e.at > yielded);
+    let back = a.wait_for(Duration::from_secs(60), "a leading again", |e| {
+        leading(e) && e.at > yielded
+    });
     let after = ms_between(yielded, back.at);
     println!(
-        "{store}: the yielder led again {after:.0} ms after the yield (--for {}ms; the lease was free from {:.0} ms)",
+        "{store}: the yielder led again {after:.0} ms after the yield, {:.0} ms after the time it said \
+         (--for {}ms; the lease was free from {:.0} ms)",
+        ms_between(until, back.at),
         yield_for.as_millis(),
         (yield_for / 4).as_millis()
     );
@@ -142,11 +158,19 @@ pub fn two_hosts_yield(cfg: &Path, start: &dyn Fn(&str) -> Host, store: &str, bo
         after >= yield_for.as_millis() as f64,
         "took it back after {after:.0} ms"
     );
+    // Not before the time it said (given to the millisecond).
     assert!(
-        after < (yield_for.as_millis() + 1500) as f64,
-        "contended again only after {after:.0} ms"
+        back.at + Duration::from_millis(1) >= until,
+        "took it back {:.0} ms before the time it said",
+        ms_between(back.at, until)
     );
-    a.wait_for(Duration::from_secs(5), "a's guest start again", |e| {
+    // It contends again once the yield is up, not a whole yield later.
+    assert!(
+        after < (yield_for * 2).as_millis() as f64,
+        "contended again only after {after:.0} ms (--for {}ms)",
+        yield_for.as_millis()
+    );
+    a.wait_for(Duration::from_secs(30), "a's guest start again", |e| {
         is_start(e) && e.at > back.at - Duration::from_millis(50)
     });
     a.sigterm();

