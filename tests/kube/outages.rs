@@ -30,7 +30,7 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
         &kube_config(&t.ns.name, Some(&proxied), "demo", &plugins),
     );
     let direct = t.scratch.write("b.toml", &t.config("demo", &plugins));
-    let a = Host::start("host-a", &through);
+    let a = host_with_admin("host-a", &through);
     a.wait_for(SECS(60), "a leads", is_start);
     let b = Host::start("host-b", &direct);
     b.wait_for(SECS(30), "b follows", |e| {
@@ -41,7 +41,7 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
     // Cut a's path without closing it: its renewals hang.
     hole.cut(true);
     let cut_at = SystemTime::now();
-    let down = a.wait_for(SECS(10), "a steps down", |e| {
+    let down = a.wait_for(SECS(30), "a steps down", |e| {
         e.at >= cut_at && e.message() == "stepping down"
     });
     let down_ms = ms_between(cut_at, down.at);
@@ -55,49 +55,90 @@ fn a_leader_whose_connection_goes_silent_stops_by_its_deadline_and_another_takes
         gaps.push(ms_between(last, e.at));
         last = e.at;
     }
+    // The time left until the renew deadline when each was given up.
+    let remaining: Vec<f64> = timeouts
+        .iter()
+        .map(|e| {
+            let r = e.str("remaining").expect("remaining");
+            match r.strip_suffix("ms") {
+                Some(ms) => ms.parse::<f64>().unwrap(),
+                None => r.trim_end_matches('s').parse::<f64>().unwrap() * 1e3,
+            }
+        })
+        .collect();
+    // The force-stop time the leader computed when it stepped down: from
+    // its last confirmed renewal, which began before the cut, so at most
+    // the renew deadline and the grace after the cut however busy the
+    // machine is (its clock's reading in the log: a few ms of leeway).
+    let deadline = witness::force_stop_at(&down);
+    let deadline_ms = ms_between(cut_at, deadline);
     println!(
-        "a leader cut off: {} renewals timed out, {:?} ms apart; stepped down {down_ms:.0} ms after the cut",
+        "a leader cut off: {} renewals timed out, {:?} ms apart, {:?} ms before the renew deadline; \
+         stepped down {down_ms:.0} ms after the cut, force-stop time {deadline_ms:.0} ms after it",
         timeouts.len(),
-        gaps.iter().map(|g| g.round() as i64).collect::<Vec<_>>()
+        gaps.iter().map(|g| g.round() as i64).collect::<Vec<_>>(),
+        remaining.iter().map(|r| r.round() as i64).collect::<Vec<_>>()
     );
     // (The last attempt may instead end at the renew deadline, when the
     // time left in the term is shorter than the request timeout.)
     assert!(!timeouts.is_empty(), "no renewal timed out: {timeouts:?}");
-    let limit = (RP + Duration::from_millis(500)).as_secs_f64() * 1e3 + 300.0;
+    // A renewal that hung until the renew deadline would be given up with
+    // no time left: one given up earlier was bounded by the request
+    // timeout.
     assert!(
-        gaps.iter().all(|&g| g <= limit),
-        "a hung renewal outlasted the request timeout: gaps {gaps:?} ms (limit {limit:.0})"
+        remaining.iter().any(|&r| r > 0.0),
+        "every hung renewal lasted until the renew deadline: {timeouts:?}"
     );
+    let counted = metric_sum(
+        &a.scrape(),
+        "baton_lease_store_errors_total",
+        &["lease=\"demo\"", "kind=\"timeout\""],
+    );
+    assert!(counted >= 1.0, "a counted no timed-out request: {counted}");
     assert!(
-        down_ms <= RD.as_secs_f64() * 1e3 + 300.0,
-        "stepped down {down_ms:.0} ms after the cut (renew deadline {RD:?})"
+        deadline_ms <= (RD + GRACE).as_secs_f64() * 1e3 + 20.0,
+        "the force-stop time is {deadline_ms:.0} ms after the cut, past the renew deadline and the grace \
+         ({:?}): {:?}",
+        RD + GRACE,
+        down.json
     );
     let mut force_stop = cut_at;
+    let mut stops = Vec::new();
     for p in ["probe", "stubborn"] {
-        let e = a.wait_for(SECS(10), "a's guest stopped", |e| {
+        let e = a.wait_for(SECS(30), "a's guest stopped", |e| {
             e.at >= cut_at && e.is(STOPPED, Some(p))
         });
         force_stop = force_stop.max(witness::force_stop_at(&e));
-        assert!(
-            ms_between(e.at, witness::force_stop_at(&e)) >= -20.0,
-            "{p} stopped {:.0} ms after its force-stop time",
-            ms_between(witness::force_stop_at(&e), e.at)
-        );
+        stops.push(e);
     }
-    // b takes over within LD + RP of the cut (plus its watch's news and
-    // its guests' start), never before a's force-stop time.
-    let taken = b.wait_for(SECS(15), "b takes over", is_start);
+    // The stubborn guest ignored the change: stopped by force, after the
+    // grace, at the force-stop time (how late it was logged is the
+    // machine's: the fence keeps its effects in).
+    assert_stopped_by_force(&a, &stops[1], GRACE);
+    // b takes over once a's lease has expired (about LD + RP after the
+    // cut, plus its watch's news and its guests' start), never before a's
+    // force-stop time, and after a's guests stopped; the bound on how long
+    // it took catches only a lease left wedged.
+    let taken = b.wait_for(SECS(30), "b takes over", is_start);
     let took = ms_between(cut_at, taken.at);
-    let bound = (LD + RP).as_secs_f64() * 1e3 + 1000.0;
+    let bound = (LD + RP + SECS(3)).as_secs_f64() * 1e3;
     println!(
         "b took over {took:.0} ms after the cut (bound {bound:.0} ms), {:.0} ms after a's last force-stop time",
         ms_between(force_stop, taken.at)
     );
+    assert!(taken.at >= force_stop, "b started before a's force-stop time");
+    for stop in &stops {
+        assert!(
+            stop.at <= taken.at,
+            "a's guest stopped after b's started: {:?}, {:?}",
+            stop.json,
+            taken.json
+        );
+    }
     assert!(
         took <= bound,
         "b took over {took:.0} ms after the cut (bound {bound:.0} ms)"
     );
-    assert!(taken.at >= force_stop, "b started before a's force-stop time");
     hole.cut(false);
 }
 
@@ -123,14 +164,20 @@ fn a_follower_whose_connection_goes_silent_notices_within_a_lease_duration() {
     // Cut b's path without closing it: its watch goes silent.
     hole.cut(true);
     let cut_at = SystemTime::now();
-    let noticed = b.wait_for(SECS(20), "b notices its silent watch", |e| {
+    let noticed = b.wait_for(SECS(30), "b notices its silent watch", |e| {
         e.at >= cut_at && e.message().starts_with("the lease watch broke")
     });
     let took = ms_between(cut_at, noticed.at);
     // The watch asks the server to end it after one lease duration (x 1 to
     // 1.25); silence past that plus request-timeout and a second ends it.
-    let bound = (LD.as_secs_f64() * 1.25 + 0.5 + 1.0) * 1e3 + 500.0;
-    println!("a follower's watch went silent: it noticed {took:.0} ms later (bound {bound:.0} ms)");
+    // Twice that: the bound catches a watch that never notices, not a slow
+    // machine.
+    let expected = (LD.as_secs_f64() * 1.25 + 0.5 + 1.0) * 1e3 + 500.0;
+    let bound = 2.0 * expected;
+    println!(
+        "a follower's watch went silent: it noticed {took:.0} ms later (expected within {expected:.0} ms, \
+         bound {bound:.0} ms)"
+    );
     assert!(
         took <= bound,
         "noticed {took:.0} ms after the cut (bound {bound:.0} ms)"
@@ -140,11 +187,11 @@ fn a_follower_whose_connection_goes_silent_notices_within_a_lease_duration() {
     // Restored: b follows again, and takes over promptly when a leaves.
     hole.cut(false);
     let restored = SystemTime::now();
-    b.wait_for(SECS(20), "b watches again", |e| {
+    b.wait_for(SECS(30), "b watches again", |e| {
         e.at >= restored && e.message() == "watching the lease again"
     });
     let termed = a.sigterm();
-    let taken = b.wait_for(SECS(10), "b takes over", is_start);
+    let taken = b.wait_for(SECS(30), "b takes over", is_start);
     println!(
         "after the path was restored: b took over {:.0} ms after a's SIGTERM",
         ms_between(termed, taken.at)
@@ -197,24 +244,31 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
 
     // The leader's guest was stopped (by force) before the lease could have
     // expired anywhere: the last renewal others saw began at most RP before
-    // the outage, so none could take over before stopped_at - RP + LD.
-    let stop = hosts[leader].wait_for(SECS(1), "the leader's forced stop", |e| {
+    // the outage, so none could take over before stopped_at - RP + LD. The
+    // force-stop time the leader computed (from its last confirmed renewal,
+    // before the outage: however busy the machine is) says so; from then
+    // on the fence keeps the guest's effects in, however late the stop is
+    // logged.
+    let stop = hosts[leader].wait_for(SECS(10), "the leader's forced stop", |e| {
         e.is(STOPPED, Some("probe"))
     });
     let after = ms_between(stopped_at, stop.at);
-    let bound = (RD + GRACE).as_millis() as f64 + 100.0;
+    let deadline = ms_between(stopped_at, witness::force_stop_at(&stop));
     let expiry = (LD - RP).as_millis() as f64;
     println!(
-        "API server stopped for {outage:?}: the leader's guest was stopped by force {after:.0} ms into it \
-         (renew deadline + grace = {} ms; the lease could expire elsewhere at {expiry:.0} ms at the earliest)",
+        "API server stopped for {outage:?}: the leader's guest was stopped by force {after:.0} ms into it, \
+         its force-stop time {deadline:.0} ms into it (renew deadline + grace = {} ms; the lease could \
+         expire elsewhere at {expiry:.0} ms at the earliest)",
         (RD + GRACE).as_millis()
     );
-    assert_eq!(stop.str("how"), Some("forced"));
+    assert_stopped_by_force(&hosts[leader], &stop, GRACE);
+    // (A few ms of leeway: the host's clock's reading in the log.)
     assert!(
-        after <= bound && after < expiry,
-        "stopped {after:.0} ms into the outage"
+        deadline <= (RD + GRACE).as_millis() as f64 + 20.0 && deadline < expiry,
+        "the force-stop time was {deadline:.0} ms into the outage: {:?}",
+        stop.json
     );
-    let gave_up = hosts[leader].wait_for(SECS(1), "stepping down", |e| e.message() == "stepping down");
+    let gave_up = hosts[leader].wait_for(SECS(10), "stepping down", |e| e.message() == "stepping down");
     println!(
         "the leader stepped down {:.0} ms into the outage",
         ms_between(stopped_at, gave_up.at)
@@ -233,7 +287,7 @@ fn api_server_outage_stops_the_leader_in_time_and_one_leader_resumes() {
     // When it is back, the election resumes by itself: exactly one leader.
     let (idx, started) = wait_any(
         &hosts,
-        LD + SECS(6),
+        SECS(30),
         "a guest start after the outage",
         resumed_at,
         is_start,

@@ -104,14 +104,29 @@ fn a_plugin_applies_an_object_through_the_host_in_its_term_and_never_after_a_new
     b.wait_for(SECS(60), "b follows", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
-    std::thread::sleep(SECS(1));
+    // Each term writes a few times (every 100 ms): waited for, however
+    // long a busy machine takes, not assumed of a second.
+    let writes_of = |term: u64| history.lock().unwrap().iter().filter(|(t, _)| *t == term).count();
+    let wait_writes = |term: u64| {
+        let until = Instant::now() + SECS(30);
+        while writes_of(term) < 3 {
+            assert!(
+                Instant::now() < until,
+                "term {term} wrote the object {} times: {:?}",
+                writes_of(term),
+                history.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_writes(1);
     a.sigterm();
-    assert!(a.wait_exit(SECS(10)).success());
+    assert!(a.wait_exit(SECS(15)).success());
     let applied = b.wait_for(SECS(30), "b's first write", |e| {
         e.guest_line("applier", "http apply ok")
     });
     assert!(applied.message().contains("term=2"), "{}", applied.message());
-    std::thread::sleep(SECS(1));
+    wait_writes(2);
 
     // The object's history: every write carries its writer's term, terms
     // never go back, and nothing of term 1 after term 2's first write.
@@ -173,7 +188,7 @@ fn yield_hands_the_lease_over_through_the_api_server_and_the_yielder_stays_out_f
         "baton.toml",
         &t.config("demo", &[probe("probe", "pollable", "cooperative")]),
     );
-    yielding::two_hosts_yield(&cfg, &|name| Host::start(name, &cfg), "kubernetes store", 1000.0);
+    yielding::two_hosts_yield(&cfg, &|name| Host::start(name, &cfg), "kubernetes store");
     // The yield's annotations went with the write that took the Lease over.
     let lease = t.lease("demo").expect("the Lease");
     let annotations = lease.metadata.annotations.unwrap_or_default();

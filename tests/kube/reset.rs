@@ -143,10 +143,11 @@ fn a_floor_deleted_while_its_lease_lives_is_made_again_before_the_lease_is_delet
         if let Some(f) = floor_term(&t.rt, &t.admin, &t.ns) {
             break f;
         }
+        // About a lease duration; the bound is for a slow machine.
         assert!(
-            deleted_at.elapsed() < LD + RP + SECS(2),
+            deleted_at.elapsed() < LD * 2 + SECS(5),
             "the floor was not made again within {:?}; the holder logged:\n{}",
-            LD + RP + SECS(2),
+            LD * 2 + SECS(5),
             last.output()
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -179,7 +180,7 @@ fn a_lease_reset_in_place_while_held_stops_its_holder_and_terms_go_on_above() {
     let first = running(&hosts).pop().expect("a leader");
     let first = hosts.iter().position(|h| h.name == first).unwrap();
     let stopped = hosts[first].sigterm();
-    let (_, taken) = wait_any(&hosts, SECS(5), "the hand-over", stopped, is_start);
+    let (_, taken) = wait_any(&hosts, SECS(15), "the hand-over", stopped, is_start);
     assert!(hosts[first].wait_exit(SECS(30)).success());
     std::thread::sleep(Duration::from_secs(1));
     let leader = running(&hosts).pop().expect("a leader");
@@ -213,16 +214,33 @@ fn a_lease_reset_in_place_while_held_stops_its_holder_and_terms_go_on_above() {
     };
 
     // Its holder no longer holds it in its term: it stops its guest at
-    // once.
+    // once, as it sees the written Lease (its watch, or its next renewal's
+    // conflict), not at the renew deadline of a renewal it could not make
+    // (the milliseconds are a figure).
     let holder = hosts.iter().find(|h| h.name == leader).unwrap();
-    let stopped = holder.wait_for(SECS(5), "the old term's guest stopped", |e| {
+    let stopped = holder.wait_for(SECS(15), "the old term's guest stopped", |e| {
         e.at >= reset_at && e.is(STOPPED, Some("probe"))
     });
+    let down = holder.wait_for(SECS(15), "the old term's end", |e| {
+        e.at >= reset_at && e.message() == "stepping down"
+    });
     println!(
-        "reset to leaseTransitions 0 while {leader} led term {term}: its guest stopped {:.0} ms later",
-        ms_between(reset_at, stopped.at)
+        "reset to leaseTransitions 0 while {leader} led term {term}: its guest stopped {:.0} ms later ({}); \
+         it stepped down: {}",
+        ms_between(reset_at, stopped.at),
+        stopped.str("how").unwrap_or_default(),
+        down.str("reason").unwrap_or_default()
     );
-    assert!(ms_between(reset_at, stopped.at) < 2000.0);
+    assert_eq!(down.u64("term"), Some(term), "{:?}", down.json);
+    assert!(
+        [
+            "the lease was taken over, overwritten or deleted",
+            "the lease was written by another host"
+        ]
+        .contains(&down.str("reason").unwrap_or_default()),
+        "stepped down for another reason than the written Lease: {:?}",
+        down.json
+    );
 
     // The next term, on whichever host, is above the old one and the floor.
     let (idx, taken) = wait_any(

@@ -2,9 +2,10 @@
 //! object of its own (Pending: the test server has no kubelet), with
 //! POD_NAME set to it. A task on the test's runtime lists the pods carrying
 //! the label, 2 ms after each answer; the label must be on exactly the new leader's pod
-//! within [`BOUND`] of its term's start, after SIGTERM hand-overs and after
-//! a SIGKILL (whose stale label the new leader removes), and never on two
-//! pods at once for longer than that.
+//! within [`BOUND`] of its term's start (a bound only a stuck label breaks:
+//! the latency is a printed figure), after SIGTERM hand-overs and after a
+//! SIGKILL (whose stale label the new leader removes), and never on two
+//! pods at once.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,8 +18,9 @@ use super::*;
 const KEY: &str = "baton.dev/lead-demo";
 
 /// From a term's start (its host's "lease status changed" to leading) to
-/// the label on exactly that host's pod.
-const BOUND: Duration = Duration::from_secs(1);
+/// the label on exactly that host's pod: generous, for a busy machine; the
+/// figures are printed.
+const BOUND: Duration = Duration::from_secs(5);
 
 /// When the set of pods carrying [`KEY`] changed, and to what.
 type Changes = Vec<(SystemTime, Vec<String>)>;
@@ -119,6 +121,19 @@ fn host_in(name: &str, pod: &str, cfg: &Path) -> Host {
     )
 }
 
+/// A host of identity `name` in pod `pod`, with its admin endpoints.
+fn host_in_with_admin(name: &str, pod: &str, cfg: &Path) -> Host {
+    Host::start_opts(
+        name,
+        cfg,
+        Opts {
+            env: &[("POD_NAME", pod)],
+            args: &[OsStr::new("--admin-address"), OsStr::new("127.0.0.1:0")],
+            ..Opts::default()
+        },
+    )
+}
+
 /// When `h` began leading (a term) at or after `after`.
 fn began_leading(h: &Host, after: SystemTime) -> SystemTime {
     h.wait_for(SECS(10), "leading", |e| {
@@ -176,7 +191,7 @@ fn the_route_label_follows_the_leader_onto_one_pod_at_a_time() {
         .position(|h| h.all(is_start).len() == 1)
         .expect("a leader");
     let began = began_leading(&hosts[leader], SystemTime::UNIX_EPOCH);
-    let labelled = samples.wait(&[pod_of[leader]], began, SECS(5));
+    let labelled = samples.wait(&[pod_of[leader]], began, SECS(10));
     let mut from_term = vec![ms_between(began, labelled)];
     assert!(first.at >= began);
 
@@ -187,11 +202,11 @@ fn the_route_label_follows_the_leader_onto_one_pod_at_a_time() {
         let old = running(&hosts);
         let old = hosts.iter().position(|h| h.name == old[0]).expect("a leader");
         let termed = hosts[old].sigterm();
-        let (new, _) = wait_any(&hosts, SECS(5), "a standby's guest start", termed, is_start);
+        let (new, _) = wait_any(&hosts, SECS(15), "a standby's guest start", termed, is_start);
         assert_ne!(new, old);
         let began = began_leading(&hosts[new], termed);
-        let labelled = samples.wait(&[pod_of[new]], termed, SECS(5));
-        assert!(hosts[old].wait_exit(SECS(5)).success());
+        let labelled = samples.wait(&[pod_of[new]], termed, SECS(10));
+        assert!(hosts[old].wait_exit(SECS(15)).success());
         let off = hosts[old].wait_for(SECS(1), "label removed", |e| {
             e.message() == "removed the route label from this pod"
         });
@@ -213,17 +228,17 @@ fn the_route_label_follows_the_leader_onto_one_pod_at_a_time() {
     let dead = running(&hosts);
     let dead = hosts.iter().position(|h| h.name == dead[0]).expect("a leader");
     let killed = hosts[dead].sigkill();
-    let (new, _) = wait_any(&hosts, SECS(10), "a guest start after the kill", killed, is_start);
+    let (new, _) = wait_any(&hosts, SECS(30), "a guest start after the kill", killed, is_start);
     let began = began_leading(&hosts[new], killed);
     assert_eq!(
         samples.at(began),
         vec![pod_of[dead].to_owned()],
         "the stale label"
     );
-    let labelled = samples.wait(&[pod_of[new]], began, SECS(5));
+    let labelled = samples.wait(&[pod_of[new]], began, SECS(10));
     let after_kill = ms_between(began, labelled);
     let from_kill = ms_between(killed, labelled);
-    let cleaner = hosts[new].wait_for(SECS(1), "stale label removed", |e| {
+    let cleaner = hosts[new].wait_for(SECS(5), "stale label removed", |e| {
         e.message() == "removed the route label from other pods"
     });
     assert!(
@@ -268,10 +283,7 @@ fn the_route_label_follows_the_leader_onto_one_pod_at_a_time() {
     // Never on two pods at all: the old leader's label is off before its
     // release, and a new leader clears others before it labels its own
     // (each listing is one consistent snapshot).
-    assert!(
-        two.is_zero() && two <= BOUND,
-        "the label was on two pods for {two:?}"
-    );
+    assert!(two.is_zero(), "the label was on two pods for {two:?}");
 }
 
 #[test]
@@ -295,11 +307,14 @@ fn a_route_label_the_role_refuses_is_logged_and_delays_no_hand_over() {
     );
     let text = text.replacen("name = \"demo\"\n", "name = \"demo\"\nroute-label = true\n", 1);
     let cfg = t.scratch.write("baton.toml", &text);
-    let mut hosts = vec![host_in("host-a", "pod-a", &cfg), host_in("host-b", "pod-b", &cfg)];
+    let mut hosts = vec![
+        host_in_with_admin("host-a", "pod-a", &cfg),
+        host_in_with_admin("host-b", "pod-b", &cfg),
+    ];
     settled(&hosts);
     // Said at start, by both, naming the verb and the resource.
     for h in &hosts {
-        let e = h.wait_for(SECS(5), "the refused listing", |e| {
+        let e = h.wait_for(SECS(15), "the refused listing", |e| {
             e.message()
                 .starts_with("listing the pods carrying the route label failed")
         });
@@ -310,14 +325,26 @@ fn a_route_label_the_role_refuses_is_logged_and_delays_no_hand_over() {
         .iter()
         .position(|h| h.all(is_start).len() == 1)
         .expect("a leader");
-    hosts[old].wait_for(SECS(5), "the refused label", |e| {
+    hosts[old].wait_for(SECS(15), "the refused label", |e| {
         e.message().starts_with("labelling this pod failed")
     });
+    // Counted too (the host's /metrics, read while it still runs).
+    let errors = metric_sum(
+        &hosts[old].scrape(),
+        "baton_route_label_errors_total",
+        &["lease=\"demo\""],
+    );
+    assert!(errors >= 1.0, "the refused route label is counted: {errors}");
     let termed = hosts[old].sigterm();
-    let (new, started) = wait_any(&hosts, SECS(5), "a standby's guest start", termed, is_start);
+    let (new, started) = wait_any(&hosts, SECS(15), "a standby's guest start", termed, is_start);
     assert_ne!(new, old);
     let took = ms_between(termed, started.at);
-    assert!(hosts[old].wait_exit(SECS(5)).success());
+    // The refused removal held up nothing: the old leader released the
+    // lease after it (not at a timeout: the API server said no at once),
+    // its guest stopped before the release, and the standby took the lease
+    // through the release, not by waiting for it to expire.
+    let from_release = assert_handed_over_by_release(&hosts[old], &hosts[new], "demo", termed);
+    assert!(hosts[old].wait_exit(SECS(15)).success());
     let refused = hosts[old].wait_for(SECS(1), "the refused removal", |e| {
         e.message()
             .starts_with("removing the route label from this pod failed")
@@ -326,14 +353,19 @@ fn a_route_label_the_role_refuses_is_logged_and_delays_no_hand_over() {
     let delay = ms_between(refused.at, released.at);
     println!(
         "route label refused by RBAC: SIGTERM -> the standby's guest start {took:.0} ms; \
-         the refused removal -> the release {delay:.1} ms"
+         the refused removal -> the release {delay:.1} ms; the release -> the standby's lead \
+         {from_release:.0} ms"
     );
-    assert!(took < 500.0, "the hand-over took {took:.0} ms");
-    // The release is one request after the refusal: well within the
-    // request timeout (500 ms) that bounds the removal.
+    let error = refused.str("error").unwrap_or_default();
     assert!(
-        (0.0..500.0).contains(&delay),
-        "the release came {delay:.1} ms after the refusal"
+        error.contains("forbidden") && error.contains("pods"),
+        "the removal was refused (403), not timed out: {error}"
+    );
+    assert!(
+        refused.at <= released.at,
+        "the release came before the refused removal: {:?}, {:?}",
+        refused.json,
+        released.json
     );
     let pods: Api<Pod> = Api::namespaced(t.admin.clone(), &t.ns.name);
     let labelled =
@@ -341,5 +373,5 @@ fn a_route_label_the_role_refuses_is_logged_and_delays_no_hand_over() {
             .unwrap();
     assert!(labelled.items.is_empty(), "no pod labelled");
     hosts[new].sigterm();
-    assert!(hosts[new].wait_exit(SECS(5)).success());
+    assert!(hosts[new].wait_exit(SECS(15)).success());
 }

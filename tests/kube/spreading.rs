@@ -107,17 +107,20 @@ fn status_shows_two_hosts_spreading_leases_as_json_and_text() {
 }
 
 #[test]
-fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_read_only_after_a_failed_write()
- {
-    // The API server's own counts (/metrics) over an idle window: each
-    // lease's leader renews once per retry period and reads nothing; the
-    // hosts find the live hosts (their membership Leases, every retry
-    // period) in their watch's memory, with no request; each host keeps one
-    // watch of the namespace's Leases, resumed once per lease duration. A
-    // lease is read only after a write of its elector failed: a renewal
-    // slower than the request timeout (500 ms: a busy 2-core machine has
-    // them) is retried, conflicts and is answered by a read. Each read must
-    // follow such a failure, which the hosts count (/metrics).
+fn a_hundred_leases_on_two_hosts_cost_one_write_per_renewal_and_read_only_after_a_failed_write() {
+    // The API server's own counts (/metrics) over an idle window, against
+    // what the hosts say they did in it (their /metrics): each write to a
+    // lease is a renewal the hosts confirmed, or a failed write they
+    // counted; nothing is read but after a failed write (a renewal slower
+    // than the request timeout, 500 ms, is retried, conflicts and is
+    // answered by a read); every lease is renewed; the hosts find the live
+    // hosts (their membership Leases, every retry period) in their watch's
+    // memory, with no request; each host keeps one watch of the
+    // namespace's Leases, resumed once per lease duration. Nothing here is
+    // counted per second of the wall clock: a busy machine renews less
+    // often, and every bound below holds all the same. The rates (writes
+    // per record per retry period) are the bench's
+    // (`benches/requests_per_lease.rs`, requests per minute per lease).
     const LEASES: u64 = 100;
     let t = KubeTest::new("hundred");
     let mut text = t.head();
@@ -128,27 +131,9 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_r
     let admin_args = [OsStr::new("--admin-address"), OsStr::new("127.0.0.1:0")];
     let hosts = ["a", "b"].map(|n| Host::start_with_args(n, &cfg, &shared_cache_dir(), &admin_args));
     let led = |h: &Host| support::led(h).len() as u64;
-    // Failed requests of the electors that are answered by a read.
-    let failures = |hosts: &[Host]| -> f64 {
-        hosts
-            .iter()
-            .map(|h| {
-                let text = h.scrape();
-                ["conflict", "timeout"]
-                    .iter()
-                    .map(|kind| {
-                        support::metric_sum(
-                            &text,
-                            "baton_lease_store_errors_total",
-                            &[&format!("kind=\"{kind}\"")],
-                        )
-                    })
-                    .sum::<f64>()
-            })
-            .sum()
-    };
     let started = Instant::now();
-    let until = started + SECS(60);
+    // Liveness, not speed: a slow machine takes longer to spread.
+    let until = started + SECS(180);
     while led(&hosts[0]) + led(&hosts[1]) != LEASES || led(&hosts[0]).abs_diff(LEASES / 2) > 1 {
         assert!(
             Instant::now() < until,
@@ -167,34 +152,64 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_lease_per_retry_period_and_r
     // Let the hand-overs' watches and floors settle.
     std::thread::sleep(SECS(2));
     let idle = SECS(6);
-    let failed_before = failures(&hosts);
+    // The hosts' counts are read around the API server's, so that every
+    // request the API server counts in its window is counted by the hosts
+    // in theirs.
+    let hosts_before = support::HostCounts::read(&hosts);
     let before = t.rt.block_on(lease_requests(&t.admin));
     std::thread::sleep(idle);
     let requests = delta(&before, &t.rt.block_on(lease_requests(&t.admin)));
     // A read in the window answers a failure counted by the time it ends.
     std::thread::sleep(SECS(1));
-    let failed = (failures(&hosts) - failed_before) as u64;
+    let done = support::HostCounts::read(&hosts).since(&hosts_before);
     let count = |verb: &str| requests.get(verb).copied().unwrap_or(0);
-    let periods = (idle.as_millis() / RP.as_millis()) as u64;
     let records = LEASES + 2;
+    // The membership Leases' renewals, which the hosts do not count (their
+    // electors report to no observer): at most one per host per retry
+    // period, fewer on a busy machine.
+    let periods = (idle.as_millis() / RP.as_millis()) as u64;
+    let members = 2 * (periods + 1);
     println!(
         "requests to leases in {idle:?} idle, {LEASES} leases and 2 membership Leases on 2 hosts \
-         (retry period {RP:?}): {requests:?}; writes per record per retry period: {:.2}; \
-         failed writes (conflicts, timeouts) the hosts counted: {failed}",
+         (retry period {RP:?}): {requests:?}; the hosts counted {} renewals and {} failed writes \
+         (conflicts, timeouts); writes per record per retry period: {:.2}",
+        done.renewals,
+        done.failed,
         count("PUT") as f64 / (records * periods) as f64
     );
     assert!(
-        count("GET") <= failed,
-        "a lease is read only after a failed write: {requests:?}, {failed} failures"
+        count("GET") <= done.failed,
+        "a lease is read only after a failed write: {requests:?}, {} failures",
+        done.failed
     );
     assert_eq!(count("POST"), 0, "no creating: {requests:?}");
     assert!(
-        count("PUT") <= records * (periods + 1) + failed,
-        "at most one write per record per retry period, and a retry per failure: {requests:?}"
+        count("PUT") <= done.renewals + done.failed + members,
+        "one write per renewal, and a retry per failure: {requests:?}, {} renewals, {} failures",
+        done.renewals,
+        done.failed
     );
     assert!(
-        count("PUT") >= records * (periods - 2),
-        "every record is renewed: {requests:?}"
+        count("PUT") <= records * (periods + 1) + done.failed,
+        "at most one write per record per retry period, and a retry per failure: {requests:?}"
+    );
+    let unrenewed: Vec<&String> = done
+        .renewed
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(l, _)| l)
+        .collect();
+    assert!(
+        done.renewed.len() as u64 == LEASES && unrenewed.is_empty(),
+        "every lease is renewed by its leader: {} leases counted, not renewed: {unrenewed:?}",
+        done.renewed.len()
+    );
+    // And every lease kept its leader through the window.
+    assert!(
+        done.gained == 0 && done.lost == 0,
+        "no leadership changed while idle: {} terms gained, {} lost",
+        done.gained,
+        done.lost
     );
     // Listing the membership Leases from the API server cost one LIST per
     // host per retry period here (24 in 6 s); the namespace's watch serves

@@ -55,9 +55,9 @@ fn store_terms_never_repeat_after_the_lease_is_deleted_even_with_no_host_running
         // as a tombstone.
         let watcher = fresh();
         let mut w = watcher.watch("demo").await.unwrap();
-        assert_eq!(next_within(&mut w, 5).await.unwrap().record.holder(), Some("b"));
+        assert_eq!(next_within(&mut w, 10).await.unwrap().record.holder(), Some("b"));
         t.env.delete_all_leases(&t.ns).await;
-        let gone = next_within(&mut w, 5).await.expect("the tombstone");
+        let gone = next_within(&mut w, 10).await.expect("the tombstone");
         assert!(gone.version.starts_with(TOMBSTONE), "{}", gone.version);
         assert_eq!((gone.record.holder(), gone.record.term), (Some("b"), next));
 
@@ -158,7 +158,7 @@ fn a_create_that_lost_the_race_takes_its_count_back_and_no_term_is_skipped() {
                 break floor;
             }
             assert!(
-                start.elapsed() < SECS(5),
+                start.elapsed() < SECS(15),
                 "the count was not taken back: {floor:?}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -241,7 +241,7 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
         let writer = t.store(&[]);
         let current = writer.create("demo", &record(Some("a"), 1)).await.unwrap();
         let mut watch = watcher.watch("demo").await.unwrap();
-        assert_eq!(next_within(&mut watch, 2).await, Some(current.clone()));
+        assert_eq!(next_within(&mut watch, 10).await, Some(current.clone()));
         t.ns.leases()
             .create(
                 &PostParams::default(),
@@ -268,12 +268,12 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
         }
         assert!(watch.next().await.is_none(), "the stream ends with the error");
         let mut again = watcher.watch("demo").await.unwrap();
-        assert_eq!(next_within(&mut again, 2).await, Some(current.clone()));
+        assert_eq!(next_within(&mut again, 10).await, Some(current.clone()));
         let newer = writer
             .update("demo", &current.version, &record(Some("a"), 1))
             .await
             .unwrap();
-        assert_eq!(next_within(&mut again, 2).await, Some(newer));
+        assert_eq!(next_within(&mut again, 10).await, Some(newer));
     });
 
     // A host following a Lease held by someone else (so nobody writes it):
@@ -317,7 +317,7 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
     }
     compact_etcd(&t.env, &other.version);
     let compacted = SystemTime::now();
-    let broke = host.wait_for(SECS(10), "the watch's 410 Gone", |e| {
+    let broke = host.wait_for(SECS(30), "the watch's 410 Gone", |e| {
         e.message().starts_with("the lease watch broke") && e.str("error").is_some_and(|m| m.contains("410"))
     });
     println!(
@@ -325,7 +325,7 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
         ms_between(compacted, broke.at),
         broke.str("error").unwrap()
     );
-    let rewatched = host.wait_for(SECS(10), "watching again", |e| {
+    let rewatched = host.wait_for(SECS(30), "watching again", |e| {
         e.message() == "watching the lease again" && e.at >= broke.at
     });
     println!(
@@ -337,13 +337,19 @@ fn a_watch_resumed_from_a_compacted_version_gets_410_gone_and_lists_afresh() {
     let released = SystemTime::now();
     t.rt.block_on(ns.leases().replace("demo", &PostParams::default(), &lease))
         .unwrap();
-    let started = host.wait_for(SECS(10), "the guest's start", is_start);
+    // Through the resumed watch: at once (the milliseconds are a figure),
+    // well within a quarter of the 60 s foreign lease a host that missed
+    // the release would wait out.
+    let started = host.wait_for(SECS(30), "the guest's start", is_start);
     let took = ms_between(released, started.at);
     println!(
         "the Lease released: the host's guest started {took:.0} ms later, in term {:?}",
         started.guest_term()
     );
-    assert!(took < (RP * 2).as_millis() as f64, "{took:.0} ms");
+    assert!(
+        took < 15_000.0,
+        "started {took:.0} ms after the release: not through the watch (the foreign lease is 60 s)"
+    );
     assert_eq!(started.guest_term(), Some(6));
 }
 
@@ -359,10 +365,11 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
         let (a, b) = (t.store(&[]), t.store(&[]));
         let v1 = a.create("demo", &held("a", 1)).await.unwrap();
         let mut wa = a.watch("demo").await.unwrap();
+        let ahead = floor_requests(&t).await;
         let mut wb = b.watch("demo").await.unwrap();
-        assert_eq!(next_within(&mut wb, 5).await.unwrap().record.holder(), Some("a"));
+        assert_eq!(next_within(&mut wb, 10).await.unwrap().record.holder(), Some("a"));
         // The floor is read ahead in the background.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        read_ahead(&t, &ahead).await;
         let released = a.update("demo", &v1.version, &record(None, 1)).await.unwrap();
         let seen = until_version(&mut wb, &released.version).await;
 
@@ -392,7 +399,16 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
         };
         let before = floor_requests(&t).await;
         let last = renew(5, v2).await;
-        let listed = delta(&before, &floor_requests(&t).await);
+        // The watch starts in the background: its listing is waited for
+        // (a busy machine may start it after the last renewal).
+        let waited = Instant::now();
+        let listed = loop {
+            let listed = delta(&before, &floor_requests(&t).await);
+            if listed.get("LIST").is_some_and(|&n| n >= 1) || waited.elapsed() > SECS(15) {
+                break listed;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         let first = since(&t, &before).await;
         println!(
             "floor requests of renewals over {:?}: {first:?}, all: {listed:?}",
@@ -408,9 +424,10 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
 
         // The other store saw the floor raised and read it ahead: term 3 is
         // covered, and starts with no floor request.
+        let ahead = floor_requests(&t).await;
         let released = b.update("demo", &last.version, &record(None, 2)).await.unwrap();
         let seen = until_version(&mut wa, &released.version).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        read_ahead(&t, &ahead).await;
         let before = floor_requests(&t).await;
         let v3 = a.update("demo", &seen.version, &held("a", 3)).await.unwrap();
         assert_eq!(v3.record.term, 3);
@@ -433,9 +450,10 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
         t.ns.bind(role, "baton-a").await;
         let c = store(t.env.client(&t.env.kubeconfig("baton-a")).await, &t.ns.name, &[]);
         let v1 = a.create("other", &held("a", 1)).await.unwrap();
+        let ahead = floor_requests(&t).await;
         let mut wc = c.watch("other").await.unwrap();
-        assert_eq!(next_within(&mut wc, 5).await.unwrap().record.holder(), Some("a"));
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(next_within(&mut wc, 10).await.unwrap().record.holder(), Some("a"));
+        read_ahead(&t, &ahead).await;
         let floors: kube::Api<ConfigMap> = kube::Api::namespaced(t.admin.clone(), &t.ns.name);
         let mut cm = floors.get("baton-terms.other").await.unwrap();
         cm.metadata
@@ -476,6 +494,23 @@ fn store_term_starts_and_idle_holders_make_no_floor_reads() {
     });
 }
 
+/// Waits until the API server has answered a read of a floor since
+/// `before` (a store's read ahead, in the background: however long a busy
+/// machine takes), then half a second more for the store to take in the
+/// answer.
+async fn read_ahead(t: &KubeTest, before: &BTreeMap<String, f64>) {
+    let waited = Instant::now();
+    loop {
+        let reads = since(t, before).await.get("GET").copied().unwrap_or(0);
+        if reads >= 1 {
+            break;
+        }
+        assert!(waited.elapsed() < SECS(15), "no floor was read ahead");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
 /// The API server's requests to ConfigMaps so far, per verb.
 async fn floor_requests(t: &KubeTest) -> BTreeMap<String, f64> {
     requests_to(&t.admin, "configmaps").await
@@ -503,7 +538,7 @@ fn held(holder: &str, term: u64) -> LeaseRecord {
 /// The watch's observations until the one at `version`.
 async fn until_version(watch: &mut LeaseWatch, version: &str) -> Versioned {
     loop {
-        let v = next_within(watch, 5).await.expect("an observation");
+        let v = next_within(watch, 10).await.expect("an observation");
         if v.version == version {
             return v;
         }
