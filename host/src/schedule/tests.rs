@@ -284,4 +284,3 @@ fn a_cut_off_run_now_run_runs_again_on_demand_then_is_given_up_outside_the_skips
         Next::GiveUp { due: asked }
     );
 }
-

@@ -121,8 +121,16 @@ impl Ctx<'_> {
         };
         match crate::schedule::next(&schedule, &progress, SystemTime::now()) {
             Next::Skip { upto, count, reason } => self.skip(&mut progress, upto, count, reason).await,
-            Next::Run { due, attempt, on_demand } => {
-                let run = ScheduledRun { due, attempt, on_demand };
+            Next::Run {
+                due,
+                attempt,
+                on_demand,
+            } => {
+                let run = ScheduledRun {
+                    due,
+                    attempt,
+                    on_demand,
+                };
                 self.run(&schedule, &mut progress, run).await
             }
             Next::GiveUp { due } => self.give_up(&mut progress, due).await,

@@ -72,9 +72,13 @@ async fn checks_come_every_period_and_threshold_failures_in_a_row_end_the_watch(
     let mut script = Script::new(&[true, false, false, true, false, false, false], secs(1));
     let mut seen = Vec::new();
     let started = Instant::now();
-    let last = watch_health(&mut script, &settings(3), std::future::pending(), || false, |o, n| {
-        seen.push((o.as_str(), n))
-    })
+    let last = watch_health(
+        &mut script,
+        &settings(3),
+        std::future::pending(),
+        || false,
+        |o, n| seen.push((o.as_str(), n)),
+    )
     .await;
     assert!(
         matches!(last, Some(CheckOutcome::Unhealthy(ref m)) if m == "down"),

@@ -28,6 +28,8 @@ struct Faulty {
     inner: MemoryBuckets,
     fault: Fault,
     left: AtomicU32,
+    /// Told of each write that fails (once it has failed).
+    failed: tokio::sync::Notify,
 }
 
 impl Faulty {
@@ -76,11 +78,15 @@ impl BucketStore for Faulty {
             bucket: bucket.clone(),
             detail: "no answer".into(),
         };
-        match self.fault {
+        let applied = match self.fault {
             Fault::Refused if fails => Err(unavailable()),
             Fault::AnswerLost if fails => self.inner.apply(bucket, write).await.and(Err(unavailable())),
             _ => self.inner.apply(bucket, write).await,
+        };
+        if fails {
+            self.failed.notify_one();
         }
+        applied
     }
     async fn buckets(&self, lease: Option<&str>) -> Result<Vec<BucketInfo>, BucketError> {
         self.inner.buckets(lease).await
@@ -97,31 +103,28 @@ impl TaskObserver for Counted {
     }
 }
 
-/// Runs one term of `sched-probe` every second, lasting `lasts`, over a
-/// progress last handled ten seconds ago (nine due times to skip as
+/// When the test's term ends.
+enum Ends {
+    /// After this long.
+    After(Duration),
+    /// As the first write carrying a skip fails (whatever the time: a busy
+    /// machine may take long to get there).
+    AtFirstFault,
+    /// Once the stored progress has no run going (the run recorded as
+    /// ended, or given up), however long that takes.
+    OnceNothingRuns,
+}
+
+/// Runs one term of `sched-probe` every second, ending as `ends` says, over
+/// a progress last handled ten seconds ago (nine due times to skip as
 /// superseded), the first `faults` writes carrying a skip failing with
 /// `fault`. Returns the host's log, the skips counted and the progress left.
 fn term_over_old_progress(
     fault: Fault,
     faults: u32,
-    lasts: Duration,
+    ends: Ends,
 ) -> (String, BTreeMap<String, u64>, Progress) {
-    let records = tempfile::tempdir().unwrap();
-    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
-    let env = [("SCHED_RECORDS", "/records"), ("SCHED_HOST", "h1")];
-    let plugin = Arc::new(
-        runtime
-            .load(&spec_of("sched_probe.wasm", &env, Some(records.path())))
-            .unwrap(),
-    );
     let when = When::every(Duration::from_secs(1)).unwrap();
-    let store = Arc::new(Faulty {
-        inner: MemoryBuckets::new(),
-        fault,
-        left: AtomicU32::new(faults),
-    });
-    let counted = Arc::new(Counted::default());
-    let bucket = BucketName::new("sched", SCHEDULES_BUCKET);
     let old = Progress {
         when: Some(when.to_string()),
         handled: Some(millis(
@@ -130,7 +133,39 @@ fn term_over_old_progress(
         )),
         ..Progress::default()
     };
-    let (_schedules, schedule) = watch::channel(Some(Schedule::new(when)));
+    one_term_ending(Schedule::new(when), old, fault, faults, ends)
+}
+
+/// [`one_term`], the term ending as `ends` says.
+fn one_term_ending(
+    schedule: Schedule,
+    old: Progress,
+    fault: Fault,
+    faults: u32,
+    ends: Ends,
+) -> (String, BTreeMap<String, u64>, Progress) {
+    let lasts = match ends {
+        Ends::After(lasts) => lasts,
+        // A bound only a test that never gets there reaches.
+        Ends::AtFirstFault | Ends::OnceNothingRuns => Duration::from_secs(60),
+    };
+    let records = tempfile::tempdir().unwrap();
+    let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
+    let env = [("SCHED_RECORDS", "/records"), ("SCHED_HOST", "h1")];
+    let plugin = Arc::new(
+        runtime
+            .load(&spec_of("sched_probe.wasm", &env, Some(records.path())))
+            .unwrap(),
+    );
+    let store = Arc::new(Faulty {
+        inner: MemoryBuckets::new(),
+        fault,
+        left: AtomicU32::new(faults),
+        failed: tokio::sync::Notify::new(),
+    });
+    let counted = Arc::new(Counted::default());
+    let bucket = BucketName::new("sched", SCHEDULES_BUCKET);
+    let (_schedules, schedule) = watch::channel(Some(schedule));
     let scheduling = Scheduling {
         schedule,
         store: store.clone(),
@@ -168,7 +203,32 @@ fn term_over_old_progress(
             holder_address: None,
         };
         let (_elector, view) = watch::channel(view);
-        run_scheduled_term(&plugin, &term, &view, &*counted, &scheduling).await;
+        let ender = async {
+            let nothing_runs = async {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let stored = store.inner.get(&bucket, plugin.name()).await.unwrap();
+                    if stored.is_some_and(|e| Progress::from_bytes(&e.value).unwrap().running.is_none()) {
+                        return;
+                    }
+                }
+            };
+            match ends {
+                Ends::After(_) => {}
+                Ends::AtFirstFault => tokio::select! {
+                    () = store.failed.notified() => term.end(clock.now()),
+                    () = term.over() => {}
+                },
+                Ends::OnceNothingRuns => tokio::select! {
+                    () = nothing_runs => term.end(clock.now()),
+                    () = term.over() => {}
+                },
+            }
+        };
+        tokio::join!(
+            run_scheduled_term(&plugin, &term, &view, &*counted, &scheduling),
+            ender
+        );
     });
     let left = store.inner.get(&bucket, plugin.name());
     let left = tokio::runtime::Runtime::new()
@@ -203,7 +263,7 @@ fn logged_skips(log: &str) -> BTreeMap<String, u64> {
 #[test]
 fn a_skip_whose_answer_was_lost_is_logged_once_the_progress_shows_it() {
     for fault in [Fault::AnswerLost, Fault::Refused] {
-        let (log, counted, left) = term_over_old_progress(fault, 1, Duration::from_millis(2500));
+        let (log, counted, left) = term_over_old_progress(fault, 1, Ends::After(Duration::from_millis(2500)));
         assert!(
             left.skipped.get("superseded").is_some_and(|n| *n >= 9),
             "{left:?}"
@@ -223,8 +283,9 @@ fn a_skip_whose_answer_was_lost_is_logged_once_the_progress_shows_it() {
 
 #[test]
 fn a_skip_unanswered_when_the_term_ends_is_logged_as_unconfirmed() {
-    let (log, counted, left) =
-        term_over_old_progress(Fault::AnswerLost, u32::MAX, Duration::from_millis(300));
+    // The term ends as the store fails to answer the skip's write: the
+    // skip is then unconfirmed, however long the machine took to write it.
+    let (log, counted, left) = term_over_old_progress(Fault::AnswerLost, u32::MAX, Ends::AtFirstFault);
     assert!(counted.is_empty(), "{counted:?}");
     assert!(
         left.skipped.get("superseded").is_some_and(|n| *n >= 9),
@@ -239,4 +300,68 @@ fn a_skip_unanswered_when_the_term_ends_is_logged_as_unconfirmed() {
         said[0].contains("unconfirmed") && said[0].contains("reason=\"superseded\""),
         "{log}"
     );
+}
+
+/// A progress whose `baton run-now` run, asked `ago`, was cut off by
+/// term 4's end, on an hourly schedule handled up to its last due time
+/// (so nothing scheduled is due while the test runs).
+fn run_now_cut_off(ago: Duration) -> (Schedule, Progress, u64) {
+    let when = When::every(Duration::from_secs(3600)).unwrap();
+    let asked = millis(SystemTime::now() - ago);
+    let mut old = Progress {
+        when: Some(when.to_string()),
+        handled: Some(millis(when.last_at_or_before(SystemTime::now()).unwrap())),
+        ..Progress::default()
+    };
+    old.started(RunRecord {
+        due: asked,
+        attempt: 0,
+        on_demand: true,
+        started: asked,
+        ended: None,
+        outcome: None,
+        host: "h0".into(),
+        term: 4,
+    });
+    let mut schedule = Schedule::new(when);
+    // Far past what a busy machine takes to get to the run.
+    schedule.starting_deadline = Some(Duration::from_secs(60));
+    (schedule, old, asked)
+}
+
+#[test]
+fn a_cut_off_run_now_run_runs_again_on_demand_for_the_same_time_outside_the_schedule() {
+    let (schedule, old, asked) = run_now_cut_off(Duration::from_millis(300));
+    let (log, counted, left) =
+        one_term_ending(schedule, old.clone(), Fault::Refused, 0, Ends::OnceNothingRuns);
+    // The guest was told it runs on demand, for the time it was asked.
+    assert!(
+        log.contains(&format!("sched run due={asked} attempt=1 on_demand=true term=5")),
+        "{log}"
+    );
+    let ran = left.last().unwrap();
+    assert!(ran.on_demand && ran.due == asked && ran.attempt == 1, "{left:?}");
+    assert_eq!(ran.outcome.as_deref(), Some("ok"), "{left:?}");
+    // Nothing of the schedule changed.
+    assert_eq!(left.handled, old.handled, "{left:?}");
+    assert!(
+        left.skipped.is_empty() && counted.is_empty(),
+        "{left:?} {counted:?}"
+    );
+}
+
+#[test]
+fn a_cut_off_run_now_run_past_its_deadline_is_given_up_not_counted_as_a_skip() {
+    let (schedule, old, asked) = run_now_cut_off(Duration::from_secs(120));
+    let (log, counted, left) =
+        one_term_ending(schedule, old.clone(), Fault::Refused, 0, Ends::OnceNothingRuns);
+    assert!(!log.contains("sched run due="), "not run again: {log}");
+    assert!(left.running.is_none(), "{left:?}");
+    let given_up = left.last().unwrap();
+    assert!(given_up.on_demand && given_up.due == asked, "{left:?}");
+    assert_eq!(given_up.outcome.as_deref(), Some("cut off"), "{left:?}");
+    assert_eq!(left.handled, old.handled, "{left:?}");
+    assert!(left.skipped.is_empty() && left.last_skip.is_none(), "{left:?}");
+    assert!(counted.is_empty(), "{counted:?}");
+    assert!(!log.contains("scheduled runs skipped"), "{log}");
 }
