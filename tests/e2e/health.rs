@@ -262,3 +262,74 @@ fn health_check_settings_are_checked_and_need_a_component_that_exports_one() {
     h.sigterm();
     assert!(h.wait_exit(Duration::from_secs(10)).success());
 }
+
+/// A check still going when its term ended (here: hanging, its leader
+/// paused past the lease) comes back after the term: it counts for
+/// nothing. No failure of that term is logged or counted after the term's
+/// end, and no hand-over is started for a lease the host no longer leads
+/// (which would keep it out of the next election for the back-off).
+#[test]
+fn a_check_cut_off_by_its_terms_end_is_no_failure_and_hands_nothing_over() {
+    let s = Scratch::new();
+    let dir = s.dir.path().join("health");
+    std::fs::create_dir(&dir).unwrap();
+    // Checks every 2 s, each may run for 1.9 s; two failures in a row
+    // would hand the lease over.
+    let cfg = s.write(
+        "health.toml",
+        &config(&s.store(), &dir)
+            .replace(&format!("threshold = {THRESHOLD}"), "threshold = 2")
+            .replace(&format!("period = \"{PERIOD_MS}ms\""), "period = \"2s\"")
+            .replace(&format!("timeout = \"{TIMEOUT_MS}ms\""), "timeout = \"1900ms\""),
+    );
+    // A check that runs guest code until the host stops it: the end of
+    // its term traps it, at the very moment the term is over.
+    std::fs::write(dir.join("unhealthy-host-a"), "spin").unwrap();
+    let a = start("host-a", &cfg, "10.0.0.1:8080");
+    let first = a.wait_for(Duration::from_secs(60), "a's health probe", health_start);
+    let term = first.guest_term().unwrap();
+    // The first check spins and times out: one failure of the term.
+    let failed = a.wait_for(Duration::from_secs(30), "the first failure", |e| {
+        e.message() == "health check failed"
+    });
+    assert_eq!(failed.u64("term"), Some(term), "{:?}", failed.json);
+    assert_eq!(failed.u64("failures"), Some(1), "{:?}", failed.json);
+    // The next check is due a period after the first began: pause the
+    // leader while it spins, past its lease.
+    std::thread::sleep(Duration::from_millis(400));
+    a.signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(3));
+    // Healthy from now on: the spinning check read the marker already, and
+    // any failure or hand-over after the resume can only come from it.
+    std::fs::remove_file(dir.join("unhealthy-host-a")).unwrap();
+    a.signal(libc::SIGCONT);
+    let down = a.wait_for(Duration::from_secs(30), "a stepping down", |e| {
+        e.message() == "stepping down" && e.u64("term") == Some(term)
+    });
+    // The host goes on: it leads again (no one else is there), and its
+    // next term's checks pass.
+    a.wait_for(Duration::from_secs(30), "a leading again", |e| {
+        e.message() == "lease status changed"
+            && e.str("role") == Some("leading")
+            && e.u64("term").is_some_and(|t| t > term)
+    });
+    a.wait_for(Duration::from_secs(30), "a healthy check in the next term", |e| {
+        e.guest_line("health", "health check ok") && e.guest_term().is_some_and(|t| t > term)
+    });
+    let after: Vec<Event> = a.all(|e| {
+        e.at >= down.at
+            && e.u64("term") == Some(term)
+            && (e.message() == "health check failed" || e.message().starts_with("plugin unhealthy"))
+    });
+    assert!(
+        after.is_empty(),
+        "term {term}'s check counted after the term ended: {:?}",
+        after.iter().map(|e| &e.json).collect::<Vec<_>>()
+    );
+    let scrape = a.scrape();
+    assert_eq!(
+        metric(&scrape, "baton_lease_health_handovers_total{lease=\"demo\"}").unwrap_or(0.0),
+        0.0,
+        "a hand-over was counted:\n{scrape}"
+    );
+}

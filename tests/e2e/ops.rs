@@ -369,3 +369,60 @@ fn the_text_log_has_colours_only_on_a_terminal_and_never_under_no_color() {
         );
     }
 }
+
+#[test]
+fn a_relative_cache_dir_is_taken_from_the_configurations_folder() {
+    use std::io::BufRead;
+    // `--config run.toml` from the file's own folder, `cache-dir =
+    // "compiled"` in it, no `--cache-dir` nor `BATON_CACHE_DIR`: the
+    // compiled code goes to that folder's `compiled`.
+    let s = Scratch::new();
+    let folder = s.dir.path().join("etc");
+    std::fs::create_dir(&folder).unwrap();
+    let text = format!(
+        "cache-dir = \"compiled\"\n{}",
+        config(&s.store(), &[probe("probe", "pollable", "cooperative")])
+    );
+    std::fs::write(folder.join("run.toml"), text).unwrap();
+    let mut child = baton()
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--config",
+            "run.toml",
+            "--identity",
+            "rel",
+        ])
+        .current_dir(&folder)
+        .env_remove("BATON_CACHE_DIR")
+        .env("BATON_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start baton");
+    let mut seen = Vec::new();
+    let mut compiled = false;
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let Ok(line) = line else { break };
+        compiled |= line.contains("plugin compiled");
+        let leads = line.contains("lease status changed") && line.contains("\"leading\"");
+        seen.push(line);
+        if leads {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = seen.join("\n");
+    assert!(compiled, "the plugin was not compiled; the log:\n{log}");
+    assert!(
+        log.contains(&format!("\"cache\":\"{}\"", folder.join("compiled").display())),
+        "the cache is not the configuration folder's: {log}"
+    );
+    let cached = std::fs::read_dir(folder.join("compiled"))
+        .map(Iterator::count)
+        .unwrap_or(0);
+    assert!(cached > 0, "nothing in {}", folder.join("compiled").display());
+}

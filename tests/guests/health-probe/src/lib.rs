@@ -10,7 +10,9 @@
 //!   looks for `/health/unhealthy-H`, `H` the holder (this host, while it
 //!   leads): absent, it prints `health check ok term=T holder=H at=A` and
 //!   says healthy; present, it acts on the file's first word: `trap`
-//!   panics, `hang` blocks for an hour, anything else returns
+//!   panics, `hang` blocks for an hour (or until the status changes),
+//!   `spin` runs a busy loop that ends only when the host stops it,
+//!   anything else returns
 //!   `Err("marker /health/unhealthy-H")` (after printing `health check
 //!   unhealthy term=T`).
 //!
@@ -87,6 +89,9 @@ impl LeaderTask for Health {
         };
         match text.split_whitespace().next() {
             Some("trap") => panic!("health check trap on purpose"),
+            Some("spin") => loop {
+                std::hint::black_box(0u64);
+            },
             Some("hang") => {
                 let (_, change) = pollable::current_status();
                 change.wait_timeout(Duration::from_secs(3600));
