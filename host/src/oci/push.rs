@@ -233,7 +233,7 @@ async fn sign_manifest(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::plugin::tests::guest;
+    use crate::support::test_guests::guest;
 
     fn reference() -> Reference {
         Reference::parse("oci://r.io/team/probe:1").unwrap()

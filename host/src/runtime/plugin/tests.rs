@@ -8,10 +8,7 @@ use crate::runtime::{CacheUse, Compile, CompileObserver, EngineOptions, PluginEn
 
 /// A test guest built by `scripts/build-guests.sh`, found through
 /// `BATON_GUESTS_DIR` (set by `scripts/test.sh`).
-pub(crate) fn guest(file: &str) -> std::path::PathBuf {
-    let dir = std::env::var_os("BATON_GUESTS_DIR").expect("BATON_GUESTS_DIR: run scripts/test.sh");
-    std::path::Path::new(&dir).join(file)
-}
+pub(crate) use crate::support::test_guests::guest;
 
 #[test]
 fn a_file_named_again_is_read_again_only_when_it_changed() {
