@@ -729,6 +729,8 @@ pub struct HostCounts {
     /// Confirmed renewals by lease (a lease several hosts led: summed).
     /// The membership records' renewals are not counted by the hosts.
     pub renewed: std::collections::BTreeMap<String, u64>,
+    /// Terms started (acquisitions: writes that are not renewals) by lease.
+    pub taken: std::collections::BTreeMap<String, u64>,
     /// All of them.
     pub renewals: u64,
     /// Conflicts and timeouts of the electors' requests.
@@ -741,22 +743,40 @@ pub struct HostCounts {
 #[allow(dead_code)]
 impl HostCounts {
     const RENEWALS: &'static str = "baton_lease_renewal_seconds_count{";
+    const CHANGES: &'static str = "baton_lease_leadership_changes_total{";
+
+    /// The series of `metric` (its name and `{`) in `text` whose labels
+    /// include `with`: each one's lease and value.
+    fn by_lease<'t>(
+        text: &'t str,
+        metric: &'t str,
+        with: &'t str,
+    ) -> impl Iterator<Item = (String, u64)> + 't {
+        text.lines().filter_map(move |line| {
+            let (labels, value) = line.strip_prefix(metric)?.split_once("} ")?;
+            if !labels.contains(with) {
+                return None;
+            }
+            let lease = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("lease=\""))
+                .map(|l| l.trim_end_matches('"').to_owned())
+                .unwrap_or_default();
+            Some((lease, value.trim().parse::<f64>().unwrap() as u64))
+        })
+    }
 
     /// The counts of `hosts`, summed.
     pub fn read(hosts: &[Host]) -> HostCounts {
         let mut counts = HostCounts::default();
         for h in hosts {
             let text = h.scrape();
-            for line in text.lines().filter(|l| l.starts_with(Self::RENEWALS)) {
-                let (labels, value) = line[Self::RENEWALS.len()..].split_once("} ").unwrap();
-                let lease = labels
-                    .split(',')
-                    .find_map(|l| l.strip_prefix("lease=\""))
-                    .map(|l| l.trim_end_matches('"').to_owned())
-                    .unwrap_or_default();
-                let n = value.trim().parse::<f64>().unwrap() as u64;
+            for (lease, n) in Self::by_lease(&text, Self::RENEWALS, "") {
                 counts.renewals += n;
                 *counts.renewed.entry(lease).or_default() += n;
+            }
+            for (lease, n) in Self::by_lease(&text, Self::CHANGES, "change=\"gained\"") {
+                *counts.taken.entry(lease).or_default() += n;
             }
             let sum = |name: &str, label: &str| metric_sum(&text, name, &[label]) as u64;
             counts.failed += sum("baton_lease_store_errors_total", "kind=\"conflict\"")
@@ -774,6 +794,11 @@ impl HostCounts {
                 .renewed
                 .iter()
                 .map(|(l, n)| (l.clone(), n - before.renewed.get(l).copied().unwrap_or(0)))
+                .collect(),
+            taken: self
+                .taken
+                .iter()
+                .map(|(l, n)| (l.clone(), n - before.taken.get(l).copied().unwrap_or(0)))
                 .collect(),
             renewals: self.renewals - before.renewals,
             failed: self.failed - before.failed,
