@@ -32,10 +32,12 @@ fn three_hosts_one_guest_at_a_time_fast_handover_bounded_failover_few_requests()
     // below holds all the same. The rate is the bench's
     // (`benches/requests_per_lease.rs`, one lease).
     let idle = SECS(6);
-    // The hosts' counts are read around the API server's, so that every
-    // request the API server counts in its window is counted by the hosts
-    // in theirs.
+    // The hosts' counts are read around the API server's, a second and
+    // more on each side, so that every request the API server counts in
+    // its window is counted by the hosts in theirs (a read may land a
+    // moment after the failure it answers).
     let hosts_before = HostCounts::read(&hosts);
+    std::thread::sleep(SECS(1));
     let before = t.rt.block_on(lease_requests(&t.admin));
     std::thread::sleep(idle);
     let after = t.rt.block_on(lease_requests(&t.admin));

@@ -152,10 +152,14 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_renewal_and_read_only_after_
     // Let the hand-overs' watches and floors settle.
     std::thread::sleep(SECS(2));
     let idle = SECS(6);
-    // The hosts' counts are read around the API server's, so that every
-    // request the API server counts in its window is counted by the hosts
-    // in theirs.
+    // The hosts' counts are read around the API server's, a retry period
+    // and more on each side, so that every request the API server counts
+    // in its window is counted by the hosts in theirs: a read lands up to
+    // a request's queueing after the failure it answers, which may have
+    // been counted just before the window.
     let hosts_before = support::HostCounts::read(&hosts);
+    let hosts_from = SystemTime::now();
+    std::thread::sleep(SECS(1));
     let before = t.rt.block_on(lease_requests(&t.admin));
     std::thread::sleep(idle);
     let requests = delta(&before, &t.rt.block_on(lease_requests(&t.admin)));
@@ -177,9 +181,24 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_renewal_and_read_only_after_
         done.failed,
         count("PUT") as f64 / (records * periods) as f64
     );
+    // The membership electors report to no observer: their failed writes
+    // (each a timed-out renewal, retried, conflicting, and answered by a
+    // read) are counted from the hosts' logs.
+    let member_timeouts: usize = hosts
+        .iter()
+        .map(|h| {
+            h.all(|e| {
+                e.at >= hosts_from
+                    && e.str("lease").is_some_and(|l| l.starts_with("baton-member."))
+                    && e.message().contains("timed out")
+            })
+            .len()
+        })
+        .sum();
     assert!(
-        count("GET") <= done.failed,
-        "a lease is read only after a failed write: {requests:?}, {} failures",
+        count("GET") <= done.failed + member_timeouts as u64,
+        "a lease is read only after a failed write: {requests:?}, {} failures, {member_timeouts} of \
+         membership records",
         done.failed
     );
     assert_eq!(count("POST"), 0, "no creating: {requests:?}");
