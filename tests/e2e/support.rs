@@ -398,15 +398,21 @@ pub fn lease_dir(store: &Path, lease: &str) -> PathBuf {
     store.join(format!("{lease}.lease"))
 }
 
-/// The newest version file of `lease`, if it has one.
-pub fn lease_file(store: &Path, lease: &str) -> Option<PathBuf> {
-    let dir = lease_dir(store, lease);
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
+/// The names of `lease`'s version files, oldest first (`None`: no folder).
+fn version_names(dir: &Path) -> Option<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
         .collect();
     names.sort();
+    Some(names)
+}
+
+/// The newest version file of `lease`, if it has one.
+pub fn lease_file(store: &Path, lease: &str) -> Option<PathBuf> {
+    let dir = lease_dir(store, lease);
+    let mut names = version_names(&dir)?;
     Some(dir.join(names.pop()?))
 }
 
@@ -888,12 +894,7 @@ pub fn assert_stopped_by_force(host: &Host, stop: &Event, grace: Duration) {
 #[allow(dead_code)]
 pub fn taken_over_a_release(store: &Path, lease: &str, taker: &str, term: u64) -> Option<Result<(), String>> {
     let dir = lease_dir(store, lease);
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .ok()?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
-        .collect();
-    names.sort();
+    let names = version_names(&dir)?;
     // (A version pruned between the listing and the reading is left out.)
     let versions: Vec<(String, Value)> = names
         .into_iter()
