@@ -481,8 +481,14 @@ pub fn garble_lease(store: &Path, lease: &str, garbage: &str) -> PathBuf {
 /// The leases a host leads now, by its last status event of each (its
 /// membership record left out).
 pub fn led(h: &Host) -> std::collections::BTreeSet<String> {
+    led_at(h, SystemTime::now() + Duration::from_secs(3600))
+}
+
+/// The leases a host led at `at`, by its last status event of each before
+/// then (its membership record left out).
+pub fn led_at(h: &Host, at: SystemTime) -> std::collections::BTreeSet<String> {
     let mut last: std::collections::BTreeMap<String, bool> = std::collections::BTreeMap::new();
-    for e in h.all(|e| e.message() == "lease status changed") {
+    for e in h.all(|e| e.message() == "lease status changed" && e.at <= at) {
         let Some(lease) = e.str("lease") else { continue };
         if lease.starts_with("baton-member.") {
             continue;

@@ -129,7 +129,19 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_renewal_and_read_only_after_
     }
     let cfg = t.scratch.write("baton.toml", &text);
     let admin_args = [OsStr::new("--admin-address"), OsStr::new("127.0.0.1:0")];
-    let hosts = ["a", "b"].map(|n| Host::start_with_args(n, &cfg, &shared_cache_dir(), &admin_args));
+    // The store's debug lines say when a host lists Leases or starts its
+    // shared watch again (a busy machine does: its watch lags).
+    let hosts = ["a", "b"].map(|n| {
+        Host::start_opts(
+            n,
+            &cfg,
+            support::Opts {
+                args: &admin_args,
+                env: &[("BATON_LOG", "info,baton::store::kube=debug")],
+                ..support::Opts::default()
+            },
+        )
+    });
     let led = |h: &Host| support::led(h).len() as u64;
     let started = Instant::now();
     // Liveness, not speed: a slow machine takes longer to spread.
@@ -166,6 +178,7 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_renewal_and_read_only_after_
     // A read in the window answers a failure counted by the time it ends.
     std::thread::sleep(SECS(1));
     let done = support::HostCounts::read(&hosts).since(&hosts_before);
+    let hosts_to = SystemTime::now();
     let count = |verb: &str| requests.get(verb).copied().unwrap_or(0);
     let records = LEASES + 2;
     // The membership Leases' renewals, which the hosts do not count (their
@@ -220,35 +233,78 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_renewal_and_read_only_after_
         done.lost,
         done.failed
     );
-    assert!(
-        count("PUT") <= records * (periods + 1) + done.gained + done.lost + done.failed,
-        "at most one renewal per record per retry period (besides acquisitions, releases and retries): {requests:?}"
+    // (That a leader renews at most once per retry period, however slow its
+    // writes, is the elector's, under paused time:
+    // `a_leader_renews_once_per_retry_period_however_slow_its_writes`; the
+    // figure above and the bench print the rate.)
+    // No leader keeps a lease without renewing it: a lease no host renewed
+    // or took in the window was led by no host throughout it (lost under
+    // load, before or in it, and not yet taken again: a busy machine may
+    // take longer than the window for that), and is led again afterwards.
+    assert_eq!(
+        done.renewed.len() as u64,
+        LEASES,
+        "every lease is counted: {:?}",
+        done.renewed
     );
-    // Every lease was written by a leader in the window: renewed, or (lost
-    // under load) taken again.
     let unwritten: Vec<&String> = done
         .renewed
         .iter()
         .filter(|(l, n)| **n == 0 && done.taken.get(*l).copied().unwrap_or(0) == 0)
         .map(|(l, _)| l)
         .collect();
-    assert!(
-        done.renewed.len() as u64 == LEASES && unwritten.is_empty(),
-        "every lease is renewed (or taken again) by a leader: {} leases counted, neither: {unwritten:?}",
-        done.renewed.len()
-    );
+    for lease in &unwritten {
+        for h in &hosts {
+            let changed = h.all(|e| {
+                (hosts_from..hosts_to).contains(&e.at)
+                    && e.message() == "lease status changed"
+                    && e.str("lease") == Some(lease.as_str())
+            });
+            assert!(
+                !support::led_at(h, hosts_from).contains(*lease) || !changed.is_empty(),
+                "{} led {lease} through the window without renewing it; its log ends:\n{}",
+                h.name,
+                support::tail(&h.output(), 30)
+            );
+        }
+    }
+    println!("leases neither renewed nor taken in the window (led by no host then): {unwritten:?}");
+    let until = Instant::now() + SECS(180);
+    while !unwritten
+        .iter()
+        .all(|l| hosts.iter().any(|h| support::led(h).contains(*l)))
+    {
+        assert!(Instant::now() < until, "{unwritten:?} not led again within 180 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Listing the membership Leases from the API server cost one LIST per
     // host per retry period here (24 in 6 s); the namespace's watch serves
-    // it now, and an idle host in sync lists nothing.
+    // it now, and an idle host in sync lists nothing. A host lists only
+    // when its shared watch starts (again), or when that watch lags behind
+    // the host's own write (a busy machine), and says so.
+    let logged = |message: &str| -> u64 {
+        hosts
+            .iter()
+            .map(|h| {
+                h.all(|e| (hosts_from..hosts_to).contains(&e.at) && e.message() == message)
+                    .len() as u64
+            })
+            .sum()
+    };
+    let (listed, restarted) = (
+        logged("listing the Leases from the API server"),
+        logged("starting the shared lease watch"),
+    );
     println!(
-        "list requests in {idle:?}: {} (2 hosts finding the live hosts every retry period: {} listings)",
+        "list requests in {idle:?}: {} (2 hosts finding the live hosts every retry period: {} listings); \
+         the hosts listed {listed} times with their watch behind and started it {restarted} times",
         count("LIST"),
         2 * periods
     );
-    assert_eq!(
-        count("LIST"),
-        0,
-        "the membership listing is served from the watch: {requests:?}"
+    assert!(
+        count("LIST") <= listed + restarted,
+        "the membership listing is served from the watch, unless it lags: {requests:?}, {listed} listings \
+         while behind, {restarted} watches started"
     );
     // One watch per host for the whole namespace, resumed once per lease
     // duration (x 1 to 1.25): at most two ends of it in 6 s, and one more
@@ -256,13 +312,14 @@ fn a_hundred_leases_on_two_hosts_cost_one_write_per_renewal_and_read_only_after_
     // one per namespace). One watch per lease cost 209 to 275 here: each of
     // 204 watches resumed.
     let rewatches = 2 * (idle.as_millis() / LD.as_millis() + 2) as u64;
+    // (And one for each shared watch started again.)
     println!(
         "watch requests in {idle:?}: {} for {} records on 2 hosts (at most {rewatches}: one watch per host and namespace)",
         count("WATCH"),
         records
     );
     assert!(
-        count("WATCH") <= rewatches,
+        count("WATCH") <= rewatches + restarted,
         "one watch per host, resumed at most once per lease duration ({rewatches} in all): {requests:?}"
     );
     for mut h in hosts {

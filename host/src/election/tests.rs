@@ -178,6 +178,35 @@ async fn one_leader_and_a_follower_that_is_not_woken_by_renewals() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_leader_renews_once_per_retry_period_however_slow_its_writes() {
+    // Writes taking from nothing to most of a retry period, changing
+    // between renewals (a busy machine): the renewals keep their period,
+    // counted from when each was started, and never come closer than the
+    // grid allows (a sixteenth early), so a lease costs at most one write
+    // per retry period however the latency varies.
+    let c = Cluster::new();
+    let mut a = c.start("a");
+    a.until_leading().await;
+    c.store.reset_op_counts();
+    let rp = timings().retry_period;
+    let periods = 40;
+    for i in 0..periods {
+        c.store.set_latency(rp * [0, 9, 2, 7, 0, 5][i % 6] / 10);
+        sleep(rp).await;
+    }
+    c.store.set_latency(Duration::ZERO);
+    let writes = c.store.op_counts().update;
+    assert!(a.rx.borrow().status.is_leading(), "the lead was lost");
+    // Over `periods` retry periods: at most one write per 15/16 of one,
+    // plus the one under way at the start.
+    let most = (periods as u64 * 16).div_ceil(15) + 1;
+    assert!(
+        (periods as u64 - 2..=most).contains(&writes),
+        "{writes} writes in {periods} retry periods (at most {most})"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_crashed_leader_is_replaced_after_the_lease_duration() {
     let c = Cluster::new();
     let mut a = c.start("a");
