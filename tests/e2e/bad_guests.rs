@@ -23,6 +23,8 @@ pub struct Bad {
     pub world: &'static str,
     pub mode: &'static str,
     pub tick_ms: Option<u64>,
+    /// Its `output-rate`, if not the default.
+    pub output_rate: Option<&'static str>,
     pub expect: Expect,
 }
 
@@ -45,6 +47,7 @@ pub const BAD: &[Bad] = &[
         world: "pollable",
         mode: "recurse",
         tick_ms: None,
+        output_rate: None,
         expect: Expect::Retried {
             message: "leader task trapped",
             reason: "stack overflow",
@@ -55,6 +58,7 @@ pub const BAD: &[Bad] = &[
         world: "pollable",
         mode: "oom",
         tick_ms: None,
+        output_rate: None,
         expect: Expect::Retried {
             message: "leader task trapped",
             reason: "memory limit of 32.0 MiB reached",
@@ -65,6 +69,7 @@ pub const BAD: &[Bad] = &[
         world: "pollable",
         mode: "flood",
         tick_ms: None,
+        output_rate: None,
         expect: Expect::Limited,
     },
     Bad {
@@ -72,6 +77,10 @@ pub const BAD: &[Bad] = &[
         world: "future",
         mode: "cooperative",
         tick_ms: Some(0),
+        // Far below what it prints on the slowest machine (a line each
+        // tick, thousands a second), so that drops do not depend on how
+        // fast the host runs it; the default rate is the bench's concern.
+        output_rate: Some("1 KiB"),
         expect: Expect::Limited,
     },
     Bad {
@@ -79,6 +88,7 @@ pub const BAD: &[Bad] = &[
         world: "future",
         mode: "trap",
         tick_ms: None,
+        output_rate: None,
         expect: Expect::Retried {
             message: "leader task trapped",
             reason: "the guest panicked: probe trap on purpose",
@@ -89,6 +99,7 @@ pub const BAD: &[Bad] = &[
         world: "pollable",
         mode: "fail",
         tick_ms: None,
+        output_rate: None,
         expect: Expect::Retried {
             message: "leader task failed",
             reason: "probe failure on purpose",
@@ -99,6 +110,7 @@ pub const BAD: &[Bad] = &[
         world: "pollable",
         mode: "busy",
         tick_ms: None,
+        output_rate: None,
         expect: Expect::Forced,
     },
 ];
@@ -117,10 +129,13 @@ pub fn config_with(store: &Path, bad: Option<&Bad>) -> String {
             .unwrap_or_default();
         text.push_str(&format!(
             "\n[[plugin]]\nname = {:?}\npath = {:?}\nlease = \"demo\"\nenv = {{ PROBE_MODE = {:?}{tick} }}\n\
-             memory-limit = \"{MEMORY_LIMIT_MIB} MiB\"\n",
+             memory-limit = \"{MEMORY_LIMIT_MIB} MiB\"\n{}",
             b.name,
             guest(&format!("probe_{}.wasm", b.world)).display().to_string(),
             b.mode,
+            b.output_rate
+                .map(|r| format!("output-rate = {r:?}\n"))
+                .unwrap_or_default(),
         ));
     }
     text
