@@ -162,6 +162,8 @@ pub struct Host {
     raw: Arc<Mutex<Vec<String>>>,
     /// While set, the host's stderr is not read (its pipe fills up).
     held: Arc<AtomicBool>,
+    /// The thread reading its stderr, until the end of it.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 /// More ways to start a host.
@@ -238,7 +240,7 @@ impl Host {
         let stderr = child.stderr.take().unwrap();
         let held = Arc::new(AtomicBool::new(false));
         let (log2, raw2, host, held2) = (log.clone(), raw.clone(), name.to_owned(), held.clone());
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut lines = BufReader::with_capacity(4096, stderr).lines();
             loop {
                 while held2.load(Ordering::SeqCst) {
@@ -271,6 +273,7 @@ impl Host {
             log,
             raw,
             held,
+            reader: Some(reader),
         }
     }
 
@@ -346,7 +349,28 @@ impl Host {
 
     /// The exit status, if the process has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().expect("running").try_wait().unwrap()
+        let status = self.child.as_mut().expect("running").try_wait().unwrap();
+        if status.is_some() {
+            self.read_to_the_end();
+        }
+        status
+    }
+
+    /// Once the process has exited: waits until everything it wrote was
+    /// read (on a busy machine the reader lags behind the exit), unless its
+    /// stderr is held; 10 s at most.
+    fn read_to_the_end(&mut self) {
+        if self.held.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(reader) = self.reader.take() else { return };
+        let until = Instant::now() + Duration::from_secs(10);
+        while !reader.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if reader.is_finished() {
+            let _ = reader.join();
+        }
     }
 
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
@@ -354,6 +378,7 @@ impl Host {
         let child = self.child.as_mut().expect("running");
         loop {
             if let Some(status) = child.try_wait().unwrap() {
+                self.read_to_the_end();
                 return status;
             }
             if Instant::now() >= deadline {
