@@ -13,5 +13,6 @@ mkdir -p .baton/plugins
 for name in rust_future_ticker rust_pollable_ticker; do
     cp "$(grep "/$name.wasm\$" <<<"$guests")" .baton/plugins/
 done
+scripts/build-tools.sh
 cargo build -p baton >&2
 exec "$CARGO_TARGET_DIR/debug/baton" run --config examples/baton.toml "$@"

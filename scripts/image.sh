@@ -57,6 +57,7 @@ if [ ${#missing[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
     fi
 fi
+"$(dirname "$0")/build-tools.sh"
 if [ ! -d "$(rustc --print sysroot)/lib/rustlib/$target" ]; then
     rustup target add "$target" >&2
 fi

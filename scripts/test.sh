@@ -31,8 +31,10 @@ if [ "$(cat "$CARGO_TARGET_DIR/.baton-clone" 2>/dev/null)" != "$repo" ]; then
 fi
 
 # The style gate, first, failing fast: formatting, then the lints of every
-# host target (the workspace's lints are in Cargo.toml).
+# host target (the workspace's lints are in Cargo.toml). Building needs
+# protoc (scripts/build-tools.sh).
 cargo fmt --all --check
+scripts/build-tools.sh
 cargo clippy -p baton --all-targets --locked -- -D warnings
 # Where the set-up's time goes, on standard error.
 phase() { echo "test: $1 by ${SECONDS} s" >&2; }
@@ -66,6 +68,7 @@ cleanup() {
         BATON_KUBE_ENV="$kube_terms_env" scripts/kube-testenv.sh stop || true
     fi
     if [ -n "${registries:-}" ]; then scripts/registry-testenv.sh stop; fi
+    if [ -n "${etcd:-}" ]; then scripts/etcd-testenv.sh stop || true; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -98,6 +101,11 @@ deploy/kubernetes/verify.sh
 export BATON_REGISTRY_ENV="$BATON_CACHE/registry/run/test-$$.env"
 registries=1
 eval "$(scripts/registry-testenv.sh start)"
+# A 3-member etcd cluster on loopback (scripts/etcd-testenv.sh: Debian's
+# etcd-server), for the etcd store's tests (tests/etcd); stopped on exit.
+export BATON_ETCD_ENV="$BATON_CACHE/etcd/run/test-$$.env"
+etcd=1
+scripts/etcd-testenv.sh start >/dev/null
 phase "servers started"
 cargo build -p baton
 phase "host built"
@@ -148,8 +156,8 @@ cargo test -p baton --doc "$@" || status=1
 # to theirs. The chaos segments (about a minute each store) have
 # processes of their own. The host's unit tests and the in-process core
 # tests (under a minute, paused time mostly) run beside them too.
-groups=(unit core e2e state chaos kube kubeterms kubechaos polyglot templates)
-declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubeterms]=kube [kubechaos]=kube [polyglot]=polyglot [templates]=polyglot)
+groups=(unit core e2e state chaos kube kubeterms kubechaos etcd polyglot templates)
+declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubeterms]=kube [kubechaos]=kube [etcd]=etcd [polyglot]=polyglot [templates]=polyglot)
 leader_tests="state:: schedules:: alerts:: health:: registry:: reload:: drain prefer_and_avoid weights_decide leases_and_status_name"
 kube_terms="terms:: foreign:: outages:: plugins:: state:: reset::"
 # The embedded store's paused leaders (a minute) run with its chaos
@@ -171,6 +179,7 @@ declare -A filter=(
     [templates]="$compiling"
     [unit]=""
     [core]=""
+    [etcd]=""
 )
 declare -A bin
 while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(

@@ -57,6 +57,10 @@ enum Command {
         /// and ~/.kube/config).
         #[arg(long, env = "BATON_KUBECONFIG")]
         kubeconfig: Option<PathBuf>,
+        /// The endpoints of an etcd store, comma-separated (overrides the
+        /// file and ETCDCTL_ENDPOINTS).
+        #[arg(long, env = "BATON_ETCD_ENDPOINTS", value_delimiter = ',')]
+        etcd_endpoints: Option<Vec<String>>,
         /// Serve /metrics, /healthz and /readyz on this address, such as
         /// 127.0.0.1:9090 (overrides the file; off by default).
         #[arg(long, env = "BATON_ADMIN_ADDRESS")]
@@ -198,7 +202,7 @@ enum Command {
         #[command(subcommand)]
         action: cli::kv::KvAction,
     },
-    /// Show each lease of the store (embedded or kubernetes): holder, term,
+    /// Show each lease of the store (embedded, kubernetes or etcd): holder, term,
     /// expiry, the preferred holder while the leads are spread, and the
     /// hosts' membership records.
     Status {
@@ -265,6 +269,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             cache_dir,
             coredump_dir,
             kubeconfig,
+            etcd_endpoints,
             admin_address,
             advertise_address,
             test_stall_election_runtime,
@@ -277,6 +282,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 cache_dir,
                 coredump_dir,
                 kubeconfig,
+                etcd_endpoints,
                 admin_address,
                 control_socket,
                 advertise_address,

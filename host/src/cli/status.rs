@@ -164,6 +164,28 @@ pub async fn open(
             }
             Ok(target)
         }
+        StoreConfig::Etcd(_) => {
+            if kubeconfig.is_some() {
+                anyhow::bail!(
+                    "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {file} uses an etcd store"
+                );
+            }
+            let (store, buckets) = crate::daemon::serve::open_stores(&cfg)
+                .await
+                .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+            let schedules = cfg
+                .plugins
+                .iter()
+                .any(|p| p.schedule.is_some())
+                .then(|| (cfg.clone(), buckets));
+            Ok(Target {
+                store,
+                kind: "etcd",
+                spreading,
+                origin,
+                schedules,
+            })
+        }
     }
 }
 

@@ -207,6 +207,9 @@ pub enum ConfigErrorKind {
         /// The size configured.
         bytes: u64,
     },
+    /// An `[store]` setting of an etcd store that cannot work.
+    #[error("[store] (kind = \"etcd\"): {0}")]
+    Etcd(String),
     /// `[store] namespace` is not a namespace name.
     #[error("[store]: field `namespace`: {0}")]
     Namespace(InvalidNamespace),

@@ -9,6 +9,7 @@
 //! file, and where it can, the line and the lease, plugin or field.
 
 mod error;
+mod etcd;
 mod health_check;
 mod overrides;
 pub mod own_files;
@@ -35,6 +36,7 @@ use crate::runtime::{
 use crate::store::validate_lease_name;
 
 pub use error::{AdminAddressError, AdvertiseAddressError, ConfigError, ConfigErrorKind, InvalidNamespace};
+pub use etcd::etcd_endpoint;
 pub use overrides::{LoadError, OverrideError, Overrides};
 pub use registry::{OciSource, RegistryConfig};
 
@@ -88,6 +90,21 @@ enum RawStore {
         pod: Option<String>,
         #[serde(rename = "pod-namespace")]
         pod_namespace: Option<String>,
+    },
+    #[serde(rename = "etcd")]
+    Etcd {
+        endpoints: Option<Vec<String>>,
+        prefix: Option<String>,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        user: Option<String>,
+        #[serde(rename = "password-file")]
+        password_file: Option<PathBuf>,
+        #[serde(default, rename = "dial-timeout", with = "humantime_serde")]
+        dial_timeout: Option<Duration>,
+        #[serde(default, rename = "request-timeout", with = "humantime_serde")]
+        request_timeout: Option<Duration>,
     },
 }
 
@@ -333,6 +350,41 @@ pub enum StoreConfig {
         /// namespace.
         pod_namespace: Option<String>,
     },
+    /// Keys of an etcd v3 cluster. Settings left out here are taken from
+    /// the `ETCDCTL_*` environment variables when the store is opened
+    /// ([`EtcdConfig::options`]).
+    Etcd(EtcdConfig),
+}
+
+/// `[store] kind = "etcd"`: how to reach the cluster and where the leases
+/// live.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// Client URLs (`http://` or `https://`); empty: `ETCDCTL_ENDPOINTS`,
+    /// else `http://127.0.0.1:2379`.
+    pub endpoints: Vec<String>,
+    /// The prefix of every key (default `/baton/`).
+    pub prefix: String,
+    /// The CA of the servers' certificates; `None`: `ETCDCTL_CACERT`, else
+    /// the Web PKI roots.
+    pub ca: Option<PathBuf>,
+    /// A client certificate (with `key`); `None`: `ETCDCTL_CERT`.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's key; `None`: `ETCDCTL_KEY`.
+    pub key: Option<PathBuf>,
+    /// The etcd user; `None`: `ETCDCTL_USER` (`name` or `name:password`).
+    pub user: Option<String>,
+    /// A file holding the user's password; `None`: `ETCDCTL_PASSWORD`, or
+    /// the password in `ETCDCTL_USER`.
+    pub password_file: Option<PathBuf>,
+    /// The bound on connecting; `None`: `ETCDCTL_DIAL_TIMEOUT`, else 2 s.
+    pub dial_timeout: Option<Duration>,
+    /// The bound on the store's own requests (listings, its watch, bucket
+    /// requests, `baton status` and `baton kv`); `None`:
+    /// `ETCDCTL_COMMAND_TIMEOUT`, else 5 s. The electors' requests keep
+    /// each lease's `request-timeout`, and the watch's bound is the
+    /// shortest of those if shorter.
+    pub request_timeout: Option<Duration>,
 }
 
 /// One lease and its timings.

@@ -22,6 +22,8 @@ pub struct Overrides {
     pub coredump_dir: Option<PathBuf>,
     /// `--kubeconfig`, for a kubernetes store.
     pub kubeconfig: Option<PathBuf>,
+    /// `--etcd-endpoints`, for an etcd store.
+    pub etcd_endpoints: Option<Vec<String>>,
     /// `--admin-address`, as given.
     pub admin_address: Option<String>,
     /// `--control-socket`.
@@ -42,6 +44,14 @@ pub enum OverrideError {
          configuration uses the embedded store"
     )]
     KubeconfigWithoutKubernetes,
+    /// `--etcd-endpoints` with another store.
+    #[error(
+        "--etcd-endpoints (or BATON_ETCD_ENDPOINTS) applies to an etcd store, but the configuration uses another"
+    )]
+    EtcdEndpointsWithoutEtcd,
+    /// `--etcd-endpoints` names something that is not an endpoint.
+    #[error("--etcd-endpoints (or BATON_ETCD_ENDPOINTS): {0}")]
+    EtcdEndpoint(String),
     /// `--admin-address` is not an IP address and port.
     #[error("--admin-address (or BATON_ADMIN_ADDRESS): {0}")]
     AdminAddress(AdminAddressError),
@@ -87,8 +97,19 @@ impl Overrides {
         if let Some(path) = &self.kubeconfig {
             match &mut cfg.store {
                 StoreConfig::Kubernetes { kubeconfig, .. } => *kubeconfig = Some(path.clone()),
-                StoreConfig::Embedded { .. } => return Err(OverrideError::KubeconfigWithoutKubernetes),
+                StoreConfig::Embedded { .. } | StoreConfig::Etcd(_) => {
+                    return Err(OverrideError::KubeconfigWithoutKubernetes);
+                }
             }
+        }
+        if let Some(list) = &self.etcd_endpoints {
+            let StoreConfig::Etcd(etcd) = &mut cfg.store else {
+                return Err(OverrideError::EtcdEndpointsWithoutEtcd);
+            };
+            etcd.endpoints = list
+                .iter()
+                .map(|e| super::etcd_endpoint(e).map_err(OverrideError::EtcdEndpoint))
+                .collect::<Result<_, _>>()?;
         }
         if let Some(address) = &self.admin_address {
             let parsed = parse_admin_address(address).map_err(OverrideError::AdminAddress)?;

@@ -92,6 +92,23 @@ fn store_files(config: &Config, add: &mut impl FnMut(&Path, String, &'static str
             Some(k) => add(k, "the store's kubeconfig".into(), KUBE_RISK),
             None => default_kube(add, "the store's Kubernetes client"),
         },
+        StoreConfig::Etcd(etcd) => {
+            let files = [
+                (&etcd.ca, "the etcd store's CA"),
+                (&etcd.cert, "the etcd store's client certificate"),
+                (&etcd.key, "the etcd store's client key"),
+                (&etcd.password_file, "the etcd store's password file"),
+            ];
+            for (file, what) in files {
+                if let Some(file) = file {
+                    add(
+                        file,
+                        what.into(),
+                        "it lets a plugin act as this host on the etcd cluster",
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -616,6 +616,55 @@ impl Source<'_> {
                     pod_namespace,
                 })
             }
+            RawStore::Etcd {
+                endpoints,
+                prefix,
+                ca,
+                cert,
+                key,
+                user,
+                password_file,
+                dial_timeout,
+                request_timeout,
+            } => {
+                let endpoints = endpoints.unwrap_or_default();
+                for e in &endpoints {
+                    crate::config::etcd_endpoint(e).map_err(|why| self.err(ConfigErrorKind::Etcd(why)))?;
+                }
+                let prefix = prefix.unwrap_or_else(|| crate::store::etcd::DEFAULT_PREFIX.into());
+                if prefix.is_empty() || prefix.contains('\0') {
+                    return Err(self.err(ConfigErrorKind::Etcd(format!(
+                        "field `prefix`: {prefix:?} is not a key prefix (non-empty, no NUL)"
+                    ))));
+                }
+                if cert.is_some() != key.is_some() {
+                    return Err(self.err(ConfigErrorKind::Etcd(
+                        "fields `cert` and `key`: a client certificate needs its key, and a key its certificate"
+                            .into(),
+                    )));
+                }
+                for (field, d) in [
+                    ("dial-timeout", dial_timeout),
+                    ("request-timeout", request_timeout),
+                ] {
+                    if d.is_some_and(|d| d.is_zero()) {
+                        return Err(self.err(ConfigErrorKind::Etcd(format!(
+                            "field `{field}`: must be above zero"
+                        ))));
+                    }
+                }
+                Ok(StoreConfig::Etcd(crate::config::EtcdConfig {
+                    endpoints,
+                    prefix,
+                    ca: ca.map(|p| self.resolve(&p)),
+                    cert: cert.map(|p| self.resolve(&p)),
+                    key: key.map(|p| self.resolve(&p)),
+                    user,
+                    password_file: password_file.map(|p| self.resolve(&p)),
+                    dial_timeout,
+                    request_timeout,
+                }))
+            }
         }
     }
 

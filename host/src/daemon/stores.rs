@@ -8,6 +8,7 @@ use crate::config::{Config, StoreConfig};
 use crate::store::buckets::BucketStore;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::embedded::buckets::EmbeddedBuckets;
+use crate::store::etcd::EtcdStore;
 use crate::store::kube::{KubeOptions, KubeStore};
 use crate::store::{LeaseStore, StoreError, StoreTimings};
 
@@ -21,14 +22,36 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
             .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
             .map_err(|e| ServeError::Store(format!("embedded store at {}: {e}", dir.display()))),
         StoreConfig::Kubernetes { .. } => Ok(Arc::new(open_kube(config).await?)),
+        StoreConfig::Etcd(_) => Ok(Arc::new(open_etcd(config).await?)),
     }
+}
+
+/// Opens the configured etcd store: the file's settings, else the
+/// `ETCDCTL_*` variables' (a configuration of another store is refused).
+pub(super) async fn open_etcd(config: &Config) -> Result<EtcdStore, ServeError> {
+    let StoreConfig::Etcd(etcd) = &config.store else {
+        return Err(ServeError::Store("not an etcd store".into()));
+    };
+    let options = etcd
+        .options(|name| std::env::var(name).ok())
+        .map_err(|why| ServeError::Store(format!("etcd store: {why}")))?;
+    let store = EtcdStore::connect(options).await.map_err(|e| match e {
+        StoreError::Refused { detail, .. } | StoreError::Unavailable { detail, .. } => {
+            ServeError::Store(format!("etcd store: {detail}"))
+        }
+        other => ServeError::Store(format!("etcd store: {other}")),
+    })?;
+    store.set_timings(store_timings(config));
+    Ok(store)
 }
 
 /// Opens the configured Kubernetes store (a configuration of another store
 /// is refused).
 pub(super) async fn open_kube(config: &Config) -> Result<KubeStore, ServeError> {
     match &config.store {
-        StoreConfig::Embedded { .. } => Err(ServeError::Store("not a Kubernetes store".into())),
+        StoreConfig::Embedded { .. } | StoreConfig::Etcd(_) => {
+            Err(ServeError::Store("not a Kubernetes store".into()))
+        }
         StoreConfig::Kubernetes {
             namespace,
             kubeconfig,
@@ -67,6 +90,11 @@ pub async fn open_stores(config: &Config) -> Result<(Arc<dyn LeaseStore>, Arc<dy
         }
         StoreConfig::Kubernetes { .. } => {
             let store = open_kube(config).await?;
+            let buckets = Arc::new(store.buckets());
+            Ok((Arc::new(store), buckets))
+        }
+        StoreConfig::Etcd(_) => {
+            let store = open_etcd(config).await?;
             let buckets = Arc::new(store.buckets());
             Ok((Arc::new(store), buckets))
         }

@@ -11,6 +11,8 @@
 //!   installed, and lets several `baton` processes on one machine contend.
 //! - [`kube`]: Lease objects through the Kubernetes API server, for hosts on
 //!   many machines.
+//! - [`etcd`]: keys of an etcd v3 cluster, for hosts on many machines
+//!   without Kubernetes.
 //! - [`memory`]: in-process, with fault injection, for the elector's tests.
 //! - Beside them: [`subscription`] keeps the latest record of a lease
 //!   current apart from the elector; [`deleted`] is the one implementation
@@ -46,6 +48,7 @@ use serde::{Deserialize, Serialize};
 pub mod buckets;
 pub mod deleted;
 pub mod embedded;
+pub mod etcd;
 pub mod kube;
 pub mod memory;
 pub mod subscription;
