@@ -107,13 +107,20 @@ impl EtcdBuckets {
         })
     }
 
-    /// A client of the store's connection for bucket requests.
-    fn kv(&self) -> etcd_client::KvClient {
+    /// Sends a bucket request through the store's route, its answers
+    /// allowed up to [`MAX_ANSWER_BYTES`].
+    async fn routed<T, R>(
+        &self,
+        request: impl FnOnce(etcd_client::KvClient) -> R,
+    ) -> Result<T, etcd_client::Error>
+    where
+        R: Future<Output = Result<T, etcd_client::Error>>,
+    {
         self.store
             .inner
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_ANSWER_BYTES)
+            .route
+            .send(|c| request(c.kv_client().max_decoding_message_size(MAX_ANSWER_BYTES)))
+            .await
     }
 
     /// Sends `txn` for `bucket`, bounded by the store's configured request
@@ -125,9 +132,9 @@ impl EtcdBuckets {
         txn: Txn,
     ) -> Result<etcd_client::TxnResponse, BucketError> {
         let inner = &self.store.inner;
-        let mut kv = self.kv();
+        let request = self.routed(move |mut kv| async move { kv.txn(txn).await });
         inner
-            .bounded_by(inner.configured_timeout, &bucket.lease, what, kv.txn(txn))
+            .bounded_by(inner.configured_timeout, &bucket.lease, what, request)
             .await
             .map_err(|e| unavailable(bucket, e))
     }
@@ -351,13 +358,13 @@ impl BucketStore for EtcdBuckets {
             .with_keys_only()
             .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
         let inner = &self.store.inner;
-        let mut kv = self.kv();
+        let request = self.routed(move |mut kv| async move { kv.get(from, Some(options)).await });
         let mut answer = inner
             .bounded_by(
                 inner.configured_timeout,
                 &bucket.lease,
                 "list the bucket",
-                kv.get(from, Some(options)),
+                request,
             )
             .await
             .map_err(|e| unavailable(bucket, e))?;
@@ -392,14 +399,10 @@ impl BucketStore for EtcdBuckets {
         };
         let any = BucketName::new(lease.unwrap_or("*"), "*");
         let inner = &self.store.inner;
-        let mut kv = self.kv();
+        let request = self
+            .routed(move |mut kv| async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await });
         let mut answer = inner
-            .bounded_by(
-                inner.configured_timeout,
-                &any.lease,
-                "list the buckets",
-                kv.get(prefix, Some(GetOptions::new().with_prefix())),
-            )
+            .bounded_by(inner.configured_timeout, &any.lease, "list the buckets", request)
             .await
             .map_err(|e| unavailable(&any, e))?;
         let mut infos = Vec::new();

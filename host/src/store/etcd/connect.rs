@@ -1,18 +1,21 @@
 //! Connecting to the cluster (TLS through rustls, authentication) and
 //! telling the store's errors from what the client says.
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use tonic::Code;
 
+use super::route::Route;
 use super::{EtcdOptions, store_refused};
 use crate::store::StoreError;
 
-/// A client of the cluster at `options.endpoints`: one channel balanced
-/// over them, every request marked to need a raft leader (a member cut
-/// off from its cluster refuses at once rather than hanging); its only
-/// retry is of a request refused for an expired authentication token,
-/// once, after a new one (the elector retries everything else).
-pub(super) async fn client(options: &EtcdOptions) -> Result<Client, StoreError> {
+/// The route to the cluster at `options.endpoints`: a client per member,
+/// every request marked to need a raft leader (a member cut off from its
+/// cluster refuses at once rather than hanging); a client's only retry is
+/// of a request refused for an expired authentication token, once, after a
+/// new one (the elector retries everything else). Without a user nothing
+/// is sent here; with one, the first member that answers authenticates,
+/// so that a wrong password is refused at once.
+pub(super) async fn route(options: &EtcdOptions) -> Result<Route, StoreError> {
     if options.endpoints.is_empty() {
         return Err(store_refused("no etcd endpoints configured".into()));
     }
@@ -58,26 +61,31 @@ pub(super) async fn client(options: &EtcdOptions) -> Result<Client, StoreError> 
     if let Some((user, password)) = &options.user {
         connect = connect.with_user(user, password);
     }
-    let endpoints = &options.endpoints;
     // With a user, connecting authenticates (one request); bounded as a
     // dial and a request are.
     let bound = options.dial_timeout + options.request_timeout;
-    match tokio::time::timeout(bound, Client::connect(endpoints, Some(connect))).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(map_error(
-            crate::store::ANY_LEASE,
-            &format!("connect to {}", endpoints.join(",")),
-            e,
-        )),
-        Err(_) => Err(StoreError::Unavailable {
-            lease: crate::store::ANY_LEASE.into(),
-            detail: format!(
-                "connecting to {} timed out after {}",
-                endpoints.join(","),
-                crate::support::rounding::human(bound)
-            ),
-        }),
+    let route = Route::new(options.endpoints.clone(), connect, bound);
+    if options.user.is_some() {
+        let mut last = None;
+        for _ in &options.endpoints {
+            match route.attempt().await {
+                Ok(mut attempt) => {
+                    attempt.succeeded();
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            return Err(map_error(
+                crate::store::ANY_LEASE,
+                &format!("connect to {}", options.endpoints.join(",")),
+                e,
+            ));
+        }
     }
+    Ok(route)
 }
 
 /// The store's error for the client's error `e` of `what` on `lease`.

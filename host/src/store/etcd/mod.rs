@@ -22,6 +22,12 @@
 //!   event: no gap, no duplicate; a compaction past it lists again. It is
 //!   checked for silence with progress requests. A lease's stream only
 //!   moves forward.
+//! - **Rewinds.** A linearizable answer at a revision or raft term below
+//!   one seen before means the cluster went back (restored from an older
+//!   snapshot, or replaced): the store forgets every version, revision and
+//!   floor it remembered and ends its watch, so that every stream reads
+//!   afresh; the highest term it saw of each lease stays, so this host
+//!   never gives out a term it saw given.
 //! - **Timing.** Expiry is judged as by every store: by when a host saw
 //!   the record change, on its own clock. etcd's own leases decide
 //!   nothing.
@@ -36,12 +42,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, KeyValue, TxnOpResponse, TxnResponse};
+use etcd_client::{KeyValue, ResponseHeader, TxnOpResponse, TxnResponse};
 
 pub mod buckets;
 mod connect;
 mod layout;
 mod reads;
+mod route;
 mod watch;
 mod writes;
 
@@ -88,7 +95,8 @@ pub struct EtcdStore {
 }
 
 struct Inner {
-    client: Client,
+    /// The members' clients, and the one in use.
+    route: route::Route,
     prefix: String,
     endpoints: Vec<String>,
     /// The configured bound on the store's own requests: listings.
@@ -102,6 +110,9 @@ struct Inner {
     seen: DeletedRecords,
     /// The store's one watch of its prefix.
     shared: Arc<SharedWatch>,
+    /// The highest revision and raft term of the linearizable answers so
+    /// far (both only grow while the cluster is the same).
+    highest: Mutex<(i64, u64)>,
 }
 
 /// What this store knows of one lease.
@@ -132,10 +143,10 @@ impl EtcdStore {
     /// Connects to the cluster (authenticating, if a user is configured:
     /// the one request made here) and opens the store.
     pub async fn connect(options: EtcdOptions) -> Result<EtcdStore, StoreError> {
-        let client = connect::client(&options).await?;
+        let route = connect::route(&options).await?;
         Ok(EtcdStore {
             inner: Arc::new(Inner {
-                client,
+                route,
                 prefix: options.prefix.clone(),
                 endpoints: options.endpoints.clone(),
                 configured_timeout: options.request_timeout,
@@ -143,6 +154,7 @@ impl EtcdStore {
                 recent: Mutex::new(HashMap::new()),
                 seen: DeletedRecords::default(),
                 shared: Arc::new(SharedWatch::default()),
+                highest: Mutex::new((0, 0)),
             }),
         })
     }
@@ -207,6 +219,49 @@ impl Inner {
             return false;
         }
         r.newest = revision;
+        true
+    }
+
+    /// The revision of a linearizable `answer`, noted (see
+    /// [`observe`](Self::observe)).
+    fn revision_of(&self, answer: &TxnResponse) -> i64 {
+        self.observe(answer.header());
+        revision(answer)
+    }
+
+    /// Notes the revision and raft term of a linearizable answer. Either
+    /// below one noted before means the cluster went back: everything
+    /// remembered of versions, revisions and floors is forgotten and the
+    /// shared watch ends, so that every stream reads afresh. What this store
+    /// saw of terms (`seen`) stays. Returns whether it went back.
+    fn observe(&self, header: Option<&ResponseHeader>) -> bool {
+        let Some(header) = header else { return false };
+        let (revision, term) = (header.revision(), header.raft_term());
+        let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
+        let (seen_revision, seen_term) = *highest;
+        if revision >= seen_revision && term >= seen_term {
+            *highest = (revision, term);
+            return false;
+        }
+        *highest = (revision, term);
+        drop(highest);
+        tracing::error!(
+            prefix = %self.prefix,
+            from_revision = seen_revision,
+            to_revision = revision,
+            from_raft_term = seen_term,
+            to_raft_term = term,
+            "the etcd cluster went back (restored from an older snapshot, or replaced): forgetting \
+             what this host read of it and watching afresh; terms stay above the highest this host \
+             saw (docs/etcd.md#terms-never-reused)"
+        );
+        self.recent().clear();
+        self.shared.break_off(StoreError::Unavailable {
+            lease: ANY_LEASE.into(),
+            detail: format!(
+                "the etcd cluster went back from revision {seen_revision} to {revision}: watching afresh"
+            ),
+        });
         true
     }
 

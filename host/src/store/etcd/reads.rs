@@ -6,7 +6,7 @@ use std::sync::Arc;
 use etcd_client::{GetOptions, KeyValue, Txn, TxnOp};
 
 use super::layout;
-use super::{EtcdStore, Inner, ranges, revision};
+use super::{EtcdStore, Inner, ranges};
 use crate::store::deleted::{Found, ReadTicket};
 use crate::store::{ANY_LEASE, StoreError, Versioned};
 
@@ -32,13 +32,13 @@ impl EtcdStore {
             TxnOp::get(inner.floor_key(lease), None),
             TxnOp::get(inner.creates_key(lease), None),
         ]);
-        let mut kv = inner.client.kv_client();
+        let request = inner
+            .route
+            .send(move |c| async move { c.kv_client().txn(txn).await });
         let answer = if own {
-            inner.bounded(lease, "read", kv.txn(txn)).await?
+            inner.bounded(lease, "read", request).await?
         } else {
-            kv.txn(txn)
-                .await
-                .map_err(|e| super::map_error(lease, "read", e))?
+            request.await.map_err(|e| super::map_error(lease, "read", e))?
         };
         let mut found = ranges(&answer).into_iter();
         let (record, floor, creates) = (
@@ -46,7 +46,8 @@ impl EtcdStore {
             found.next().flatten(),
             found.next().flatten(),
         );
-        inner.found(lease, ticket, record, (floor, creates), last, revision(&answer))
+        let revision = inner.revision_of(&answer);
+        inner.found(lease, ticket, record, (floor, creates), last, revision)
     }
 
     /// The readable records whose lease names start with `prefix`, each at
@@ -62,11 +63,13 @@ impl EtcdStore {
             range(format!("{}{prefix}", layout::leases_prefix(&inner.prefix))),
             range(format!("{}term/{prefix}", inner.prefix)),
         ]);
-        let mut kv = inner.client.kv_client();
+        let request = inner
+            .route
+            .send(move |c| async move { c.kv_client().txn(txn).await });
         let answer = inner
-            .bounded_by(inner.configured_timeout, ANY_LEASE, "list", kv.txn(txn))
+            .bounded_by(inner.configured_timeout, ANY_LEASE, "list", request)
             .await?;
-        let revision = super::revision(&answer);
+        let revision = inner.revision_of(&answer);
         let mut lists = answer.op_responses().into_iter().filter_map(|op| match op {
             etcd_client::TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
             _ => None,

@@ -86,7 +86,7 @@ impl SharedWatch {
             state.run = Some(generation);
             let (shared, store) = (self.clone(), store.clone());
             tokio::spawn(async move {
-                let error = follow(&store, &shared).await;
+                let error = follow(&store, &shared, generation).await;
                 shared.end(generation, error);
             });
         }
@@ -105,6 +105,19 @@ impl SharedWatch {
         let mut state = self.state();
         state.routes.retain(|_, tx| tx.receiver_count() > 0);
         state.routes.keys().cloned().collect()
+    }
+
+    /// Whether the shared watch of `generation` is still the store's.
+    fn current(&self, generation: u64) -> bool {
+        self.state().run == Some(generation)
+    }
+
+    /// Ends the running shared watch, if any: every stream hears `error`.
+    pub(super) fn break_off(&self, error: StoreError) {
+        let run = self.state().run;
+        if let Some(generation) = run {
+            self.end(generation, Some(error));
+        }
     }
 
     /// The shared watch of `generation` ended: every stream hears `error`
@@ -135,22 +148,27 @@ fn lease_of(prefix: &str, key: &[u8]) -> Option<String> {
 /// Lists, then watches (again from the next revision whenever the stream
 /// breaks, and after a listing when compacted past) until the watch fails
 /// or no lease is watched: the error, if it failed.
-async fn follow(store: &EtcdStore, shared: &SharedWatch) -> Option<StoreError> {
+async fn follow(store: &EtcdStore, shared: &SharedWatch, generation: u64) -> Option<StoreError> {
     let inner = &store.inner;
     let prefix = layout::leases_prefix(&inner.prefix);
     loop {
-        let mut kv = inner.client.kv_client();
+        let keys = prefix.clone();
+        let request = inner.route.send(move |c| async move {
+            c.kv_client()
+                .get(keys, Some(GetOptions::new().with_prefix()))
+                .await
+        });
         let listed = inner
-            .bounded(
-                ANY_LEASE,
-                "list the records to watch",
-                kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
-            )
+            .bounded(ANY_LEASE, "list the records to watch", request)
             .await;
         let mut listed = match listed {
             Ok(listed) => listed,
             Err(e) => return Some(e),
         };
+        inner.observe(listed.header());
+        if !shared.current(generation) {
+            return None;
+        }
         let revision = listed.header().map_or(0, |h| h.revision());
         let mut present: HashMap<String, KeyValue> = HashMap::new();
         for kv in listed.take_kvs() {
@@ -173,7 +191,7 @@ async fn follow(store: &EtcdStore, shared: &SharedWatch) -> Option<StoreError> {
                 },
             );
         }
-        match watch_from(store, shared, &prefix, revision + 1).await {
+        match watch_from(store, shared, generation, &prefix, revision + 1).await {
             Ok(Compacted::Yes) => continue,
             Ok(Compacted::Unwatched) => return None,
             Err(e) => return Some(e),
@@ -185,7 +203,7 @@ async fn follow(store: &EtcdStore, shared: &SharedWatch) -> Option<StoreError> {
 enum Compacted {
     /// The server compacted past the revision to watch from.
     Yes,
-    /// No lease is watched any more.
+    /// No lease is watched any more, or the watch was superseded.
     Unwatched,
 }
 
@@ -194,6 +212,7 @@ enum Compacted {
 async fn watch_from(
     store: &EtcdStore,
     shared: &SharedWatch,
+    generation: u64,
     prefix: &str,
     mut next: i64,
 ) -> Result<Compacted, StoreError> {
@@ -211,10 +230,19 @@ async fn watch_from(
             .with_prev_key()
             .with_progress_notify()
             .with_start_revision(next);
-        let mut client = inner.client.watch_client();
+        // The member the stream is on: a silence moves the store on.
+        let mut attempt = inner
+            .route
+            .attempt()
+            .await
+            .map_err(|e| super::map_error(ANY_LEASE, "watch", e))?;
+        let mut client = attempt.client().watch_client();
         let mut stream = inner
             .bounded(ANY_LEASE, "watch", client.watch(prefix, Some(options)))
             .await?;
+        attempt.succeeded();
+        let member = attempt.index();
+        drop(attempt);
         let period = inner.request_timeout().max(Duration::from_millis(500));
         let silence = period + inner.request_timeout() + Duration::from_secs(1);
         let mut heard = Instant::now();
@@ -226,9 +254,19 @@ async fn watch_from(
                     let answer = match message {
                         Ok(Some(answer)) => answer,
                         // The stream ended: watch again from `next`.
-                        Ok(None) | Err(_) => break,
+                        Ok(None) | Err(_) => {
+                            inner.route.failed(member);
+                            break;
+                        }
                     };
                     heard = Instant::now();
+                    let now = answer.header().map_or(next - 1, etcd_client::ResponseHeader::revision);
+                    if answer.created() && now < next - 1 && went_back(store).await {
+                        return Err(StoreError::Unavailable {
+                            lease: ANY_LEASE.into(),
+                            detail: format!("the etcd cluster went back to revision {now}, before {}: watching afresh", next - 1),
+                        });
+                    }
                     if answer.canceled() {
                         if answer.compact_revision() > 0 {
                             tracing::info!(from = next, compacted = answer.compact_revision(), "the etcd store's watch was compacted past: listing again");
@@ -251,10 +289,11 @@ async fn watch_from(
                     }
                 }
                 _ = ask.tick() => {
-                    if shared.watched().is_empty() {
+                    if !shared.current(generation) || shared.watched().is_empty() {
                         return Ok(Compacted::Unwatched);
                     }
                     if heard.elapsed() > silence {
+                        inner.route.failed(member);
                         return Err(StoreError::Unavailable {
                             lease: ANY_LEASE.into(),
                             detail: format!("the watch said nothing for {}", crate::support::rounding::human(heard.elapsed())),
@@ -265,6 +304,22 @@ async fn watch_from(
                 }
             }
         }
+    }
+}
+
+/// Whether the cluster went back, by a linearizable read (a watch's own
+/// header may come from a member that lags).
+async fn went_back(store: &EtcdStore) -> bool {
+    let inner = &store.inner;
+    let key = inner.prefix.clone();
+    let request = inner.route.send(move |c| async move {
+        c.kv_client()
+            .get(key, Some(GetOptions::new().with_count_only()))
+            .await
+    });
+    match inner.bounded(ANY_LEASE, "read the revision", request).await {
+        Ok(answer) => inner.observe(answer.header()),
+        Err(_) => false,
     }
 }
 

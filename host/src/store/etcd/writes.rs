@@ -240,8 +240,14 @@ impl EtcdStore {
 
     /// Sends `txn`.
     async fn send(&self, lease: &str, what: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
-        let mut kv = self.inner.client.kv_client();
-        kv.txn(txn).await.map_err(|e| map_error(lease, what, e))
+        let answer = self
+            .inner
+            .route
+            .send(move |c| async move { c.kv_client().txn(txn).await })
+            .await
+            .map_err(|e| map_error(lease, what, e))?;
+        self.inner.observe(answer.header());
+        Ok(answer)
     }
 }
 
