@@ -12,14 +12,22 @@
 //! `tests/store_contract.rs`), `bucket_conformance.rs` (the bucket
 //! contract of `tests/bucket_contract.rs`), `store.rs` (the store against
 //! the cluster: watches, compaction, floors, errors), `elections.rs` (real
-//! hosts).
+//! hosts), `features.rs` (what the other stores do, with real hosts and
+//! guests: spreading, yield, drain, health, schedules, buckets),
+//! `faults.rs` (members killed, paused, quorum lost, the cluster
+//! restarted, a host black-holed, compactions, under real hosts) and
+//! `chaos.rs` (the chaos engine); these two start clusters of their own
+//! ([`env::OwnCluster`]), whose members they kill.
 // Tests may be long; production functions may not (clippy.toml).
 #![allow(clippy::too_many_lines)]
 
 mod bucket_conformance;
+mod chaos;
 mod conformance;
 mod elections;
 mod env;
+mod faults;
+mod features;
 mod store;
 
 #[path = "../bucket_contract.rs"]
@@ -32,6 +40,19 @@ mod support;
 #[allow(dead_code)]
 #[path = "../e2e/witness.rs"]
 mod witness;
+// The scenarios every store runs (`features.rs` runs them on etcd).
+#[allow(dead_code)]
+#[path = "../e2e/draining.rs"]
+mod draining;
+#[allow(dead_code)]
+#[path = "../e2e/spread.rs"]
+mod spread;
+#[allow(dead_code)]
+#[path = "../e2e/status.rs"]
+mod status;
+#[allow(dead_code)]
+#[path = "../e2e/yielding.rs"]
+mod yielding;
 
 use std::time::Duration;
 
@@ -54,7 +75,11 @@ pub struct EtcdTest {
 
 impl EtcdTest {
     pub fn new(name: &str) -> EtcdTest {
-        let env = EtcdEnv::load();
+        EtcdTest::on(EtcdEnv::load(), name)
+    }
+
+    /// A test on the cluster `env` (one the test started itself).
+    pub fn on(env: EtcdEnv, name: &str) -> EtcdTest {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -27,8 +27,8 @@
 //!   stopped. `scripts/soak.sh` wraps it and sums the file up
 //!   (`docs/reliability.md`).
 //!
-//! Used by tests/e2e (the embedded store) and tests/kube (the Kubernetes
-//! store), each with a bed of its own.
+//! Used by tests/e2e (the embedded store), tests/kube (the Kubernetes
+//! store) and tests/etcd (the etcd store), each with a bed of its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
@@ -87,6 +87,11 @@ pub enum Fault {
     EtcdRestart,
     ForeignWriter,
     BlackHole,
+    MemberKill,
+    EtcdLeaderKill,
+    MemberStop,
+    QuorumLoss,
+    Compaction,
     MovePlugin,
     AddLease,
     RemoveLease,
@@ -148,6 +153,11 @@ impl Fault {
             Fault::EtcdRestart => "etcd killed, restarted",
             Fault::ForeignWriter => "foreign writer",
             Fault::BlackHole => "one host black-holed",
+            Fault::MemberKill => "etcd member killed, revived",
+            Fault::EtcdLeaderKill => "etcd raft leader killed, revived",
+            Fault::MemberStop => "etcd member SIGSTOP > RD",
+            Fault::QuorumLoss => "etcd quorum lost, regained",
+            Fault::Compaction => "etcd compacted",
             Fault::MovePlugin => "reload: plugin moved",
             Fault::AddLease => "reload: lease added",
             Fault::RemoveLease => "reload: lease removed",
