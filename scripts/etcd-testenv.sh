@@ -17,6 +17,11 @@
 #                                          same ports and data, and waits for a healthy
 #                                          cluster
 #   scripts/etcd-testenv.sh leader         prints the index of the raft leader
+#   scripts/etcd-testenv.sh snapshot FILE  saves a snapshot of the cluster to FILE
+#   scripts/etcd-testenv.sh restore FILE   stops the members, restores FILE into fresh data
+#                                          (same names, ports and token), starts them and
+#                                          waits for a healthy cluster: revisions and raft
+#                                          terms go back, as after an operator's restore
 #
 # The members' data live on tmpfs (/dev/shm), so that their fsyncs do not
 # wait behind a build's gigabytes of dirty pages; a member killed keeps its
@@ -298,6 +303,38 @@ cmd_leader() {
     die "no member says it leads"
 }
 
+cmd_snapshot() {
+    read_env || die "no cluster (no $env_file)"
+    [ -n "${1:-}" ] || die "usage: $0 snapshot FILE"
+    local client tls peer
+    read -r client tls peer < <(ports_of "$(cmd_leader)")
+    ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$client" snapshot save "$1" >&2
+}
+
+cmd_restore() {
+    read_env || die "no cluster (no $env_file)"
+    [ -f "${1:-}" ] || die "usage: $0 restore FILE (a snapshot saved by '$0 snapshot')"
+    local p n i c t peer client tls cluster="" pids=""
+    for p in $ETCD_TEST_PIDS; do stop_pid "$p"; done
+    for i in "${members[@]}"; do
+        read -r c t p < <(ports_of "$i")
+        cluster+="${cluster:+,}m$i=http://127.0.0.1:$p"
+    done
+    for n in "${members[@]}"; do
+        read -r client tls peer < <(ports_of "$n")
+        rm -rf "$ETCD_TEST_DIR/data/m$n"
+        ETCDCTL_API=3 etcdctl snapshot restore "$1" --name "m$n" --data-dir "$ETCD_TEST_DIR/data/m$n" \
+            --initial-cluster "$cluster" --initial-cluster-token "$(cat "$ETCD_TEST_DIR/token")" \
+            --initial-advertise-peer-urls "http://127.0.0.1:$peer" >>"$ETCD_TEST_DIR/restore.log" 2>&1 ||
+            die "restoring m$n failed: $(tail -n 3 "$ETCD_TEST_DIR/restore.log")"
+    done
+    for n in "${members[@]}"; do pids+="${pids:+ }$(launch "$ETCD_TEST_DIR" "$n" new)"; done
+    ETCD_TEST_PIDS="$pids"
+    write_env
+    wait_healthy
+    log "restored $1: pids $ETCD_TEST_PIDS"
+}
+
 case "${1:-}" in
 install) cmd_install ;;
 start) cmd_start ;;
@@ -308,5 +345,7 @@ pause) cmd_signal STOP "${2:-}" ;;
 resume) cmd_signal CONT "${2:-}" ;;
 revive) cmd_revive ;;
 leader) cmd_leader ;;
-*) die "usage: $0 install|start|stop|status|kill N|pause N|resume N|revive|leader" ;;
+snapshot) cmd_snapshot "${2:-}" ;;
+restore) cmd_restore "${2:-}" ;;
+*) die "usage: $0 install|start|stop|status|kill N|pause N|resume N|revive|leader|snapshot FILE|restore FILE" ;;
 esac

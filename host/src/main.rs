@@ -36,53 +36,7 @@ struct Cli {
 enum Command {
     /// Run the configured leases and plugins until SIGTERM or SIGINT;
     /// reload on SIGHUP.
-    Run {
-        /// The configuration file.
-        #[arg(long, short, env = "BATON_CONFIG")]
-        config: PathBuf,
-        /// This host's identity (overrides the file; must be unique per process).
-        #[arg(long, env = "BATON_IDENTITY")]
-        identity: Option<String>,
-        /// The embedded store's directory (overrides the file).
-        #[arg(long, env = "BATON_STORE_DIR")]
-        store_dir: Option<PathBuf>,
-        /// Where compiled code is cached (overrides the file).
-        #[arg(long, env = "BATON_CACHE_DIR")]
-        cache_dir: Option<PathBuf>,
-        /// Where to write a core dump (linear memory included) of each
-        /// instance that traps (overrides the file; off by default).
-        #[arg(long, env = "BATON_COREDUMP_DIR")]
-        coredump_dir: Option<PathBuf>,
-        /// The kubeconfig of a kubernetes store (overrides the file, KUBECONFIG
-        /// and ~/.kube/config).
-        #[arg(long, env = "BATON_KUBECONFIG")]
-        kubeconfig: Option<PathBuf>,
-        /// The endpoints of an etcd store, comma-separated (overrides the
-        /// file and ETCDCTL_ENDPOINTS).
-        #[arg(long, env = "BATON_ETCD_ENDPOINTS", value_delimiter = ',')]
-        etcd_endpoints: Option<Vec<String>>,
-        /// Serve /metrics, /healthz and /readyz on this address, such as
-        /// 127.0.0.1:9090 (overrides the file; off by default).
-        #[arg(long, env = "BATON_ADMIN_ADDRESS")]
-        admin_address: Option<String>,
-        /// How others reach this host's service, such as 10.1.2.3:8080 or
-        /// http://node-a:8080, published with its leases (overrides the
-        /// file; default: the POD_IP variable if set, else none).
-        #[arg(long, env = "BATON_ADVERTISE_ADDRESS")]
-        advertise_address: Option<String>,
-        /// Test hook: block the election runtime's thread this long after
-        /// start (a stalled runtime, for tests of /healthz). Never in
-        /// production: the host stops renewing its leases.
-        #[arg(long, hide = true, value_parser = humantime::parse_duration)]
-        test_stall_election_runtime: Option<std::time::Duration>,
-        /// This host's control socket, for `baton yield` (overrides the file).
-        #[arg(long, env = "BATON_CONTROL_SOCKET")]
-        control_socket: Option<PathBuf>,
-        /// Reload when the configuration file or a plugin file changes (as
-        /// on SIGHUP; `watch = true` in the file does the same).
-        #[arg(long, env = "BATON_WATCH")]
-        watch: bool,
-    },
+    Run(RunArgs),
     /// Make the host that leads LEASE hand it over (drain its tasks, then
     /// release it) and not contend for it for a while; reached through its
     /// control socket.
@@ -240,7 +194,7 @@ fn main() -> ExitCode {
     // results on standard output, where a display on the same terminal
     // would be in the way.
     let progress = match cli.command {
-        Command::Run { .. } => cli.progress,
+        Command::Run(_) => cli.progress,
         _ => ProgressMode::Never,
     };
     let logging = baton::ops::logging::init_with(cli.log_format, filter, progress);
@@ -259,36 +213,60 @@ fn main() -> ExitCode {
     code
 }
 
+/// The arguments of `baton run`.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The configuration file.
+    #[arg(long, short, env = "BATON_CONFIG")]
+    config: PathBuf,
+    /// This host's identity (overrides the file; must be unique per process).
+    #[arg(long, env = "BATON_IDENTITY")]
+    identity: Option<String>,
+    /// The embedded store's directory (overrides the file).
+    #[arg(long, env = "BATON_STORE_DIR")]
+    store_dir: Option<PathBuf>,
+    /// Where compiled code is cached (overrides the file).
+    #[arg(long, env = "BATON_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Where to write a core dump (linear memory included) of each
+    /// instance that traps (overrides the file; off by default).
+    #[arg(long, env = "BATON_COREDUMP_DIR")]
+    coredump_dir: Option<PathBuf>,
+    /// The kubeconfig of a kubernetes store (overrides the file, KUBECONFIG
+    /// and ~/.kube/config).
+    #[arg(long, env = "BATON_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The endpoints of an etcd store, comma-separated (overrides the
+    /// file and ETCDCTL_ENDPOINTS).
+    #[arg(long, env = "BATON_ETCD_ENDPOINTS", value_delimiter = ',')]
+    etcd_endpoints: Option<Vec<String>>,
+    /// Serve /metrics, /healthz and /readyz on this address, such as
+    /// 127.0.0.1:9090 (overrides the file; off by default).
+    #[arg(long, env = "BATON_ADMIN_ADDRESS")]
+    admin_address: Option<String>,
+    /// How others reach this host's service, such as 10.1.2.3:8080 or
+    /// http://node-a:8080, published with its leases (overrides the
+    /// file; default: the POD_IP variable if set, else none).
+    #[arg(long, env = "BATON_ADVERTISE_ADDRESS")]
+    advertise_address: Option<String>,
+    /// Test hook: block the election runtime's thread this long after
+    /// start (a stalled runtime, for tests of /healthz). Never in
+    /// production: the host stops renewing its leases.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    test_stall_election_runtime: Option<std::time::Duration>,
+    /// This host's control socket, for `baton yield` (overrides the file).
+    #[arg(long, env = "BATON_CONTROL_SOCKET")]
+    control_socket: Option<PathBuf>,
+    /// Reload when the configuration file or a plugin file changes (as
+    /// on SIGHUP; `watch = true` in the file does the same).
+    #[arg(long, env = "BATON_WATCH")]
+    watch: bool,
+}
+
 /// Runs `command`.
 async fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run {
-            config,
-            identity,
-            store_dir,
-            cache_dir,
-            coredump_dir,
-            kubeconfig,
-            etcd_endpoints,
-            admin_address,
-            advertise_address,
-            test_stall_election_runtime,
-            control_socket,
-            watch,
-        } => {
-            let overrides = Overrides {
-                identity,
-                store_dir,
-                cache_dir,
-                coredump_dir,
-                kubeconfig,
-                etcd_endpoints,
-                admin_address,
-                control_socket,
-                advertise_address,
-            };
-            run(config, overrides, watch, test_stall_election_runtime).await
-        }
+        Command::Run(args) => run_with(args).await,
         Command::Check { plugins, registry } => cli::check::execute(plugins, &registry).await,
         Command::Pull {
             reference,
@@ -340,6 +318,36 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             output,
         } => cli::status::execute(config.as_deref(), store_dir, kubeconfig, output).await,
     }
+}
+
+/// `baton run` with its arguments.
+async fn run_with(args: RunArgs) -> Result<ExitCode> {
+    let RunArgs {
+        config,
+        identity,
+        store_dir,
+        cache_dir,
+        coredump_dir,
+        kubeconfig,
+        etcd_endpoints,
+        admin_address,
+        advertise_address,
+        test_stall_election_runtime,
+        control_socket,
+        watch,
+    } = args;
+    let overrides = Overrides {
+        identity,
+        store_dir,
+        cache_dir,
+        coredump_dir,
+        kubeconfig,
+        etcd_endpoints,
+        admin_address,
+        control_socket,
+        advertise_address,
+    };
+    run(config, overrides, watch, test_stall_election_runtime).await
 }
 
 /// `baton run`, its signals handled: SIGTERM and SIGINT shut down

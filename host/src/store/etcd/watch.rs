@@ -207,6 +207,64 @@ enum Compacted {
     Unwatched,
 }
 
+/// Delivers the changes of one of the watch's answers, moving `next` past
+/// them; how the watch ends, if the answer ends it.
+async fn take(
+    store: &EtcdStore,
+    shared: &SharedWatch,
+    answer: &etcd_client::WatchResponse,
+    next: &mut i64,
+) -> Option<Result<Compacted, StoreError>> {
+    let inner = &store.inner;
+    let now = answer
+        .header()
+        .map_or(*next - 1, etcd_client::ResponseHeader::revision);
+    if answer.created() && now < *next - 1 && went_back(store).await {
+        return Some(Err(StoreError::Unavailable {
+            lease: ANY_LEASE.into(),
+            detail: format!(
+                "the etcd cluster went back to revision {now}, before {}: watching afresh",
+                *next - 1
+            ),
+        }));
+    }
+    if answer.canceled() {
+        if answer.compact_revision() > 0 {
+            tracing::info!(
+                from = *next,
+                compacted = answer.compact_revision(),
+                "the etcd store's watch was compacted past: listing again"
+            );
+            return Some(Ok(Compacted::Yes));
+        }
+        return Some(Err(StoreError::Unavailable {
+            lease: ANY_LEASE.into(),
+            detail: format!("the watch was cancelled: {}", answer.cancel_reason()),
+        }));
+    }
+    for event in answer.events() {
+        let Some(kv) = event.kv() else { continue };
+        *next = (*next).max(kv.mod_revision() + 1);
+        let Some(lease) = lease_of(&inner.prefix, kv.key()) else {
+            continue;
+        };
+        let change = match event.event_type() {
+            EventType::Put => Change {
+                revision: kv.mod_revision(),
+                kv: Some(kv.clone()),
+                prev: None,
+            },
+            EventType::Delete => Change {
+                revision: kv.mod_revision(),
+                kv: None,
+                prev: event.prev_kv().cloned(),
+            },
+        };
+        shared.deliver(&lease, change);
+    }
+    None
+}
+
 /// Watches the records from `next` on, delivering each change, and again
 /// from the revision after the last one whenever the stream ends.
 async fn watch_from(
@@ -260,32 +318,8 @@ async fn watch_from(
                         }
                     };
                     heard = Instant::now();
-                    let now = answer.header().map_or(next - 1, etcd_client::ResponseHeader::revision);
-                    if answer.created() && now < next - 1 && went_back(store).await {
-                        return Err(StoreError::Unavailable {
-                            lease: ANY_LEASE.into(),
-                            detail: format!("the etcd cluster went back to revision {now}, before {}: watching afresh", next - 1),
-                        });
-                    }
-                    if answer.canceled() {
-                        if answer.compact_revision() > 0 {
-                            tracing::info!(from = next, compacted = answer.compact_revision(), "the etcd store's watch was compacted past: listing again");
-                            return Ok(Compacted::Yes);
-                        }
-                        return Err(StoreError::Unavailable {
-                            lease: ANY_LEASE.into(),
-                            detail: format!("the watch was cancelled: {}", answer.cancel_reason()),
-                        });
-                    }
-                    for event in answer.events() {
-                        let Some(kv) = event.kv() else { continue };
-                        next = next.max(kv.mod_revision() + 1);
-                        let Some(lease) = lease_of(&inner.prefix, kv.key()) else { continue };
-                        let change = match event.event_type() {
-                            EventType::Put => Change { revision: kv.mod_revision(), kv: Some(kv.clone()), prev: None },
-                            EventType::Delete => Change { revision: kv.mod_revision(), kv: None, prev: event.prev_kv().cloned() },
-                        };
-                        shared.deliver(&lease, change);
+                    if let Some(end) = take(store, shared, &answer, &mut next).await {
+                        return end;
                     }
                 }
                 _ = ask.tick() => {
