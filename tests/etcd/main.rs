@@ -24,6 +24,7 @@
 mod bucket_conformance;
 mod chaos;
 mod conformance;
+mod deploy;
 mod elections;
 mod env;
 mod faults;
