@@ -73,6 +73,13 @@
 //! Hand-overs are timed from the moment the bench signals the leader to
 //! the standby's first act, both wall-clock times on this machine.
 //!
+//! A run whose standby does not act within 2 LD + 4 RP + 10 s of the signal
+//! is a failure: the bench says so, writes both processes' whole output to
+//! the temporary folder (`versus-etcd-election-<leader>.log`), leaves the
+//! run out of the figures and counts it (`failed_runs` in the JSON).
+//! `BATON_BENCH_BATON_LOG` sets the baton hosts' `BATON_LOG` (default
+//! `info`).
+//!
 //! Prints min / median / max per tool and the ratio of the medians
 //! (baton / etcd election), a Markdown table of the same, writes the raw
 //! runs as JSON and the plots as SVG (`benches/plot.rs`) into
@@ -353,21 +360,25 @@ impl Proc {
 
     /// The first act at or after `after`.
     fn wait_act(&self, after: SystemTime, timeout: Duration, what: &str) -> SystemTime {
-        let found = match &self.inner {
-            Inner::Baton(h) => h
-                .try_wait_for(timeout, &|e| e.at >= after && is_act(e))
-                .map(|e| e.at),
-            Inner::Go(g) => g
-                .try_wait_for(timeout, &|e| e.at >= after && e.event == "act")
-                .map(|e| e.at),
-        };
-        found.unwrap_or_else(|| {
+        self.try_wait_act(after, timeout).unwrap_or_else(|| {
             panic!(
                 "{}: no {what} within {timeout:?}; output:\n{}",
                 self.name,
                 self.output()
             )
         })
+    }
+
+    /// The first act at or after `after`, if one comes within `timeout`.
+    fn try_wait_act(&self, after: SystemTime, timeout: Duration) -> Option<SystemTime> {
+        match &self.inner {
+            Inner::Baton(h) => h
+                .try_wait_for(timeout, &|e| e.at >= after && is_act(e))
+                .map(|e| e.at),
+            Inner::Go(g) => g
+                .try_wait_for(timeout, &|e| e.at >= after && e.event == "act")
+                .map(|e| e.at),
+        }
     }
 
     /// Until it follows another leader (etcd: its candidate key is in and
@@ -425,6 +436,52 @@ impl Proc {
             Inner::Go(g) => g.output(),
         }
     }
+
+    /// Everything it wrote (the Go program: its events and stderr).
+    fn full_output(&self) -> String {
+        match &self.inner {
+            Inner::Baton(h) => h.output(),
+            Inner::Go(g) => {
+                let events: Vec<String> = g
+                    .log
+                    .0
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{} {} {}",
+                            humantime::format_rfc3339_micros(e.at),
+                            e.event,
+                            e.leader
+                        )
+                    })
+                    .collect();
+                format!("{}\n{}", g.stderr.lock().unwrap().join("\n"), events.join("\n"))
+            }
+        }
+    }
+}
+
+/// A run in which the standby did not act in time: says so, writes both
+/// processes' whole output to a file of the temporary folder, and stops
+/// them (resuming a frozen one first).
+fn failed(what: &str, procs: &mut [Proc], t: &Timing) {
+    let file = std::env::temp_dir().join(format!("versus-etcd-election-{}.log", procs[0].name));
+    let text: Vec<String> = procs
+        .iter()
+        .map(|p| format!("==== {}\n{}\n", p.name, p.full_output()))
+        .collect();
+    std::fs::write(&file, text.concat()).unwrap();
+    eprintln!(
+        "versus_etcd_election: FAILED RUN: {what}; not counted; both processes' output in {}",
+        file.display()
+    );
+    for p in procs.iter() {
+        // SAFETY: kill(2) on a child this bench spawned and still owns.
+        unsafe { libc::kill(p.pid(), libc::SIGCONT) };
+    }
+    release_all(procs, t);
 }
 
 /// What every run needs: the cluster, the binaries.
@@ -467,7 +524,15 @@ impl Bench {
                     guest("probe_pollable.wasm").display().to_string()
                 );
                 let cfg = self.scratch.write(&format!("{name}.toml"), &text);
-                Inner::Baton(Host::start_with_args(&name, &cfg, &shared_cache_dir(), &[]))
+                let level = std::env::var("BATON_BENCH_BATON_LOG").unwrap_or_else(|_| "info".into());
+                Inner::Baton(Host::start_opts(
+                    &name,
+                    &cfg,
+                    Opts {
+                        env: &[("BATON_LOG", &level)],
+                        ..Opts::default()
+                    },
+                ))
             }
             Tool::Etcd => Inner::Go(GoProc::start(
                 &self.elector,
@@ -569,14 +634,23 @@ struct Frozen {
     overlap: bool,
 }
 
-fn handover(b: &Bench, tool: Tool, t: &Timing, lease: &str, sig: i32) -> f64 {
+/// The time from the signal to the standby's first act; `None` if the
+/// standby did not act within 2 LD + 4 RP + 10 s (a failed run).
+fn handover(b: &Bench, tool: Tool, t: &Timing, lease: &str, sig: i32) -> Option<f64> {
     let (mut a, s) = b.pair(tool, t, lease);
     let stopped = a.signal(sig);
-    let first = s.wait_act(
-        stopped,
-        t.ld * 2 + t.rp * 4 + Duration::from_secs(10),
-        "standby's first act",
-    );
+    let timeout = t.ld * 2 + t.rp * 4 + Duration::from_secs(10);
+    let Some(first) = s.try_wait_act(stopped, timeout) else {
+        failed(
+            &format!(
+                "{}: no standby's first act within {timeout:?} of signal {sig}",
+                s.name
+            ),
+            &mut [a, s],
+            t,
+        );
+        return None;
+    };
     a.wait_exit(t.rd + t.grace + Duration::from_secs(10));
     let late = a.acts().iter().filter(|&&at| at >= first).count();
     if late > 0 {
@@ -586,7 +660,7 @@ fn handover(b: &Bench, tool: Tool, t: &Timing, lease: &str, sig: i32) -> f64 {
         );
     }
     release_all(&mut [s], t);
-    ms_between(stopped, first)
+    Some(ms_between(stopped, first))
 }
 
 /// Stops each process with SIGTERM and waits for it to exit, so that it
@@ -600,14 +674,20 @@ fn release_all(procs: &mut [Proc], t: &Timing) {
     }
 }
 
-fn frozen(b: &Bench, tool: Tool, t: &Timing, lease: &str) -> Frozen {
+/// One frozen-leader run; `None` if the standby did not act within
+/// 2 LD + 4 RP + 10 s of SIGSTOP (a failed run).
+fn frozen(b: &Bench, tool: Tool, t: &Timing, lease: &str) -> Option<Frozen> {
     let (a, s) = b.pair(tool, t, lease);
     let stop = a.signal(libc::SIGSTOP);
-    let first = s.wait_act(
-        stop,
-        t.ld * 2 + t.rp * 4 + Duration::from_secs(10),
-        "standby's first act",
-    );
+    let timeout = t.ld * 2 + t.rp * 4 + Duration::from_secs(10);
+    let Some(first) = s.try_wait_act(stop, timeout) else {
+        failed(
+            &format!("{}: no standby's first act within {timeout:?} of SIGSTOP", s.name),
+            &mut [a, s],
+            t,
+        );
+        return None;
+    };
     // Frozen for longer than the lease, and past the standby's first act.
     let until = (stop + t.ld + Duration::from_secs(1)).max(first + Duration::from_secs(1));
     if let Ok(d) = until.duration_since(SystemTime::now()) {
@@ -633,7 +713,7 @@ fn frozen(b: &Bench, tool: Tool, t: &Timing, lease: &str) -> Frozen {
         overlap: a.acts().iter().any(|&at| at >= first),
     };
     release_all(&mut [a, s], t);
-    frozen
+    Some(frozen)
 }
 
 /// Requests per minute per "Service.Method", of one pair.
@@ -884,6 +964,24 @@ fn both<T: Send>(runs: usize, f: &(dyn Fn(Tool, usize) -> T + Sync)) -> BTreeMap
     }
 }
 
+/// The runs that completed, per tool; the failed ones counted in
+/// `failures` under `row/tool`.
+fn counted_runs<T>(
+    row: &str,
+    res: BTreeMap<Tool, Vec<Option<T>>>,
+    failures: &mut BTreeMap<String, usize>,
+) -> BTreeMap<Tool, Vec<T>> {
+    res.into_iter()
+        .map(|(tool, v)| {
+            let n = v.iter().filter(|x| x.is_none()).count();
+            if n > 0 {
+                failures.insert(format!("{row}/{}", tool.short()), n);
+            }
+            (tool, v.into_iter().flatten().collect())
+        })
+        .collect()
+}
+
 /// The etcd elector's binary: `BATON_ETCD_ELECTOR`, or built (and cached)
 /// by `benches/etcdelection/build.sh`, which prints its path last.
 fn build_elector() -> PathBuf {
@@ -953,6 +1051,8 @@ fn main() {
     let mut idle_bars: Vec<(String, &str, f64)> = Vec::new();
     let mut idle_rows: Vec<String> = Vec::new();
     let mut cpu_rows: Vec<String> = Vec::new();
+    // Failed runs (the standby never acted), per "timing/scenario/tool".
+    let mut failures: BTreeMap<String, usize> = BTreeMap::new();
     let per_timing = ["graceful", "crash", "frozen", "idle"].iter().any(|s| has(s));
     for t in timings.iter().filter(|_| per_timing) {
         println!("\n== {}", t.label());
@@ -968,15 +1068,19 @@ fn main() {
             if !has(scenario) {
                 continue;
             }
-            let res = both(runs, &|tool, i| {
-                handover(
-                    &bench,
-                    tool,
-                    t,
-                    &format!("{scenario}-{}-{}-{i}", t.name, tool.short()),
-                    sig,
-                )
-            });
+            let res = counted_runs(
+                &format!("{}/{scenario}", t.name),
+                both(runs, &|tool, i| {
+                    handover(
+                        &bench,
+                        tool,
+                        t,
+                        &format!("{scenario}-{}-{}-{i}", t.name, tool.short()),
+                        sig,
+                    )
+                }),
+                &mut failures,
+            );
             let what = if scenario == "graceful" {
                 "graceful: SIGTERM -> standby acts"
             } else {
@@ -993,14 +1097,18 @@ fn main() {
             }
         }
         if has("frozen") {
-            let res = both(runs, &|tool, i| {
-                frozen(
-                    &bench,
-                    tool,
-                    t,
-                    &format!("frozen-{}-{}-{i}", t.name, tool.short()),
-                )
-            });
+            let res = counted_runs(
+                &format!("{}/frozen", t.name),
+                both(runs, &|tool, i| {
+                    frozen(
+                        &bench,
+                        tool,
+                        t,
+                        &format!("frozen-{}-{}-{i}", t.name, tool.short()),
+                    )
+                }),
+                &mut failures,
+            );
             let pick = |f: &dyn Fn(&Frozen) -> f64| -> BTreeMap<Tool, Vec<f64>> {
                 res.iter().map(|(k, v)| (*k, v.iter().map(f).collect())).collect()
             };
@@ -1183,6 +1291,11 @@ fn main() {
     if table.len() > 2 {
         println!("{}", table.join("\n"));
     }
+    if !failures.is_empty() {
+        println!(
+            "\nFAILED runs (the standby did not act in time; left out of the figures above): {failures:?}"
+        );
+    }
     if !idle_rows.is_empty() {
         println!("\n| timings | processes | requests / min | by gRPC method |\n|---|---|---|---|");
         println!("{}", idle_rows.join("\n"));
@@ -1196,6 +1309,7 @@ fn main() {
 
     std::fs::create_dir_all(&plots).unwrap();
     raw.insert("runs".into(), json!(runs));
+    raw.insert("failed_runs".into(), json!(failures));
     raw.insert("date".into(), json!(date));
     raw.insert("build".into(), json!(build));
     raw.insert("took_s".into(), json!(took.as_secs()));
