@@ -23,8 +23,10 @@
 //!   checked for silence with progress requests. A lease's stream only
 //!   moves forward.
 //! - **Rewinds.** A linearizable answer at a revision or raft term below
-//!   one seen before means the cluster went back (restored from an older
-//!   snapshot, or replaced): the store forgets every version, revision and
+//!   one seen before the request was sent means the cluster went back
+//!   (restored from an older snapshot, or replaced); answers to requests
+//!   in flight together may come back in any order, so only the [`Mark`]
+//!   taken before sending is compared. The store forgets every version, revision and
 //!   floor it remembered and ends its watch, so that every stream reads
 //!   afresh; the highest term it saw of each lease stays, so this host
 //!   never gives out a term it saw given.
@@ -112,7 +114,52 @@ struct Inner {
     shared: Arc<SharedWatch>,
     /// The highest revision and raft term of the linearizable answers so
     /// far (both only grow while the cluster is the same).
-    highest: Mutex<(i64, u64)>,
+    highest: Mutex<Mark>,
+}
+
+/// The highest revision and raft term seen before a request was sent: a
+/// linearizable answer to it cannot be below either unless the cluster
+/// went back. `epoch` counts the rewinds seen, so that answers to requests
+/// sent before one are not taken for another.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Mark {
+    revision: i64,
+    term: u64,
+    epoch: u64,
+}
+
+impl Mark {
+    /// At least `revision` (one this store knows was reached, such as a
+    /// watch's resume point).
+    pub(super) fn at_least(self, revision: i64) -> Mark {
+        Mark {
+            revision: self.revision.max(revision),
+            ..self
+        }
+    }
+
+    /// Notes, in the highest seen so far (`self`), an answer at `revision`
+    /// and raft `term` to a request sent after `mark`. Returns whether it
+    /// shows that the cluster went back: below the mark, with no rewind
+    /// noticed since the mark was taken. Then the answer is the new
+    /// highest, in a new epoch.
+    pub(super) fn note(&mut self, revision: i64, term: u64, mark: Mark) -> bool {
+        let below = revision < mark.revision || term < mark.term;
+        if mark.epoch != self.epoch || !below {
+            // In order or not, within what the cluster reached; or a request
+            // sent before the last rewind was noticed, whose answer says
+            // nothing about the cluster compared with now.
+            self.revision = self.revision.max(revision);
+            self.term = self.term.max(term);
+            return false;
+        }
+        *self = Mark {
+            revision,
+            term,
+            epoch: self.epoch + 1,
+        };
+        true
+    }
 }
 
 /// What this store knows of one lease.
@@ -154,7 +201,7 @@ impl EtcdStore {
                 recent: Mutex::new(HashMap::new()),
                 seen: DeletedRecords::default(),
                 shared: Arc::new(SharedWatch::default()),
-                highest: Mutex::new((0, 0)),
+                highest: Mutex::new(Mark::default()),
             }),
         })
     }
@@ -222,28 +269,36 @@ impl Inner {
         true
     }
 
-    /// The revision of a linearizable `answer`, noted (see
-    /// [`observe`](Self::observe)).
-    fn revision_of(&self, answer: &TxnResponse) -> i64 {
-        self.observe(answer.header());
+    /// The revision of a linearizable `answer` to a request sent after
+    /// `mark`, noted (see [`observe`](Self::observe)).
+    fn revision_of(&self, answer: &TxnResponse, mark: Mark) -> i64 {
+        self.observe(answer.header(), mark);
         revision(answer)
     }
 
-    /// Notes the revision and raft term of a linearizable answer. Either
-    /// below one noted before means the cluster went back: everything
-    /// remembered of versions, revisions and floors is forgotten and the
-    /// shared watch ends, so that every stream reads afresh. What this store
-    /// saw of terms (`seen`) stays. Returns whether it went back.
-    fn observe(&self, header: Option<&ResponseHeader>) -> bool {
+    /// The highest revision and raft term seen so far: taken before a
+    /// request is sent, and given to [`observe`](Self::observe) with its
+    /// answer.
+    pub(super) fn mark(&self) -> Mark {
+        *self.highest.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes the revision and raft term of a linearizable answer to a
+    /// request sent after `mark`. Either below the mark means the cluster
+    /// went back: everything remembered of versions, revisions and floors
+    /// is forgotten and the shared watch ends, so that every stream reads
+    /// afresh. What this store saw of terms (`seen`) stays. An answer below
+    /// the highest seen but not below its mark is one of several requests
+    /// in flight together, answered in another order. Returns whether it
+    /// went back.
+    fn observe(&self, header: Option<&ResponseHeader>, mark: Mark) -> bool {
         let Some(header) = header else { return false };
         let (revision, term) = (header.revision(), header.raft_term());
         let mut highest = self.highest.lock().unwrap_or_else(|e| e.into_inner());
-        let (seen_revision, seen_term) = *highest;
-        if revision >= seen_revision && term >= seen_term {
-            *highest = (revision, term);
+        if !highest.note(revision, term, mark) {
             return false;
         }
-        *highest = (revision, term);
+        let (seen_revision, seen_term) = (mark.revision, mark.term);
         drop(highest);
         tracing::error!(
             prefix = %self.prefix,

@@ -32,6 +32,7 @@ impl EtcdStore {
             TxnOp::get(inner.floor_key(lease), None),
             TxnOp::get(inner.creates_key(lease), None),
         ]);
+        let mark = inner.mark();
         let request = inner
             .route
             .send(move |c| async move { c.kv_client().txn(txn).await });
@@ -46,7 +47,7 @@ impl EtcdStore {
             found.next().flatten(),
             found.next().flatten(),
         );
-        let revision = inner.revision_of(&answer);
+        let revision = inner.revision_of(&answer, mark);
         inner.found(lease, ticket, record, (floor, creates), last, revision)
     }
 
@@ -59,6 +60,7 @@ impl EtcdStore {
     ) -> Result<(Vec<(String, Versioned)>, Vec<(String, String)>), StoreError> {
         let inner = &self.inner;
         let range = |keys: String| TxnOp::get(keys, Some(GetOptions::new().with_prefix()));
+        let mark = inner.mark();
         let txn = Txn::new().and_then([
             range(format!("{}{prefix}", layout::leases_prefix(&inner.prefix))),
             range(format!("{}term/{prefix}", inner.prefix)),
@@ -69,7 +71,7 @@ impl EtcdStore {
         let answer = inner
             .bounded_by(inner.configured_timeout, ANY_LEASE, "list", request)
             .await?;
-        let revision = inner.revision_of(&answer);
+        let revision = inner.revision_of(&answer, mark);
         let mut lists = answer.op_responses().into_iter().filter_map(|op| match op {
             etcd_client::TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
             _ => None,

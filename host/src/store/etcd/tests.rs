@@ -56,3 +56,31 @@ fn keys_keep_records_floors_and_counts_apart() {
     assert!(lease_key("/baton/", "demo").starts_with(&leases_prefix("/baton/")));
     assert!(!floor_key("/baton/", "demo").starts_with(&leases_prefix("/baton/")));
 }
+
+#[test]
+fn answers_out_of_order_are_no_rewind_and_one_below_its_mark_is() {
+    use super::Mark;
+    let mut highest = Mark::default();
+    assert!(!highest.note(10, 2, highest));
+    // Two requests in flight together: the later answer (12) is noted
+    // before the earlier one (11); both were sent after revision 10.
+    let (first, second) = (highest, highest);
+    assert!(!highest.note(12, 2, second));
+    assert!(!highest.note(11, 2, first), "an answer out of order is not a rewind");
+    assert_eq!(highest.at_least(0), highest);
+    // Sent after revision 12 was seen, answered at 5: the cluster went back.
+    let mark = highest;
+    let stale = highest;
+    assert!(highest.note(5, 2, mark));
+    // Another answer to a request sent before the rewind was noticed is not
+    // a second rewind; answers after it are compared with the new cluster.
+    assert!(!highest.note(6, 2, stale));
+    let mark = highest;
+    assert!(!highest.note(7, 2, mark));
+    // A raft term below the mark's is a rewind too (a replaced cluster).
+    let mark = highest;
+    assert!(highest.note(8, 1, mark));
+    // A watch's resume point raises the mark.
+    let mark = highest.at_least(100);
+    assert!(highest.note(90, 1, mark));
+}

@@ -153,6 +153,7 @@ async fn follow(store: &EtcdStore, shared: &SharedWatch, generation: u64) -> Opt
     let prefix = layout::leases_prefix(&inner.prefix);
     loop {
         let keys = prefix.clone();
+        let mark = inner.mark();
         let request = inner.route.send(move |c| async move {
             c.kv_client()
                 .get(keys, Some(GetOptions::new().with_prefix()))
@@ -165,7 +166,7 @@ async fn follow(store: &EtcdStore, shared: &SharedWatch, generation: u64) -> Opt
             Ok(listed) => listed,
             Err(e) => return Some(e),
         };
-        inner.observe(listed.header());
+        inner.observe(listed.header(), mark);
         if !shared.current(generation) {
             return None;
         }
@@ -219,7 +220,7 @@ async fn take(
     let now = answer
         .header()
         .map_or(*next - 1, etcd_client::ResponseHeader::revision);
-    if answer.created() && now < *next - 1 && went_back(store).await {
+    if answer.created() && now < *next - 1 && went_back(store, *next - 1).await {
         return Some(Err(StoreError::Unavailable {
             lease: ANY_LEASE.into(),
             detail: format!(
@@ -341,18 +342,20 @@ async fn watch_from(
     }
 }
 
-/// Whether the cluster went back, by a linearizable read (a watch's own
-/// header may come from a member that lags).
-async fn went_back(store: &EtcdStore) -> bool {
+/// Whether the cluster went back from `reached`, a revision this store
+/// saw, by a linearizable read (a watch's own header may come from a
+/// member that lags).
+async fn went_back(store: &EtcdStore, reached: i64) -> bool {
     let inner = &store.inner;
     let key = inner.prefix.clone();
+    let mark = inner.mark().at_least(reached);
     let request = inner.route.send(move |c| async move {
         c.kv_client()
             .get(key, Some(GetOptions::new().with_count_only()))
             .await
     });
     match inner.bounded(ANY_LEASE, "read the revision", request).await {
-        Ok(answer) => inner.observe(answer.header()),
+        Ok(answer) => inner.observe(answer.header(), mark),
         Err(_) => false,
     }
 }

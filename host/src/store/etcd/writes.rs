@@ -240,13 +240,14 @@ impl EtcdStore {
 
     /// Sends `txn`.
     async fn send(&self, lease: &str, what: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
+        let mark = self.inner.mark();
         let answer = self
             .inner
             .route
             .send(move |c| async move { c.kv_client().txn(txn).await })
             .await
             .map_err(|e| map_error(lease, what, e))?;
-        self.inner.observe(answer.header());
+        self.inner.observe(answer.header(), mark);
         Ok(answer)
     }
 }
