@@ -334,8 +334,11 @@ async fn watch_from(
                             detail: format!("the watch said nothing for {}", crate::support::rounding::human(heard.elapsed())),
                         });
                     }
-                    // Answered (with no events) when the watch is alive.
-                    let _ = stream.request_progress().await;
+                    // Answered (with no events) when the watch is alive;
+                    // not asked while events come (a leader's renewals).
+                    if heard.elapsed() >= period {
+                        let _ = stream.request_progress().await;
+                    }
                 }
             }
         }
