@@ -383,7 +383,12 @@ fn three_hosts_spread_leases_count_each_other_and_take_over_a_killed_hosts_share
     for h in [&a, &b, &c] {
         for what in ["the etcd cluster went back", "the lease watch broke"] {
             let seen = h.all(|e| e.message().starts_with(what));
-            assert!(seen.is_empty(), "{}: {what:?} with no fault: {:?}", h.name, seen.first().map(|e| &e.json));
+            assert!(
+                seen.is_empty(),
+                "{}: {what:?} with no fault: {:?}",
+                h.name,
+                seen.first().map(|e| &e.json)
+            );
         }
     }
     for i in 0..N {

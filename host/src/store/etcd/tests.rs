@@ -66,7 +66,10 @@ fn answers_out_of_order_are_no_rewind_and_one_below_its_mark_is() {
     // before the earlier one (11); both were sent after revision 10.
     let (first, second) = (highest, highest);
     assert!(!highest.note(12, 2, second));
-    assert!(!highest.note(11, 2, first), "an answer out of order is not a rewind");
+    assert!(
+        !highest.note(11, 2, first),
+        "an answer out of order is not a rewind"
+    );
     assert_eq!(highest.at_least(0), highest);
     // Sent after revision 12 was seen, answered at 5: the cluster went back.
     let mark = highest;
