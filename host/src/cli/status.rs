@@ -34,7 +34,6 @@ use serde::Serialize;
 use crate::config::{Config, StoreConfig};
 use crate::election::spread::{MEMBER_PREFIX, Member, Placement, assign_placed};
 use crate::store::buckets::BucketStore;
-use crate::store::embedded::EmbeddedStore;
 use crate::store::embedded::buckets::EmbeddedBuckets;
 use crate::store::{DEFAULT_WEIGHT, LeaseRecord, LeaseStore, StoreError, Versioned};
 use crate::support::rounding::{human, secs};
@@ -164,28 +163,7 @@ pub async fn open(
             }
             Ok(target)
         }
-        StoreConfig::Etcd(_) => {
-            if kubeconfig.is_some() {
-                anyhow::bail!(
-                    "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {file} uses an etcd store"
-                );
-            }
-            let (store, buckets) = crate::daemon::serve::open_stores(&cfg)
-                .await
-                .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
-            let schedules = cfg
-                .plugins
-                .iter()
-                .any(|p| p.schedule.is_some())
-                .then(|| (cfg.clone(), buckets));
-            Ok(Target {
-                store,
-                kind: "etcd",
-                spreading,
-                origin,
-                schedules,
-            })
-        }
+        StoreConfig::Etcd(_) => open_etcd(&cfg, kubeconfig.is_some(), &file, origin, spreading).await,
     }
 }
 
@@ -201,65 +179,6 @@ fn spreading_of(loaded: Option<&Config>) -> Spreading {
         ),
         Some(_) => Spreading::Off,
     }
-}
-
-/// The embedded store `--store-dir` names (`--kubeconfig`, if given,
-/// does not apply).
-fn open_store_dir(dir: &Path, kubeconfig_given: bool, spreading: Spreading) -> anyhow::Result<Target> {
-    let origin = "--store-dir (or BATON_STORE_DIR)".to_owned();
-    anyhow::ensure!(
-        !kubeconfig_given,
-        "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {origin} names an \
-         embedded store"
-    );
-    open_embedded(dir, origin, spreading)
-}
-
-/// Which kubeconfig a kubernetes store's client reads, in words: the
-/// flag's (`flag`), the file's (`field`), or the defaults.
-fn which_kubeconfig(flag: Option<&Path>, field: Option<&Path>) -> String {
-    match (flag, field) {
-        (Some(path), _) => format!(
-            "the kubeconfig {} (--kubeconfig or BATON_KUBECONFIG)",
-            path.display()
-        ),
-        (None, Some(path)) => format!("the kubeconfig {} (field `kubeconfig`)", path.display()),
-        (None, None) => "no kubeconfig named (field `kubeconfig`): KUBECONFIG, ~/.kube/config or the pod's \
-                         service account"
-            .to_owned(),
-    }
-}
-
-/// The kubernetes store of `cfg`, opened as `baton run` opens it; errors
-/// start with `origin`.
-async fn open_kubernetes(cfg: &Config, origin: String, spreading: Spreading) -> anyhow::Result<Target> {
-    let store = crate::daemon::serve::open_store(cfg)
-        .await
-        .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
-    Ok(Target {
-        store,
-        kind: "kubernetes",
-        spreading,
-        origin,
-        schedules: None,
-    })
-}
-
-fn open_embedded(dir: &Path, origin: String, spreading: Spreading) -> anyhow::Result<Target> {
-    anyhow::ensure!(
-        dir.is_dir(),
-        "{origin}: no embedded store at {}: no such directory",
-        dir.display()
-    );
-    let store = EmbeddedStore::open(dir)
-        .map_err(|e| anyhow::anyhow!("{origin}: embedded store at {}: {e}", dir.display()))?;
-    Ok(Target {
-        store: Arc::new(store),
-        kind: "embedded",
-        spreading,
-        origin,
-        schedules: None,
-    })
 }
 
 /// What a record's expiry says at a given time.
@@ -807,7 +726,10 @@ impl Report {
 }
 
 pub mod schedules;
+mod stores;
 pub mod versions;
+
+use stores::{open_embedded, open_etcd, open_kubernetes, open_store_dir, which_kubeconfig};
 
 #[cfg(test)]
 mod tests;

@@ -9,8 +9,7 @@
 //!
 //! - [`embedded`]: a directory on the local disk; the default, needs nothing
 //!   installed, and lets several `baton` processes on one machine contend.
-//! - [`kube`]: Lease objects through the Kubernetes API server, for hosts on
-//!   many machines.
+//! - [`kube`]: Lease objects of a Kubernetes API server, for many machines.
 //! - [`etcd`]: keys of an etcd v3 cluster, for hosts on many machines
 //!   without Kubernetes.
 //! - [`memory`]: in-process, with fault injection, for the elector's tests.

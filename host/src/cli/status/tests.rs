@@ -1,6 +1,7 @@
 //! Tests of [`status`](super).
 
 use super::*;
+use crate::store::embedded::EmbeddedStore;
 use std::time::Duration;
 
 fn held(holder: Option<&str>, term: u64, renewed: SystemTime, secs: u64) -> Versioned {
