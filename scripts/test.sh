@@ -154,10 +154,12 @@ cargo test -p baton --doc "$@" || status=1
 # and kubeterms (terms, foreign writers, outages, plugins, state, resets:
 # about 140 s), which has an API server of its own: both count requests
 # to theirs. The chaos segments (about a minute each store) have
-# processes of their own. The host's unit tests and the in-process core
+# processes of their own. tests/etcd's faults and chaos segments (about
+# two minutes), on clusters of their own, run apart from its other tests,
+# which share the test cluster. The host's unit tests and the in-process core
 # tests (under a minute, paused time mostly) run beside them too.
-groups=(unit core e2e state chaos kube kubeterms kubechaos etcd polyglot templates)
-declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubeterms]=kube [kubechaos]=kube [etcd]=etcd [polyglot]=polyglot [templates]=polyglot)
+groups=(unit core e2e state chaos kube kubeterms kubechaos etcd etcdfaults polyglot templates)
+declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubeterms]=kube [kubechaos]=kube [etcd]=etcd [etcdfaults]=etcd [polyglot]=polyglot [templates]=polyglot)
 leader_tests="state:: schedules:: alerts:: health:: registry:: reload:: drain prefer_and_avoid weights_decide leases_and_status_name"
 kube_terms="terms:: foreign:: outages:: plugins:: state:: reset::"
 # The embedded store's paused leaders (a minute) run with its chaos
@@ -179,7 +181,8 @@ declare -A filter=(
     [templates]="$compiling"
     [unit]=""
     [core]=""
-    [etcd]=""
+    [etcd]="--skip faults:: --skip chaos::"
+    [etcdfaults]="faults:: chaos::"
 )
 declare -A bin
 while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(
