@@ -163,7 +163,12 @@ pub async fn open(
             }
             Ok(target)
         }
-        StoreConfig::Etcd(_) => open_etcd(&cfg, kubeconfig.is_some(), &file, origin, spreading).await,
+        StoreConfig::Etcd(_) => {
+            open_remote(&cfg, "etcd", kubeconfig.is_some(), &file, origin, spreading).await
+        }
+        StoreConfig::Postgres(_) => {
+            open_remote(&cfg, "postgres", kubeconfig.is_some(), &file, origin, spreading).await
+        }
     }
 }
 
@@ -729,7 +734,7 @@ pub mod schedules;
 mod stores;
 pub mod versions;
 
-use stores::{open_embedded, open_etcd, open_kubernetes, open_store_dir, which_kubeconfig};
+use stores::{open_embedded, open_kubernetes, open_remote, open_store_dir, which_kubeconfig};
 
 #[cfg(test)]
 mod tests;

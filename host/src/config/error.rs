@@ -210,6 +210,9 @@ pub enum ConfigErrorKind {
     /// An `[store]` setting of an etcd store that cannot work.
     #[error("[store] (kind = \"etcd\"): {0}")]
     Etcd(String),
+    /// An `[store]` setting of a PostgreSQL store that cannot work.
+    #[error("[store] (kind = \"postgres\"): {0}")]
+    Postgres(String),
     /// `[store] namespace` is not a namespace name.
     #[error("[store]: field `namespace`: {0}")]
     Namespace(InvalidNamespace),

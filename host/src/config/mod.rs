@@ -14,6 +14,7 @@ mod health_check;
 mod overrides;
 pub mod own_files;
 mod parse;
+mod postgres;
 mod registry;
 
 use std::collections::BTreeMap;
@@ -105,6 +106,23 @@ enum RawStore {
         dial_timeout: Option<Duration>,
         #[serde(default, rename = "request-timeout", with = "humantime_serde")]
         request_timeout: Option<Duration>,
+    },
+    #[serde(rename = "postgres")]
+    Postgres {
+        url: Option<String>,
+        #[serde(rename = "url-file")]
+        url_file: Option<PathBuf>,
+        schema: Option<String>,
+        ca: Option<PathBuf>,
+        #[serde(rename = "pool-size")]
+        pool_size: Option<usize>,
+        #[serde(default, rename = "connect-timeout", with = "humantime_serde")]
+        connect_timeout: Option<Duration>,
+        #[serde(default, rename = "request-timeout", with = "humantime_serde")]
+        request_timeout: Option<Duration>,
+        watch: Option<String>,
+        #[serde(default, rename = "poll-interval", with = "humantime_serde")]
+        poll_interval: Option<Duration>,
     },
 }
 
@@ -354,6 +372,38 @@ pub enum StoreConfig {
     /// the `ETCDCTL_*` environment variables when the store is opened
     /// ([`EtcdConfig::options`]).
     Etcd(EtcdConfig),
+    /// Rows of a PostgreSQL database. Settings left out here are taken
+    /// from libpq's environment when the store is opened
+    /// ([`PostgresConfig::options`]).
+    Postgres(PostgresConfig),
+}
+
+/// `[store] kind = "postgres"`: how to reach the database and where the
+/// leases live.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PostgresConfig {
+    /// A connection URL (`postgres://user@host:port/db?sslmode=...`) or
+    /// libpq key-value string; `None`: read from `url_file`, else libpq's
+    /// variables (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`,
+    /// `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGPASSFILE`).
+    pub url: Option<String>,
+    /// A file holding the URL (it may hold a password).
+    pub url_file: Option<PathBuf>,
+    /// The schema of baton's tables (default `baton`).
+    pub schema: String,
+    /// The CA of the server's certificate; `None`: the URL's
+    /// `sslrootcert`, `PGSSLROOTCERT`, else the Web PKI roots.
+    pub ca: Option<PathBuf>,
+    /// The most connections of the store's pool (default 4).
+    pub pool_size: usize,
+    /// The bound on connecting (default 5 s).
+    pub connect_timeout: Duration,
+    /// The bound on the store's own requests (default 5 s).
+    pub request_timeout: Duration,
+    /// How changes are heard: `"notify"` (default) or `"poll"`.
+    pub watch: crate::store::postgres::WatchMode,
+    /// How often a polling store reads (default 1 s).
+    pub poll_interval: Duration,
 }
 
 /// `[store] kind = "etcd"`: how to reach the cluster and where the leases

@@ -97,7 +97,7 @@ impl Overrides {
         if let Some(path) = &self.kubeconfig {
             match &mut cfg.store {
                 StoreConfig::Kubernetes { kubeconfig, .. } => *kubeconfig = Some(path.clone()),
-                StoreConfig::Embedded { .. } | StoreConfig::Etcd(_) => {
+                StoreConfig::Embedded { .. } | StoreConfig::Etcd(_) | StoreConfig::Postgres(_) => {
                     return Err(OverrideError::KubeconfigWithoutKubernetes);
                 }
             }

@@ -92,6 +92,21 @@ fn store_files(config: &Config, add: &mut impl FnMut(&Path, String, &'static str
             Some(k) => add(k, "the store's kubeconfig".into(), KUBE_RISK),
             None => default_kube(add, "the store's Kubernetes client"),
         },
+        StoreConfig::Postgres(pg) => {
+            let files = [
+                (&pg.ca, "the postgres store's CA"),
+                (&pg.url_file, "the postgres store's URL file"),
+            ];
+            for (file, what) in files {
+                if let Some(file) = file {
+                    add(
+                        file,
+                        what.into(),
+                        "it lets a plugin act as this host on the database",
+                    );
+                }
+            }
+        }
         StoreConfig::Etcd(etcd) => {
             let files = [
                 (&etcd.ca, "the etcd store's CA"),

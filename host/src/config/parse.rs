@@ -63,7 +63,7 @@ impl Source<'_> {
     }
 
     /// An error of the file as a whole.
-    fn err(&self, kind: ConfigErrorKind) -> ConfigError {
+    pub(super) fn err(&self, kind: ConfigErrorKind) -> ConfigError {
         ConfigError {
             file: self.file.clone(),
             line: None,
@@ -616,6 +616,7 @@ impl Source<'_> {
                     pod_namespace,
                 })
             }
+            raw @ RawStore::Postgres { .. } => self.postgres_store(raw),
             RawStore::Etcd {
                 endpoints,
                 prefix,

@@ -10,6 +10,7 @@ use crate::store::embedded::EmbeddedStore;
 use crate::store::embedded::buckets::EmbeddedBuckets;
 use crate::store::etcd::EtcdStore;
 use crate::store::kube::{KubeOptions, KubeStore};
+use crate::store::postgres::PostgresStore;
 use crate::store::{LeaseStore, StoreError, StoreTimings};
 
 /// Opens the configured lease store. For a Kubernetes store this builds
@@ -23,7 +24,29 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, ServeErr
             .map_err(|e| ServeError::Store(format!("embedded store at {}: {e}", dir.display()))),
         StoreConfig::Kubernetes { .. } => Ok(Arc::new(open_kube(config).await?)),
         StoreConfig::Etcd(_) => Ok(Arc::new(open_etcd(config).await?)),
+        StoreConfig::Postgres(_) => Ok(Arc::new(open_postgres(config).await?)),
     }
+}
+
+/// Opens the configured PostgreSQL store: the file's settings, libpq's
+/// variables for what the URL leaves out (a configuration of another
+/// store is refused). Connecting migrates the schema.
+pub(super) async fn open_postgres(config: &Config) -> Result<PostgresStore, ServeError> {
+    let StoreConfig::Postgres(pg) = &config.store else {
+        return Err(ServeError::Store("not a postgres store".into()));
+    };
+    let options = pg
+        .options()
+        .map_err(|why| ServeError::Store(format!("postgres store: {why}")))?;
+    let env = |name: &str| std::env::var(name).ok();
+    let store = PostgresStore::connect(options, &env).await.map_err(|e| match e {
+        StoreError::Refused { detail, .. } | StoreError::Unavailable { detail, .. } => {
+            ServeError::Store(format!("postgres store: {detail}"))
+        }
+        other => ServeError::Store(format!("postgres store: {other}")),
+    })?;
+    store.set_timings(store_timings(config));
+    Ok(store)
 }
 
 /// Opens the configured etcd store: the file's settings, else the
@@ -49,7 +72,7 @@ pub(super) async fn open_etcd(config: &Config) -> Result<EtcdStore, ServeError> 
 /// is refused).
 pub(super) async fn open_kube(config: &Config) -> Result<KubeStore, ServeError> {
     match &config.store {
-        StoreConfig::Embedded { .. } | StoreConfig::Etcd(_) => {
+        StoreConfig::Embedded { .. } | StoreConfig::Etcd(_) | StoreConfig::Postgres(_) => {
             Err(ServeError::Store("not a Kubernetes store".into()))
         }
         StoreConfig::Kubernetes {
@@ -79,8 +102,9 @@ pub(super) async fn open_kube(config: &Config) -> Result<KubeStore, ServeError> 
 }
 
 /// Opens the configured lease store and the buckets beside it: the
-/// embedded store's SQLite database in its directory, or ConfigMaps in the
-/// Kubernetes store's namespace.
+/// embedded store's SQLite database in its directory, ConfigMaps in the
+/// Kubernetes store's namespace, keys of the etcd store, or tables of the
+/// PostgreSQL store.
 pub async fn open_stores(config: &Config) -> Result<(Arc<dyn LeaseStore>, Arc<dyn BucketStore>), ServeError> {
     match &config.store {
         StoreConfig::Embedded { dir } => {
@@ -95,6 +119,11 @@ pub async fn open_stores(config: &Config) -> Result<(Arc<dyn LeaseStore>, Arc<dy
         }
         StoreConfig::Etcd(_) => {
             let store = open_etcd(config).await?;
+            let buckets = Arc::new(store.buckets());
+            Ok((Arc::new(store), buckets))
+        }
+        StoreConfig::Postgres(_) => {
+            let store = open_postgres(config).await?;
             let buckets = Arc::new(store.buckets());
             Ok((Arc::new(store), buckets))
         }

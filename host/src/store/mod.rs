@@ -12,6 +12,8 @@
 //! - [`kube`]: Lease objects of a Kubernetes API server, for many machines.
 //! - [`etcd`]: keys of an etcd v3 cluster, for hosts on many machines
 //!   without Kubernetes.
+//! - [`postgres`]: rows of a PostgreSQL database, for teams that run one
+//!   and neither Kubernetes nor etcd.
 //! - [`memory`]: in-process, with fault injection, for the elector's tests.
 //! - Beside them: [`subscription`] keeps the latest record of a lease
 //!   current apart from the elector; [`deleted`] is the one implementation
@@ -50,6 +52,7 @@ pub mod embedded;
 pub mod etcd;
 pub mod kube;
 pub mod memory;
+pub mod postgres;
 pub mod subscription;
 
 /// The `lease` named in errors that concern a whole store rather than one

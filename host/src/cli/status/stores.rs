@@ -76,10 +76,12 @@ pub(super) fn open_embedded(dir: &Path, origin: String, spreading: Spreading) ->
     })
 }
 
-/// The etcd store of `cfg` and its buckets (for the schedules), opened as
-/// `baton run` opens them; errors start with `origin`.
-pub(super) async fn open_etcd(
+/// The etcd or postgres store (`kind`) of `cfg` and its buckets (for the
+/// schedules), opened as `baton run` opens them; errors start with
+/// `origin`.
+pub(super) async fn open_remote(
     cfg: &Config,
+    kind: &'static str,
     kubeconfig_given: bool,
     file: &str,
     origin: String,
@@ -87,7 +89,7 @@ pub(super) async fn open_etcd(
 ) -> anyhow::Result<Target> {
     anyhow::ensure!(
         !kubeconfig_given,
-        "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {file} uses an etcd store"
+        "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {file} uses an {kind} store"
     );
     let (store, buckets) = crate::daemon::serve::open_stores(cfg)
         .await
@@ -99,7 +101,7 @@ pub(super) async fn open_etcd(
         .then(|| (cfg.clone(), buckets));
     Ok(Target {
         store,
-        kind: "etcd",
+        kind,
         spreading,
         origin,
         schedules,

@@ -1,0 +1,82 @@
+//! The postgres store against the server: its schema and migrations, a
+//! role's missing privilege, TLS, a pooler in transaction mode.
+
+use std::time::Duration;
+
+use baton::store::LeaseRecord;
+use futures::StreamExt;
+
+use super::*;
+
+#[test]
+fn hosts_starting_together_migrate_once_and_record_the_version() {
+    let t = PgTest::new("migrate");
+    let stores: Vec<PostgresStore> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4).map(|_| s.spawn(|| t.store())).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(stores.len(), 4);
+    let versions = t.env.psql(&format!(
+        "SELECT string_agg(version::text, ',') FROM {}.migrations",
+        t.schema
+    ));
+    assert_eq!(versions, "1");
+}
+
+#[test]
+fn a_role_that_cannot_create_the_schema_is_told_which_privilege_it_lacks() {
+    let t = PgTest::new("limited");
+    let e =
+        t.rt.block_on(PostgresStore::connect(t.options_at(&t.env.limited_url), &|_| {
+            None
+        }))
+        .expect_err("the limited role creates nothing");
+    let text = e.to_string();
+    assert!(
+        text.contains("permission denied") && text.contains("GRANT CREATE ON DATABASE"),
+        "{text}"
+    );
+    // Created by an administrator for the role, the schema serves it.
+    t.env
+        .psql(&format!("CREATE SCHEMA {} AUTHORIZATION baton_limited", t.schema));
+    let store = t.store_at(&t.env.limited_url);
+    let written =
+        t.rt.block_on(store.create("demo", &LeaseRecord::new(Some("a"), 1, Duration::from_secs(4))))
+            .expect("a create in its own schema");
+    assert_eq!(written.record.term, 1);
+}
+
+#[test]
+fn tls_checks_the_servers_certificate_against_the_ca() {
+    let t = PgTest::new("tls");
+    let url = format!("{}?sslmode=verify-full", t.env.url);
+    let refused =
+        t.rt.block_on(PostgresStore::connect(t.options_at(&url), &|_| None))
+            .expect_err("not signed by a Web PKI root");
+    assert!(refused.to_string().contains("connect"), "{refused}");
+    let options = PostgresOptions {
+        ca: Some(t.env.ca.clone()),
+        ..t.options_at(&url)
+    };
+    t.rt.block_on(PostgresStore::connect(options, &|_| None))
+        .expect("the test CA signed it");
+}
+
+#[test]
+fn through_a_pooler_in_transaction_mode_changes_are_polled() {
+    let t = PgTest::new("pooler");
+    let writer = t.store();
+    let pooled = t.store_at(&t.env.pooler_url);
+    t.rt.block_on(async {
+        let mut watch = pooled.watch("demo").await.expect("watch");
+        assert_eq!(watch.next().await.unwrap().unwrap(), None);
+        let record = LeaseRecord::new(Some("a"), 1, Duration::from_secs(4));
+        let written = writer.create("demo", &record).await.unwrap();
+        let seen = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("the change heard through the pooler")
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen, Some(written));
+    });
+}
