@@ -69,6 +69,7 @@ cleanup() {
     fi
     if [ -n "${registries:-}" ]; then scripts/registry-testenv.sh stop; fi
     if [ -n "${etcd:-}" ]; then scripts/etcd-testenv.sh stop || true; fi
+    if [ -n "${postgres:-}" ]; then scripts/pg-testenv.sh stop || true; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -106,6 +107,13 @@ eval "$(scripts/registry-testenv.sh start)"
 export BATON_ETCD_ENV="$BATON_CACHE/etcd/run/test-$$.env"
 etcd=1
 scripts/etcd-testenv.sh start >/dev/null
+# A PostgreSQL 15 primary, its asynchronous standby and pgbouncer on
+# loopback (scripts/pg-testenv.sh: Debian's postgresql-15, run as the
+# postgres user), for the postgres store's tests (tests/postgres); stopped
+# on exit.
+export BATON_PG_ENV="$BATON_CACHE/postgres/run/test-$$.env"
+postgres=1
+scripts/pg-testenv.sh start >/dev/null
 phase "servers started"
 cargo build -p baton
 phase "host built"
@@ -158,8 +166,8 @@ cargo test -p baton --doc "$@" || status=1
 # two minutes), on clusters of their own, run apart from its other tests,
 # which share the test cluster. The host's unit tests and the in-process core
 # tests (under a minute, paused time mostly) run beside them too.
-groups=(unit core e2e state chaos kube kubeterms kubechaos etcd etcdfaults polyglot templates)
-declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubeterms]=kube [kubechaos]=kube [etcd]=etcd [etcdfaults]=etcd [polyglot]=polyglot [templates]=polyglot)
+groups=(unit core e2e state chaos kube kubeterms kubechaos etcd etcdfaults postgres polyglot templates)
+declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubeterms]=kube [kubechaos]=kube [etcd]=etcd [etcdfaults]=etcd [postgres]=postgres [polyglot]=polyglot [templates]=polyglot)
 leader_tests="state:: schedules:: alerts:: health:: registry:: reload:: drain prefer_and_avoid weights_decide leases_and_status_name"
 kube_terms="terms:: foreign:: outages:: plugins:: state:: reset::"
 # The embedded store's paused leaders (a minute) run with its chaos
@@ -183,6 +191,7 @@ declare -A filter=(
     [core]=""
     [etcd]="--skip faults:: --skip chaos::"
     [etcdfaults]="faults:: chaos::"
+    [postgres]=""
 )
 declare -A bin
 while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(
