@@ -65,7 +65,9 @@ fn tls_checks_the_servers_certificate_against_the_ca() {
 #[test]
 fn through_a_pooler_in_transaction_mode_changes_are_polled() {
     let t = PgTest::new("pooler");
-    let writer = t.store();
+    // Both through the pooler: its server connections change between
+    // transactions, so no request may rely on a prepared statement.
+    let writer = t.store_at(&t.env.pooler_url);
     let pooled = t.store_at(&t.env.pooler_url);
     t.rt.block_on(async {
         let mut watch = pooled.watch("demo").await.expect("watch");
@@ -77,6 +79,15 @@ fn through_a_pooler_in_transaction_mode_changes_are_polled() {
             .expect("the change heard through the pooler")
             .unwrap()
             .unwrap();
-        assert_eq!(seen, Some(written));
+        assert_eq!(seen, Some(written.clone()));
+        // Renewals from many tasks at once, each a CAS through the pooler.
+        let mut last = written;
+        for round in 0..20 {
+            let reads = futures::future::join_all((0..4).map(|_| writer.get("demo"))).await;
+            for r in reads {
+                assert_eq!(r.unwrap().map(|v| v.version), Some(last.version.clone()), "round {round}");
+            }
+            last = writer.update("demo", &last.version, &record).await.unwrap();
+        }
     });
 }

@@ -14,6 +14,8 @@
 
 use std::collections::BTreeMap;
 
+use tokio_postgres::types::Type;
+
 use super::PostgresStore;
 use crate::store::StoreError;
 use crate::store::buckets::{
@@ -83,15 +85,15 @@ impl PostgresBuckets {
         let s = self.s().to_owned();
         let tx = c.transaction().await?;
         let (l, b) = (&bucket.lease, &bucket.bucket);
-        tx.execute(
+        tx.execute_typed(
             &format!("INSERT INTO {s}.buckets (lease, bucket) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
-            &[l, b],
+            &[(l, Type::TEXT), (b, Type::TEXT)],
         )
         .await?;
         let row = tx
-            .query_one(
+            .query_typed_one(
                 &format!("SELECT fence, revision, size FROM {s}.buckets WHERE lease = $1 AND bucket = $2 FOR UPDATE"),
-                &[l, b],
+                &[(l, Type::TEXT), (b, Type::TEXT)],
             )
             .await?;
         let (fence, revision, size) = (u(row.get(0)), u(row.get(1)), u(row.get(2)));
@@ -102,9 +104,9 @@ impl PostgresBuckets {
         keys.sort_unstable();
         keys.dedup();
         let rows = tx
-            .query(
+            .query_typed(
                 &format!("SELECT key, value, version FROM {s}.entries WHERE lease = $1 AND bucket = $2 AND key = ANY($3)"),
-                &[l, b, &keys],
+                &[(l, Type::TEXT), (b, Type::TEXT), (&keys, Type::TEXT_ARRAY)],
             )
             .await?;
         let before: BTreeMap<String, Entry> = rows
@@ -136,12 +138,17 @@ impl PostgresBuckets {
             return Ok(Err(e));
         }
         Self::write_entries(&tx, &s, bucket, &keys, &before, &after).await?;
-        tx.execute(
+        tx.execute_typed(
             &format!(
                 "UPDATE {s}.buckets SET fence = GREATEST(fence, $3), revision = revision + 1, size = $4 \
                  WHERE lease = $1 AND bucket = $2"
             ),
-            &[l, b, &i(write.term), &i(new_size)],
+            &[
+                (l, Type::TEXT),
+                (b, Type::TEXT),
+                (&i(write.term), Type::INT8),
+                (&i(new_size), Type::INT8),
+            ],
         )
         .await?;
         if !(write.may_commit)() {
@@ -167,20 +174,20 @@ impl PostgresBuckets {
         for key in keys {
             match after.get(key) {
                 Some(e) if before.get(key) != Some(e) => {
-                    tx.execute(
+                    tx.execute_typed(
                         &format!(
                             "INSERT INTO {s}.entries (lease, bucket, key, value, version) VALUES ($1, $2, $3, $4, $5) \
                              ON CONFLICT (lease, bucket, key) DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version"
                         ),
-                        &[l, b, key, &e.value, &i(e.version)],
+                        &[(l, Type::TEXT), (b, Type::TEXT), (key, Type::TEXT), (&e.value, Type::BYTEA), (&i(e.version), Type::INT8)],
                     )
                     .await?;
                 }
                 Some(_) => {}
                 None if before.contains_key(key) => {
-                    tx.execute(
+                    tx.execute_typed(
                         &format!("DELETE FROM {s}.entries WHERE lease = $1 AND bucket = $2 AND key = $3"),
-                        &[l, b, key],
+                        &[(l, Type::TEXT), (b, Type::TEXT), (key, Type::TEXT)],
                     )
                     .await?;
                 }
@@ -210,7 +217,8 @@ impl BucketStore for PostgresBuckets {
         let (l, b, t) = (&bucket.lease, &bucket.bucket, i(term));
         let row = self
             .run(bucket, "claim the bucket", async |c| {
-                c.query_one(&sql, &[l, b, &t]).await
+                c.query_typed_one(&sql, &[(l, Type::TEXT), (b, Type::TEXT), (&t, Type::INT8)])
+                    .await
             })
             .await?;
         match row.get::<_, Option<i64>>(0) {
@@ -239,7 +247,11 @@ impl BucketStore for PostgresBuckets {
         let (l, b) = (&bucket.lease, &bucket.bucket);
         let rows = self
             .run(bucket, "read the bucket", async |c| {
-                c.query(&sql, &[l, b, &keys]).await
+                c.query_typed(
+                    &sql,
+                    &[(l, Type::TEXT), (b, Type::TEXT), (&keys, Type::TEXT_ARRAY)],
+                )
+                .await
             })
             .await?;
         let found: BTreeMap<String, Entry> = rows
@@ -275,7 +287,16 @@ impl BucketStore for PostgresBuckets {
         );
         let rows = self
             .run(bucket, "list the bucket", async |c| {
-                c.query(&sql, &[l, b, &after, &n]).await
+                c.query_typed(
+                    &sql,
+                    &[
+                        (l, Type::TEXT),
+                        (b, Type::TEXT),
+                        (&after, Type::TEXT),
+                        (&n, Type::INT8),
+                    ],
+                )
+                .await
             })
             .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -313,7 +334,9 @@ impl BucketStore for PostgresBuckets {
         );
         let any = BucketName::new(lease.unwrap_or("*"), "*");
         let rows = self
-            .run(&any, "list the buckets", async |c| c.query(&sql, &[&lease]).await)
+            .run(&any, "list the buckets", async |c| {
+                c.query_typed(&sql, &[(&lease, Type::TEXT)]).await
+            })
             .await?;
         Ok(rows
             .iter()

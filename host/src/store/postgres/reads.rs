@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use tokio_postgres::Row;
+use tokio_postgres::types::Type;
 
 use super::schema::TERMS_PER_TIMELINE;
 use super::{BEFORE_PROMOTION, Inner, PostgresStore};
@@ -104,7 +105,9 @@ impl PostgresStore {
             s = inner.s
         );
         let row = inner
-            .on_connection(lease, "read", bound, async |c| c.query_one(&sql, &[&lease]).await)
+            .on_connection(lease, "read", bound, async |c| {
+                c.query_typed_one(&sql, &[(&lease, Type::TEXT)]).await
+            })
             .await?;
         inner.found(lease, ticket, LeaseRows::from_row(&row, 0), last)
     }
@@ -120,7 +123,7 @@ impl PostgresStore {
         let bound = Some(inner.request_timeout());
         let rows = inner
             .on_connection(ANY_LEASE, "read the watched leases", bound, async |c| {
-                c.query(&sql, &[&leases]).await
+                c.query_typed(&sql, &[(&leases, Type::TEXT_ARRAY)]).await
             })
             .await?;
         Ok(rows
@@ -144,7 +147,7 @@ impl PostgresStore {
         let bound = Some(inner.options.request_timeout);
         let rows = inner
             .on_connection(ANY_LEASE, "list", bound, async |c| {
-                c.query(&sql, &[&prefix]).await
+                c.query_typed(&sql, &[(&prefix, Type::TEXT)]).await
             })
             .await?;
         let (mut read, mut unreadable) = (Vec::new(), Vec::new());

@@ -27,6 +27,7 @@ use futures::{StreamExt, stream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_postgres::AsyncMessage;
+use tokio_postgres::types::Type;
 
 use super::reads::{LeaseRows, RecordRow};
 use super::schema::channel;
@@ -271,7 +272,11 @@ async fn probe(
     let bound = inner.request_timeout();
     inner
         .on_connection(ANY_LEASE, "notify the watch", Some(bound), async |c| {
-            c.execute("SELECT pg_notify($1, $2)", &[&chan, &payload]).await
+            c.execute_typed(
+                "SELECT pg_notify($1, $2)",
+                &[(&chan, Type::TEXT), (&payload, Type::TEXT)],
+            )
+            .await
         })
         .await?;
     let deadline = Instant::now() + bound.max(Duration::from_secs(1));

@@ -3,6 +3,8 @@
 //! version (a random id of its write), the term floor checked and raised
 //! when a term starts, in one transaction.
 
+use tokio_postgres::types::Type;
+
 use super::{Inner, PostgresStore};
 use crate::store::{LeaseRecord, StoreError, Versioned};
 
@@ -88,8 +90,19 @@ impl PostgresStore {
         );
         let row = inner
             .on_connection(lease, "create", None, async |c| {
-                c.query_one(&sql, &[&lease, &json, &term, &version, &floor, &creates, &own])
-                    .await
+                c.query_typed_one(
+                    &sql,
+                    &[
+                        (&lease, Type::TEXT),
+                        (&json, Type::TEXT),
+                        (&term, Type::INT8),
+                        (&version, Type::TEXT),
+                        (&floor, Type::INT8),
+                        (&creates, Type::INT8),
+                        (&own, Type::BOOL),
+                    ],
+                )
+                .await
             })
             .await?;
         let outcome: String = row.get(0);
@@ -146,8 +159,18 @@ impl PostgresStore {
         );
         let row = inner
             .on_connection(lease, "update", None, async |c| {
-                c.query_one(&sql, &[&lease, &old, &promoted, &json, &term, &new])
-                    .await
+                c.query_typed_one(
+                    &sql,
+                    &[
+                        (&lease, Type::TEXT),
+                        (&old, Type::TEXT),
+                        (&promoted, Type::INT4),
+                        (&json, Type::TEXT),
+                        (&term, Type::INT8),
+                        (&new, Type::TEXT),
+                    ],
+                )
+                .await
             })
             .await?;
         let outcome: String = row.get(0);
@@ -171,7 +194,11 @@ impl PostgresStore {
         );
         let deleted = inner
             .on_connection(lease, "delete", None, async |c| {
-                c.execute(&sql, &[&lease, &old, &promoted]).await
+                c.execute_typed(
+                    &sql,
+                    &[(&lease, Type::TEXT), (&old, Type::TEXT), (&promoted, Type::INT4)],
+                )
+                .await
             })
             .await?;
         Ok(deleted == 1)
