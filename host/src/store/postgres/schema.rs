@@ -211,6 +211,18 @@ pub fn quoted(schema: &str) -> String {
 pub(super) async fn migrate(client: &mut Client, schema: &str) -> Result<Vec<i32>, StoreError> {
     let s = quoted(schema);
     let fail = |what: &str, e: tokio_postgres::Error| privilege_error(schema, what, e);
+    // Up to date already: nothing to lock or create, so that a role that
+    // may only read and write the tables (and `baton status`) needs no
+    // more.
+    if let Ok(rows) = client
+        .query(&format!("SELECT version FROM {s}.migrations"), &[])
+        .await
+    {
+        let applied: Vec<i32> = rows.iter().map(|row| row.get(0)).collect();
+        if MIGRATIONS.iter().all(|m| applied.contains(&m.version)) {
+            return Ok(Vec::new());
+        }
+    }
     let tx = client
         .transaction()
         .await
