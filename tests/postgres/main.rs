@@ -13,18 +13,22 @@
 //! `tests/store_contract.rs`), `bucket_conformance.rs` (the bucket
 //! contract of `tests/bucket_contract.rs`), `store.rs` (the store against
 //! the server: migrations, privileges, TLS, the pooler, notifications),
-//! `elections.rs` (real hosts), `faults.rs` (the server restarted fast and
-//! immediately, backends terminated, the server paused, a failover that
-//! loses the newest writes; on an environment of the test's own,
-//! [`env::OwnServer`]).
+//! `elections.rs` (real hosts), `features.rs` (what the other stores do,
+//! with real hosts and guests: spreading, yield, drain, health, schedules,
+//! buckets), `faults.rs` (the server restarted fast and immediately,
+//! backends terminated, the server paused, a host black-holed, a failover
+//! that loses the newest writes) and `chaos.rs` (the chaos engine); these
+//! two on servers of their own ([`env::OwnServer`]).
 // Tests may be long; production functions may not (clippy.toml).
 #![allow(clippy::too_many_lines)]
 
 mod bucket_conformance;
+mod chaos;
 mod conformance;
 mod elections;
 mod env;
 mod faults;
+mod features;
 mod store;
 
 #[path = "../bucket_contract.rs"]
@@ -34,6 +38,22 @@ mod store_contract;
 #[allow(dead_code)]
 #[path = "../e2e/support.rs"]
 mod support;
+#[allow(dead_code)]
+#[path = "../e2e/witness.rs"]
+mod witness;
+// The scenarios every store runs (`features.rs` runs them on PostgreSQL).
+#[allow(dead_code)]
+#[path = "../e2e/draining.rs"]
+mod draining;
+#[allow(dead_code)]
+#[path = "../e2e/spread.rs"]
+mod spread;
+#[allow(dead_code)]
+#[path = "../e2e/status.rs"]
+mod status;
+#[allow(dead_code)]
+#[path = "../e2e/yielding.rs"]
+mod yielding;
 
 use std::time::Duration;
 

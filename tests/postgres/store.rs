@@ -85,7 +85,11 @@ fn through_a_pooler_in_transaction_mode_changes_are_polled() {
         for round in 0..20 {
             let reads = futures::future::join_all((0..4).map(|_| writer.get("demo"))).await;
             for r in reads {
-                assert_eq!(r.unwrap().map(|v| v.version), Some(last.version.clone()), "round {round}");
+                assert_eq!(
+                    r.unwrap().map(|v| v.version),
+                    Some(last.version.clone()),
+                    "round {round}"
+                );
             }
             last = writer.update("demo", &last.version, &record).await.unwrap();
         }
