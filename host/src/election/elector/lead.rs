@@ -264,7 +264,14 @@ impl Elector {
                 l.next_renew = self.retry_soon();
                 Ok(())
             }
-            Verdict::Lost => Err(Loss::Taken("the lease was written by another host")),
+            Verdict::Lost => {
+                // Who holds it now: another host, nobody, or (after a
+                // database's promotion) nobody known.
+                let holder = current.as_ref().and_then(|v| v.record.holder()).unwrap_or("none");
+                let term = current.as_ref().map_or(0, |v| v.record.term);
+                tracing::info!(lease = %self.cfg.lease, holder, term, "the lease's record after the conflicting renewal");
+                Err(Loss::Taken("the lease was written by another host"))
+            }
         }
     }
 
