@@ -43,8 +43,10 @@ pub const DROP_REPORT_PERIOD: Duration = Duration::from_secs(1);
 pub const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// The default filter: informational events of baton and guests, warnings
-/// of wasmtime and cranelift.
-pub const DEFAULT_FILTER: &str = "info,wasmtime=warn,cranelift=warn";
+/// of wasmtime and cranelift, errors of the PostgreSQL store's pool (its
+/// warnings of a closed connection say nothing of which store or lease:
+/// the store's own errors, which the electors log, do).
+pub const DEFAULT_FILTER: &str = "info,wasmtime=warn,cranelift=warn,deadpool=error";
 
 /// Whether the start-up's progress is drawn on a terminal (see
 /// [`crate::ops::progress`]).
