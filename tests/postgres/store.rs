@@ -95,3 +95,67 @@ fn through_a_pooler_in_transaction_mode_changes_are_polled() {
         }
     });
 }
+
+#[test]
+fn a_bucket_writer_frozen_mid_transaction_does_not_keep_the_next_term_out() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use baton::store::buckets::{BucketName, BucketStore, Limits, Op, Write};
+
+    let t = PgTest::new("frozen_writer");
+    let bucket = BucketName::new("demo", "state");
+    let writer = {
+        let options = PostgresOptions {
+            request_timeout: Duration::from_secs(1),
+            ..t.options_at(&t.env.url)
+        };
+        t.rt.block_on(PostgresStore::connect(options, &|_| None)).unwrap()
+    };
+    let claimer = t.store();
+    t.rt.block_on(writer.buckets().claim(&bucket, 1)).unwrap();
+    // The writer's last check, inside its transaction with the bucket's
+    // row locked, blocks its thread for 8 s: a frozen process.
+    let woke = Arc::new(AtomicBool::new(false));
+    let frozen = {
+        let (buckets, bucket, woke) = (writer.buckets(), bucket.clone(), woke.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut write = Write::new(
+                1,
+                vec![Op::Set {
+                    key: "k".into(),
+                    value: b"v".to_vec(),
+                }],
+                Limits::default(),
+            );
+            write.may_commit = Arc::new(move || {
+                std::thread::sleep(Duration::from_secs(8));
+                woke.store(true, Ordering::SeqCst);
+                true
+            });
+            rt.block_on(buckets.apply(&bucket, write))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // The next term's claim gets the row once the server ended the
+    // frozen writer's session, while it is still frozen.
+    let before =
+        t.rt.block_on(claimer.buckets().claim(&bucket, 2))
+            .expect("claimed");
+    assert_eq!(before, 1);
+    assert!(
+        !woke.load(Ordering::SeqCst),
+        "the claim waited for the frozen writer to wake"
+    );
+    let written = frozen.join().unwrap();
+    assert!(
+        written.is_err(),
+        "the frozen writer's transaction was ended: {written:?}"
+    );
+    let entry = t.rt.block_on(claimer.buckets().get(&bucket, "k")).unwrap();
+    assert_eq!(entry, None);
+}

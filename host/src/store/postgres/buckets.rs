@@ -10,7 +10,9 @@
 //! a stale term's write either commits before the claim or is refused
 //! after it. An entry's version is the bucket's revision of the write that
 //! set it. No size limit of the store's own: the plugins' configured
-//! limits apply (`bytea` holds up to 1 GiB).
+//! limits apply (`bytea` holds up to 1 GiB). A transaction left idle for
+//! the request timeout (its writer frozen or cut off) is ended by the
+//! server, so no row stays locked.
 
 use std::collections::BTreeMap;
 
@@ -84,6 +86,13 @@ impl PostgresBuckets {
     ) -> Result<Result<Applied, BucketError>, tokio_postgres::Error> {
         let s = self.s().to_owned();
         let tx = c.transaction().await?;
+        // A writer frozen or cut off mid-transaction must not keep the
+        // bucket's row locked (a claim of the next term waits for it): the
+        // server ends a session idle in its transaction for the request
+        // timeout, and the write rolls back.
+        let idle = self.store.inner.options.request_timeout.as_millis().max(1);
+        tx.batch_execute(&format!("SET LOCAL idle_in_transaction_session_timeout = {idle}"))
+            .await?;
         let (l, b) = (&bucket.lease, &bucket.bucket);
         tx.execute_typed(
             &format!("INSERT INTO {s}.buckets (lease, bucket) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
