@@ -6,7 +6,8 @@
 #
 # The long benches, on a Kubernetes API server or an etcd cluster of their
 # own (versus_client_go, about 13 minutes; versus_etcd_election, about 25;
-# requests_per_lease, about 9; api_capacity, about 10), run
+# requests_per_lease, about 9; api_capacity, about 10), or on a PostgreSQL
+# of its own (versus_advisory_lock, about 8), run
 # only with BATON_BENCH_LONG=1 or when named: scripts/bench.sh --bench
 # requests_per_lease. They need the test servers installed
 # (scripts/kube-testenv.sh install, scripts/etcd-testenv.sh install). Some benches have sweeps of their own
@@ -21,7 +22,7 @@ export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
 # tests).
 export BATON_POLYGLOT_DIR="${BATON_POLYGLOT_DIR:-$BATON_CACHE/polyglot}"
 scripts/build-polyglot-guests.sh >/dev/null
-long="versus_client_go versus_etcd_election requests_per_lease api_capacity"
+long="versus_client_go versus_etcd_election requests_per_lease api_capacity versus_advisory_lock"
 named=0
 for arg in "$@"; do
     case "$arg" in --bench | --bench=* | --benches) named=1 ;; esac
