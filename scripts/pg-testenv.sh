@@ -152,11 +152,15 @@ cmd_install() {
 }
 
 taken_ports=" "
+# Ports from 12000 to 19999: apart from the other test servers' (20000 to
+# 31999), whose members are started again on their old ports (etcd's and
+# the API server's revive) and must not find them taken by a PostgreSQL
+# started meanwhile; and below the kernel's ephemeral ports.
 free_port() {
     local p i listening
     listening=" $(ss -Hltn 2>/dev/null | awk '{n=split($4,a,":"); print a[n]}' | tr '\n' ' ') "
     for i in $(seq 1 200); do
-        p=$((20000 + RANDOM % 12000))
+        p=$((12000 + RANDOM % 8000))
         case "$listening$taken_ports" in *" $p "*) continue ;; esac
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             taken_ports+="$p "

@@ -164,10 +164,11 @@ cargo test -p baton --doc "$@" || status=1
 # to theirs. The chaos segments (about a minute each store) have
 # processes of their own. tests/etcd's faults and chaos segments (about
 # two minutes), on clusters of their own, run apart from its other tests,
-# which share the test cluster. The host's unit tests and the in-process core
+# which share the test cluster; so do tests/postgres's (pgfaults, about
+# three minutes, on servers of their own). The host's unit tests and the in-process core
 # tests (under a minute, paused time mostly) run beside them too.
-groups=(unit core e2e state chaos kube kubeterms kubechaos etcd etcdfaults postgres polyglot templates)
-declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubeterms]=kube [kubechaos]=kube [etcd]=etcd [etcdfaults]=etcd [postgres]=postgres [polyglot]=polyglot [templates]=polyglot)
+groups=(unit core e2e state chaos kube kubeterms kubechaos etcd etcdfaults postgres pgfaults polyglot templates)
+declare -A binary=([unit]=baton [core]=core [e2e]=e2e [state]=e2e [chaos]=e2e [kube]=kube [kubeterms]=kube [kubechaos]=kube [etcd]=etcd [etcdfaults]=etcd [postgres]=postgres [pgfaults]=postgres [polyglot]=polyglot [templates]=polyglot)
 leader_tests="state:: schedules:: alerts:: health:: registry:: reload:: drain prefer_and_avoid weights_decide leases_and_status_name"
 kube_terms="terms:: foreign:: outages:: plugins:: state:: reset::"
 # The embedded store's paused leaders (a minute) run with its chaos
@@ -191,7 +192,8 @@ declare -A filter=(
     [core]=""
     [etcd]="--skip faults:: --skip chaos::"
     [etcdfaults]="faults:: chaos::"
-    [postgres]=""
+    [postgres]="--skip faults:: --skip chaos::"
+    [pgfaults]="faults:: chaos::"
 )
 declare -A bin
 while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(

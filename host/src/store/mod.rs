@@ -10,10 +10,8 @@
 //! - [`embedded`]: a directory on the local disk; the default, needs nothing
 //!   installed, and lets several `baton` processes on one machine contend.
 //! - [`kube`]: Lease objects of a Kubernetes API server, for many machines.
-//! - [`etcd`]: keys of an etcd v3 cluster, for hosts on many machines
-//!   without Kubernetes.
-//! - [`postgres`]: rows of a PostgreSQL database, for teams that run one
-//!   and neither Kubernetes nor etcd.
+//! - [`etcd`] and [`postgres`]: keys of an etcd v3 cluster, rows of a
+//!   PostgreSQL database, for hosts on many machines without Kubernetes.
 //! - [`memory`]: in-process, with fault injection, for the elector's tests.
 //! - Beside them: [`subscription`] keeps the latest record of a lease
 //!   current apart from the elector; [`deleted`] is the one implementation
