@@ -90,21 +90,8 @@ impl PostgresBuckets {
         // bucket's row locked (a claim of the next term waits for it): the
         // server ends a session idle in its transaction for the request
         // timeout, and the write rolls back.
-        let idle = self.store.inner.options.request_timeout.as_millis().max(1);
-        tx.batch_execute(&format!("SET LOCAL idle_in_transaction_session_timeout = {idle}"))
-            .await?;
+        let row = self.lock_bucket(&tx, bucket).await?;
         let (l, b) = (&bucket.lease, &bucket.bucket);
-        tx.execute_typed(
-            &format!("INSERT INTO {s}.buckets (lease, bucket) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
-            &[(l, Type::TEXT), (b, Type::TEXT)],
-        )
-        .await?;
-        let row = tx
-            .query_typed_one(
-                &format!("SELECT fence, revision, size FROM {s}.buckets WHERE lease = $1 AND bucket = $2 FOR UPDATE"),
-                &[(l, Type::TEXT), (b, Type::TEXT)],
-            )
-            .await?;
         let (fence, revision, size) = (u(row.get(0)), u(row.get(1)), u(row.get(2)));
         if let Err(e) = check_fence(bucket, write.term, fence) {
             return Ok(Err(e));
@@ -168,6 +155,32 @@ impl PostgresBuckets {
         }
         tx.commit().await?;
         Ok(Ok(applied))
+    }
+
+    /// In the write's transaction `tx`: the bucket's row (created if
+    /// missing) locked, its fence, revision and size.
+    async fn lock_bucket(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        bucket: &BucketName,
+    ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        let s = self.s();
+        let idle = self.store.inner.options.request_timeout.as_millis().max(1);
+        tx.batch_execute(&format!("SET LOCAL idle_in_transaction_session_timeout = {idle}"))
+            .await?;
+        let (l, b) = (&bucket.lease, &bucket.bucket);
+        tx.execute_typed(
+            &format!("INSERT INTO {s}.buckets (lease, bucket) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
+            &[(l, Type::TEXT), (b, Type::TEXT)],
+        )
+        .await?;
+        let row = tx
+            .query_typed_one(
+                &format!("SELECT fence, revision, size FROM {s}.buckets WHERE lease = $1 AND bucket = $2 FOR UPDATE"),
+                &[(l, Type::TEXT), (b, Type::TEXT)],
+            )
+            .await?;
+        Ok(row)
     }
 
     /// Writes the entries of `keys` that changed from `before` to `after`.
