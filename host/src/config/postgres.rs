@@ -45,6 +45,10 @@ pub(super) fn parse(raw: RawFields, resolve: impl Fn(&Path) -> PathBuf) -> Resul
         ));
     }
     let schema = raw.schema.unwrap_or_else(|| DEFAULT_SCHEMA.into());
+    crate::store::postgres::validate_schema(&schema).map_err(|e| match e {
+        crate::store::StoreError::Refused { detail, .. } => detail,
+        other => other.to_string(),
+    })?;
     let pool_size = raw.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
     if !(1..=64).contains(&pool_size) {
         return Err(format!("field `pool-size`: {pool_size} is not between 1 and 64"));
@@ -207,5 +211,14 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("field `watch`"), "{e}");
+        let e = parse(
+            RawFields {
+                schema: Some("Bad".into()),
+                ..raw()
+            },
+            Path::to_path_buf,
+        )
+        .unwrap_err();
+        assert!(e.contains("field `schema`"), "{e}");
     }
 }

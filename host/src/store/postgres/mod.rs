@@ -206,7 +206,7 @@ impl PostgresStore {
 }
 
 /// Refuses a schema name that is not a plain lowercase identifier.
-fn validate_schema(schema: &str) -> Result<(), StoreError> {
+pub fn validate_schema(schema: &str) -> Result<(), StoreError> {
     let ok = !schema.is_empty()
         && schema.len() <= 63
         && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
