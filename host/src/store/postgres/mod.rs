@@ -167,7 +167,7 @@ impl PostgresStore {
     ) -> Result<PostgresStore, StoreError> {
         validate_schema(&options.schema)?;
         let connector = connect::connector(&options, env)?;
-        let pool = connect::pool(&connector, options.pool_size)?;
+        let pool = connect::pool(&connector, options.pool_size, &schema::quoted(&options.schema))?;
         let what = format!("connect to {}", connector.describe);
         let mut client = tokio::time::timeout(options.connect_timeout + options.request_timeout, pool.get())
             .await
@@ -181,6 +181,12 @@ impl PostgresStore {
             tracing::info!(schema = %options.schema, migrations = ?applied, "migrated the PostgreSQL store's schema");
         }
         drop(client);
+        // Every connection of the pool opened (and warmed up) now, not in
+        // the middle of a hand-over: a connection's TLS handshake and
+        // SCRAM authentication take milliseconds, and a term's start asks
+        // for several at once. Best effort.
+        let opened = futures::future::join_all((0..options.pool_size).map(|_| pool.get()));
+        drop(tokio::time::timeout(options.connect_timeout, opened).await);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,
