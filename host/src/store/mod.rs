@@ -108,6 +108,15 @@ pub fn validate_lease_name(name: &str) -> Result<(), InvalidLeaseName> {
     Ok(())
 }
 
+/// Refuses a name that cannot name a lease, as the store's error about
+/// it, so that a store writes (and reads) nothing under it.
+pub(crate) fn named(lease: &str) -> Result<(), StoreError> {
+    validate_lease_name(lease).map_err(|e| StoreError::Refused {
+        lease: lease.into(),
+        detail: e.to_string(),
+    })
+}
+
 /// Why a name cannot name a lease ([`validate_lease_name`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidLeaseName {

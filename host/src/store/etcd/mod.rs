@@ -392,12 +392,12 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn get(&self, lease: &str) -> Result<Option<Versioned>, StoreError> {
-        named(lease)?;
+        super::named(lease)?;
         self.read(lease, false).await
     }
 
     async fn create(&self, lease: &str, record: &LeaseRecord) -> Result<Versioned, StoreError> {
-        named(lease)?;
+        super::named(lease)?;
         self.create_over(lease, record, None, false).await
     }
 
@@ -407,7 +407,7 @@ impl LeaseStore for EtcdStore {
         version: &str,
         record: &LeaseRecord,
     ) -> Result<Versioned, StoreError> {
-        named(lease)?;
+        super::named(lease)?;
         if version.starts_with(TOMBSTONE) {
             return self.recreate(lease, version, record).await;
         }
@@ -415,7 +415,7 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn delete_if(&self, lease: &str, version: &str) -> Result<bool, StoreError> {
-        named(lease)?;
+        super::named(lease)?;
         if version.starts_with(TOMBSTONE) {
             return Ok(false);
         }
@@ -423,7 +423,7 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn watch(&self, lease: &str) -> Result<LeaseWatch, StoreError> {
-        named(lease)?;
+        super::named(lease)?;
         watch::open(self, lease).await
     }
 
@@ -442,15 +442,6 @@ impl LeaseStore for EtcdStore {
     async fn list_prefixed(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
         Ok(self.list_under(prefix).await?.0)
     }
-}
-
-/// Refuses a name that cannot name a lease, so that no key is written
-/// (or read) under it.
-fn named(lease: &str) -> Result<(), StoreError> {
-    crate::store::validate_lease_name(lease).map_err(|e| StoreError::Refused {
-        lease: lease.into(),
-        detail: e.to_string(),
-    })
 }
 
 /// The error for a request that concerns the whole store.
