@@ -271,11 +271,12 @@ async fn write(target: &Target, op: Op, force: bool) -> anyhow::Result<ExitCode>
         .find(|p| {
             p.lease == bucket.lease
                 && p.spec
+                    .grants
                     .keyvalue
                     .stored(&bucket.lease, &p.spec.name)
                     .contains(&bucket)
         })
-        .map_or_else(Default::default, |p| p.spec.keyvalue.limits);
+        .map_or_else(Default::default, |p| p.spec.grants.keyvalue.limits);
     let operator = Operator {
         leases: &*opened.leases,
         buckets: &*opened.buckets,

@@ -186,7 +186,7 @@ pub enum ConfigErrorKind {
     /// An `output-line` above the longest line the host logs.
     #[error(
         "plugin {0:?}: field `output-line`: at most {kib} KiB (longer lines are cut)",
-        kib = crate::runtime::output::MAX_OUTPUT_LINE / 1024
+        kib = crate::runtime::capability::output::MAX_OUTPUT_LINE / 1024
     )]
     OutputLineTooLong(String),
     /// An `output-rate` or `output-line` of zero.

@@ -167,14 +167,14 @@ fn host_files(
 fn grant_files(config: &Config, add: &mut impl FnMut(&Path, String, &'static str)) {
     for p in &config.plugins {
         let name = &p.spec.name;
-        for ca in p.spec.http.grants().filter_map(|g| g.ca.as_deref()) {
+        for ca in p.spec.grants.http.grants().filter_map(|g| g.ca.as_deref()) {
             add(
                 ca,
                 format!("the CA file of plugin {name:?}'s `http` grant"),
                 "the guest could change which servers the host trusts for that plugin's requests",
             );
         }
-        if let Some(k) = p.spec.http.kubernetes() {
+        if let Some(k) = p.spec.grants.http.kubernetes() {
             match &k.kubeconfig {
                 Some(file) => add(
                     file,
@@ -269,7 +269,7 @@ pub fn refused_grants(config: &Config, own: &[OwnFile]) -> Vec<String> {
     let own: Vec<(&OwnFile, PathBuf)> = own.iter().map(|o| (o, resolve(&o.path))).collect();
     let mut refused = Vec::new();
     for p in &config.plugins {
-        for d in &p.spec.dirs {
+        for d in &p.spec.grants.files {
             let host = resolve(&d.host);
             let hits: Vec<String> = own
                 .iter()

@@ -9,7 +9,7 @@ use bytesize::ByteSize;
 
 use super::*;
 use crate::election::spread::MAX_WEIGHT;
-use crate::runtime::{BucketGrant, ConfigGrant, ConfigSource, OWN_BUCKET};
+use crate::runtime::{BucketGrant, ConfigGrant, ConfigSource, Grants, OWN_BUCKET, SocketsGrant};
 use crate::schedule::{CatchUp, Overlap, Schedule, When};
 use crate::store::buckets::validate_bucket_name;
 
@@ -218,14 +218,7 @@ impl Source<'_> {
                     },
                     digest: None,
                     memory_limit: self.memory_limit(at, name, p)?,
-                    env: env_of(name, p),
-                    dirs: self.dirs(p),
-                    network: self.network(name, p)?,
-                    http: self.http(at, name, p)?,
-                    output: self.output(at, name, p)?,
-                    send_buffer: self.send_buffer(at, name, p)?,
-                    keyvalue: self.keyvalue(at, name, p)?,
-                    config: self.config_values(at, name, p)?,
+                    grants: self.grants(at, name, p)?,
                     health_check: self.health_check(at, name, p.health_check.as_ref())?,
                 },
                 lease: p.lease.get_ref().clone(),
@@ -239,6 +232,23 @@ impl Source<'_> {
     }
 
     /// `keyvalue` and `keyvalue-limits`: the buckets a plugin may open.
+    /// Each capability's grant, from the plugin's table.
+    fn grants(&self, at: usize, name: &str, p: &RawPlugin) -> Result<Grants, ConfigError> {
+        Ok(Grants {
+            output: self.output(at, name, p)?,
+            env: env_of(name, p),
+            files: self.dirs(p),
+            sockets: SocketsGrant {
+                network: self.network(name, p)?,
+                send_buffer: self.send_buffer(at, name, p)?,
+            },
+            http: self.http(at, name, p)?,
+            keyvalue: self.keyvalue(at, name, p)?,
+            config: self.config_values(at, name, p)?,
+            ..Grants::default()
+        })
+    }
+
     fn keyvalue(&self, at: usize, name: &str, p: &RawPlugin) -> Result<BucketGrant, ConfigError> {
         let field_err = self.plugin_field_err(at, name);
         let mut grant = BucketGrant::default();
@@ -280,7 +290,7 @@ impl Source<'_> {
     /// another plugin's own bucket (stored under that plugin's name).
     fn own_buckets_apart(&self, raw: &[RawPlugin], plugins: &[PluginConfig]) -> Result<(), ConfigError> {
         for (r, p) in raw.iter().zip(plugins) {
-            let clash = p.spec.keyvalue.buckets.iter().find(|b| {
+            let clash = p.spec.grants.keyvalue.buckets.iter().find(|b| {
                 plugins
                     .iter()
                     .any(|q| q.lease == p.lease && q.spec.name != p.spec.name && &&q.spec.name == b)
@@ -562,7 +572,7 @@ impl Source<'_> {
                 usize::try_from(l.as_u64()).unwrap_or(usize::MAX)
             }),
         };
-        if output.line > crate::runtime::output::MAX_OUTPUT_LINE {
+        if output.line > crate::runtime::capability::output::MAX_OUTPUT_LINE {
             return Err(self.err_at(at, ConfigErrorKind::OutputLineTooLong(name.to_owned())));
         }
         if output.bytes_per_second == 0 || output.line == 0 {
@@ -575,7 +585,9 @@ impl Source<'_> {
     fn send_buffer(&self, at: usize, name: &str, p: &RawPlugin) -> Result<u64, ConfigError> {
         let send_buffer = p
             .send_buffer
-            .map_or(crate::runtime::connections::DEFAULT_SEND_BUFFER, |b| b.as_u64());
+            .map_or(crate::runtime::fence::connections::DEFAULT_SEND_BUFFER, |b| {
+                b.as_u64()
+            });
         if (4 << 10..=64 << 20).contains(&send_buffer) {
             return Ok(send_buffer);
         }

@@ -36,7 +36,10 @@ fn parses_a_full_configuration() {
     assert_eq!(c.leases[0].timings.grace, Duration::from_secs(1));
     assert_eq!(c.plugins[0].spec.path, PathBuf::from("/etc/baton/t.wasm"));
     assert_eq!(c.plugins[0].spec.memory_limit, 64 * 1024 * 1024);
-    assert_eq!(c.plugins[0].spec.env, vec![("A".to_owned(), "1".to_owned())]);
+    assert_eq!(
+        c.plugins[0].spec.grants.env,
+        vec![("A".to_owned(), "1".to_owned())]
+    );
     assert!(c.instance_pool, "the instance pool is on by default");
     assert!(c.store_declared);
     let bare = Config::parse(

@@ -32,7 +32,7 @@ use tracing_subscriber::fmt::MakeWriter;
 /// How many formatted lines wait for a slow standard error before lines
 /// are dropped: under a megabyte of typical lines (a few seconds of a busy
 /// host), and at most 64 MiB of the longest guest lines (see
-/// [`MAX_OUTPUT_LINE`](crate::runtime::output::MAX_OUTPUT_LINE)).
+/// [`MAX_OUTPUT_LINE`](crate::runtime::capability::output::MAX_OUTPUT_LINE)).
 pub const LOG_QUEUE_LINES: usize = 4096;
 
 /// How often dropped lines are looked for (and reported, once the writer

@@ -25,7 +25,7 @@ use prometheus_client::registry::Registry;
 
 use crate::config::LeaseConfig;
 use crate::election::{ElectionObserver, Role, Status, StoreErrorKind, Timings};
-use crate::runtime::keyvalue::Outcome;
+use crate::runtime::capability::keyvalue::Outcome;
 use crate::runtime::{Plugin, PluginEngine};
 use crate::supervisor::{TaskEnd, TaskObserver, TaskState};
 

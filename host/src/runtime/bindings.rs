@@ -249,32 +249,3 @@ impl From<crate::election::Hosts> for WitHosts {
         }
     }
 }
-
-impl From<&crate::runtime::state::Shown> for WitStatus {
-    fn from(s: &crate::runtime::state::Shown) -> Self {
-        WitStatus::from(&s.status)
-    }
-}
-
-impl From<&crate::runtime::state::Shown> for WitStatus4 {
-    fn from(s: &crate::runtime::state::Shown) -> Self {
-        use v0_4::future_plugin::baton::leader::types::Role;
-        let WitStatus {
-            role,
-            holder,
-            lease,
-            term,
-        } = WitStatus::from(&s.status);
-        WitStatus4 {
-            role: match role {
-                WitRole::Pending => Role::Pending,
-                WitRole::Leading => Role::Leading,
-                WitRole::Following => Role::Following,
-            },
-            holder,
-            lease,
-            term,
-            holder_address: s.holder_address.clone(),
-        }
-    }
-}

@@ -6,24 +6,16 @@
 //!   epoch ticker.
 //! - [`bindings`]: `bindgen!` output for `future-plugin` and
 //!   `pollable-plugin`.
-//! - [`state`]: what a Store holds, and the host side of `current-status`.
+//! - [`world`]: the worlds and the versions of the contract.
+//! - [`capability`]: what a guest may import, one unit per capability
+//!   (grant, per-instance context, link step).
+//! - [`guest`]: what a Store holds: the capabilities' contexts, registered.
 //! - [`store_term`]: the term a Store runs in, set when its instance starts
 //!   (later than the Store is made, for an instance prepared ahead).
-//! - [`schedule`]: the scheduled run an instance is for (`current-run`).
-//! - [`fence`]: the host-call fence, the epoch check and inline file
-//!   streams: nothing of a term acts after its force-stop time.
+//! - [`fence`]: the host-call fence, the epoch check, the kernel-closed
+//!   window and the connections reset at the force-stop: nothing of a term
+//!   acts after its force-stop time, whatever the capability.
 //! - [`plugin`]: checking, loading and running a plugin.
-//! - [`network`]: the outbound connections a plugin may make.
-//! - [`connections`]: an instance's TCP connections, bounded and reset at
-//!   the force-stop.
-//! - [`lookup`]: name lookups that end at the force-stop and send no query
-//!   after it.
-//! - [`http`]: outgoing HTTP requests under grants, carrying the term.
-//! - [`kubernetes`]: the Kubernetes API through the host, under a grant,
-//!   with the host's credentials.
-//! - [`keyvalue`]: `wasi:keyvalue` over the lease store's fenced buckets.
-//! - [`config`]: `wasi:config` from the plugin's `config` table.
-//! - [`output`]: guest stdout/stderr as log lines, within limits.
 //! - [`trap`]: why an instance trapped, in one line.
 //!
 //! Unstable: component-model async (the `future-plugin` world) is still
@@ -33,38 +25,36 @@
 use std::path::{Path, PathBuf};
 
 pub mod bindings;
+pub mod capability;
 pub mod compile;
-pub mod config;
-pub mod connections;
 pub mod engine;
 pub mod fence;
-pub mod http;
-pub mod keyvalue;
-pub mod kubernetes;
-pub mod lookup;
-pub mod network;
-pub mod output;
+pub mod guest;
 pub mod plugin;
-pub mod schedule;
-pub mod state;
 pub mod store_term;
 pub mod trap;
+pub mod world;
 
+pub use capability::clocks::{ClockGrant, GuestClock};
+pub use capability::config::{ConfigGrant, ConfigSource};
+pub use capability::env::EnvGrant;
+pub use capability::files::DirGrant;
+pub use capability::http::kubernetes::{KubeGrant, KubeRule};
+pub use capability::http::{HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError};
+pub use capability::keyvalue::{BucketGrant, OWN_BUCKET};
+pub use capability::output::OutputLimits;
+pub use capability::schedule::ScheduledRun;
+pub use capability::sockets::{ConnectGrant, ConnectGrantError, NetworkGrant, SocketsGrant};
 pub use compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
-pub use config::{ConfigGrant, ConfigSource};
 pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, PoolLimits, default_cache_dir};
-pub use http::{HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError};
-pub use keyvalue::{BucketGrant, OWN_BUCKET};
-pub use kubernetes::{KubeGrant, KubeRule};
-pub use network::{ConnectGrant, ConnectGrantError, NetworkGrant};
-pub use output::OutputLimits;
+pub use guest::Grants;
 pub use plugin::{
-    Capability, CheckOutcome, Contract, DEFAULT_MEMORY_LIMIT, DirGrant, HealthCheck, HealthChecker, Plugin,
-    PluginRuntime, PluginSpec, Prepared, TaskOutcome, World,
+    CheckOutcome, DEFAULT_MEMORY_LIMIT, GrantedImport, HealthCheck, HealthChecker, Plugin, PluginRuntime,
+    PluginSpec, Prepared, TaskOutcome,
 };
-pub use schedule::ScheduledRun;
 pub use store_term::StoreTerm;
 pub use trap::{StoppedByHost, Trap};
+pub use world::{Contract, World};
 
 /// The engine could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -27,6 +27,20 @@ pub use plan::{Next, SkipReason, next};
 pub use progress::{HISTORY, Progress, RunRecord};
 pub use when::{When, WhenError};
 
+/// One run of a scheduled plugin, as its task is told it
+/// (`schedule.scheduled-run` of the contract).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledRun {
+    /// The due time this run is for (for `baton run-now`: when it was
+    /// asked).
+    pub due: SystemTime,
+    /// How many runs for this due time were started before this one: 0 for
+    /// the first.
+    pub attempt: u32,
+    /// Whether `baton run-now` asked for this run.
+    pub on_demand: bool,
+}
+
 /// What a run still going does to the next due time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Overlap {

@@ -25,8 +25,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::{TaskObserver, run_attempt};
 use crate::election::{LeaseView, Term};
-use crate::runtime::schedule::ScheduledRun;
 use crate::runtime::{Plugin, TaskOutcome};
+use crate::schedule::ScheduledRun;
 use crate::schedule::{Next, Overlap, Progress, RunRecord, Schedule, SkipReason, from_millis, millis};
 use crate::store::buckets::{BucketError, BucketName, BucketStore, Limits, Op, Write};
 

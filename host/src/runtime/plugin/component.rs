@@ -10,11 +10,11 @@ use std::hash::{Hash, Hasher};
 use wasmtime::component::{Component, InstancePre};
 
 use super::linkers::Linkers;
-use super::{Capability, Contract, World, unversioned};
+use super::{Contract, GrantedImport, World, unversioned};
 use crate::runtime::bindings::{v0_1, v0_2, v0_3, v0_4};
 use crate::runtime::compile::CacheUse;
 use crate::runtime::engine::PluginEngine;
-use crate::runtime::state::GuestState;
+use crate::runtime::guest::GuestState;
 
 /// The export that identifies each world (matched without its version).
 const FUTURE_EXPORT: &str = "baton:leader/task-async";
@@ -157,7 +157,7 @@ pub(super) struct Compiled {
     pub(super) world: World,
     pub(super) contract: Contract,
     pub(super) pre: Pre,
-    pub(super) capabilities: Vec<Capability>,
+    pub(super) capabilities: Vec<GrantedImport>,
     /// It imports `current-hosts`.
     pub(super) uses_hosts: bool,
     /// The instance factory for its health check, if it exports one.
@@ -233,7 +233,10 @@ pub(super) fn compile(
         false => None,
     };
     let imports: Vec<&str> = ty.imports(engine.engine()).map(|(n, _)| n).collect();
-    let mut capabilities: Vec<Capability> = imports.iter().filter_map(|n| Capability::of_import(n)).collect();
+    let mut capabilities: Vec<GrantedImport> = imports
+        .iter()
+        .filter_map(|n| GrantedImport::of_import(n))
+        .collect();
     capabilities.sort();
     capabilities.dedup();
     Ok(Compiled {

@@ -21,7 +21,7 @@ use crate::election::{LeaseView, Term};
 use crate::runtime::TaskOutcome;
 use crate::runtime::bindings::v0_4::{future_health, pollable_health};
 use crate::runtime::engine::EpochTicking;
-use crate::runtime::state::GuestState;
+use crate::runtime::guest::GuestState;
 use crate::runtime::trap::Trap;
 
 /// How one call of the health check ended.

@@ -1,10 +1,7 @@
-//! The host's imports, linked once for each world: WASI 0.2 (with file
-//! streams that write inline; see [`fence`]), `wasi:http` 0.2 (outgoing
-//! requests under the plugin's grants; see [`crate::runtime::http`]),
-//! `wasi:keyvalue` and `wasi:config` (see [`keyvalue`], [`config`]), the
-//! WASI 0.3 clocks and random interfaces (the future world only), and
-//! `current-status`, `current-hosts` and `current-run` in every version of
-//! the contract that has them.
+//! The host's imports, linked once for each world: WASI 0.2 and every
+//! capability registered in [`crate::runtime::guest`] (WASI 0.3's clocks
+//! and random in the future world only; the contract's interfaces in every
+//! version that has them).
 //!
 //! Other WASI 0.3 interfaces (filesystem, sockets, cli) are not offered:
 //! their host tasks act after the import has returned, outside the
@@ -15,9 +12,7 @@ use wasmtime::component::Linker;
 
 use super::World;
 use crate::runtime::RuntimeError;
-use crate::runtime::bindings::{v0_1, v0_2, v0_3, v0_4};
-use crate::runtime::state::{CurrentStatus, GuestState};
-use crate::runtime::{config, connections, fence, keyvalue, lookup};
+use crate::runtime::guest::{self, GuestState};
 
 /// One linker per world, on one engine.
 pub(super) struct Linkers {
@@ -30,8 +25,8 @@ impl Linkers {
     pub(super) fn new(engine: &Engine) -> Result<Linkers, RuntimeError> {
         let link = |e: wasmtime::Error| RuntimeError::Engine(format!("linking host functions: {e}"));
         Ok(Linkers {
-            future: future_linker(engine).map_err(link)?,
-            pollable: pollable_linker(engine).map_err(link)?,
+            future: guest::linker(engine, World::Future).map_err(link)?,
+            pollable: guest::linker(engine, World::Pollable).map_err(link)?,
         })
     }
 
@@ -42,76 +37,4 @@ impl Linkers {
             World::Pollable => &self.pollable,
         }
     }
-}
-
-/// What both worlds import: WASI 0.2 with the fenced file writes, the
-/// connections and name lookups under grants, and `wasi:http`.
-fn add_shared(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
-    wasmtime_wasi::p2::add_to_linker_async(linker)?;
-    fence::add_fenced_file_writes(linker)?;
-    connections::add_to_linker(linker)?;
-    lookup::add_to_linker(linker)?;
-    wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
-    keyvalue::add_to_linker(linker)?;
-    config::add_to_linker(linker)?;
-    Ok(())
-}
-
-/// `future-plugin`: the shared imports, WASI 0.3 clocks and random, and the
-/// contract's `status-future` (every version), `hosts-future` (from 0.2.0)
-/// and `schedule` (from 0.3.0).
-fn future_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
-    let mut linker = Linker::new(engine);
-    add_shared(&mut linker)?;
-    wasmtime_wasi::p3::clocks::add_to_linker(&mut linker)?;
-    wasmtime_wasi::p3::random::add_to_linker(&mut linker)?;
-    v0_1::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_2::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_2::future_plugin::baton::leader::hosts_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_3::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_3::future_plugin::baton::leader::hosts_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_3::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_4::future_plugin::baton::leader::status_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_4::future_plugin::baton::leader::hosts_future::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_4::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    Ok(linker)
-}
-
-/// `pollable-plugin`: the shared imports and the contract's
-/// `status-pollable` (every version), `hosts-pollable` (from 0.2.0) and
-/// `schedule` (from 0.3.0, the same interface as the future world's).
-fn pollable_linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
-    let mut linker = Linker::new(engine);
-    add_shared(&mut linker)?;
-    v0_1::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
-        &mut linker,
-        |s| s,
-    )?;
-    v0_2::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
-        &mut linker,
-        |s| s,
-    )?;
-    v0_2::pollable_plugin::baton::leader::hosts_pollable::add_to_linker::<_, CurrentStatus>(
-        &mut linker,
-        |s| s,
-    )?;
-    v0_3::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
-        &mut linker,
-        |s| s,
-    )?;
-    v0_3::pollable_plugin::baton::leader::hosts_pollable::add_to_linker::<_, CurrentStatus>(
-        &mut linker,
-        |s| s,
-    )?;
-    v0_3::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    v0_4::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, CurrentStatus>(
-        &mut linker,
-        |s| s,
-    )?;
-    v0_4::pollable_plugin::baton::leader::hosts_pollable::add_to_linker::<_, CurrentStatus>(
-        &mut linker,
-        |s| s,
-    )?;
-    v0_4::future_plugin::baton::leader::schedule::add_to_linker::<_, CurrentStatus>(&mut linker, |s| s)?;
-    Ok(linker)
 }

@@ -18,10 +18,10 @@ use super::linkers::Linkers;
 use super::spec::PluginSpec;
 use super::task::Plugin;
 use crate::election::Hosts;
+use crate::runtime::capability::unit::LoadContext;
 use crate::runtime::compile::{Compile, CompileObserver, NoCompileObserver};
 use crate::runtime::engine::PluginEngine;
-use crate::runtime::keyvalue::PluginBuckets;
-use crate::runtime::output::{OutputBudget, OutputLimits};
+use crate::runtime::guest::Grants;
 use crate::runtime::{PluginError, RuntimeError};
 use crate::store::buckets::BucketStore;
 use crate::support::rounding::human;
@@ -183,10 +183,19 @@ impl PluginRuntime {
     /// the bytes of `key`.
     fn plugin(&self, name: &str, path: &Path, key: ContentKey, compiled: Compiled) -> Plugin {
         let name: Arc<str> = Arc::from(name);
+        // A plugin only checked has every capability's default, and no
+        // buckets (see `load`).
+        let no_buckets = LoadContext {
+            plugin: &name,
+            buckets: None,
+        };
+        let parts = Grants::default()
+            .load(&no_buckets)
+            .expect("the default grants load");
         Plugin {
             content: key,
             capabilities: compiled.capabilities,
-            output: OutputBudget::new(name.clone(), OutputLimits::default()),
+            parts,
             name,
             path: path.to_owned(),
             world: compiled.world,
@@ -198,7 +207,6 @@ impl PluginRuntime {
             spec: None,
             engine: self.engine.clone(),
             memory: Default::default(),
-            buckets: None,
         }
     }
 
@@ -223,16 +231,14 @@ impl PluginRuntime {
     /// Loads a configured plugin: [`check`](Self::check) plus its grants.
     pub fn load(&self, spec: &PluginSpec) -> Result<Plugin, PluginError> {
         let mut plugin = self.check(&spec.name, &spec.path)?;
-        // Fail now, not at the first term, if a granted directory is missing.
-        for dir in &spec.dirs {
-            if !dir.host.is_dir() {
-                return Err(PluginError::new(
-                    &spec.name,
-                    &spec.path,
-                    format!("granted directory {} does not exist", dir.host.display()),
-                ));
-            }
-        }
+        let load = LoadContext {
+            plugin: &plugin.name,
+            buckets: self.buckets.as_ref(),
+        };
+        plugin.parts = spec
+            .grants
+            .load(&load)
+            .map_err(|reason| PluginError::new(&spec.name, &spec.path, reason))?;
         if spec.health_check.is_some() && plugin.health.is_none() {
             return Err(PluginError::new(
                 &spec.name,
@@ -245,15 +251,6 @@ impl PluginRuntime {
                 ),
             ));
         }
-        plugin.output = OutputBudget::new(plugin.name.clone(), spec.output);
-        plugin.buckets = self.buckets.as_ref().map(|store| {
-            Arc::new(PluginBuckets {
-                store: store.clone(),
-                plugin: plugin.name.clone(),
-                grant: spec.keyvalue.clone(),
-                counts: Arc::default(),
-            })
-        });
         plugin.spec = Some(spec.clone());
         Ok(plugin)
     }

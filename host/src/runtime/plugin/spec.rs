@@ -1,25 +1,10 @@
-//! What the configuration grants one plugin (`PluginSpec`), and the
-//! grants in one line for the log.
+//! What the configuration says of one plugin (`PluginSpec`): its file, its
+//! memory limit, its health check and each capability's grant.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::runtime::config::ConfigGrant;
-use crate::runtime::http::HttpPolicy;
-use crate::runtime::keyvalue::BucketGrant;
-use crate::runtime::network::NetworkGrant;
-use crate::runtime::output::OutputLimits;
-
-/// A directory a plugin may use.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirGrant {
-    /// The directory on the host.
-    pub host: PathBuf,
-    /// Where the guest sees it.
-    pub guest: String,
-    /// Whether the guest may only read it.
-    pub read_only: bool,
-}
+use crate::runtime::guest::Grants;
 
 /// What the host needs to know to run one plugin.
 #[derive(Clone, Debug)]
@@ -33,25 +18,8 @@ pub struct PluginSpec {
     pub digest: Option<String>,
     /// The most linear memory one instance may use, in bytes.
     pub memory_limit: u64,
-    /// Environment variables the guest sees (nothing is inherited).
-    pub env: Vec<(String, String)>,
-    /// Directories the guest may use (nothing else is visible).
-    pub dirs: Vec<DirGrant>,
-    /// Where the guest may connect (nowhere by default).
-    pub network: NetworkGrant,
-    /// Where the guest may send HTTP requests, and its limits (nowhere by
-    /// default).
-    pub http: HttpPolicy,
-    /// How much the guest may print.
-    pub output: OutputLimits,
-    /// The send buffer of each of its TCP connections (`SO_SNDBUF`), in
-    /// bytes: what one may still deliver if the host is paused or killed
-    /// across its force-stop.
-    pub send_buffer: u64,
-    /// The buckets it may open (`wasi:keyvalue`) and their limits.
-    pub keyvalue: BucketGrant,
-    /// Its configuration values (`wasi:config`).
-    pub config: ConfigGrant,
+    /// What each capability grants it (nothing by default).
+    pub grants: Grants,
     /// Its health check's settings (`health-check`), if the host is to
     /// call the check its component exports (`baton:leader@0.4.0`).
     pub health_check: Option<HealthCheck>,
@@ -83,24 +51,27 @@ impl HealthCheck {
 
 impl PluginSpec {
     /// What the plugin is granted, in one line for the log: environment
-    /// variable names (not values), directories, network.
+    /// variable names (not values), directories, network, and so on, each
+    /// capability in the order registered.
     ///
     /// ```
-    /// use baton::runtime::{DirGrant, HttpPolicy, NetworkGrant, PluginSpec};
+    /// use baton::runtime::{DirGrant, Grants, HttpPolicy, NetworkGrant, PluginSpec, SocketsGrant};
     ///
     /// let spec = PluginSpec {
     ///     name: "sync".into(),
     ///     path: "sync.wasm".into(),
     ///     digest: None,
     ///     memory_limit: 64 << 20,
-    ///     env: vec![("TOKEN".into(), "secret".into())],
-    ///     dirs: vec![DirGrant { host: "/srv/data".into(), guest: "/data".into(), read_only: true }],
-    ///     network: NetworkGrant { connect: vec!["10.0.0.0/8:5432".parse().unwrap()], name_lookup: false },
-    ///     http: HttpPolicy::new(&["https://api.example.com".parse().unwrap()], Default::default()).unwrap(),
-    ///     output: Default::default(),
-    ///     send_buffer: 64 << 10,
-    ///     keyvalue: Default::default(),
-    ///     config: Default::default(),
+    ///     grants: Grants {
+    ///         env: vec![("TOKEN".into(), "secret".into())],
+    ///         files: vec![DirGrant { host: "/srv/data".into(), guest: "/data".into(), read_only: true }],
+    ///         sockets: SocketsGrant {
+    ///             network: NetworkGrant { connect: vec!["10.0.0.0/8:5432".parse().unwrap()], name_lookup: false },
+    ///             ..Default::default()
+    ///         },
+    ///         http: HttpPolicy::new(&["https://api.example.com".parse().unwrap()], Default::default()).unwrap(),
+    ///         ..Default::default()
+    ///     },
     ///     health_check: None,
     /// };
     /// assert_eq!(
@@ -109,48 +80,7 @@ impl PluginSpec {
     /// );
     /// ```
     pub fn grants(&self) -> String {
-        let mut parts = Vec::new();
-        if !self.env.is_empty() {
-            let names: Vec<&str> = self.env.iter().map(|(k, _)| k.as_str()).collect();
-            parts.push(format!("env {}", names.join(",")));
-        }
-        for d in &self.dirs {
-            let mode = if d.read_only { "read-only" } else { "read-write" };
-            parts.push(format!("dir {} as {} ({mode})", d.host.display(), d.guest));
-        }
-        if !self.network.connect.is_empty() {
-            let to: Vec<String> = self.network.connect.iter().map(|g| g.to_string()).collect();
-            parts.push(format!("connect {}", to.join(",")));
-        }
-        if self.network.name_lookup {
-            parts.push("name-lookup".into());
-        }
-        let http: Vec<String> = self.http.grants().map(|g| g.to_string()).collect();
-        if !http.is_empty() {
-            parts.push(format!("http {}", http.join(",")));
-        }
-        if let Some(k) = self.http.kubernetes() {
-            let rules: Vec<String> = k
-                .rules
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{} {} in {}",
-                        r.verbs.join("/"),
-                        r.resources.join("/"),
-                        r.namespaces.join("/")
-                    )
-                })
-                .collect();
-            parts.push(format!("kubernetes {}", rules.join(",")));
-        }
-        if self.keyvalue.buckets != BucketGrant::default().buckets {
-            parts.push(format!("keyvalue {}", self.keyvalue.buckets.join(",")));
-        }
-        let keys: Vec<&str> = self.config.keys().collect();
-        if !keys.is_empty() {
-            parts.push(format!("config {}", keys.join(",")));
-        }
+        let parts = self.grants.describe();
         if parts.is_empty() {
             "none".into()
         } else {

@@ -16,22 +16,22 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use wasmtime::Store;
 use wasmtime::component::ResourceTable;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
-use wasmtime_wasi_http::WasiHttpCtx;
+use wasmtime_wasi::WasiCtxBuilder;
 
 use super::component::{ContentKey, HealthPre, Pre};
 use super::spec::PluginSpec;
-use super::{Capability, Contract, DEFAULT_MEMORY_LIMIT, FIRST_HOSTS_WAIT, World};
+use super::{Contract, DEFAULT_MEMORY_LIMIT, FIRST_HOSTS_WAIT, GrantedImport, World};
 use crate::election::{Hosts, LeaseView, Term};
 use crate::runtime::bindings::{WitStatus, WitStatus4};
-use crate::runtime::connections::{self, Connections};
+use crate::runtime::capability::keyvalue::BucketCounts;
+use crate::runtime::capability::output::OutputBudget;
+use crate::runtime::capability::schedule::ScheduledRun;
+use crate::runtime::capability::status::Shown;
+use crate::runtime::capability::unit::{RunStart, Setup, SetupError};
 use crate::runtime::engine::PluginEngine;
 use crate::runtime::fence;
-use crate::runtime::http::{GuestHttp, HttpPolicy};
-use crate::runtime::keyvalue::{BucketCounts, KeyValueCtx, PluginBuckets};
-use crate::runtime::output::{GuestOutput, GuestStream, OutputBudget, StderrTail};
-use crate::runtime::schedule::ScheduledRun;
-use crate::runtime::state::{GuestState, Shown};
+use crate::runtime::fence::connections::{Connections, DEFAULT_SEND_BUFFER};
+use crate::runtime::guest::{GuestState, PluginParts};
 use crate::runtime::store_term::StoreTerm;
 use crate::runtime::trap::{GuestLimits, Trap};
 use crate::support::rounding::human;
@@ -50,16 +50,15 @@ pub struct Plugin {
     pub(super) health: Option<HealthPre>,
     pub(super) spec: Option<PluginSpec>,
     pub(super) engine: PluginEngine,
-    /// Shared by all its instances.
-    pub(super) output: Arc<OutputBudget>,
+    /// What it keeps of each capability across its instances (its output
+    /// budget, its buckets).
+    pub(super) parts: PluginParts,
     /// What it imports that only a grant makes useful.
-    pub(super) capabilities: Vec<Capability>,
+    pub(super) capabilities: Vec<GrantedImport>,
     /// The linear memory of its running instances, in bytes.
     pub(super) memory: Arc<std::sync::atomic::AtomicU64>,
     /// The bytes it was compiled from.
     pub(super) content: ContentKey,
-    /// Its buckets (`wasi:keyvalue`), where the host has a lease store.
-    pub(super) buckets: Option<Arc<PluginBuckets>>,
 }
 
 /// How many epoch ticks (of [`EPOCH_TICK`](crate::runtime::EPOCH_TICK))
@@ -74,25 +73,6 @@ const PREPARE_TICKS: u64 = 10;
 pub struct Prepared {
     store: Store<GuestState>,
     instance: wasmtime::component::Instance,
-}
-
-/// Why a Store for one run could not be made.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum SetupError {
-    /// A configuration value could not be read.
-    #[error("{0}")]
-    Config(#[from] crate::runtime::config::ConfigValueError),
-    /// The plugin's buckets could not be claimed for the term.
-    #[error("cannot claim the plugin's buckets for the term: {0}")]
-    Claim(#[from] crate::store::buckets::BucketError),
-    /// A granted directory could not be opened.
-    #[error("cannot open granted directory {}: {error}", dir.display())]
-    GrantedDir {
-        /// The directory on the host.
-        dir: PathBuf,
-        /// What opening it said.
-        error: wasmtime::Error,
-    },
 }
 
 /// How one run of a leader task ended.
@@ -195,13 +175,13 @@ impl Plugin {
     }
 
     /// What it imports beyond its world that only a grant makes useful.
-    pub fn capabilities(&self) -> &[Capability] {
+    pub fn capabilities(&self) -> &[GrantedImport] {
         &self.capabilities
     }
 
     /// Its output budget (shared by all its instances).
     pub fn output(&self) -> &Arc<OutputBudget> {
-        &self.output
+        &self.parts.output
     }
 
     /// The linear memory its running instances use now, in bytes (0 while
@@ -217,77 +197,42 @@ impl Plugin {
         term: Arc<Term>,
         view: watch::Receiver<LeaseView>,
     ) -> Result<Store<GuestState>, SetupError> {
-        let mut store = self.new_store(StoreTerm::of(term), view)?;
-        store.data_mut().limits.count_in(self.memory.clone());
+        let mut store = self.new_store(StoreTerm::of(term.clone()), view.clone())?;
+        self.start_in(&mut store, &term, &view, None)?;
         Ok(store)
     }
 
     /// A fresh Store for one run in `term` (unset for an instance prepared
-    /// ahead): WASI with the plugin's grants, its memory limit, and the
-    /// fence (see [`fence`]).
+    /// ahead): each capability's part, made from the plugin's grants, its
+    /// memory limit, and the fence (see [`fence`]).
     fn new_store(
         &self,
         term: StoreTerm,
         view: watch::Receiver<LeaseView>,
     ) -> Result<Store<GuestState>, SetupError> {
-        let tail = StderrTail::default();
         let mut wasi = WasiCtxBuilder::new();
-        let output = |stream| GuestOutput::new(self.output.clone(), stream, term.clone(), tail.clone());
-        wasi.stdout(output(GuestStream::Stdout));
-        wasi.stderr(output(GuestStream::Stderr));
-        // File operations run inside the guest's host call, where the fence
-        // covers them, not later on the blocking pool. (Guests run on their
-        // own runtime's workers; the election runs elsewhere.)
-        wasi.allow_blocking_current_thread(fence::BLOCKING_FILE_IO);
-        let mut memory_limit = DEFAULT_MEMORY_LIMIT;
-        let mut http = HttpPolicy::default();
-        let mut send_buffer = connections::DEFAULT_SEND_BUFFER;
-        let mut name_lookup = false;
-        let mut config = wasmtime_wasi_config::WasiConfigVariables::new();
-        if let Some(spec) = &self.spec {
-            config = spec.config.resolve()?;
-            http = spec.http.clone();
-            name_lookup = spec.network.name_lookup;
-            send_buffer = spec.send_buffer;
-            memory_limit = spec.memory_limit;
-            for (k, v) in &spec.env {
-                wasi.env(k, v);
-            }
-            for d in &spec.dirs {
-                let perms = if d.read_only {
-                    FsPerms::ReadOnly
-                } else {
-                    FsPerms::ReadWrite
-                };
-                wasi.preopened_dir(&d.host, &d.guest, perms)
-                    .map_err(|error| SetupError::GrantedDir {
-                        dir: d.host.clone(),
-                        error,
-                    })?;
-            }
-            spec.network.add_to_wasi(&mut wasi);
-        }
-        let connections = Connections::new(self.name.clone(), term.clone(), send_buffer);
+        let connections = Connections::new(self.name.clone(), term.clone(), DEFAULT_SEND_BUFFER);
         let lease = view.borrow().status.lease.clone();
+        let caps = self.parts.prepare(&mut Setup {
+            plugin: &self.name,
+            lease: &lease,
+            term: &term,
+            connections: &connections,
+            view: &view,
+            hosts: &self.hosts,
+            wasi: &mut wasi,
+        })?;
+        let memory_limit = self
+            .spec
+            .as_ref()
+            .map_or(DEFAULT_MEMORY_LIMIT, |s| s.memory_limit);
         let state = GuestState {
-            connections: connections.clone(),
             wasi: wasi.build(),
             table: ResourceTable::new(),
             limits: GuestLimits::new(memory_limit),
             term: term.clone(),
-            name_lookup,
-            view,
-            hosts: self.hosts.clone(),
-            scheduled: None,
-            stderr_tail: tail,
-            http: WasiHttpCtx::new(),
-            http_hooks: GuestHttp::new(self.name.clone(), http, term.clone(), connections),
-            keyvalue: KeyValueCtx {
-                buckets: self.buckets.clone(),
-                lease,
-                term: term.clone(),
-            },
-            config,
+            connections,
+            caps,
         };
         let mut store = Store::new(self.engine.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -331,19 +276,20 @@ impl Plugin {
         term: &Term,
         view: &watch::Receiver<LeaseView>,
     ) -> Result<(), SetupError> {
-        let Some(buckets) = &self.buckets else {
+        let Some(buckets) = &self.parts.keyvalue else {
             return Ok(());
         };
-        if !self.capabilities.contains(&Capability::KeyValue) {
+        if !self.capabilities.contains(&GrantedImport::KeyValue) {
             return Ok(());
         }
         let lease = view.borrow().status.lease.clone();
-        Ok(buckets.claim(&lease, term.number()).await?)
+        let claimed = buckets.claim(&lease, term.number()).await;
+        claimed.map_err(|e| SetupError::new(format!("cannot claim the plugin's buckets for the term: {e}")))
     }
 
     /// Its bucket operations, counted (none where there is no lease store).
     pub fn bucket_counts(&self) -> Option<&Arc<BucketCounts>> {
-        self.buckets.as_ref().map(|b| &b.counts)
+        self.parts.keyvalue.as_ref().map(|b| &b.counts)
     }
 
     /// Waits until the live hosts count this host, so that a task's first
@@ -463,7 +409,7 @@ impl Plugin {
 
     /// Makes `store` one of a run in `term` seen through `view` (for
     /// `scheduled`, if one): if it was prepared ahead (its term unset), its
-    /// term set and its configuration values read again (they are read as
+    /// term set; each capability's part finished (configuration values are read as
     /// the run starts); its memory counted, its epoch deadline from now.
     fn start_in(
         &self,
@@ -476,12 +422,13 @@ impl Plugin {
         if !state.term.is_set() {
             // Set once, here: the Store was prepared with it unset.
             let _ = state.term.set(term.clone());
-            state.view = view.clone();
-            if let Some(spec) = &self.spec {
-                state.config = spec.config.resolve()?;
-            }
         }
-        state.scheduled = scheduled;
+        let run = RunStart {
+            term,
+            view,
+            scheduled: scheduled.as_ref(),
+        };
+        state.caps.start(&self.parts, &run)?;
         state.limits.count_in(self.memory.clone());
         store.set_epoch_deadline(1);
         Ok(())
@@ -571,7 +518,8 @@ impl Plugin {
         }
         let state = store.data();
         let tail: Vec<String> = state
-            .stderr_tail
+            .caps
+            .output
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()

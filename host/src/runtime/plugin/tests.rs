@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::runtime::{CacheUse, Compile, CompileObserver, EngineOptions, PluginEngine};
+use crate::runtime::{CacheUse, Compile, CompileObserver, DirGrant, EngineOptions, Grants, PluginEngine};
 
 /// A test guest built by `scripts/build-guests.sh`, found through
 /// `BATON_GUESTS_DIR` (set by `scripts/test.sh`).
@@ -263,24 +263,21 @@ pub(crate) fn spec_of(file: &str, env: &[(&str, &str)], records: Option<&Path>) 
         path: guest(file),
         digest: None,
         memory_limit: DEFAULT_MEMORY_LIMIT,
-        env: env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-        dirs: records
-            .map(|host| DirGrant {
-                host: host.to_owned(),
-                guest: "/records".into(),
-                read_only: false,
-            })
-            .into_iter()
-            .collect(),
-        network: Default::default(),
-        http: Default::default(),
-        output: Default::default(),
-        send_buffer: 64 << 10,
-        keyvalue: Default::default(),
-        config: Default::default(),
+        grants: Grants {
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            files: records
+                .map(|host| DirGrant {
+                    host: host.to_owned(),
+                    guest: "/records".into(),
+                    read_only: false,
+                })
+                .into_iter()
+                .collect(),
+            ..Grants::default()
+        },
         health_check: None,
     }
 }
@@ -348,7 +345,7 @@ fn a_health_check_runs_in_an_instance_of_its_own_and_each_failure_is_told_apart(
     let runtime = PluginRuntime::new(PluginEngine::new(EngineOptions::default()).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut spec = spec_of("health_probe.wasm", &[], None);
-    spec.dirs = vec![DirGrant {
+    spec.grants.files = vec![DirGrant {
         host: dir.path().to_owned(),
         guest: "/health".into(),
         read_only: false,

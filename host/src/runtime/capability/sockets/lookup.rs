@@ -39,9 +39,11 @@ use wasmtime_wasi::p2::bindings::sockets::network::{ErrorCode, IpAddress};
 use wasmtime_wasi::p2::{DynPollable, Network, Pollable, subscribe};
 use wasmtime_wasi::runtime::AbortOnDropJoinHandle;
 
-use super::fence;
-use super::state::GuestState;
+use wasmtime_wasi::WasiView;
+
+use super::SocketsView;
 use crate::election::Term;
+use crate::runtime::fence;
 
 /// The WASI 0.2 name-lookup interface that [`add_to_linker`] replaces (the
 /// version wasmtime-wasi 48 serves; older 0.2 imports are linked to it).
@@ -257,15 +259,17 @@ impl Pollable for FencedLookup {
 /// Replaces wasmtime-wasi's `ip-name-lookup`: `resolve-addresses` starts a
 /// [`resolve`] in a task of its own, `resolve-address-stream` is a
 /// [`FencedLookup`].
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+pub fn add_to_linker<T: WasiView + 'static>(
+    linker: &mut Linker<T>,
+    get: for<'a> fn(&'a mut T) -> SocketsView<'a>,
+) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     let mut lookup = linker.instance(IP_NAME_LOOKUP)?;
     lookup.resource(
         "resolve-address-stream",
         ResourceType::host::<FencedLookup>(),
-        |mut store, rep| {
-            store
-                .data_mut()
+        move |mut store, rep| {
+            get(store.data_mut())
                 .table
                 .delete(Resource::<FencedLookup>::new_own(rep))?;
             Ok(())
@@ -273,13 +277,13 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     )?;
     lookup.func_wrap(
         "resolve-addresses",
-        |mut store: StoreContextMut<'_, GuestState>, (network, name): (Resource<Network>, String)| {
-            let state = store.data_mut();
+        move |mut store: StoreContextMut<'_, T>, (network, name): (Resource<Network>, String)| {
+            let state = get(store.data_mut());
             state.table.get(&network)?;
             if !state.name_lookup {
                 return Ok((Err(ErrorCode::PermanentResolverFailure),));
             }
-            let term = Arc::clone(&state.term);
+            let term = Arc::clone(state.term);
             let task = wasmtime_wasi::runtime::spawn(async move { resolve(term, &name).await });
             let mut found = FencedLookup(Lookup::Waiting(task));
             // Errors known at once (an invalid name) surface at once.
@@ -293,8 +297,9 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     )?;
     lookup.func_wrap(
         "[method]resolve-address-stream.resolve-next-address",
-        |mut store: StoreContextMut<'_, GuestState>, (this,): (Resource<FencedLookup>,)| {
-            let found = store.data_mut().table.get_mut(&this)?;
+        move |mut store: StoreContextMut<'_, T>, (this,): (Resource<FencedLookup>,)| {
+            let state = get(store.data_mut());
+            let found = state.table.get_mut(&this)?;
             found.poll_done(&mut Context::from_waker(Waker::noop()));
             let next: Result<Option<IpAddress>, ErrorCode> = match &mut found.0 {
                 Lookup::Done(Ok(addrs)) => Ok(addrs.next().map(IpAddress::from)),
@@ -306,8 +311,8 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     )?;
     lookup.func_wrap(
         "[method]resolve-address-stream.subscribe",
-        |mut store: StoreContextMut<'_, GuestState>, (this,): (Resource<FencedLookup>,)| {
-            let pollable: Resource<DynPollable> = subscribe(&mut store.data_mut().table, this)?;
+        move |mut store: StoreContextMut<'_, T>, (this,): (Resource<FencedLookup>,)| {
+            let pollable: Resource<DynPollable> = subscribe(get(store.data_mut()).table, this)?;
             Ok((pollable,))
         },
     )?;

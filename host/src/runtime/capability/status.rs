@@ -1,91 +1,92 @@
-//! The data of one instance's Store, and the host side of the
-//! `current-status` and `current-hosts` imports of every world (that of
-//! `current-run` is in [`schedule`](super::schedule)).
+//! `current-status` in every version and world: the status an instance is
+//! shown, and a signal that fires once it is outdated. An instance never
+//! sees `leading` outside its own term.
 
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use wasmtime::component::{Access, FutureReader, HasData, Resource, ResourceTable};
+use wasmtime::component::{Access, FutureReader, HasData, Linker, Resource, ResourceTable};
+use wasmtime_wasi::WasiView;
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::{WitHosts, WitStatus, WitStatus4, v0_1, v0_2, v0_3, v0_4};
-use super::connections::Connections;
-use super::http::GuestHttp;
-use super::keyvalue::KeyValueCtx;
-use super::output::StderrTail;
-use super::schedule::ScheduledRun;
-use super::trap::GuestLimits;
-use crate::election::{Hosts, LeaseView, Role, Status, Term};
+use super::unit::{Capability, LoadContext, RunStart, Setup, SetupError, Shared};
+use crate::election::{LeaseView, Role, Status, Term};
+use crate::runtime::bindings::{WitRole, WitStatus, WitStatus4, v0_1, v0_2, v0_3, v0_4};
 use crate::runtime::store_term::StoreTerm;
+use crate::runtime::world::World;
 
-/// What one instance's Store holds: its WASI context and resources, its
-/// limits, its term, and its view of the lease.
-pub struct GuestState {
-    /// Its TCP connections, reset at the force-stop time (see
-    /// [`Drop`](#impl-Drop-for-GuestState)).
-    pub(crate) connections: Connections,
-    pub(crate) wasi: WasiCtx,
-    pub(crate) table: ResourceTable,
-    pub(crate) limits: GuestLimits,
-    /// The term this instance runs in: every host call and epoch tick asks
-    /// it whether the instance may still run. Unset (over) while the
-    /// instance is prepared ahead of its term.
-    pub(crate) term: StoreTerm,
-    /// Whether it may resolve names (its `name-lookup` grant; see
-    /// [`lookup`](super::lookup)).
-    pub(crate) name_lookup: bool,
-    pub(crate) view: watch::Receiver<LeaseView>,
-    /// The live hosts (`baton:leader@0.2.0`'s `current-hosts`).
-    pub(crate) hosts: watch::Receiver<Hosts>,
-    /// The scheduled run this instance is for (`baton:leader@0.3.0`'s
-    /// `current-run`); none for a plugin without a schedule.
-    pub(crate) scheduled: Option<ScheduledRun>,
-    /// The last lines the instance wrote to stderr (a panic message), for
-    /// the trap report.
-    pub(crate) stderr_tail: StderrTail,
-    /// `wasi:http`: its context, and the plugin's grants and limits.
-    pub(crate) http: WasiHttpCtx,
-    pub(crate) http_hooks: GuestHttp,
-    /// `wasi:keyvalue`: the plugin's buckets and the instance's term.
-    pub(crate) keyvalue: KeyValueCtx,
-    /// `wasi:config`: the plugin's values as read for this run.
-    pub(crate) config: wasmtime_wasi_config::WasiConfigVariables,
+/// The capability: no grant; every plugin asks.
+pub struct CurrentStatus;
+
+/// One instance's part: the lease as this host sees it.
+pub struct StatusCtx {
+    view: watch::Receiver<LeaseView>,
 }
 
-impl Drop for GuestState {
-    /// Before the resources close its sockets in order (the queue, then a
-    /// FIN), an instance dropped at its force-stop has them reset.
-    fn drop(&mut self) {
-        self.connections.instance_ended();
+/// What `current-status` sees of a Store.
+pub struct StatusView<'a> {
+    view: &'a mut watch::Receiver<LeaseView>,
+    term: &'a StoreTerm,
+    table: &'a mut ResourceTable,
+}
+
+impl Capability for CurrentStatus {
+    type Grant = ();
+    type Plugin = ();
+    type Ctx = StatusCtx;
+    type View<'a> = StatusView<'a>;
+
+    fn load(_: &(), _: &LoadContext<'_>) -> Result<(), String> {
+        Ok(())
     }
-}
 
-impl WasiView for GuestState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
+    fn prepare(_: &(), setup: &mut Setup<'_>) -> Result<StatusCtx, SetupError> {
+        Ok(StatusCtx {
+            view: setup.view.clone(),
+        })
+    }
+
+    fn start(ctx: &mut StatusCtx, _: &(), run: &RunStart<'_>) -> Result<(), SetupError> {
+        ctx.view = run.view.clone();
+        Ok(())
+    }
+
+    fn view<'a>(ctx: &'a mut StatusCtx, shared: Shared<'a>) -> StatusView<'a> {
+        StatusView {
+            view: &mut ctx.view,
+            term: shared.term,
+            table: shared.table,
         }
     }
-}
 
-impl WasiHttpView for GuestState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView {
-            ctx: &mut self.http,
-            table: &mut self.table,
-            hooks: &mut self.http_hooks,
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        world: World,
+        get: for<'a> fn(&'a mut T) -> StatusView<'a>,
+    ) -> wasmtime::Result<()> {
+        match world {
+            World::Future => {
+                v0_1::future_plugin::baton::leader::status_future::add_to_linker::<_, Self>(linker, get)?;
+                v0_2::future_plugin::baton::leader::status_future::add_to_linker::<_, Self>(linker, get)?;
+                v0_3::future_plugin::baton::leader::status_future::add_to_linker::<_, Self>(linker, get)?;
+                v0_4::future_plugin::baton::leader::status_future::add_to_linker::<_, Self>(linker, get)?;
+            }
+            World::Pollable => {
+                v0_1::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, Self>(linker, get)?;
+                v0_2::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, Self>(linker, get)?;
+                v0_3::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, Self>(linker, get)?;
+                v0_4::pollable_plugin::baton::leader::status_pollable::add_to_linker::<_, Self>(linker, get)?;
+            }
         }
+        Ok(())
     }
 }
 
-impl GuestState {
+impl StatusView<'_> {
     /// The current status as this instance is shown it, with the holder's
     /// address if its version of the contract has it (`with_address`).
     fn snapshot(&self, with_address: bool) -> Shown {
-        Shown::of(&self.view.borrow(), &self.term, with_address)
+        Shown::of(&self.view.borrow(), self.term, with_address)
     }
 }
 
@@ -111,6 +112,35 @@ impl Shown {
         Shown {
             status,
             holder_address,
+        }
+    }
+}
+
+impl From<&Shown> for WitStatus {
+    fn from(s: &Shown) -> Self {
+        WitStatus::from(&s.status)
+    }
+}
+
+impl From<&Shown> for WitStatus4 {
+    fn from(s: &Shown) -> Self {
+        use v0_4::future_plugin::baton::leader::types::Role;
+        let WitStatus {
+            role,
+            holder,
+            lease,
+            term,
+        } = WitStatus::from(&s.status);
+        WitStatus4 {
+            role: match role {
+                WitRole::Pending => Role::Pending,
+                WitRole::Leading => Role::Leading,
+                WitRole::Following => Role::Following,
+            },
+            holder,
+            lease,
+            term,
+            holder_address: s.holder_address.clone(),
         }
     }
 }
@@ -171,12 +201,9 @@ pub(crate) async fn changed_from(
     }
 }
 
-/// The host side of `current-status` and `current-hosts` in the worlds
-/// with a `future` signal (the `HasData` marker of the generated bindings).
-pub struct CurrentStatus;
-
+/// The `HasData` marker of `current-status`.
 impl HasData for CurrentStatus {
-    type Data<'a> = &'a mut GuestState;
+    type Data<'a> = StatusView<'a>;
 }
 
 /// `status-future.current-status`, in every version: `W` is the version's
@@ -198,7 +225,7 @@ where
         (
             state.snapshot(with_address),
             state.view.clone(),
-            Arc::clone(&state.term),
+            Arc::clone(state.term),
         )
     };
     let seen = status.clone();
@@ -233,57 +260,12 @@ impl<T: Send> v0_4::future_plugin::baton::leader::status_future::HostWithStore<T
     }
 }
 
-/// `hosts-future.current-hosts`, in every version that has it.
-fn hosts_with_future<T: Send>(
-    mut host: Access<'_, T, CurrentStatus>,
-) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
-    let mut rx = host.get().hosts.clone();
-    let seen = *rx.borrow_and_update();
-    let future = FutureReader::new(&mut host, async move {
-        let next = hosts_changed_from(rx, seen).await;
-        wasmtime::error::Ok(WitHosts::from(next))
-    })?;
-    Ok((seen.into(), future))
-}
-
-impl<T: Send> v0_2::future_plugin::baton::leader::hosts_future::HostWithStore<T> for CurrentStatus {
-    fn current_hosts(host: Access<'_, T, Self>) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
-        hosts_with_future(host)
-    }
-}
-
-impl<T: Send> v0_3::future_plugin::baton::leader::hosts_future::HostWithStore<T> for CurrentStatus {
-    fn current_hosts(host: Access<'_, T, Self>) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
-        hosts_with_future(host)
-    }
-}
-
-impl<T: Send> v0_4::future_plugin::baton::leader::hosts_future::HostWithStore<T> for CurrentStatus {
-    fn current_hosts(host: Access<'_, T, Self>) -> wasmtime::Result<(WitHosts, FutureReader<WitHosts>)> {
-        hosts_with_future(host)
-    }
-}
-
-impl v0_1::future_plugin::baton::leader::status_future::Host for GuestState {}
-impl v0_1::future_plugin::baton::leader::types::Host for GuestState {}
-impl v0_2::future_plugin::baton::leader::status_future::Host for GuestState {}
-impl v0_2::future_plugin::baton::leader::hosts_future::Host for GuestState {}
-impl v0_2::future_plugin::baton::leader::membership::Host for GuestState {}
-impl v0_3::future_plugin::baton::leader::status_future::Host for GuestState {}
-impl v0_3::future_plugin::baton::leader::hosts_future::Host for GuestState {}
-impl v0_4::future_plugin::baton::leader::status_future::Host for GuestState {}
-impl v0_4::future_plugin::baton::leader::hosts_future::Host for GuestState {}
-impl v0_4::future_plugin::baton::leader::types::Host for GuestState {}
-
-/// Resolves once the live hosts differ from `seen`, with the new value;
-/// never, if nobody keeps them any more (the host is shutting down).
-async fn hosts_changed_from(mut rx: watch::Receiver<Hosts>, seen: Hosts) -> Hosts {
-    let changed = rx.wait_for(|h| *h != seen).await.map(|h| *h);
-    match changed {
-        Ok(h) => h,
-        Err(_) => std::future::pending().await,
-    }
-}
+impl v0_1::future_plugin::baton::leader::status_future::Host for StatusView<'_> {}
+impl v0_1::future_plugin::baton::leader::types::Host for StatusView<'_> {}
+impl v0_2::future_plugin::baton::leader::status_future::Host for StatusView<'_> {}
+impl v0_3::future_plugin::baton::leader::status_future::Host for StatusView<'_> {}
+impl v0_4::future_plugin::baton::leader::status_future::Host for StatusView<'_> {}
+impl v0_4::future_plugin::baton::leader::types::Host for StatusView<'_> {}
 
 /// The pollable behind `status-pollable.current-status`.
 pub struct StatusChange {
@@ -300,20 +282,7 @@ impl Pollable for StatusChange {
     }
 }
 
-/// The pollable behind `hosts-pollable.current-hosts`.
-pub struct HostsChange {
-    rx: watch::Receiver<Hosts>,
-    seen: Hosts,
-}
-
-#[wasmtime_wasi::async_trait]
-impl Pollable for HostsChange {
-    async fn ready(&mut self) {
-        hosts_changed_from(self.rx.clone(), self.seen).await;
-    }
-}
-
-impl GuestState {
+impl StatusView<'_> {
     /// `status-pollable.current-status`, in every version: with the
     /// holder's address from 0.4.0 (`with_address`).
     fn status_with_pollable(
@@ -323,69 +292,40 @@ impl GuestState {
         let status = self.snapshot(with_address);
         let change = self.table.push(StatusChange {
             rx: self.view.clone(),
-            term: Arc::clone(&self.term),
+            term: Arc::clone(self.term),
             seen: status.clone(),
             with_address,
         })?;
-        let pollable = subscribe(&mut self.table, change)?;
+        let pollable = subscribe(self.table, change)?;
         Ok((status, pollable))
     }
-
-    /// `hosts-pollable.current-hosts`, in every version that has it.
-    fn hosts_with_pollable(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
-        let seen = *self.hosts.borrow();
-        let change = self.table.push(HostsChange {
-            rx: self.hosts.clone(),
-            seen,
-        })?;
-        let pollable = subscribe(&mut self.table, change)?;
-        Ok((seen.into(), pollable))
-    }
 }
 
-impl v0_1::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
+impl v0_1::pollable_plugin::baton::leader::status_pollable::Host for StatusView<'_> {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
         let (status, pollable) = self.status_with_pollable(false)?;
         Ok(((&status).into(), pollable))
     }
 }
 
-impl v0_2::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
+impl v0_2::pollable_plugin::baton::leader::status_pollable::Host for StatusView<'_> {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
         let (status, pollable) = self.status_with_pollable(false)?;
         Ok(((&status).into(), pollable))
     }
 }
 
-impl v0_2::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
-    fn current_hosts(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
-        self.hosts_with_pollable()
-    }
-}
-
-impl v0_3::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
+impl v0_3::pollable_plugin::baton::leader::status_pollable::Host for StatusView<'_> {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus, Resource<DynPollable>)> {
         let (status, pollable) = self.status_with_pollable(false)?;
         Ok(((&status).into(), pollable))
     }
 }
 
-impl v0_3::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
-    fn current_hosts(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
-        self.hosts_with_pollable()
-    }
-}
-
-impl v0_4::pollable_plugin::baton::leader::status_pollable::Host for GuestState {
+impl v0_4::pollable_plugin::baton::leader::status_pollable::Host for StatusView<'_> {
     fn current_status(&mut self) -> wasmtime::Result<(WitStatus4, Resource<DynPollable>)> {
         let (status, pollable) = self.status_with_pollable(true)?;
         Ok(((&status).into(), pollable))
-    }
-}
-
-impl v0_4::pollable_plugin::baton::leader::hosts_pollable::Host for GuestState {
-    fn current_hosts(&mut self) -> wasmtime::Result<(WitHosts, Resource<DynPollable>)> {
-        self.hosts_with_pollable()
     }
 }
 

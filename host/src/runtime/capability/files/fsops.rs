@@ -47,14 +47,16 @@ use std::time::SystemTime;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use wasmtime::StoreContextMut;
 use wasmtime::component::{LinkerInstance, Resource};
-use wasmtime_wasi::filesystem::{Descriptor, Dir, File, FsPerms, OpenMode, WasiFilesystemView};
+use wasmtime_wasi::filesystem::{Descriptor, Dir, File, FsPerms, OpenMode};
 use wasmtime_wasi::p2::FsResult;
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     DescriptorFlags, ErrorCode, HostDescriptor, NewTimestamp, OpenFlags, PathFlags,
 };
 
-use super::{BLOCKING_FILE_IO, fenced};
-use crate::runtime::state::GuestState;
+use wasmtime_wasi::WasiView;
+
+use super::FilesView;
+use crate::runtime::fence::{BLOCKING_FILE_IO, fenced};
 use crate::runtime::trap::StoppedByHost;
 
 type Fd = Resource<Descriptor>;
@@ -64,21 +66,27 @@ type Outcome<T> = wasmtime::Result<Option<Result<T, ErrorCode>>>;
 
 /// Replaces the operations named in the module docs in `types`
 /// (`wasi:filesystem/types`).
-pub fn add_to_linker(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
-    add_renames_and_links(types)?;
-    add_entry_removals_and_mkdir(types)?;
-    add_open_and_set_size(types)?;
-    add_set_times(types)
+pub fn add_to_linker<T: WasiView + 'static>(
+    types: &mut LinkerInstance<'_, T>,
+    get: for<'a> fn(&'a mut T) -> FilesView<'a>,
+) -> wasmtime::Result<()> {
+    add_renames_and_links(types, get)?;
+    add_entry_removals_and_mkdir(types, get)?;
+    add_open_and_set_size(types, get)?;
+    add_set_times(types, get)
 }
 
 /// `set-times` (on the guest's descriptor) and `set-times-at` (an entry
 /// of the path's parent).
-fn add_set_times(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
+fn add_set_times<T: WasiView + 'static>(
+    types: &mut LinkerInstance<'_, T>,
+    get: for<'a> fn(&'a mut T) -> FilesView<'a>,
+) -> wasmtime::Result<()> {
     types.func_wrap_async(
         "[method]descriptor.set-times",
-        |mut store: StoreContextMut<'_, GuestState>, (fd, atime, mtime): (Fd, NewTimestamp, NewTimestamp)| {
+        move |mut store: StoreContextMut<'_, T>, (fd, atime, mtime): (Fd, NewTimestamp, NewTimestamp)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 if let Some(done) = set_times(state, &fd, atime, mtime)? {
                     return Ok((done,));
                 }
@@ -89,10 +97,10 @@ fn add_set_times(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result
     )?;
     types.func_wrap_async(
         "[method]descriptor.set-times-at",
-        |mut store: StoreContextMut<'_, GuestState>,
-         (fd, flags, path, atime, mtime): (Fd, PathFlags, String, NewTimestamp, NewTimestamp)| {
+        move |mut store: StoreContextMut<'_, T>,
+              (fd, flags, path, atime, mtime): (Fd, PathFlags, String, NewTimestamp, NewTimestamp)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 if let Some(done) = set_times_at(state, &fd, flags, &path, atime, mtime)? {
                     return Ok((done,));
                 }
@@ -106,12 +114,15 @@ fn add_set_times(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result
 
 /// `rename-at`, `link-at` and `symlink-at`: a new name, in the parent
 /// of each path.
-fn add_renames_and_links(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
+fn add_renames_and_links<T: WasiView + 'static>(
+    types: &mut LinkerInstance<'_, T>,
+    get: for<'a> fn(&'a mut T) -> FilesView<'a>,
+) -> wasmtime::Result<()> {
     types.func_wrap_async(
         "[method]descriptor.rename-at",
-        |mut store: StoreContextMut<'_, GuestState>, (fd, old, new_fd, new): (Fd, String, Fd, String)| {
+        move |mut store: StoreContextMut<'_, T>, (fd, old, new_fd, new): (Fd, String, Fd, String)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 if let Some(done) = rename_at(state, &fd, &old, &new_fd, &new)? {
                     return Ok((done,));
                 }
@@ -122,10 +133,10 @@ fn add_renames_and_links(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime
     )?;
     types.func_wrap_async(
         "[method]descriptor.link-at",
-        |mut store: StoreContextMut<'_, GuestState>,
-         (fd, flags, old, new_fd, new): (Fd, PathFlags, String, Fd, String)| {
+        move |mut store: StoreContextMut<'_, T>,
+              (fd, flags, old, new_fd, new): (Fd, PathFlags, String, Fd, String)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 if let Some(done) = link_at(state, &fd, flags, &old, &new_fd, &new)? {
                     return Ok((done,));
                 }
@@ -136,9 +147,9 @@ fn add_renames_and_links(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime
     )?;
     types.func_wrap_async(
         "[method]descriptor.symlink-at",
-        |mut store: StoreContextMut<'_, GuestState>, (fd, target, path): (Fd, String, String)| {
+        move |mut store: StoreContextMut<'_, T>, (fd, target, path): (Fd, String, String)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 if let Some(done) = symlink_at(state, &fd, &target, &path)? {
                     return Ok((done,));
                 }
@@ -152,12 +163,15 @@ fn add_renames_and_links(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime
 
 /// `unlink-file-at`, `remove-directory-at` and `create-directory-at`: one
 /// entry of the path's parent.
-fn add_entry_removals_and_mkdir(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
+fn add_entry_removals_and_mkdir<T: WasiView + 'static>(
+    types: &mut LinkerInstance<'_, T>,
+    get: for<'a> fn(&'a mut T) -> FilesView<'a>,
+) -> wasmtime::Result<()> {
     types.func_wrap_async(
         "[method]descriptor.unlink-file-at",
-        |mut store: StoreContextMut<'_, GuestState>, (fd, path): (Fd, String)| {
+        move |mut store: StoreContextMut<'_, T>, (fd, path): (Fd, String)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 let unlink = |dir: &OwnedFd, name: &OsStr| rustix::fs::unlinkat(dir, name, AtFlags::empty());
                 if let Some(done) = at_parent(state, &fd, Path::new(&path), unlink)? {
                     return Ok((done,));
@@ -169,9 +183,9 @@ fn add_entry_removals_and_mkdir(types: &mut LinkerInstance<'_, GuestState>) -> w
     )?;
     types.func_wrap_async(
         "[method]descriptor.remove-directory-at",
-        |mut store: StoreContextMut<'_, GuestState>, (fd, path): (Fd, String)| {
+        move |mut store: StoreContextMut<'_, T>, (fd, path): (Fd, String)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 let rmdir = |dir: &OwnedFd, name: &OsStr| rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR);
                 if let Some(done) = at_parent(state, &fd, Path::new(&path), rmdir)? {
                     return Ok((done,));
@@ -183,9 +197,9 @@ fn add_entry_removals_and_mkdir(types: &mut LinkerInstance<'_, GuestState>) -> w
     )?;
     types.func_wrap_async(
         "[method]descriptor.create-directory-at",
-        |mut store: StoreContextMut<'_, GuestState>, (fd, path): (Fd, String)| {
+        move |mut store: StoreContextMut<'_, T>, (fd, path): (Fd, String)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 let mkdir = |dir: &OwnedFd, name: &OsStr| {
                     rustix::fs::mkdirat(dir, name, Mode::from_bits_truncate(0o777))
                 };
@@ -203,19 +217,22 @@ fn add_entry_removals_and_mkdir(types: &mut LinkerInstance<'_, GuestState>) -> w
 
 /// `set-size` (truncating the guest's file) and `open-at` (creating or
 /// truncating a file).
-fn add_open_and_set_size(types: &mut LinkerInstance<'_, GuestState>) -> wasmtime::Result<()> {
+fn add_open_and_set_size<T: WasiView + 'static>(
+    types: &mut LinkerInstance<'_, T>,
+    get: for<'a> fn(&'a mut T) -> FilesView<'a>,
+) -> wasmtime::Result<()> {
     types.func_wrap_async(
         "[method]descriptor.set-size",
-        |mut store: StoreContextMut<'_, GuestState>, (fd, size): (Fd, u64)| {
-            Box::new(async move { Ok((set_size(store.data_mut(), &fd, size)?,)) })
+        move |mut store: StoreContextMut<'_, T>, (fd, size): (Fd, u64)| {
+            Box::new(async move { Ok((set_size(&mut get(store.data_mut()), &fd, size)?,)) })
         },
     )?;
     types.func_wrap_async(
         "[method]descriptor.open-at",
-        |mut store: StoreContextMut<'_, GuestState>,
+        move |mut store: StoreContextMut<'_, T>,
          (fd, path_flags, path, oflags, flags): (Fd, PathFlags, String, OpenFlags, DescriptorFlags)| {
             Box::new(async move {
-                let state = store.data_mut();
+                let state = &mut get(store.data_mut());
                 if let Some(opened) = open_at(state, &fd, path_flags, &path, oflags, flags)? {
                     return Ok((opened,));
                 }
@@ -237,7 +254,7 @@ fn answer<T>(r: FsResult<T>) -> wasmtime::Result<(Result<T, ErrorCode>,)> {
 
 /// The guest's directory behind `fd`, with its permissions.
 fn dir(
-    state: &mut GuestState,
+    state: &mut FilesView<'_>,
     fd: &Fd,
 ) -> wasmtime::Result<Result<(Arc<std::fs::File>, FsPerms), ErrorCode>> {
     Ok(match state.table.get(fd)? {
@@ -248,7 +265,7 @@ fn dir(
 
 /// The guest's directory behind `fd`, if it may be changed.
 fn mutable_dir(
-    state: &mut GuestState,
+    state: &mut FilesView<'_>,
     fd: &Fd,
 ) -> wasmtime::Result<Result<(Arc<std::fs::File>, FsPerms), ErrorCode>> {
     Ok(match dir(state, fd)? {
@@ -260,13 +277,13 @@ fn mutable_dir(
 /// Makes `act` on the caller's own descriptors `fds`, fenced: a trap if
 /// the term stopped first.
 fn fence_call<T>(
-    state: &GuestState,
+    state: &FilesView<'_>,
     fds: &[&OwnedFd],
     act: impl FnOnce() -> io::Result<T>,
 ) -> wasmtime::Result<Result<T, ErrorCode>> {
     let raw: Vec<_> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
-    match fenced(&raw, &state.term, act) {
-        None => Err(StoppedByHost::of(&state.term).into()),
+    match fenced(&raw, state.term, act) {
+        None => Err(StoppedByHost::of(state.term).into()),
         Some(Ok(v)) => Ok(Ok(v)),
         Some(Err(e)) => Ok(Err(ErrorCode::from(&e))),
     }
@@ -274,7 +291,7 @@ fn fence_call<T>(
 
 /// `act` on the parent directory of `path` and its last component.
 fn at_parent(
-    state: &mut GuestState,
+    state: &mut FilesView<'_>,
     fd: &Fd,
     path: &Path,
     act: impl FnOnce(&OwnedFd, &OsStr) -> rustix::io::Result<()>,
@@ -293,7 +310,7 @@ fn at_parent(
 
 /// `rename-at`, as wasmtime-wasi's `Dir::rename_at` and cap-std's
 /// `rename` do it.
-fn rename_at(state: &mut GuestState, fd: &Fd, old: &str, new_fd: &Fd, new: &str) -> Outcome<()> {
+fn rename_at(state: &mut FilesView<'_>, fd: &Fd, old: &str, new_fd: &Fd, new: &str) -> Outcome<()> {
     let (old_start, new_start) = match two_dirs(state, fd, new_fd)? {
         Ok(dirs) => dirs,
         Err(code) => return Ok(Some(Err(code))),
@@ -317,7 +334,7 @@ fn rename_at(state: &mut GuestState, fd: &Fd, old: &str, new_fd: &Fd, new: &str)
 
 /// `link-at`, as wasmtime-wasi's `Dir::link_at` does it.
 fn link_at(
-    state: &mut GuestState,
+    state: &mut FilesView<'_>,
     fd: &Fd,
     flags: PathFlags,
     old: &str,
@@ -348,7 +365,7 @@ fn link_at(
 }
 
 /// `symlink-at`: no link to an absolute path (as cap-std refuses it).
-fn symlink_at(state: &mut GuestState, fd: &Fd, target: &str, path: &str) -> Outcome<()> {
+fn symlink_at(state: &mut FilesView<'_>, fd: &Fd, target: &str, path: &str) -> Outcome<()> {
     if let Ok((_, perms)) = dir(state, fd)?
         && !perms.write_not_permitted()
         && Path::new(target).has_root()
@@ -363,7 +380,7 @@ fn symlink_at(state: &mut GuestState, fd: &Fd, target: &str, path: &str) -> Outc
 /// both changeable, with the same permissions.
 #[allow(clippy::type_complexity)]
 fn two_dirs(
-    state: &mut GuestState,
+    state: &mut FilesView<'_>,
     fd: &Fd,
     new_fd: &Fd,
 ) -> wasmtime::Result<Result<(Arc<std::fs::File>, Arc<std::fs::File>), ErrorCode>> {
@@ -397,7 +414,7 @@ fn two_parents<'a>(
 
 /// `set-times`: `futimens` on a duplicate of the guest's descriptor (the
 /// window may point it at its pipe); wasmtime-wasi's permission check.
-fn set_times(state: &mut GuestState, fd: &Fd, atime: NewTimestamp, mtime: NewTimestamp) -> Outcome<()> {
+fn set_times(state: &mut FilesView<'_>, fd: &Fd, atime: NewTimestamp, mtime: NewTimestamp) -> Outcome<()> {
     let (file, perms) = match state.table.get(fd)? {
         Descriptor::File(f) => (f.file.clone(), f.perms.write_not_permitted()),
         Descriptor::Dir(d) => (d.dir.clone(), d.perms.write_not_permitted()),
@@ -422,7 +439,7 @@ fn set_times(state: &mut GuestState, fd: &Fd, atime: NewTimestamp, mtime: NewTim
 /// never following a symlink there. One that would follow a symlink is
 /// left to wasmtime-wasi.
 fn set_times_at(
-    state: &mut GuestState,
+    state: &mut FilesView<'_>,
     fd: &Fd,
     flags: PathFlags,
     path: &str,
@@ -484,14 +501,14 @@ fn timestamps(atime: NewTimestamp, mtime: NewTimestamp) -> Result<Timestamps, Er
 }
 
 /// `set-size`: `ftruncate` on the guest's file, fenced.
-fn set_size(state: &mut GuestState, fd: &Fd, size: u64) -> wasmtime::Result<Result<(), ErrorCode>> {
+fn set_size(state: &mut FilesView<'_>, fd: &Fd, size: u64) -> wasmtime::Result<Result<(), ErrorCode>> {
     let file = match state.table.get(fd)? {
         Descriptor::File(f) if f.perms.write_not_permitted() => return Ok(Err(ErrorCode::NotPermitted)),
         Descriptor::File(f) => f.file.clone(),
         Descriptor::Dir(_) => return Ok(Err(ErrorCode::BadDescriptor)),
     };
-    match super::fenced(&[file.as_raw_fd()], &state.term, || file.set_len(size)) {
-        None => Err(StoppedByHost::of(&state.term).into()),
+    match fenced(&[file.as_raw_fd()], state.term, || file.set_len(size)) {
+        None => Err(StoppedByHost::of(state.term).into()),
         Some(Ok(())) => Ok(Ok(())),
         Some(Err(e)) => Ok(Err(ErrorCode::from(&e))),
     }
@@ -500,7 +517,7 @@ fn set_size(state: &mut GuestState, fd: &Fd, size: u64) -> wasmtime::Result<Resu
 /// `open-at` that creates or truncates, as wasmtime-wasi's `Dir::open_at`
 /// does it (with `BLOCKING_FILE_IO`); any other open is left to it.
 fn open_at(
-    state: &mut GuestState,
+    state: &mut FilesView<'_>,
     fd: &Fd,
     path_flags: PathFlags,
     path: &str,

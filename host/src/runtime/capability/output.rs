@@ -24,10 +24,52 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
+use wasmtime::component::Linker;
+use wasmtime_wasi::WasiView;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
+use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
 use crate::runtime::store_term::StoreTerm;
+use crate::runtime::world::World;
+
+/// The capability: the instance's stdout and stderr (WASI's own streams,
+/// replaced by loggers), within the plugin's `output-rate` and
+/// `output-line`.
+pub struct Output;
+
+impl Capability for Output {
+    type Grant = OutputLimits;
+    type Plugin = Arc<OutputBudget>;
+    /// The last lines it wrote to stderr (a panic message), for the trap
+    /// report.
+    type Ctx = StderrTail;
+    type View<'a> = ();
+
+    fn load(limits: &OutputLimits, plugin: &LoadContext<'_>) -> Result<Arc<OutputBudget>, String> {
+        Ok(OutputBudget::new(plugin.plugin.clone(), *limits))
+    }
+
+    fn prepare(budget: &Arc<OutputBudget>, setup: &mut Setup<'_>) -> Result<StderrTail, SetupError> {
+        let tail = StderrTail::default();
+        let output = |stream| GuestOutput::new(budget.clone(), stream, setup.term.clone(), tail.clone());
+        let (stdout, stderr) = (output(GuestStream::Stdout), output(GuestStream::Stderr));
+        setup.wasi.stdout(stdout);
+        setup.wasi.stderr(stderr);
+        Ok(tail)
+    }
+
+    fn view<'a>(_: &'a mut StderrTail, _: Shared<'a>) {}
+
+    /// Nothing of its own: the streams are WASI's.
+    fn add_to_linker<T: WasiView + 'static>(
+        _: &mut Linker<T>,
+        _: World,
+        _: for<'a> fn(&'a mut T),
+    ) -> wasmtime::Result<()> {
+        Ok(())
+    }
+}
 
 /// How much a plugin may print, and the longest line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

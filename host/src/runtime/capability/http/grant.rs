@@ -2,7 +2,16 @@
 //! address range with a port), the limits of its requests, and the policy
 //! made of both with each grant's TLS settings.
 
-use super::*;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::kubernetes::{self, KubeAccess};
 
 /// The host of an [`HttpGrant`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -34,7 +34,7 @@ use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
 use tower::{ServiceBuilder, ServiceExt};
 
-use super::connections::Connections;
+use crate::runtime::fence::connections::Connections;
 
 /// The authority of the virtual origin: `http://kubernetes.baton`.
 pub const KUBERNETES_ORIGIN: &str = "kubernetes.baton";
@@ -233,7 +233,7 @@ impl std::fmt::Display for ApiRequest {
 /// that is not a resource request.
 ///
 /// ```
-/// use baton::runtime::kubernetes::classify;
+/// use baton::runtime::capability::http::kubernetes::classify;
 /// use http::Method;
 ///
 /// let r = classify(&Method::PUT, "/api/v1/namespaces/apps/configmaps/settings", None).unwrap();

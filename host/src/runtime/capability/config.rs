@@ -6,9 +6,56 @@
 use std::path::PathBuf;
 
 use wasmtime::component::Linker;
+use wasmtime_wasi::WasiView;
 use wasmtime_wasi_config::{WasiConfig, WasiConfigVariables};
 
-use crate::runtime::state::GuestState;
+use super::unit::{Capability, LoadContext, RunStart, Setup, SetupError, Shared};
+use crate::runtime::world::World;
+
+/// The capability: the plugin's `config` table.
+pub struct Config;
+
+impl Capability for Config {
+    type Grant = ConfigGrant;
+    type Plugin = ConfigGrant;
+    type Ctx = WasiConfigVariables;
+    type View<'a> = WasiConfig<'a>;
+
+    fn load(grant: &ConfigGrant, _: &LoadContext<'_>) -> Result<ConfigGrant, String> {
+        Ok(grant.clone())
+    }
+
+    /// No values yet: they are read as the run starts.
+    fn prepare(_: &ConfigGrant, _: &mut Setup<'_>) -> Result<WasiConfigVariables, SetupError> {
+        Ok(WasiConfigVariables::new())
+    }
+
+    fn start(ctx: &mut WasiConfigVariables, grant: &ConfigGrant, _: &RunStart<'_>) -> Result<(), SetupError> {
+        *ctx = grant.resolve().map_err(SetupError::new)?;
+        Ok(())
+    }
+
+    fn view<'a>(ctx: &'a mut WasiConfigVariables, _: Shared<'a>) -> WasiConfig<'a> {
+        WasiConfig::from(&*ctx)
+    }
+
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        _: World,
+        get: for<'a> fn(&'a mut T) -> WasiConfig<'a>,
+    ) -> wasmtime::Result<()> {
+        wasmtime_wasi_config::add_to_linker(linker, get)
+    }
+
+    fn describe(grant: &ConfigGrant) -> Vec<String> {
+        let keys: Vec<&str> = grant.keys().collect();
+        if keys.is_empty() {
+            Vec::new()
+        } else {
+            vec![format!("config {}", keys.join(","))]
+        }
+    }
+}
 
 /// Where one configuration value comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,11 +126,6 @@ impl ConfigGrant {
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.values.iter().map(|(k, _)| k.as_str())
     }
-}
-
-/// Links `wasi:config/store`.
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
-    wasmtime_wasi_config::add_to_linker(linker, |s: &mut GuestState| WasiConfig::from(&s.config))
 }
 
 #[cfg(test)]

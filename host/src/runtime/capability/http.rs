@@ -24,7 +24,7 @@
 //!   stop (the host-call fence traps the guest first), and a request in
 //!   flight is dropped at the term's force-stop time, whatever the guest
 //!   does, and its connection reset (what it still queued is dropped; see
-//!   [`connections`](super::connections)).
+//!   [`connections`](crate::runtime::fence::connections)).
 //! - **Limits** per plugin instance: requests in flight, request and
 //!   response body sizes, and a timeout until the response's headers;
 //!   exceeding one is an error inside the guest (`connection-limit-reached`,
@@ -33,12 +33,9 @@
 //!
 //! Only HTTP/1.1 is spoken; each request opens its own connection.
 
-use std::fmt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -48,24 +45,105 @@ use http::{HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
-use ipnet::IpNet;
 use tokio::net::TcpStream;
 use tokio::sync::{OnceCell, Semaphore};
+use wasmtime::component::Linker;
+use wasmtime_wasi::WasiView;
 use wasmtime_wasi_http::io::TokioIo;
-use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+use wasmtime_wasi_http::{
+    Error as HttpError, RequestOptions, WasiBody, WasiHttp, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks,
+};
 
-use super::connections::Connections;
-use super::kubernetes::{self, KUBERNETES_ORIGIN, KubeAccess};
-use super::lookup::{self, LookupError};
+use super::sockets::lookup::{self, LookupError};
+use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
 use crate::election::Term;
+use crate::runtime::fence::connections::Connections;
 use crate::runtime::store_term::StoreTerm;
+use crate::runtime::world::World;
+use kubernetes::{KUBERNETES_ORIGIN, KubeAccess};
 
 mod grant;
+pub mod kubernetes;
 
 pub use grant::{
     GrantHost, HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError, TlsConfigError,
     is_internal,
 };
+
+/// The capability: `wasi:http` 0.2's outgoing requests (and the
+/// Kubernetes API through the host) under the plugin's `http` and
+/// `kubernetes` grants.
+pub struct Http;
+
+/// One instance's part: `wasi:http`'s context and the hooks that send
+/// its requests.
+pub struct HttpCtx {
+    ctx: WasiHttpCtx,
+    hooks: GuestHttp,
+}
+
+impl Capability for Http {
+    type Grant = HttpPolicy;
+    type Plugin = HttpPolicy;
+    type Ctx = HttpCtx;
+    type View<'a> = WasiHttpCtxView<'a>;
+
+    fn load(policy: &HttpPolicy, _: &LoadContext<'_>) -> Result<HttpPolicy, String> {
+        Ok(policy.clone())
+    }
+
+    fn prepare(policy: &HttpPolicy, setup: &mut Setup<'_>) -> Result<HttpCtx, SetupError> {
+        let (plugin, term) = (setup.plugin.clone(), setup.term.clone());
+        Ok(HttpCtx {
+            ctx: WasiHttpCtx::new(),
+            hooks: GuestHttp::new(plugin, policy.clone(), term, setup.connections.clone()),
+        })
+    }
+
+    fn view<'a>(ctx: &'a mut HttpCtx, shared: Shared<'a>) -> WasiHttpCtxView<'a> {
+        WasiHttpCtxView {
+            ctx: &mut ctx.ctx,
+            table: shared.table,
+            hooks: &mut ctx.hooks,
+        }
+    }
+
+    /// `wasi:http/outgoing-handler` and `wasi:http/types`, as
+    /// `wasmtime_wasi_http::p2::add_only_http_to_linker_async` links them.
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        _: World,
+        get: for<'a> fn(&'a mut T) -> WasiHttpCtxView<'a>,
+    ) -> wasmtime::Result<()> {
+        use wasmtime_wasi_http::p2::bindings::{LinkOptions, http};
+        http::outgoing_handler::add_to_linker::<_, WasiHttp>(linker, get)?;
+        http::types::add_to_linker::<_, WasiHttp>(linker, &LinkOptions::default().into(), get)
+    }
+
+    fn describe(policy: &HttpPolicy) -> Vec<String> {
+        let mut parts = Vec::new();
+        let http: Vec<String> = policy.grants().map(|g| g.to_string()).collect();
+        if !http.is_empty() {
+            parts.push(format!("http {}", http.join(",")));
+        }
+        if let Some(k) = policy.kubernetes() {
+            let rules: Vec<String> = k
+                .rules
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} {} in {}",
+                        r.verbs.join("/"),
+                        r.resources.join("/"),
+                        r.namespaces.join("/")
+                    )
+                })
+                .collect();
+            parts.push(format!("kubernetes {}", rules.join(",")));
+        }
+        parts
+    }
+}
 
 /// The header that carries the lease name.
 pub const LEASE_HEADER: &str = "baton-lease";

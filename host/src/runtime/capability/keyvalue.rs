@@ -21,10 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use wasmtime::component::{HasSelf, Linker, Resource};
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
+use wasmtime_wasi::WasiView;
 
-use crate::runtime::state::GuestState;
+use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
 use crate::runtime::store_term::StoreTerm;
+use crate::runtime::world::World;
 use crate::store::buckets::{Applied, BucketError, BucketName, BucketStore, Entry, Limits, Op, Write};
 
 /// Bindings for `wasi:keyvalue/imports@0.2.0-draft2`.
@@ -306,13 +308,13 @@ fn guest_error(plugin: &str, e: BucketError) -> store::Error {
     store::Error::Other(format!("plugin {plugin:?}: {e}"))
 }
 
-impl GuestState {
+impl KeyValueView<'_> {
     fn bucket_name(&self, bucket: &Resource<OpenBucket>) -> wasmtime::Result<BucketName> {
         Ok(self.table.get(bucket)?.name.clone())
     }
 }
 
-impl store::Host for GuestState {
+impl store::Host for KeyValueView<'_> {
     async fn open(
         &mut self,
         identifier: String,
@@ -331,7 +333,7 @@ impl store::Host for GuestState {
     }
 }
 
-impl store::HostBucket for GuestState {
+impl store::HostBucket for KeyValueView<'_> {
     async fn get(
         &mut self,
         bucket: Resource<OpenBucket>,
@@ -401,7 +403,7 @@ impl store::HostBucket for GuestState {
     }
 }
 
-impl atomics::Host for GuestState {
+impl atomics::Host for KeyValueView<'_> {
     async fn increment(
         &mut self,
         bucket: Resource<OpenBucket>,
@@ -447,7 +449,7 @@ impl atomics::Host for GuestState {
     }
 }
 
-impl atomics::HostCas for GuestState {
+impl atomics::HostCas for KeyValueView<'_> {
     async fn new(
         &mut self,
         bucket: Resource<OpenBucket>,
@@ -478,7 +480,7 @@ impl atomics::HostCas for GuestState {
     }
 }
 
-impl batch::Host for GuestState {
+impl batch::Host for KeyValueView<'_> {
     async fn get_many(
         &mut self,
         bucket: Resource<OpenBucket>,
@@ -528,7 +530,69 @@ impl batch::Host for GuestState {
     }
 }
 
-/// Links `wasi:keyvalue/{store,atomics,batch}@0.2.0-draft2`.
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
-    bindings::Imports::add_to_linker::<_, HasSelf<GuestState>>(linker, |s| s)
+/// The capability: `wasi:keyvalue` over the plugin's buckets.
+pub struct KeyValue;
+
+/// What `wasi:keyvalue` sees of a Store.
+pub struct KeyValueView<'a> {
+    keyvalue: &'a mut KeyValueCtx,
+    table: &'a mut ResourceTable,
+}
+
+impl HasData for KeyValue {
+    type Data<'a> = KeyValueView<'a>;
+}
+
+impl Capability for KeyValue {
+    type Grant = BucketGrant;
+    /// Its buckets, where the host has a lease store.
+    type Plugin = Option<Arc<PluginBuckets>>;
+    type Ctx = KeyValueCtx;
+    type View<'a> = KeyValueView<'a>;
+
+    fn load(grant: &BucketGrant, plugin: &LoadContext<'_>) -> Result<Option<Arc<PluginBuckets>>, String> {
+        Ok(plugin.buckets.map(|store| {
+            Arc::new(PluginBuckets {
+                store: store.clone(),
+                plugin: plugin.plugin.clone(),
+                grant: grant.clone(),
+                counts: Arc::default(),
+            })
+        }))
+    }
+
+    fn prepare(
+        buckets: &Option<Arc<PluginBuckets>>,
+        setup: &mut Setup<'_>,
+    ) -> Result<KeyValueCtx, SetupError> {
+        Ok(KeyValueCtx {
+            buckets: buckets.clone(),
+            lease: setup.lease.to_owned(),
+            term: setup.term.clone(),
+        })
+    }
+
+    fn view<'a>(ctx: &'a mut KeyValueCtx, shared: Shared<'a>) -> KeyValueView<'a> {
+        KeyValueView {
+            keyvalue: ctx,
+            table: shared.table,
+        }
+    }
+
+    /// `wasi:keyvalue/{store,atomics,batch}@0.2.0-draft2`.
+    fn add_to_linker<T: WasiView + 'static>(
+        linker: &mut Linker<T>,
+        _: World,
+        get: for<'a> fn(&'a mut T) -> KeyValueView<'a>,
+    ) -> wasmtime::Result<()> {
+        bindings::Imports::add_to_linker::<_, KeyValue>(linker, get)
+    }
+
+    fn describe(grant: &BucketGrant) -> Vec<String> {
+        if grant.buckets == BucketGrant::default().buckets {
+            Vec::new()
+        } else {
+            vec![format!("keyvalue {}", grant.buckets.join(","))]
+        }
+    }
 }

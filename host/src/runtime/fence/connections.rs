@@ -20,66 +20,10 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use wasmtime::StoreContextMut;
-use wasmtime::component::{Linker, Resource};
-use wasmtime_wasi::p2::bindings::sockets::network::ErrorCode;
-use wasmtime_wasi::p2::bindings::sockets::tcp::HostTcpSocket;
-use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, TcpSocket};
-use wasmtime_wasi::sockets::WasiSocketsView;
-
-use super::state::GuestState;
 use crate::runtime::store_term::StoreTerm;
-
-/// The WASI 0.2 TCP interface that [`add_to_linker`] overrides (the
-/// version wasmtime-wasi 48 serves; older 0.2 imports are linked to it).
-const SOCKETS_TCP: &str = "wasi:sockets/tcp@0.2.12";
-
-type Streams = (Resource<DynInputStream>, Resource<DynOutputStream>);
-
-/// Replaces `tcp-socket.finish-connect` (the connection is registered in
-/// the instance's [`Connections`]) and `tcp-socket.set-send-buffer-size`
-/// (a guest's own size is capped at the plugin's `send-buffer`).
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
-    linker.allow_shadowing(true);
-    let mut tcp = linker.instance(SOCKETS_TCP)?;
-    tcp.func_wrap(
-        "[method]tcp-socket.finish-connect",
-        |mut store: StoreContextMut<'_, GuestState>, (this,): (Resource<TcpSocket>,)| {
-            let state = store.data_mut();
-            let rep = this.rep();
-            let mut view = state.sockets();
-            let streams: Result<Streams, ErrorCode> = match HostTcpSocket::finish_connect(&mut view, this) {
-                Ok(streams) => Ok(streams),
-                Err(e) => Err(e.downcast()?),
-            };
-            if streams.is_ok() {
-                let local = HostTcpSocket::local_address(&mut view, Resource::new_borrow(rep));
-                let remote = HostTcpSocket::remote_address(&mut view, Resource::new_borrow(rep));
-                if let (Ok(local), Ok(remote)) = (local, remote) {
-                    state.connections.add_by_address(local.into(), remote.into());
-                }
-            }
-            Ok((streams,))
-        },
-    )?;
-    tcp.func_wrap(
-        "[method]tcp-socket.set-send-buffer-size",
-        |mut store: StoreContextMut<'_, GuestState>, (this, value): (Resource<TcpSocket>, u64)| {
-            let state = store.data_mut();
-            let value = value.min(state.connections.send_buffer());
-            let done: Result<(), ErrorCode> =
-                match HostTcpSocket::set_send_buffer_size(&mut state.sockets(), this, value) {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(e.downcast()?),
-                };
-            Ok((done,))
-        },
-    )?;
-    linker.allow_shadowing(false);
-    Ok(())
-}
 
 /// The default `send-buffer`: 64 KiB.
 pub const DEFAULT_SEND_BUFFER: u64 = 64 << 10;
@@ -93,7 +37,7 @@ pub struct Connections {
 struct Inner {
     plugin: Arc<str>,
     term: StoreTerm,
-    send_buffer: u64,
+    send_buffer: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -114,13 +58,13 @@ struct Socket {
 
 impl Connections {
     /// The connections of an instance of `plugin` in `term`, each with a
-    /// send buffer of `send_buffer` bytes.
+    /// send buffer of `send_buffer` bytes (until [`set_send_buffer`](Self::set_send_buffer)).
     pub fn new(plugin: Arc<str>, term: StoreTerm, send_buffer: u64) -> Connections {
         Connections {
             inner: Arc::new(Inner {
                 plugin,
                 term,
-                send_buffer,
+                send_buffer: AtomicU64::new(send_buffer),
                 state: Mutex::default(),
             }),
         }
@@ -128,14 +72,20 @@ impl Connections {
 
     /// The send buffer each connection gets.
     pub fn send_buffer(&self) -> u64 {
-        self.inner.send_buffer
+        self.inner.send_buffer.load(Ordering::Relaxed)
+    }
+
+    /// Sets the send buffer of the connections registered from now on
+    /// (the plugin's `send-buffer`, as its instance is made).
+    pub fn set_send_buffer(&self, bytes: u64) {
+        self.inner.send_buffer.store(bytes, Ordering::Relaxed);
     }
 
     /// Registers the connected TCP socket `fd`: its send buffer is bounded
     /// now, and it is reset at the force-stop time.
     pub fn add(&self, fd: RawFd) {
         let Some(ino) = inode(fd) else { return };
-        let bytes = libc::c_int::try_from(self.inner.send_buffer).unwrap_or(libc::c_int::MAX);
+        let bytes = libc::c_int::try_from(self.send_buffer()).unwrap_or(libc::c_int::MAX);
         if let Err(e) = set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, bytes) {
             tracing::warn!(plugin = %self.inner.plugin, error = %e, "cannot bound a connection's send buffer");
         }
