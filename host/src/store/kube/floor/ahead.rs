@@ -1,8 +1,9 @@
-//! Reading a followed lease's term floor ahead of its next term, so that
-//! the host that takes it over writes the floor, or finds that it covers
-//! the term, without reading it first: one request less in a hand-over
-//! (1.4 ms of 13.7 on the test API server; docs/performance.md, "One
-//! hand-over, request by request"). The read also opens a connection
+//! Reading a followed lease's *term floor* ahead of its next term (a
+//! *read ahead*), so that the host that takes it over writes the floor, or
+//! finds that it covers the term, without reading it first: one request
+//! less in a hand-over (1.4 ms of 13.7 on the test API server;
+//! docs/performance.md, "One hand-over, request by request"). The
+//! read also opens a connection
 //! beside the one that carries the watch, which the hand-over then finds
 //! open if it comes within the client's pool idle timeout (90 s).
 //!
