@@ -15,7 +15,7 @@
 //! and the server never works on answers nobody waits for. Without a
 //! bound, a host starting 100 leases on a busy machine sent 500 requests
 //! at once, all timed out, and no lease was led for minutes; the designs
-//! tried and their figures are in docs/performance.md ("A bound on
+//! tried and their figures are in docs/performance-journal.md ("A bound on
 //! requests in flight").
 //!
 //! A request's [`Class`] is set for the task that makes it
