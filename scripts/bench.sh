@@ -11,7 +11,7 @@
 # only with BATON_BENCH_LONG=1 or when named: scripts/bench.sh --bench
 # requests_per_lease. They need the test servers installed
 # (scripts/kube-testenv.sh install, scripts/etcd-testenv.sh install). Some benches have sweeps of their own
-# (BATON_BENCH_SWEEP=1 for many_plugins); see docs/performance-journal.md.
+# (BATON_BENCH_SWEEP=1 for many_plugins); see docs/performance.md.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$repo/scripts/env.sh"
