@@ -71,13 +71,17 @@ fn repo() -> PathBuf {
     manifest.parent().expect("host/ is in the repository").to_owned()
 }
 
+/// What the index of the repository leaves out: git's folder, and what
+/// `.gitignore` names (cargo's `target`, the demo's `.baton`).
+const NOT_INDEXED: &[&str] = &[".git", "target", ".baton"];
+
 /// Every file and folder of the repository, relative, `/`-separated
-/// (`.git` and `target` folders aside).
+/// ([`NOT_INDEXED`] aside).
 fn index(root: &Path, dir: &Path, out: &mut Vec<String>) {
     for entry in std::fs::read_dir(dir).expect("the repository is readable") {
         let path = entry.expect("an entry").path();
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        if name == ".git" || name == "target" {
+        if NOT_INDEXED.contains(&name.as_ref()) {
             continue;
         }
         let relative = path.strip_prefix(root).expect("under the root");
