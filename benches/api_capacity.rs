@@ -29,7 +29,7 @@
 //! Prints a line per step and a Markdown table; writes every step to
 //! `api-capacity.json` and plots the latencies against the offered rate
 //! (`api-capacity.svg`) into `BATON_BENCH_PLOTS` (default `docs/perf/`).
-//! docs/performance.md turns the figures into a fleet model.
+//! docs/performance-journal.md turns the figures into a fleet model.
 //!
 //! Run: `BATON_BENCH_PROFILE=release scripts/bench.sh --bench api_capacity`
 //! (about 10 minutes on 2 cores; the Kubernetes test server must be

@@ -29,6 +29,8 @@ pub mod supervisor;
 pub mod support;
 
 #[cfg(test)]
+mod docs_check;
+#[cfg(test)]
 mod layers;
 #[cfg(test)]
 mod shape;

@@ -21,9 +21,9 @@
 //! elector's news: a stuck elector cannot delay it.
 //!
 //! Before a term's first instance starts, its plugin passes the lease's
-//! [`Admission`], if it has one: the term's records claim the plugin and no
-//! other lease's do (see [`crate::election::claims`]), so that it never runs
-//! under two leases at once, on this host or another.
+//! *admission* ([`Admission`]), if it has one: the term's records claim
+//! the plugin and no other lease's do (see [`crate::election::claims`]), so
+//! that it never runs under two leases at once, on this host or another.
 //!
 //! A plugin with a schedule runs each due time instead, in a fresh
 //! instance, while the term lasts ([`scheduled`]).

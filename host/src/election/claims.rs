@@ -5,7 +5,7 @@
 //! different leases, would run under each. So every record a host writes
 //! while it leads lists the plugins it may run in that term, its *claims*
 //! ([`LeaseRecord::plugins`]), and a plugin's task starts under lease `L`
-//! only once
+//! only once the *claim gate* ([`ClaimGate`]) finds that
 //!
 //! 1. a write of the term, confirmed by the store, lists the plugin
 //!    ([`Term::claimed`]), and then

@@ -21,7 +21,7 @@
 //! - [`claims`]: which plugins a term's records list, and the check that
 //!   no other lease's live record lists a plugin before its task starts.
 //! - [`spread`]: which host prefers which lease, and the [`Spreader`]
-//!   that steers this host's electors by it.
+//!   that *steers* this host's electors by it.
 
 pub mod claims;
 mod clock;

@@ -1,5 +1,5 @@
 //! Spreading the leads over the hosts: which host prefers which lease, and
-//! the task that steers this host's electors by it.
+//! the task that *steers* this host's electors by it.
 //!
 //! Every host keeps a *membership record* in the lease store: a lease named
 //! [`MEMBER_PREFIX`] + its identity, held by the host itself and renewed

@@ -1,6 +1,6 @@
 //! Operating a running host: its log, the start-up's progress display, the
 //! metrics, the health and readiness checks, and the admin endpoints that
-//! serve them. Observes the layers below; steers nothing.
+//! serve them. Observes the layers below; *steers* nothing.
 //!
 //! - [`logging`]: the non-blocking log and its writer thread.
 //! - [`progress`]: the start-up's progress on a terminal.

@@ -8,7 +8,7 @@
 //! # Deleted records
 //!
 //! The store follows the [deleted records](super#deleted-records) rules like
-//! the embedded store: it keeps each lease's highest term (its floor) and
+//! the embedded store: it keeps each lease's highest term (its *floor*) and
 //! counts creates, and each *client* remembers what it saw, as each process
 //! does with a real store. Clones are one client; [`MemoryStore::client`]
 //! makes another (give each elector of a test its own).

@@ -13,7 +13,7 @@
 //! `scheduled run ended` is logged once its end is written, and a skip
 //! once the write that carries it is known to have landed: a write the
 //! store did not answer is settled by the next read (the progress read back
-//! is the one written, or not), and one still unsettled when the term ends
+//! is the one written, or not), and one still *unsettled* when the term ends
 //! is logged as `scheduled runs skipped, unconfirmed`. Every write carries
 //! the term: a write refused by the fence ends the term's work here.
 

@@ -1,4 +1,4 @@
-//! Term floors: the floor file and the term marks that keep a lease's
+//! *Term floors*: the floor file and the term marks that keep a lease's
 //! highest term across its deletion, and the lock that serialises creates
 //! and deletes.
 

@@ -1,5 +1,5 @@
 //! The store's files: a lease's directory of version files, its term
-//! marks, floor and lock files ([`LeaseFiles`]), and the record as stored.
+//! marks, *floor* and lock files ([`LeaseFiles`]), and the record as stored.
 
 use super::*;
 

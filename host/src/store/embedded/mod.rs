@@ -7,7 +7,7 @@
 //!
 //! - **Layout.** A lease `demo` is the directory `demo.lease/`, one version
 //!   file per write (`00000000000000000042.json`), the newest being the
-//!   record; `.demo.terms/` and `.demo.floor` keep its term floor, so terms
+//!   record; `.demo.terms/` and `.demo.floor` keep its *term floor*, so terms
 //!   survive the lease's deletion; `.demo.lock` serialises creates and
 //!   deletes only, never writes.
 //! - **Compare-and-swap without a lock.** Version *n + 1* is created with

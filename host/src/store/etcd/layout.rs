@@ -1,5 +1,5 @@
 //! Where and how the etcd store keeps a lease: its keys under the
-//! configured prefix, the record as stored, the term floor's value, and
+//! configured prefix, the record as stored, the *term floor*'s value, and
 //! the versions handed out.
 //!
 //! - `<prefix>lease/<lease>`: the record, as JSON (the embedded store's

@@ -3,7 +3,7 @@
 //! that any etcd-compatible server serves). The design, with the reasons,
 //! is in `docs/etcd.md`.
 //!
-//! - **Layout.** A record and its term floor per lease, under a prefix
+//! - **Layout.** A record and its *term floor* per lease, under a prefix
 //!   ([`layout`]).
 //! - **Writes.** Each create, renewal, acquisition, release and delete is
 //!   one transaction comparing the record's `mod_revision` and bytes with

@@ -1,4 +1,4 @@
-//! The etcd store's reads: a record with its term floor at one revision,
+//! The etcd store's reads: a record with its *term floor* at one revision,
 //! and listings.
 
 use std::sync::Arc;

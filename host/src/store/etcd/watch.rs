@@ -11,7 +11,7 @@
 //! dead: every lease's stream then ends with the error (their callers poll
 //! and watch again, which starts a new shared watch).
 //!
-//! A lease's stream starts with a read of the record and its floor, then
+//! A lease's stream starts with a read of the record and its *floor*, then
 //! yields the record after each change delivered: never one older than the
 //! store already knew (its own writes included), and, for a deletion, a
 //! read of the floor.

@@ -1,7 +1,7 @@
 //! The etcd store's writes, each one transaction: the record compared by
 //! `mod_revision` and bytes with the version it replaces (or found absent,
 //! for a create), and, when a term starts or the record is created, the
-//! term floor compared and raised in the same transaction.
+//! *term floor* compared and raised in the same transaction.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Term floors: the highest term each lease ever had, kept in a ConfigMap
+//! *Term floors*: the highest term each lease ever had, kept in a ConfigMap
 //! that outlives the Lease, so that a Lease deleted while no host runs does
 //! not restart its terms at 1 and repeat a fencing token. The design, the
 //! ConfigMap's data and the measurements are in `docs/kubernetes.md`
@@ -23,7 +23,7 @@
 //!   wrote, when that floor asks for one (its resourceVersion makes a stale
 //!   one a conflict); every other decision is made on a fresh read. The
 //!   floors seen come from a watch of them ([`watch`]), or, without it,
-//!   from reads ahead of a followed lease's next term ([`ahead`]).
+//!   from a *read ahead* before a followed lease's next term ([`ahead`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -2,20 +2,21 @@
 //! it is reached: renewals and releases of held leases, then the elector's
 //! other requests and the shared watch, then everything else.
 //!
-//! Every request of a store goes through its one [`RequestGate`], by the
-//! [`Gated`] API that wraps kube's. The bound adapts to the API server as
-//! TCP's window does: it starts at [`MIN_LIMIT`], grows by one for each
-//! answer within half the request timeout (doubling each round trip)
-//! until a request times out, then by one a round trip, and halves, once
-//! a round trip, when a request times out. A quarter of the places are
-//! kept for renewals, and background requests take half at most. A
-//! request waits its turn within its caller's bound, and one that waited
-//! over half the request timeout is not sent ([`Shed`]): whatever is sent
-//! has time to be answered, and the server never works on answers nobody
-//! waits for. Without a bound, a host starting 100 leases on a busy
-//! machine sent 500 requests at once, all timed out, and no lease was led
-//! for minutes; the designs tried and their figures are in
-//! docs/performance.md ("A bound on requests in flight").
+//! Every request of a store goes through its one *request gate*
+//! ([`RequestGate`]), by the [`Gated`] API that wraps kube's. The bound
+//! adapts to the API server as TCP's window does: it starts at
+//! [`MIN_LIMIT`], grows by one for each answer within half the request
+//! timeout (doubling each round trip) until a request times out, then by
+//! one a round trip, and halves, once a round trip, when a request times
+//! out. A quarter of the places are kept for renewals, and background
+//! requests take half at most. A request waits its turn within its
+//! caller's bound, and one that waited over half the request timeout is
+//! *shed*, not sent ([`Shed`]): whatever is sent has time to be answered,
+//! and the server never works on answers nobody waits for. Without a
+//! bound, a host starting 100 leases on a busy machine sent 500 requests
+//! at once, all timed out, and no lease was led for minutes; the designs
+//! tried and their figures are in docs/performance-journal.md ("A bound on
+//! requests in flight").
 //!
 //! A request's [`Class`] is set for the task that makes it
 //! ([`Class::scope`]); a request made outside any scope (a task of the

@@ -12,7 +12,7 @@
 //!   object last read with its `resourceVersion` (409 on any write in
 //!   between); fields written by others are carried over.
 //! - **Terms never repeat.** Each lease's highest term is also kept in a
-//!   ConfigMap that outlives the Lease, its term floor ([`floor`]); a Lease
+//!   ConfigMap that outlives the Lease, its *term floor* ([`floor`]); a Lease
 //!   below its floor is read at the floor.
 //! - **Deletions.** A Lease deleted while held reads as its last record
 //!   under a version of its own ([`TOMBSTONE`]): nobody takes it before its

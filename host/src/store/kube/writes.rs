@@ -1,6 +1,6 @@
 //! The Kubernetes store's writes: a create, or a `PUT` of the whole object
 //! last read with its `resourceVersion` as the compare-and-swap (409 on any
-//! write in between), each after the lease's term floor covers the term
+//! write in between), each after the lease's *term floor* covers the term
 //! written; and, while this store holds a lease, the periodic check that
 //! its floor still exists.
 

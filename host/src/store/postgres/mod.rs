@@ -4,7 +4,7 @@
 //!
 //! - **Schema.** Created and migrated at start-up by versioned migrations
 //!   ([`schema`]): `leases` (one row per record), `lease_meta` (what stays
-//!   when a record is deleted: the term floor, the create count, a write
+//!   when a record is deleted: the *term floor*, the create count, a write
 //!   counter), a trigger that keeps `lease_meta` and notifies every
 //!   change, and the write functions.
 //! - **Writes.** Each create, renewal, acquisition and release is one call

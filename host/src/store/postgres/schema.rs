@@ -5,7 +5,7 @@
 //! - `leases`: one row per lease record (the record as JSON, its version,
 //!   its term, its write counter and the timeline it was written on);
 //! - `lease_meta`: what stays of a lease when its record is deleted: the
-//!   term floor (raised by every write, never lowered), the create count,
+//!   *term floor* (raised by every write, never lowered), the create count,
 //!   the write counter, the timeline of the last change;
 //! - a trigger on `leases` keeps `lease_meta` and sends a notification
 //!   (the row itself when it fits) on every change, whoever makes it;

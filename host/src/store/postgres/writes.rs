@@ -1,6 +1,6 @@
 //! The PostgreSQL store's writes, each one call of a write function of
 //! the schema ([`schema`](super::schema)): the record compared by its
-//! version (a random id of its write), the term floor checked and raised
+//! version (a random id of its write), the *term floor* checked and raised
 //! when a term starts, in one transaction.
 
 use tokio_postgres::types::Type;

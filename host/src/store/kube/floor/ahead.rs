@@ -1,10 +1,11 @@
-//! Reading a followed lease's term floor ahead of its next term, so that
-//! the host that takes it over writes the floor, or finds that it covers
-//! the term, without reading it first: one request less in a hand-over
-//! (1.4 ms of 13.7 on the test API server; docs/performance.md, "One
-//! hand-over, request by request"). The read also opens a connection
-//! beside the one that carries the watch, which the hand-over then finds
-//! open if it comes within the client's pool idle timeout (90 s).
+//! Reading a followed lease's *term floor* ahead of its next term (a
+//! *read ahead*), so that the host that takes it over writes the floor, or
+//! finds that it covers the term, without reading it first: one request
+//! less in a hand-over (1.4 ms of 13.7 on the test API server;
+//! docs/performance-journal.md, "One hand-over, request by request"). The
+//! read also opens a connection beside the one that carries the watch,
+//! which the hand-over then finds open if it comes within the client's
+//! pool idle timeout (90 s).
 //!
 //! Safe by the argument that already lets a floor seen before decide
 //! without a read: floors only grow, a floor covers a term only for the

@@ -1,9 +1,9 @@
-//! The namespace's term floors, listed once and then watched (label
+//! The namespace's *term floors*, listed once and then watched (label
 //! `baton.dev/role=term-floor`) by a store that holds a lease: while the
 //! watch is in sync, the floors seen are the floors as they are, give or
 //! take the watch's delay. So a holder learns of a floor deleted under its
 //! live Lease from the watch instead of reading the floor once per lease
-//! duration, and needs no read ahead of the leases it follows.
+//! duration, and needs no *read ahead* of the leases it follows.
 //!
 //! Started in place of the holder's first periodic read of its floor, a
 //! lease duration after its term start wrote or read the floor: out of
