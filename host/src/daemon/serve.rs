@@ -15,7 +15,7 @@
 //!
 //! The spreader ([`Spreader`]) runs on the election runtime too, when the
 //! configuration calls for one (`spread_for`): it keeps this host's
-//! membership record and, with spreading on, steers the electors' intents.
+//! membership record and, with spreading on, *steers* the electors' intents.
 //! A reload that changes what it should do replaces it
 //! (`Launcher::respread`): the old one is stopped, the leases go back to
 //! contending if the new one does not steer, and the new one steers them

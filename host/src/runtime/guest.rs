@@ -7,17 +7,7 @@
 use wasmtime::component::{Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::capability::clocks::Clocks;
-use super::capability::config::Config;
-use super::capability::env::Env;
-use super::capability::files::Files;
-use super::capability::http::Http;
-use super::capability::keyvalue::KeyValue;
-use super::capability::membership::Membership;
-use super::capability::output::Output;
-use super::capability::schedule::CurrentRun;
-use super::capability::sockets::Sockets;
-use super::capability::status::CurrentStatus;
+use super::capability;
 use super::capability::unit::{Capability, LoadContext, RunStart, Setup, SetupError, Shared};
 use super::fence::connections::Connections;
 use super::store_term::StoreTerm;
@@ -99,17 +89,17 @@ macro_rules! capabilities {
 }
 
 capabilities! {
-    status: CurrentStatus,
-    membership: Membership,
-    schedule: CurrentRun,
-    clocks: Clocks,
-    output: Output,
-    env: Env,
-    files: Files,
-    sockets: Sockets,
-    http: Http,
-    keyvalue: KeyValue,
-    config: Config,
+    status: capability::status::CurrentStatus,
+    membership: capability::membership::Membership,
+    schedule: capability::schedule::CurrentRun,
+    clocks: capability::clocks::Clocks,
+    output: capability::output::Output,
+    env: capability::env::Env,
+    files: capability::files::Files,
+    sockets: capability::sockets::Sockets,
+    http: capability::http::Http,
+    keyvalue: capability::keyvalue::KeyValue,
+    config: capability::config::Config,
 }
 
 /// What one instance's Store holds.

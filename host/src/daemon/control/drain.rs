@@ -12,7 +12,7 @@
 //! each lease handed over and any it could not. Readiness is not touched.
 //!
 //! A resume clears the mark and sets every draining elector back to
-//! [`Intent::Contend`]; the spreader steers them again at its next
+//! [`Intent::Contend`]; the spreader *steers* them again at its next
 //! listing. A restart also ends a drain (the mark lives in the process).
 
 use std::sync::Arc;
