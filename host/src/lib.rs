@@ -31,6 +31,8 @@ pub mod support;
 #[cfg(test)]
 mod docs_check;
 #[cfg(test)]
+mod imports;
+#[cfg(test)]
 mod layers;
 #[cfg(test)]
 mod shape;
