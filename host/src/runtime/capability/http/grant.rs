@@ -436,7 +436,7 @@ fn tls_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, TlsConfigE
 /// which a grant by name never reaches.
 ///
 /// ```
-/// use baton::runtime::http::is_internal;
+/// use baton::runtime::capability::http::is_internal;
 ///
 /// for ip in ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254",
 ///            "100.64.0.1", "0.0.0.0", "::1", "fe80::1", "fd00::1", "::ffff:10.0.0.1"] {
