@@ -530,7 +530,8 @@ impl Crate {
                     .and_then(|abs| file_of(&abs, &self.modules));
                 // A module's arrows into its own sections (its folder) are
                 // no arrows: a module and its sections are one unit.
-                let below = |to: usize| !file.module.is_empty() && self.files[to].module.starts_with(&file.module);
+                let below =
+                    |to: usize| !file.module.is_empty() && self.files[to].module.starts_with(&file.module);
                 if let Some(to) = to.filter(|&to| to != k && !below(to)) {
                     arrows.entry((k, to)).or_insert(n.line);
                 }

@@ -6,8 +6,6 @@
 
 use std::time::Duration;
 
-use bytesize::ByteSize;
-
 use crate::election::TimingError;
 use crate::election::spread::MEMBER_PREFIX;
 
@@ -137,76 +135,20 @@ pub enum ConfigErrorKind {
         /// The leases declared.
         declared: Vec<String>,
     },
-    /// A grant that does not parse, or grants that do not go together
-    /// (`field`: `connect` or `http`).
+    /// A grant that cannot be used: the capability's parser says which
+    /// key (or path into it, `kubernetes.allow[0].verbs`) and why.
     #[error("plugin {plugin:?}: field `{field}`: {reason}")]
     Grant {
         /// The plugin.
         plugin: String,
-        /// The field of the grant.
-        field: &'static str,
-        /// Why not, as the grant's parser says it.
+        /// The key at fault, or a path into its value.
+        field: String,
+        /// Why not, as the capability's parser says it.
         reason: String,
-    },
-    /// `http-limits` that refuse every request.
-    #[error(
-        "plugin {0:?}: field `http-limits`: `concurrent` and `timeout` must be above zero \
-         (to refuse every request, grant no `http`)"
-    )]
-    ZeroHttpLimits(String),
-    /// A `kubernetes` rule naming a verb that is not one.
-    #[error(
-        "plugin {plugin:?}: field `kubernetes.allow[{rule}].verbs`: {verb:?} is not a verb: use {}",
-        super::parse::VERBS.join(", ")
-    )]
-    UnknownVerb {
-        /// The plugin.
-        plugin: String,
-        /// The rule's index.
-        rule: usize,
-        /// The word that is not a verb.
-        verb: String,
-    },
-    /// A `kubernetes` rule with an empty list, which allows nothing.
-    #[error(
-        "plugin {plugin:?}: field `kubernetes.allow[{rule}].{list}`: empty, which allows nothing \
-         (`\"*\"` allows any; the core group is `\"\"`)"
-    )]
-    EmptyKubeList {
-        /// The plugin.
-        plugin: String,
-        /// The rule's index.
-        rule: usize,
-        /// The list: `verbs`, `groups`, `resources` or `namespaces`.
-        list: &'static str,
     },
     /// A `memory-limit` below 1 MiB.
     #[error("plugin {0:?}: field `memory-limit`: below 1 MiB")]
     MemoryLimitTooSmall(String),
-    /// An `output-line` above the longest line the host logs.
-    #[error(
-        "plugin {0:?}: field `output-line`: at most {kib} KiB (longer lines are cut)",
-        kib = crate::runtime::capability::output::MAX_OUTPUT_LINE / 1024
-    )]
-    OutputLineTooLong(String),
-    /// An `output-rate` or `output-line` of zero.
-    #[error(
-        "plugin {0:?}: fields `output-rate` and `output-line` must be above zero \
-         (to silence a plugin, filter its log target: BATON_LOG=info,guest=off)"
-    )]
-    ZeroOutput(String),
-    /// A `send-buffer` out of its range.
-    #[error(
-        "plugin {plugin:?}: field `send-buffer`: {} is not between 4 KiB and 64 MiB \
-         (what each TCP connection may queue in the kernel)",
-        ByteSize::b(*.bytes)
-    )]
-    SendBufferOutOfRange {
-        /// The plugin.
-        plugin: String,
-        /// The size configured.
-        bytes: u64,
-    },
     /// An `[store]` setting of an etcd store that cannot work.
     #[error("[store] (kind = \"etcd\"): {0}")]
     Etcd(String),

@@ -15,6 +15,7 @@ mod overrides;
 pub mod own_files;
 mod parse;
 mod postgres;
+mod raw_plugin;
 mod registry;
 
 use std::collections::BTreeMap;
@@ -22,7 +23,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bytesize::ByteSize;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -30,15 +30,13 @@ use crate::election::Timings;
 use crate::election::spread::{
     DEFAULT_FORGET_AFTER, DEFAULT_HEAD_START, MEMBER_PREFIX, Placement, SpreadConfig,
 };
-use crate::runtime::{
-    ConnectGrant, DEFAULT_MEMORY_LIMIT, DirGrant, HttpGrant, HttpLimits, HttpPolicy, KubeGrant, KubeRule,
-    NetworkGrant, OutputLimits, PluginSpec,
-};
+use crate::runtime::{DEFAULT_MEMORY_LIMIT, PluginSpec};
 use crate::store::validate_lease_name;
 
 pub use error::{AdminAddressError, AdvertiseAddressError, ConfigError, ConfigErrorKind, InvalidNamespace};
 pub use etcd::etcd_endpoint;
 pub use overrides::{LoadError, OverrideError, Overrides};
+use raw_plugin::RawPlugin;
 pub use registry::{OciSource, RegistryConfig};
 
 #[derive(Debug, Deserialize)]
@@ -188,52 +186,6 @@ struct RawLease {
     timings: RawTimings,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct RawPlugin {
-    name: Spanned<String>,
-    path: Spanned<PathBuf>,
-    lease: Spanned<String>,
-    memory_limit: Option<ByteSize>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    #[serde(default)]
-    inherit_env: Vec<String>,
-    #[serde(default)]
-    dirs: Vec<RawDir>,
-    #[serde(default)]
-    connect: Vec<Spanned<String>>,
-    #[serde(default)]
-    name_lookup: bool,
-    #[serde(default)]
-    http: Vec<Spanned<RawHttpGrant>>,
-    http_limits: Option<RawHttpLimits>,
-    kubernetes: Option<RawKubeGrant>,
-    output_rate: Option<ByteSize>,
-    output_line: Option<ByteSize>,
-    send_buffer: Option<ByteSize>,
-    #[serde(default)]
-    reload: ReloadMode,
-    keyvalue: Option<Vec<String>>,
-    keyvalue_limits: Option<RawKeyValueLimits>,
-    #[serde(default)]
-    config: BTreeMap<String, RawConfigValue>,
-    schedule: Option<String>,
-    #[serde(default, with = "humantime_serde")]
-    every: Option<Duration>,
-    time_zone: Option<String>,
-    #[serde(default, with = "humantime_serde")]
-    starting_deadline: Option<Duration>,
-    catch_up: Option<RawCatchUp>,
-    overlap: Option<RawOverlap>,
-    #[serde(default, with = "humantime_serde")]
-    jitter: Option<Duration>,
-    #[serde(default)]
-    suspend: bool,
-    health_check: Option<health_check::RawHealthCheck>,
-    verify_key: Option<PathBuf>,
-}
-
 /// `catch-up`.
 #[derive(Clone, Copy, Debug, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -251,30 +203,6 @@ enum RawOverlap {
     Replace,
 }
 
-/// `keyvalue-limits`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct RawKeyValueLimits {
-    key: Option<ByteSize>,
-    value: Option<ByteSize>,
-    bucket: Option<ByteSize>,
-}
-
-/// A `config` value: the value itself, or where to read it.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum RawConfigValue {
-    Value(String),
-    Source(RawConfigSource),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct RawConfigSource {
-    from_file: Option<PathBuf>,
-    env: Option<String>,
-}
-
 /// When a new version of a plugin (its file or its settings changed, seen
 /// by a reload) runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -288,58 +216,6 @@ pub enum ReloadMode {
     /// told, then drained; the lease released) and contends again.
     #[serde(rename = "now")]
     Now,
-}
-
-/// An `http` grant: an origin, or a table with options.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum RawHttpGrant {
-    Origin(String),
-    Table(RawHttpGrantTable),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct RawHttpGrantTable {
-    url: String,
-    ca: Option<PathBuf>,
-    term_headers: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct RawKubeGrant {
-    kubeconfig: Option<PathBuf>,
-    term_headers: Option<bool>,
-    allow: Vec<RawKubeRule>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct RawKubeRule {
-    verbs: Vec<String>,
-    groups: Vec<String>,
-    resources: Vec<String>,
-    namespaces: Vec<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct RawHttpLimits {
-    concurrent: Option<usize>,
-    request_body: Option<ByteSize>,
-    response_body: Option<ByteSize>,
-    #[serde(default, with = "humantime_serde")]
-    timeout: Option<Duration>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct RawDir {
-    host: PathBuf,
-    guest: String,
-    #[serde(default)]
-    read_only: bool,
 }
 
 /// Where leases are kept.
@@ -665,7 +541,7 @@ impl Config {
         })?;
         let leases = src.leases(&raw)?;
         let registry = src.registry(raw.registry.as_ref())?;
-        let plugins = src.plugins(&raw, &leases, &registry)?;
+        let plugins = src.plugins(&mut raw, &leases, &registry)?;
         let store_declared = raw.store.is_some();
         let store = src.store(raw.store.take())?;
         let (membership, spreading) = src.spread(&raw, leases.len())?;

@@ -9,9 +9,9 @@ use bytesize::ByteSize;
 
 use super::*;
 use crate::election::spread::MAX_WEIGHT;
-use crate::runtime::{BucketGrant, ConfigGrant, ConfigSource, Grants, OWN_BUCKET, SocketsGrant};
+use crate::runtime::capability::unit::GrantSite;
+use crate::runtime::{Grants, RawGrants};
 use crate::schedule::{CatchUp, Overlap, Schedule, When};
-use crate::store::buckets::validate_bucket_name;
 
 /// The file being parsed: its name for messages, its text for line
 /// numbers, its folder for relative paths.
@@ -20,19 +20,6 @@ pub(super) struct Source<'a> {
     pub(super) text: &'a str,
     pub(super) base: PathBuf,
 }
-
-/// The verbs a `kubernetes` grant's rule may name.
-pub(super) const VERBS: [&str; 9] = [
-    "get",
-    "list",
-    "watch",
-    "create",
-    "update",
-    "patch",
-    "delete",
-    "deletecollection",
-    "*",
-];
 
 impl Source<'_> {
     /// An error at byte `offset` of the text.
@@ -77,7 +64,7 @@ impl Source<'_> {
         &self,
         at: usize,
         plugin: &str,
-        field: &'static str,
+        field: impl Into<String>,
         why: impl std::fmt::Display,
     ) -> ConfigError {
         let reason = why.to_string();
@@ -85,7 +72,7 @@ impl Source<'_> {
             at,
             ConfigErrorKind::Grant {
                 plugin: plugin.to_owned(),
-                field,
+                field: field.into(),
                 reason,
             },
         )
@@ -194,12 +181,14 @@ impl Source<'_> {
     /// The `[[plugin]]` tables, each under a declared lease.
     pub(super) fn plugins(
         &self,
-        raw: &RawConfig,
+        raw: &mut RawConfig,
         leases: &[LeaseConfig],
         registry: &RegistryConfig,
     ) -> Result<Vec<PluginConfig>, ConfigError> {
         let mut plugins: Vec<PluginConfig> = Vec::new();
-        for p in &raw.plugins {
+        for p in &mut raw.plugins {
+            let grants = std::mem::take(&mut p.grants);
+            let p = &*p;
             let name = p.name.get_ref();
             let at = p.name.span().start;
             self.plugin_name(at, name)?;
@@ -218,7 +207,7 @@ impl Source<'_> {
                     },
                     digest: None,
                     memory_limit: self.memory_limit(at, name, p)?,
-                    grants: self.grants(at, name, p)?,
+                    grants: self.grants(at, name, grants)?,
                     health_check: self.health_check(at, name, p.health_check.as_ref())?,
                 },
                 lease: p.lease.get_ref().clone(),
@@ -231,59 +220,15 @@ impl Source<'_> {
         Ok(plugins)
     }
 
-    /// `keyvalue` and `keyvalue-limits`: the buckets a plugin may open.
-    /// Each capability's grant, from the plugin's table.
-    fn grants(&self, at: usize, name: &str, p: &RawPlugin) -> Result<Grants, ConfigError> {
-        Ok(Grants {
-            output: self.output(at, name, p)?,
-            env: env_of(name, p),
-            files: self.dirs(p),
-            sockets: SocketsGrant {
-                network: self.network(name, p)?,
-                send_buffer: self.send_buffer(at, name, p)?,
-            },
-            http: self.http(at, name, p)?,
-            keyvalue: self.keyvalue(at, name, p)?,
-            config: self.config_values(at, name, p)?,
-            ..Grants::default()
-        })
-    }
-
-    fn keyvalue(&self, at: usize, name: &str, p: &RawPlugin) -> Result<BucketGrant, ConfigError> {
-        let field_err = self.plugin_field_err(at, name);
-        let mut grant = BucketGrant::default();
-        if let Some(buckets) = &p.keyvalue {
-            for b in buckets {
-                if b != OWN_BUCKET {
-                    validate_bucket_name(b).map_err(|e| field_err("keyvalue", e))?;
-                }
-                if b.starts_with("baton-") {
-                    return Err(field_err(
-                        "keyvalue",
-                        format!(
-                            "bucket {b:?}: names starting with \"baton-\" are kept for the host's own buckets"
-                        ),
-                    ));
-                }
-            }
-            grant.buckets = buckets.clone();
-        }
-        let raw = p.keyvalue_limits.as_ref();
-        let limit = |l: Option<&ByteSize>, default: u64| l.map_or(default, ByteSize::as_u64);
-        let limits = &mut grant.limits;
-        limits.key = limit(raw.and_then(|r| r.key.as_ref()), limits.key as u64) as usize;
-        limits.value = limit(raw.and_then(|r| r.value.as_ref()), limits.value as u64) as usize;
-        limits.bucket = limit(raw.and_then(|r| r.bucket.as_ref()), limits.bucket);
-        if limits.key == 0 || limits.value as u64 > limits.bucket {
-            return Err(field_err(
-                "keyvalue-limits",
-                format!(
-                    "key must be above 0 and value ({}) at most bucket ({})",
-                    limits.value, limits.bucket
-                ),
-            ));
-        }
-        Ok(grant)
+    /// Each capability's grant, from its keys of the plugin's table.
+    fn grants(&self, at: usize, name: &str, raw: RawGrants) -> Result<Grants, ConfigError> {
+        let site = GrantSite {
+            plugin: name,
+            at,
+            base: &self.base,
+        };
+        raw.grants(&site)
+            .map_err(|e| self.grant_err(e.at, name, e.field, e.reason))
     }
 
     /// A bucket granted by name is shared under the lease; it must not be
@@ -372,39 +317,6 @@ impl Source<'_> {
         Ok(Some(schedule))
     }
 
-    /// `config`: values, files (relative to the configuration file) and
-    /// environment variables.
-    fn config_values(&self, at: usize, name: &str, p: &RawPlugin) -> Result<ConfigGrant, ConfigError> {
-        let mut values = Vec::new();
-        for (key, raw) in &p.config {
-            let source = match raw {
-                RawConfigValue::Value(v) => ConfigSource::Value(v.clone()),
-                RawConfigValue::Source(RawConfigSource {
-                    from_file: Some(f),
-                    env: None,
-                }) => ConfigSource::File(self.resolve(f)),
-                RawConfigValue::Source(RawConfigSource {
-                    from_file: None,
-                    env: Some(v),
-                }) => ConfigSource::Env(v.clone()),
-                RawConfigValue::Source(_) => {
-                    return Err(self.err_at(
-                        at,
-                        ConfigErrorKind::PluginField {
-                            plugin: name.to_owned(),
-                            field: "config",
-                            reason: format!(
-                                "key {key:?}: give a string, {{ from-file = \"…\" }} or {{ env = \"…\" }}"
-                            ),
-                        },
-                    ));
-                }
-            };
-            values.push((key.clone(), source));
-        }
-        Ok(ConfigGrant { values })
-    }
-
     /// A plugin's name: lease records list plugins by name.
     fn plugin_name(&self, at: usize, name: &str) -> Result<(), ConfigError> {
         if name.is_empty() {
@@ -437,123 +349,6 @@ impl Source<'_> {
         ))
     }
 
-    /// `dirs`: host folders relative to the file's.
-    fn dirs(&self, p: &RawPlugin) -> Vec<DirGrant> {
-        p.dirs
-            .iter()
-            .map(|d| DirGrant {
-                host: self.resolve(&d.host),
-                guest: d.guest.clone(),
-                read_only: d.read_only,
-            })
-            .collect()
-    }
-
-    /// `connect` and `name-lookup`.
-    fn network(&self, name: &str, p: &RawPlugin) -> Result<NetworkGrant, ConfigError> {
-        let mut connect = Vec::new();
-        for grant in &p.connect {
-            let parsed = grant
-                .get_ref()
-                .parse::<ConnectGrant>()
-                .map_err(|e| self.grant_err(grant.span().start, name, "connect", e))?;
-            connect.push(parsed);
-        }
-        Ok(NetworkGrant {
-            connect,
-            name_lookup: p.name_lookup,
-        })
-    }
-
-    /// `http`, `http-limits` and `kubernetes`.
-    fn http(&self, at: usize, name: &str, p: &RawPlugin) -> Result<HttpPolicy, ConfigError> {
-        let mut grants = Vec::new();
-        for grant in &p.http {
-            let field_err =
-                |e: crate::runtime::HttpGrantError| self.grant_err(grant.span().start, name, "http", e);
-            let parsed = match grant.get_ref() {
-                RawHttpGrant::Origin(url) => url.parse::<HttpGrant>().map_err(field_err)?,
-                RawHttpGrant::Table(t) => {
-                    let mut g = t.url.parse::<HttpGrant>().map_err(field_err)?;
-                    g.ca = t.ca.as_deref().map(|ca| self.resolve(ca));
-                    g.term_headers = t.term_headers.unwrap_or(true);
-                    g
-                }
-            };
-            grants.push(parsed);
-        }
-        let limits = self.http_limits(at, name, p)?;
-        let http = HttpPolicy::new(&grants, limits).map_err(|e| self.grant_err(at, name, "http", e))?;
-        match &p.kubernetes {
-            Some(k) => Ok(http.with_kubernetes(self.kubernetes(at, name, k)?)),
-            None => Ok(http),
-        }
-    }
-
-    /// `http-limits`, each field defaulted.
-    fn http_limits(&self, at: usize, name: &str, p: &RawPlugin) -> Result<HttpLimits, ConfigError> {
-        let defaults = HttpLimits::default();
-        let limits = match &p.http_limits {
-            None => defaults,
-            Some(l) => HttpLimits {
-                concurrent: l.concurrent.unwrap_or(defaults.concurrent),
-                request_body: l.request_body.map_or(defaults.request_body, |b| b.as_u64()),
-                response_body: l.response_body.map_or(defaults.response_body, |b| b.as_u64()),
-                timeout: l.timeout.unwrap_or(defaults.timeout),
-            },
-        };
-        if limits.concurrent == 0 || limits.timeout.is_zero() {
-            return Err(self.err_at(at, ConfigErrorKind::ZeroHttpLimits(name.to_owned())));
-        }
-        Ok(limits)
-    }
-
-    /// The `kubernetes` grant: its rules, each naming verbs, groups,
-    /// resources and namespaces.
-    fn kubernetes(&self, at: usize, name: &str, k: &RawKubeGrant) -> Result<KubeGrant, ConfigError> {
-        let mut rules = Vec::new();
-        for (i, r) in k.allow.iter().enumerate() {
-            if let Some(v) = r.verbs.iter().find(|v| !VERBS.contains(&v.as_str())) {
-                return Err(self.err_at(
-                    at,
-                    ConfigErrorKind::UnknownVerb {
-                        plugin: name.to_owned(),
-                        rule: i,
-                        verb: v.clone(),
-                    },
-                ));
-            }
-            for (what, list) in [
-                ("verbs", &r.verbs),
-                ("groups", &r.groups),
-                ("resources", &r.resources),
-                ("namespaces", &r.namespaces),
-            ] {
-                if list.is_empty() {
-                    return Err(self.err_at(
-                        at,
-                        ConfigErrorKind::EmptyKubeList {
-                            plugin: name.to_owned(),
-                            rule: i,
-                            list: what,
-                        },
-                    ));
-                }
-            }
-            rules.push(KubeRule {
-                verbs: r.verbs.clone(),
-                groups: r.groups.clone(),
-                resources: r.resources.clone(),
-                namespaces: r.namespaces.clone(),
-            });
-        }
-        Ok(KubeGrant {
-            rules,
-            kubeconfig: k.kubeconfig.as_deref().map(|p| self.resolve(p)),
-            term_headers: k.term_headers.unwrap_or(true),
-        })
-    }
-
     /// `memory-limit`: 1 MiB at least.
     fn memory_limit(&self, at: usize, name: &str, p: &RawPlugin) -> Result<u64, ConfigError> {
         let limit = p.memory_limit.map_or(DEFAULT_MEMORY_LIMIT, |m| m.as_u64());
@@ -561,43 +356,6 @@ impl Source<'_> {
             return Err(self.err_at(at, ConfigErrorKind::MemoryLimitTooSmall(name.to_owned())));
         }
         Ok(limit)
-    }
-
-    /// `output-rate` and `output-line`.
-    fn output(&self, at: usize, name: &str, p: &RawPlugin) -> Result<OutputLimits, ConfigError> {
-        let defaults = OutputLimits::default();
-        let output = OutputLimits {
-            bytes_per_second: p.output_rate.map_or(defaults.bytes_per_second, |r| r.as_u64()),
-            line: p.output_line.map_or(defaults.line, |l| {
-                usize::try_from(l.as_u64()).unwrap_or(usize::MAX)
-            }),
-        };
-        if output.line > crate::runtime::capability::output::MAX_OUTPUT_LINE {
-            return Err(self.err_at(at, ConfigErrorKind::OutputLineTooLong(name.to_owned())));
-        }
-        if output.bytes_per_second == 0 || output.line == 0 {
-            return Err(self.err_at(at, ConfigErrorKind::ZeroOutput(name.to_owned())));
-        }
-        Ok(output)
-    }
-
-    /// `send-buffer`: between 4 KiB and 64 MiB.
-    fn send_buffer(&self, at: usize, name: &str, p: &RawPlugin) -> Result<u64, ConfigError> {
-        let send_buffer = p
-            .send_buffer
-            .map_or(crate::runtime::fence::connections::DEFAULT_SEND_BUFFER, |b| {
-                b.as_u64()
-            });
-        if (4 << 10..=64 << 20).contains(&send_buffer) {
-            return Ok(send_buffer);
-        }
-        Err(self.err_at(
-            at,
-            ConfigErrorKind::SendBufferOutOfRange {
-                plugin: name.to_owned(),
-                bytes: send_buffer,
-            },
-        ))
     }
 
     /// `[store]`: the embedded store by default, in `.baton/leases` beside
@@ -769,19 +527,4 @@ impl Source<'_> {
             None => Ok(default_identity()),
         }
     }
-}
-
-/// `env` and the host's variables named in `inherit-env` (a variable not
-/// set on the host is left out, with a warning).
-fn env_of(name: &str, p: &RawPlugin) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = p.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    for var in &p.inherit_env {
-        match std::env::var(var) {
-            Ok(v) => env.push((var.clone(), v)),
-            Err(_) => {
-                tracing::warn!(plugin = %name, variable = %var, "inherit-env: not set on the host; not passed")
-            }
-        }
-    }
-    env
 }

@@ -364,3 +364,57 @@ fn relative_paths_are_taken_from_the_files_folder_made_absolute() {
     let c = Config::parse(text, Some(Path::new("/srv/run.toml"))).unwrap();
     assert_eq!(c.cache_dir.as_deref(), Some(Path::new("/srv/compiled")));
 }
+
+/// A plugin table after `GOOD`'s lease with `extra` lines, parsed.
+fn plugin_with(extra: &str) -> Result<Config, String> {
+    let text = format!(
+        "[[lease]]\nname = \"demo\"\n[[plugin]]\nname = \"p\"\npath = \"p.wasm\"\nlease = \"demo\"\n{extra}"
+    );
+    Config::parse(&text, Some(Path::new("b.toml"))).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_plugin_table_shares_its_keys_with_the_capabilities_and_refuses_the_rest_where_written() {
+    // Each capability reads its own keys.
+    let c = plugin_with(
+        "connect = [\"10.0.0.0/8:5432\"]\nsend-buffer = \"128 KiB\"\nkeyvalue = [\"shared\"]\n\
+         output-line = \"4 KiB\"\nconfig = { region = \"eu\" }\ndirs = [{ host = \"d\", guest = \"/d\" }]\n",
+    )
+    .unwrap();
+    let grants = &c.plugins[0].spec.grants;
+    assert_eq!(grants.sockets.send_buffer, 128 << 10);
+    assert_eq!(grants.sockets.network.connect.len(), 1);
+    assert_eq!(grants.keyvalue.buckets, ["shared"]);
+    assert_eq!(grants.output.line, 4 << 10);
+    assert_eq!(grants.config.keys().collect::<Vec<_>>(), ["region"]);
+    assert!(grants.files[0].host.is_absolute() && grants.files[0].host.ends_with("d"));
+    // A key nobody reads is refused on its own line, with the keys known.
+    let e = plugin_with("name-lookup = true\nconect = [\"x\"]\n").unwrap_err();
+    assert!(
+        e.contains("b.toml:8") && e.contains("unknown field `conect`"),
+        "{e}"
+    );
+    assert!(e.contains("`connect`") && e.contains("`verify-key`"), "{e}");
+    // A capability's entry that does not parse is pointed at, by line.
+    let e = plugin_with("connect = [\n  \"10.0.0.0/8:5432\",\n  \"nowhere\",\n]\n").unwrap_err();
+    assert!(e.contains("b.toml:9") && e.contains("field `connect`"), "{e}");
+    // A capability's check names its key.
+    let e = plugin_with("send-buffer = \"1 KiB\"\n").unwrap_err();
+    assert!(e.contains("plugin \"p\": field `send-buffer`"), "{e}");
+    let e = plugin_with("kubernetes = { allow = [{ verbs = [\"poke\"], groups = [\"\"], resources = [\"pods\"], namespaces = [\"a\"] }] }\n").unwrap_err();
+    assert!(
+        e.contains("field `kubernetes.allow[0].verbs`: \"poke\" is not a verb"),
+        "{e}"
+    );
+    // A value of the wrong type names the key; a missing key of the
+    // plugin's own is named too.
+    let e = plugin_with("name-lookup = \"yes\"\n").unwrap_err();
+    assert!(e.contains("b.toml:7"), "{e}");
+    let e = Config::parse(
+        "[[lease]]\nname = \"demo\"\n[[plugin]]\npath = \"p.wasm\"\nlease = \"demo\"\n",
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("missing field `name`"), "{e}");
+}

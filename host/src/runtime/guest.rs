@@ -8,17 +8,51 @@ use wasmtime::component::{Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::capability;
-use super::capability::unit::{Capability, LoadContext, RunStart, Setup, SetupError, Shared};
+use super::capability::unit::{
+    Capability, GrantError, GrantSite, LoadContext, RunStart, Setup, SetupError, Shared,
+};
 use super::fence::connections::Connections;
 use super::store_term::StoreTerm;
 use super::trap::GuestLimits;
 use super::world::World;
+use crate::support::raw_keys::RawKeys;
 
-/// Declares the registry: a field per capability in [`Grants`],
-/// [`PluginParts`] and [`Contexts`], and the steps that go through them
-/// in order.
+/// Declares the registry: a field per capability in [`RawGrants`],
+/// [`Grants`], [`PluginParts`] and [`Contexts`], and the steps that go
+/// through them in order.
 macro_rules! capabilities {
     ($($name:ident: $cap:ty),* $(,)?) => {
+        /// Every capability's keys of a plugin's table, as written.
+        #[derive(Debug, Default)]
+        pub struct RawGrants {
+            $( $name: <$cap as Capability>::Raw, )*
+        }
+
+        impl RawGrants {
+            /// Every capability's keys, in registration order.
+            pub fn keys() -> Vec<&'static str> {
+                let mut keys = Vec::new();
+                $( keys.extend(<<$cap as Capability>::Raw as RawKeys>::keys()); )*
+                keys
+            }
+
+            /// Reads the value of `key` into the capability whose key it
+            /// is; `false` if it is none's.
+            pub fn take<'de, A: serde::de::MapAccess<'de>>(
+                &mut self,
+                key: &str,
+                map: &mut A,
+            ) -> Result<bool, A::Error> {
+                $( if self.$name.take(key, map)? { return Ok(true); } )*
+                Ok(false)
+            }
+
+            /// Each capability's grant from its keys.
+            pub fn grants(self, site: &GrantSite<'_>) -> Result<Grants, GrantError> {
+                Ok(Grants { $( $name: <$cap as Capability>::grant(self.$name, site)?, )* })
+            }
+        }
+
         /// What a plugin's table grants, one field per capability; the
         /// default grants nothing beyond each capability's default.
         #[derive(Clone, Debug, Default)]

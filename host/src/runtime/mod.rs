@@ -47,7 +47,7 @@ pub use capability::schedule::ScheduledRun;
 pub use capability::sockets::{ConnectGrant, ConnectGrantError, NetworkGrant, SocketsGrant};
 pub use compile::{CacheUse, Compile, CompileObserver, NoCompileObserver};
 pub use engine::{EPOCH_TICK, EngineOptions, PluginEngine, PoolLimits, default_cache_dir};
-pub use guest::Grants;
+pub use guest::{Grants, RawGrants};
 pub use plugin::{
     CheckOutcome, DEFAULT_MEMORY_LIMIT, GrantedImport, HealthCheck, HealthChecker, Plugin, PluginRuntime,
     PluginSpec, Prepared, TaskOutcome,

@@ -12,8 +12,9 @@ use wasmtime::component::Linker;
 use wasmtime_wasi::WasiView;
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock};
 
-use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, Setup, SetupError, Shared};
 use crate::runtime::world::World;
+use crate::support::raw_keys::NoKeys;
 
 /// A source of time for a guest.
 pub trait GuestClock: Send + Sync {
@@ -87,10 +88,16 @@ impl HostMonotonicClock for Source {
 pub struct Clocks;
 
 impl Capability for Clocks {
+    type Raw = NoKeys;
     type Grant = ClockGrant;
     type Plugin = ClockGrant;
     type Ctx = ();
     type View<'a> = ();
+
+    /// Nothing in the table: every plugin has it.
+    fn grant(_: NoKeys, _: &GrantSite<'_>) -> Result<ClockGrant, GrantError> {
+        Ok(Default::default())
+    }
 
     fn load(grant: &ClockGrant, _: &LoadContext<'_>) -> Result<ClockGrant, String> {
         Ok(grant.clone())

@@ -9,17 +9,71 @@ use wasmtime::component::Linker;
 use wasmtime_wasi::WasiView;
 use wasmtime_wasi_config::{WasiConfig, WasiConfigVariables};
 
-use super::unit::{Capability, LoadContext, RunStart, Setup, SetupError, Shared};
+use std::collections::BTreeMap;
+
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, RunStart, Setup, SetupError, Shared};
 use crate::runtime::world::World;
 
 /// The capability: the plugin's `config` table.
 pub struct Config;
 
+/// A `config` value, as written: the value itself, or where to read it.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+pub enum RawConfigValue {
+    /// The value.
+    Value(String),
+    /// `{ from-file = "…" }` or `{ env = "…" }`.
+    Source(RawConfigSource),
+}
+
+/// Where a `config` value is read.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RawConfigSource {
+    from_file: Option<PathBuf>,
+    env: Option<String>,
+}
+
+crate::raw_keys! {
+    /// `config`.
+    pub struct RawConfig {
+        values: BTreeMap<String, RawConfigValue> = "config",
+    }
+}
+
 impl Capability for Config {
+    type Raw = RawConfig;
     type Grant = ConfigGrant;
     type Plugin = ConfigGrant;
     type Ctx = WasiConfigVariables;
     type View<'a> = WasiConfig<'a>;
+
+    /// Each key's source: its value, a file (relative to the
+    /// configuration's folder) or a variable of the host.
+    fn grant(raw: RawConfig, site: &GrantSite<'_>) -> Result<ConfigGrant, GrantError> {
+        let mut values = Vec::new();
+        for (key, raw) in raw.values.unwrap_or_default() {
+            let source = match raw {
+                RawConfigValue::Value(v) => ConfigSource::Value(v),
+                RawConfigValue::Source(RawConfigSource {
+                    from_file: Some(f),
+                    env: None,
+                }) => ConfigSource::File(site.resolve(&f)),
+                RawConfigValue::Source(RawConfigSource {
+                    from_file: None,
+                    env: Some(v),
+                }) => ConfigSource::Env(v),
+                RawConfigValue::Source(_) => {
+                    let why =
+                        format!("key {key:?}: give a string, {{ from-file = \"…\" }} or {{ env = \"…\" }}");
+                    return Err(site.error("config", why));
+                }
+            };
+            values.push((key, source));
+        }
+        Ok(ConfigGrant { values })
+    }
 
     fn load(grant: &ConfigGrant, _: &LoadContext<'_>) -> Result<ConfigGrant, String> {
         Ok(grant.clone())

@@ -4,7 +4,9 @@
 use wasmtime::component::Linker;
 use wasmtime_wasi::WasiView;
 
-use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
+use std::collections::BTreeMap;
+
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, Setup, SetupError, Shared};
 use crate::runtime::world::World;
 
 /// The capability: WASI's own `environment`, filled from the grant.
@@ -14,11 +16,34 @@ pub struct Env;
 /// configuration was read).
 pub type EnvGrant = Vec<(String, String)>;
 
+crate::raw_keys! {
+    /// `env` and `inherit-env`.
+    pub struct RawEnv {
+        env: BTreeMap<String, String> = "env",
+        inherit: Vec<String> = "inherit-env",
+    }
+}
+
 impl Capability for Env {
+    type Raw = RawEnv;
     type Grant = EnvGrant;
     type Plugin = EnvGrant;
     type Ctx = ();
     type View<'a> = ();
+
+    /// `env`'s values, then each `inherit-env` variable the host has (one
+    /// it has not is left out, with a warning).
+    fn grant(raw: RawEnv, site: &GrantSite<'_>) -> Result<EnvGrant, GrantError> {
+        let mut vars: EnvGrant = raw.env.unwrap_or_default().into_iter().collect();
+        for var in raw.inherit.unwrap_or_default() {
+            match std::env::var(&var) {
+                Ok(v) => vars.push((var, v)),
+                Err(_) => tracing::warn!(plugin = %site.plugin, variable = %var,
+                    "inherit-env: not set on the host; not passed"),
+            }
+        }
+        Ok(vars)
+    }
 
     fn load(vars: &EnvGrant, _: &LoadContext<'_>) -> Result<EnvGrant, String> {
         Ok(vars.clone())

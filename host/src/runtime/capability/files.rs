@@ -25,7 +25,7 @@ use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 use wasmtime_wasi::p2::{DynOutputStream, OutputStream, Pollable, StreamError, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiView};
 
-use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, Setup, SetupError, Shared};
 use crate::election::Term;
 use crate::runtime::fence::{BLOCKING_FILE_IO, fenced, test_fs_delay};
 use crate::runtime::store_term::StoreTerm;
@@ -48,6 +48,23 @@ pub struct DirGrant {
 
 /// The capability.
 pub struct Files;
+
+/// A `dirs` entry, as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RawDir {
+    host: PathBuf,
+    guest: String,
+    #[serde(default)]
+    read_only: bool,
+}
+
+crate::raw_keys! {
+    /// `dirs`.
+    pub struct RawFiles {
+        dirs: Vec<RawDir> = "dirs",
+    }
+}
 
 /// What its host functions see of a Store.
 pub struct FilesView<'a> {
@@ -72,11 +89,24 @@ impl FilesView<'_> {
 const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
 impl Capability for Files {
+    type Raw = RawFiles;
     /// The directories, in the order granted.
     type Grant = Vec<DirGrant>;
     type Plugin = Vec<DirGrant>;
     type Ctx = ();
     type View<'a> = FilesView<'a>;
+
+    /// Host folders relative to the file's.
+    fn grant(raw: RawFiles, site: &GrantSite<'_>) -> Result<Vec<DirGrant>, GrantError> {
+        let dirs = raw.dirs.unwrap_or_default().into_iter();
+        Ok(dirs
+            .map(|d| DirGrant {
+                host: site.resolve(&d.host),
+                guest: d.guest,
+                read_only: d.read_only,
+            })
+            .collect())
+    }
 
     /// Fails now, not at the first term, if a granted directory is missing.
     fn load(dirs: &Vec<DirGrant>, _: &LoadContext<'_>) -> Result<Vec<DirGrant>, String> {

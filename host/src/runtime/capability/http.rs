@@ -55,7 +55,7 @@ use wasmtime_wasi_http::{
 };
 
 use super::sockets::lookup::{self, LookupError};
-use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, Setup, SetupError, Shared};
 use crate::election::Term;
 use crate::runtime::fence::connections::Connections;
 use crate::runtime::store_term::StoreTerm;
@@ -66,7 +66,7 @@ mod grant;
 pub mod kubernetes;
 
 pub use grant::{
-    GrantHost, HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError, TlsConfigError,
+    GrantHost, HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError, RawHttp, TlsConfigError,
     is_internal,
 };
 
@@ -83,10 +83,15 @@ pub struct HttpCtx {
 }
 
 impl Capability for Http {
+    type Raw = RawHttp;
     type Grant = HttpPolicy;
     type Plugin = HttpPolicy;
     type Ctx = HttpCtx;
     type View<'a> = WasiHttpCtxView<'a>;
+
+    fn grant(raw: RawHttp, site: &GrantSite<'_>) -> Result<HttpPolicy, GrantError> {
+        raw.policy(site)
+    }
 
     fn load(policy: &HttpPolicy, _: &LoadContext<'_>) -> Result<HttpPolicy, String> {
         Ok(policy.clone())

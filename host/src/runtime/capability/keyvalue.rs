@@ -24,10 +24,14 @@ use std::time::Duration;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::WasiView;
 
-use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
+use bytesize::ByteSize;
+
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, Setup, SetupError, Shared};
 use crate::runtime::store_term::StoreTerm;
 use crate::runtime::world::World;
-use crate::store::buckets::{Applied, BucketError, BucketName, BucketStore, Entry, Limits, Op, Write};
+use crate::store::buckets::{
+    Applied, BucketError, BucketName, BucketStore, Entry, Limits, Op, Write, validate_bucket_name,
+};
 
 /// Bindings for `wasi:keyvalue/imports@0.2.0-draft2`.
 #[allow(missing_docs)]
@@ -533,6 +537,23 @@ impl batch::Host for KeyValueView<'_> {
 /// The capability: `wasi:keyvalue` over the plugin's buckets.
 pub struct KeyValue;
 
+/// `keyvalue-limits`, as written.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RawKeyValueLimits {
+    key: Option<ByteSize>,
+    value: Option<ByteSize>,
+    bucket: Option<ByteSize>,
+}
+
+crate::raw_keys! {
+    /// `keyvalue` and `keyvalue-limits`.
+    pub struct RawKeyValue {
+        buckets: Vec<String> = "keyvalue",
+        limits: RawKeyValueLimits = "keyvalue-limits",
+    }
+}
+
 /// What `wasi:keyvalue` sees of a Store.
 pub struct KeyValueView<'a> {
     keyvalue: &'a mut KeyValueCtx,
@@ -544,11 +565,46 @@ impl HasData for KeyValue {
 }
 
 impl Capability for KeyValue {
+    type Raw = RawKeyValue;
     type Grant = BucketGrant;
     /// Its buckets, where the host has a lease store.
     type Plugin = Option<Arc<PluginBuckets>>;
     type Ctx = KeyValueCtx;
     type View<'a> = KeyValueView<'a>;
+
+    /// The buckets named (each a valid name, none of the host's own
+    /// `baton-` ones), the limits defaulted and consistent.
+    fn grant(raw: RawKeyValue, site: &GrantSite<'_>) -> Result<BucketGrant, GrantError> {
+        let mut grant = BucketGrant::default();
+        if let Some(buckets) = raw.buckets {
+            for b in &buckets {
+                if b != OWN_BUCKET {
+                    validate_bucket_name(b).map_err(|e| site.error("keyvalue", e))?;
+                }
+                if b.starts_with("baton-") {
+                    let why = format!(
+                        "bucket {b:?}: names starting with \"baton-\" are kept for the host's own buckets"
+                    );
+                    return Err(site.error("keyvalue", why));
+                }
+            }
+            grant.buckets = buckets;
+        }
+        let raw = raw.limits.unwrap_or_default();
+        let limit = |l: Option<ByteSize>, default: u64| l.map_or(default, |b| b.as_u64());
+        let limits = &mut grant.limits;
+        limits.key = limit(raw.key, limits.key as u64) as usize;
+        limits.value = limit(raw.value, limits.value as u64) as usize;
+        limits.bucket = limit(raw.bucket, limits.bucket);
+        if limits.key == 0 || limits.value as u64 > limits.bucket {
+            let why = format!(
+                "key must be above 0 and value ({}) at most bucket ({})",
+                limits.value, limits.bucket
+            );
+            return Err(site.error("keyvalue-limits", why));
+        }
+        Ok(grant)
+    }
 
     fn load(grant: &BucketGrant, plugin: &LoadContext<'_>) -> Result<Option<Arc<PluginBuckets>>, String> {
         Ok(plugin.buckets.map(|store| {

@@ -5,10 +5,11 @@ use wasmtime::component::{Access, FutureReader, HasData, Linker, Resource, Resou
 use wasmtime_wasi::WasiView;
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 
-use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, Setup, SetupError, Shared};
 use crate::election::Hosts;
 use crate::runtime::bindings::{WitHosts, v0_2, v0_3, v0_4};
 use crate::runtime::world::World;
+use crate::support::raw_keys::NoKeys;
 use tokio::sync::watch;
 
 /// The capability: no grant; every plugin of 0.2.0 and on may ask.
@@ -26,10 +27,16 @@ pub struct MembershipView<'a> {
 }
 
 impl Capability for Membership {
+    type Raw = NoKeys;
     type Grant = ();
     type Plugin = ();
     type Ctx = MembershipCtx;
     type View<'a> = MembershipView<'a>;
+
+    /// Nothing in the table: every plugin has it.
+    fn grant(_: NoKeys, _: &GrantSite<'_>) -> Result<(), GrantError> {
+        Ok(())
+    }
 
     fn load(_: &(), _: &LoadContext<'_>) -> Result<(), String> {
         Ok(())

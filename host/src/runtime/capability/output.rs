@@ -29,22 +29,56 @@ use wasmtime_wasi::WasiView;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
-use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, Setup, SetupError, Shared};
 use crate::runtime::store_term::StoreTerm;
 use crate::runtime::world::World;
+use bytesize::ByteSize;
 
 /// The capability: the instance's stdout and stderr (WASI's own streams,
 /// replaced by loggers), within the plugin's `output-rate` and
 /// `output-line`.
 pub struct Output;
 
+crate::raw_keys! {
+    /// `output-rate` and `output-line`.
+    pub struct RawOutput {
+        rate: ByteSize = "output-rate",
+        line: ByteSize = "output-line",
+    }
+}
+
 impl Capability for Output {
+    type Raw = RawOutput;
     type Grant = OutputLimits;
     type Plugin = Arc<OutputBudget>;
     /// The last lines it wrote to stderr (a panic message), for the trap
     /// report.
     type Ctx = StderrTail;
     type View<'a> = ();
+
+    /// Each limit defaulted; neither zero, the line at most
+    /// [`MAX_OUTPUT_LINE`].
+    fn grant(raw: RawOutput, site: &GrantSite<'_>) -> Result<OutputLimits, GrantError> {
+        let defaults = OutputLimits::default();
+        let limits = OutputLimits {
+            bytes_per_second: raw.rate.map_or(defaults.bytes_per_second, |r| r.as_u64()),
+            line: raw.line.map_or(defaults.line, |l| {
+                usize::try_from(l.as_u64()).unwrap_or(usize::MAX)
+            }),
+        };
+        if limits.line > MAX_OUTPUT_LINE {
+            let kib = MAX_OUTPUT_LINE / 1024;
+            return Err(site.error("output-line", format!("at most {kib} KiB (longer lines are cut)")));
+        }
+        if limits.bytes_per_second == 0 || limits.line == 0 {
+            return Err(site.error(
+                "output-rate",
+                "`output-rate` and `output-line` must be above zero \
+                 (to silence a plugin, filter its log target: BATON_LOG=info,guest=off)",
+            ));
+        }
+        Ok(limits)
+    }
 
     fn load(limits: &OutputLimits, plugin: &LoadContext<'_>) -> Result<Arc<OutputBudget>, String> {
         Ok(OutputBudget::new(plugin.plugin.clone(), *limits))

@@ -10,10 +10,11 @@ use wasmtime_wasi::p2::bindings::clocks::wall_clock::Datetime;
 use wasmtime::component::{HasData, Linker};
 use wasmtime_wasi::WasiView;
 
-use super::unit::{Capability, LoadContext, RunStart, Setup, SetupError, Shared};
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, RunStart, Setup, SetupError, Shared};
 use crate::runtime::bindings::{WitScheduledRun, WitScheduledRun4, v0_3, v0_4};
 use crate::runtime::world::World;
 pub use crate::schedule::ScheduledRun;
+use crate::support::raw_keys::NoKeys;
 
 /// The capability: no grant; a scheduled plugin's runs are told theirs.
 pub struct CurrentRun;
@@ -25,10 +26,16 @@ pub struct ScheduleCtx {
 }
 
 impl Capability for CurrentRun {
+    type Raw = NoKeys;
     type Grant = ();
     type Plugin = ();
     type Ctx = ScheduleCtx;
     type View<'a> = &'a mut ScheduleCtx;
+
+    /// Nothing in the table: every plugin has it.
+    fn grant(_: NoKeys, _: &GrantSite<'_>) -> Result<(), GrantError> {
+        Ok(())
+    }
 
     fn load(_: &(), _: &LoadContext<'_>) -> Result<(), String> {
         Ok(())

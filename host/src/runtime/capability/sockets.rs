@@ -17,7 +17,10 @@ use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, TcpSocket};
 use wasmtime_wasi::sockets::WasiSocketsCtxView;
 use wasmtime_wasi::{WasiCtx, WasiView};
 
-use super::unit::{Capability, LoadContext, Setup, SetupError, Shared};
+use bytesize::ByteSize;
+use toml::Spanned;
+
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, Setup, SetupError, Shared};
 use crate::runtime::fence::connections::{Connections, DEFAULT_SEND_BUFFER};
 use crate::runtime::store_term::StoreTerm;
 use crate::runtime::world::World;
@@ -51,6 +54,15 @@ impl Default for SocketsGrant {
     }
 }
 
+crate::raw_keys! {
+    /// `connect`, `name-lookup` and `send-buffer`.
+    pub struct RawSockets {
+        connect: Vec<Spanned<String>> = "connect",
+        name_lookup: bool = "name-lookup",
+        send_buffer: ByteSize = "send-buffer",
+    }
+}
+
 /// What its host functions see of a Store.
 pub struct SocketsView<'a> {
     wasi: &'a mut WasiCtx,
@@ -72,11 +84,38 @@ impl SocketsView<'_> {
 }
 
 impl Capability for Sockets {
+    type Raw = RawSockets;
     type Grant = SocketsGrant;
     type Plugin = SocketsGrant;
     /// Whether it may resolve names.
     type Ctx = bool;
     type View<'a> = SocketsView<'a>;
+
+    /// Each `connect` entry parsed (an error points at it); `send-buffer`
+    /// between 4 KiB and 64 MiB.
+    fn grant(raw: RawSockets, site: &GrantSite<'_>) -> Result<SocketsGrant, GrantError> {
+        let mut connect = Vec::new();
+        for entry in raw.connect.unwrap_or_default() {
+            let at = entry.span().start;
+            let parsed = entry.get_ref().parse::<ConnectGrant>();
+            connect.push(parsed.map_err(|e| site.error("connect", e).at(at))?);
+        }
+        let send_buffer = raw.send_buffer.map_or(DEFAULT_SEND_BUFFER, |b| b.as_u64());
+        if !(4 << 10..=64 << 20).contains(&send_buffer) {
+            return Err(site.error(
+                "send-buffer",
+                format!(
+                    "{} is not between 4 KiB and 64 MiB (what each TCP connection may queue in the kernel)",
+                    ByteSize::b(send_buffer)
+                ),
+            ));
+        }
+        let name_lookup = raw.name_lookup.unwrap_or(false);
+        Ok(SocketsGrant {
+            network: NetworkGrant { connect, name_lookup },
+            send_buffer,
+        })
+    }
 
     fn load(grant: &SocketsGrant, _: &LoadContext<'_>) -> Result<SocketsGrant, String> {
         Ok(grant.clone())

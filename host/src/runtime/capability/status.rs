@@ -9,11 +9,12 @@ use wasmtime::component::{Access, FutureReader, HasData, Linker, Resource, Resou
 use wasmtime_wasi::WasiView;
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 
-use super::unit::{Capability, LoadContext, RunStart, Setup, SetupError, Shared};
+use super::unit::{Capability, GrantError, GrantSite, LoadContext, RunStart, Setup, SetupError, Shared};
 use crate::election::{LeaseView, Role, Status, Term};
 use crate::runtime::bindings::{WitRole, WitStatus, WitStatus4, v0_1, v0_2, v0_3, v0_4};
 use crate::runtime::store_term::StoreTerm;
 use crate::runtime::world::World;
+use crate::support::raw_keys::NoKeys;
 
 /// The capability: no grant; every plugin asks.
 pub struct CurrentStatus;
@@ -31,10 +32,16 @@ pub struct StatusView<'a> {
 }
 
 impl Capability for CurrentStatus {
+    type Raw = NoKeys;
     type Grant = ();
     type Plugin = ();
     type Ctx = StatusCtx;
     type View<'a> = StatusView<'a>;
+
+    /// Nothing in the table: every plugin has it.
+    fn grant(_: NoKeys, _: &GrantSite<'_>) -> Result<(), GrantError> {
+        Ok(())
+    }
 
     fn load(_: &(), _: &LoadContext<'_>) -> Result<(), String> {
         Ok(())

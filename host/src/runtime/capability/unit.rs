@@ -17,6 +17,7 @@
 //! may act after its host call returned (a socket, a file write, a
 //! lookup) asks the instance's term again in the view's [`StoreTerm`].
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -29,9 +30,12 @@ use crate::runtime::store_term::StoreTerm;
 use crate::runtime::world::World;
 use crate::schedule::ScheduledRun;
 use crate::store::buckets::BucketStore;
+use crate::support::raw_keys::RawKeys;
 
 /// One capability of the host: see the [module docs](self).
 pub trait Capability {
+    /// Its keys of a plugin's table, as written.
+    type Raw: RawKeys;
     /// What a plugin's table grants; `Default` grants nothing (or the
     /// documented default, as a plugin's own bucket).
     type Grant: Clone + std::fmt::Debug + Default + Send + Sync + 'static;
@@ -41,6 +45,10 @@ pub trait Capability {
     type Ctx: Send + 'static;
     /// What its host functions see of a Store.
     type View<'a>;
+
+    /// Its grant from its keys of a plugin's table (those not given take
+    /// their defaults), checked; `Err` names the key at fault.
+    fn grant(raw: Self::Raw, site: &GrantSite<'_>) -> Result<Self::Grant, GrantError>;
 
     /// Checks `grant` for a plugin being loaded and makes the plugin's
     /// part; `Err` says why the plugin cannot be loaded.
@@ -68,6 +76,59 @@ pub trait Capability {
     /// Its grant in the `plugin loaded` log line (names, never secrets).
     fn describe(_grant: &Self::Grant) -> Vec<String> {
         Vec::new()
+    }
+}
+
+/// Where a plugin's grants are read: the plugin, its table's place in the
+/// file, and the file's folder.
+pub struct GrantSite<'a> {
+    /// The plugin's name.
+    pub plugin: &'a str,
+    /// Where its table is in the file (a byte offset), for errors.
+    pub at: usize,
+    /// The configuration file's folder.
+    pub base: &'a Path,
+}
+
+impl GrantSite<'_> {
+    /// `path`, relative to the file's folder unless absolute.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_owned()
+        } else {
+            self.base.join(path)
+        }
+    }
+
+    /// An error in `field` (a key, or a path into its value such as
+    /// `kubernetes.allow[0].verbs`), at the plugin's table.
+    pub fn error(&self, field: impl Into<String>, reason: impl std::fmt::Display) -> GrantError {
+        GrantError {
+            at: self.at,
+            field: field.into(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// A grant that cannot be used: the key at fault and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field `{field}`: {reason}")]
+pub struct GrantError {
+    /// Where in the file (a byte offset): the entry at fault, or the
+    /// plugin's table.
+    pub at: usize,
+    /// The key, or a path into its value.
+    pub field: String,
+    /// Why not.
+    pub reason: String,
+}
+
+impl GrantError {
+    /// The same error, at `at` (an entry of its own position).
+    pub fn at(mut self, at: usize) -> GrantError {
+        self.at = at;
+        self
     }
 }
 

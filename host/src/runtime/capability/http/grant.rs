@@ -11,7 +11,11 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::kubernetes::{self, KubeAccess};
+use bytesize::ByteSize;
+use toml::Spanned;
+
+use super::kubernetes::{self, KubeAccess, RawKubeGrant};
+use crate::runtime::capability::unit::{GrantError, GrantSite};
 
 /// The host of an [`HttpGrant`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -469,4 +473,91 @@ pub fn is_internal(ip: IpAddr) -> bool {
             }
         },
     }
+}
+/// An `http` grant, as written: an origin, or a table with options.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+pub enum RawHttpGrant {
+    /// `"https://api.example.com"`.
+    Origin(String),
+    /// `{ url = "…", ca = "…", term-headers = false }`.
+    Table(RawHttpGrantTable),
+}
+
+/// An `http` grant's table, as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RawHttpGrantTable {
+    url: String,
+    ca: Option<PathBuf>,
+    term_headers: Option<bool>,
+}
+
+/// `http-limits`, as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RawHttpLimits {
+    concurrent: Option<usize>,
+    request_body: Option<ByteSize>,
+    response_body: Option<ByteSize>,
+    #[serde(default, with = "humantime_serde")]
+    timeout: Option<Duration>,
+}
+
+crate::raw_keys! {
+    /// `http`, `http-limits` and `kubernetes`.
+    pub struct RawHttp {
+        grants: Vec<Spanned<RawHttpGrant>> = "http",
+        limits: RawHttpLimits = "http-limits",
+        kubernetes: RawKubeGrant = "kubernetes",
+    }
+}
+
+impl RawHttp {
+    /// The policy: each grant parsed (an error points at it), the limits
+    /// defaulted and able to let a request through, the Kubernetes grant.
+    pub fn policy(self, site: &GrantSite<'_>) -> Result<HttpPolicy, GrantError> {
+        let mut grants = Vec::new();
+        for grant in self.grants.unwrap_or_default() {
+            let at = grant.span().start;
+            let field_err = |e: HttpGrantError| site.error("http", e).at(at);
+            let parsed = match grant.into_inner() {
+                RawHttpGrant::Origin(url) => url.parse::<HttpGrant>().map_err(field_err)?,
+                RawHttpGrant::Table(t) => {
+                    let mut g = t.url.parse::<HttpGrant>().map_err(field_err)?;
+                    g.ca = t.ca.as_deref().map(|ca| site.resolve(ca));
+                    g.term_headers = t.term_headers.unwrap_or(true);
+                    g
+                }
+            };
+            grants.push(parsed);
+        }
+        let limits = limits(self.limits, site)?;
+        let http = HttpPolicy::new(&grants, limits).map_err(|e| site.error("http", e))?;
+        match self.kubernetes {
+            Some(k) => Ok(http.with_kubernetes(k.grant(site)?)),
+            None => Ok(http),
+        }
+    }
+}
+
+/// `http-limits`, each field defaulted.
+fn limits(raw: Option<RawHttpLimits>, site: &GrantSite<'_>) -> Result<HttpLimits, GrantError> {
+    let defaults = HttpLimits::default();
+    let limits = match raw {
+        None => defaults,
+        Some(l) => HttpLimits {
+            concurrent: l.concurrent.unwrap_or(defaults.concurrent),
+            request_body: l.request_body.map_or(defaults.request_body, |b| b.as_u64()),
+            response_body: l.response_body.map_or(defaults.response_body, |b| b.as_u64()),
+            timeout: l.timeout.unwrap_or(defaults.timeout),
+        },
+    };
+    if limits.concurrent == 0 || limits.timeout.is_zero() {
+        return Err(site.error(
+            "http-limits",
+            "`concurrent` and `timeout` must be above zero (to refuse every request, grant no `http`)",
+        ));
+    }
+    Ok(limits)
 }

@@ -34,6 +34,7 @@ use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
 use tower::{ServiceBuilder, ServiceExt};
 
+use crate::runtime::capability::unit::{GrantError, GrantSite};
 use crate::runtime::fence::connections::Connections;
 
 /// The authority of the virtual origin: `http://kubernetes.baton`.
@@ -65,6 +66,74 @@ impl KubeRule {
                 Some(ns) => has(&self.namespaces, ns),
                 None => self.namespaces.iter().any(|n| n == "*"),
             }
+    }
+}
+
+/// The verbs a `kubernetes` grant's rule may name.
+pub const VERBS: [&str; 9] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "*",
+];
+
+/// A `kubernetes` grant, as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RawKubeGrant {
+    kubeconfig: Option<PathBuf>,
+    term_headers: Option<bool>,
+    allow: Vec<RawKubeRule>,
+}
+
+/// One of its rules, as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawKubeRule {
+    verbs: Vec<String>,
+    groups: Vec<String>,
+    resources: Vec<String>,
+    namespaces: Vec<String>,
+}
+
+impl RawKubeGrant {
+    /// The grant: every rule's verbs known and its lists not empty; the
+    /// kubeconfig relative to the configuration's folder.
+    pub fn grant(self, site: &GrantSite<'_>) -> Result<KubeGrant, GrantError> {
+        let mut rules = Vec::new();
+        for (i, r) in self.allow.into_iter().enumerate() {
+            if let Some(v) = r.verbs.iter().find(|v| !VERBS.contains(&v.as_str())) {
+                let why = format!("{v:?} is not a verb: use {}", VERBS.join(", "));
+                return Err(site.error(format!("kubernetes.allow[{i}].verbs"), why));
+            }
+            for (what, list) in [
+                ("verbs", &r.verbs),
+                ("groups", &r.groups),
+                ("resources", &r.resources),
+                ("namespaces", &r.namespaces),
+            ] {
+                if list.is_empty() {
+                    let why = "empty, which allows nothing (`\"*\"` allows any; the core group is `\"\"`)";
+                    return Err(site.error(format!("kubernetes.allow[{i}].{what}"), why));
+                }
+            }
+            rules.push(KubeRule {
+                verbs: r.verbs,
+                groups: r.groups,
+                resources: r.resources,
+                namespaces: r.namespaces,
+            });
+        }
+        Ok(KubeGrant {
+            rules,
+            kubeconfig: self.kubeconfig.as_deref().map(|p| site.resolve(p)),
+            term_headers: self.term_headers.unwrap_or(true),
+        })
     }
 }
 
