@@ -14,6 +14,7 @@ use baton::cli;
 use baton::cli::run::Triggers;
 use baton::config::Overrides;
 use baton::daemon::reload::Cause;
+use baton::daemon::serve::Setup;
 use baton::ops::logging::{LogFormat, ProgressMode};
 
 /// Runs WebAssembly plugin leader tasks only while this host holds a lease.
@@ -347,17 +348,20 @@ async fn run_with(args: RunArgs) -> Result<ExitCode> {
         control_socket,
         advertise_address,
     };
-    run(config, overrides, watch, test_stall_election_runtime).await
+    // The reloads are set by `cli::run`.
+    let setup = Setup {
+        reload: None,
+        hooks: baton::daemon::serve::TestHooks {
+            stall_election_after: test_stall_election_runtime,
+            ..Default::default()
+        },
+    };
+    run(config, overrides, watch, setup).await
 }
 
 /// `baton run`, its signals handled: SIGTERM and SIGINT shut down
 /// gracefully, SIGHUP reloads.
-async fn run(
-    config: PathBuf,
-    overrides: Overrides,
-    watch: bool,
-    stall_election_after: Option<std::time::Duration>,
-) -> Result<ExitCode> {
+async fn run(config: PathBuf, overrides: Overrides, watch: bool, setup: Setup) -> Result<ExitCode> {
     // First: from here on SIGHUP reloads (its default action would end the
     // process), and SIGTERM/SIGINT shut down gracefully.
     let signals = Signals::install();
@@ -367,7 +371,7 @@ async fn run(
         triggers.shutdown.clone(),
         triggers.reload.clone(),
     ));
-    cli::run::execute(config, overrides, watch, stall_election_after, triggers).await
+    cli::run::execute(config, overrides, watch, setup, triggers).await
 }
 
 /// The signals `baton run` handles, installed at its start.
