@@ -250,9 +250,11 @@ struct RunArgs {
     /// file; default: the POD_IP variable if set, else none).
     #[arg(long, env = "BATON_ADVERTISE_ADDRESS")]
     advertise_address: Option<String>,
-    /// Test hook: block the election runtime's thread this long after
-    /// start (a stalled runtime, for tests of /healthz). Never in
-    /// production: the host stops renewing its leases.
+    /// Test hook, in a build with the `test-hooks` feature only: block the
+    /// election runtime's thread this long after start (a stalled runtime,
+    /// for tests of /healthz). Never in production: the host stops
+    /// renewing its leases.
+    #[cfg(feature = "test-hooks")]
     #[arg(long, hide = true, value_parser = humantime::parse_duration)]
     test_stall_election_runtime: Option<std::time::Duration>,
     /// This host's control socket, for `baton yield` (overrides the file).
@@ -333,6 +335,7 @@ async fn run_with(args: RunArgs) -> Result<ExitCode> {
         etcd_endpoints,
         admin_address,
         advertise_address,
+        #[cfg(feature = "test-hooks")]
         test_stall_election_runtime,
         control_socket,
         watch,
@@ -351,6 +354,7 @@ async fn run_with(args: RunArgs) -> Result<ExitCode> {
     // The reloads are set by `cli::run`.
     let setup = Setup {
         reload: None,
+        #[cfg(feature = "test-hooks")]
         hooks: baton::daemon::serve::TestHooks {
             stall_election_after: test_stall_election_runtime,
             ..Default::default()

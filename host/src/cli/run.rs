@@ -47,7 +47,8 @@ impl Default for Triggers {
 /// line's `overrides`) until `triggers.shutdown`, reloading it when asked
 /// and, with `watch` (or `watch = true` in the file), when its files
 /// change. `setup` is what the command line sets beyond the configuration
-/// (its test hooks); its reloads are set here.
+/// (in a build with the `test-hooks` feature, its test hooks); its reloads
+/// are set here.
 pub async fn execute(
     config: PathBuf,
     overrides: Overrides,

@@ -59,6 +59,7 @@ impl ElectionRuntime {
     /// would.
     ///
     /// [`stall_election_after`]: super::serve::TestHooks::stall_election_after
+    #[cfg(feature = "test-hooks")]
     pub(super) fn stall_after(&self, after: Option<std::time::Duration>) {
         if let Some(after) = after {
             self.handle().spawn(async move {

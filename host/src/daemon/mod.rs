@@ -4,7 +4,8 @@
 //! - [`serve`]: the one entry point, [`serve::serve`] (set up, run until
 //!   the shutdown, drain), and the running daemon: its struct and its
 //!   lifecycle (start, run, shut down) in `serve.rs`, a reload applied to
-//!   it in `serve/apply_reload.rs`. Hooks for tests: [`serve::TestHooks`].
+//!   it in `serve/apply_reload.rs`. Hooks for tests ([`serve::Setup`]'s
+//!   `hooks`) only with the `test-hooks` feature.
 //! - `election_runtime` (private): the electors' and the store's runtime,
 //!   a thread of its own.
 //! - [`reload`]: what a changed configuration changes, what needs a

@@ -30,8 +30,8 @@
 //! the electors and supervisors report to [`Metrics`], and [`Health`]
 //! watches both runtimes, every elector's heartbeat and what it publishes.
 //!
-//! [`TestHooks`] let tests give their own store and stall the election
-//! runtime.
+//! [`TestHooks`], in a build with the `test-hooks` feature only, let tests
+//! give their own store and stall the election runtime.
 
 mod apply_reload;
 
@@ -66,11 +66,14 @@ pub struct Setup {
     /// Reloads (SIGHUP, a watched file): see [`crate::daemon::reload`].
     /// `None`: none.
     pub reload: Option<reload::Reload>,
-    /// Hooks for tests.
+    /// Hooks for tests (a build with the `test-hooks` feature only).
+    #[cfg(feature = "test-hooks")]
     pub hooks: TestHooks,
 }
 
-/// Hooks for tests. None is set by default.
+/// Hooks for tests, compiled only with the `test-hooks` feature (the test
+/// suite's builds, never a shipped one). None is set by default.
+#[cfg(feature = "test-hooks")]
 #[derive(Default)]
 pub struct TestHooks {
     /// The lease store to use instead of the configured one (tests that
@@ -109,6 +112,7 @@ pub async fn serve(
     check_own_files(&config, &cache_dir, control_path.as_deref())?;
     let election = ElectionRuntime::start()?;
     election.watched(monitoring.as_ref());
+    #[cfg(feature = "test-hooks")]
     election.stall_after(setup.hooks.stall_election_after);
     let (store, buckets) = setup.open_stores(&election, &config).await?;
     tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), advertised = config.advertised().as_deref().unwrap_or(""), "baton starting");
@@ -147,16 +151,18 @@ pub async fn serve(
 impl Setup {
     /// The lease store and the buckets: the configured store's, opened on
     /// the election runtime (where its requests run), or the ones a test
-    /// gave ([`TestHooks`]).
+    /// gave ([`TestHooks`], in a build with them).
     async fn open_stores(
         &mut self,
         election: &ElectionRuntime,
         config: &Config,
     ) -> Result<(Arc<dyn LeaseStore>, Option<Arc<dyn BucketStore>>), ServeError> {
+        #[cfg(feature = "test-hooks")]
         if let Some(store) = self.hooks.store.take() {
             return Ok((store, self.hooks.buckets.take()));
         }
         let (store, buckets) = election.open_stores(config).await?;
+        #[cfg(feature = "test-hooks")]
         let buckets = self.hooks.buckets.take().unwrap_or(buckets);
         Ok((store, Some(buckets)))
     }
