@@ -37,6 +37,7 @@ if [ "$named" = 0 ] && [ "${BATON_BENCH_LONG:-0}" != 1 ]; then
     set -- "${short[@]}" "$@"
 fi
 # By default the dev profile (dependencies optimised, see Cargo.toml), which
-# shares the test build; a release build of wasmtime takes ten minutes or
-# more on two cores the first time.
+# shares the test build's dependencies (the host crate is built again,
+# without the suite's test hooks); a release build of wasmtime takes ten
+# minutes or more on two cores the first time.
 cargo bench --profile "${BATON_BENCH_PROFILE:-dev}" -p baton "$@"

@@ -14,5 +14,8 @@ for name in rust_future_ticker rust_pollable_ticker; do
     cp "$(grep "/$name.wasm\$" <<<"$guests")" .baton/plugins/
 done
 scripts/build-tools.sh
+# The host as shipped, without the test suite's hooks (host/Cargo.toml's
+# `test-hooks`): after the suite, this compiles tokio and what is above it
+# once more (cached after).
 cargo build -p baton >&2
 exec "$CARGO_TARGET_DIR/debug/baton" run --config examples/baton.toml "$@"

@@ -44,13 +44,14 @@ if [ "${1:-}" != "--summary" ]; then
     scripts/build-guests.sh >/dev/null
     export BATON_GUESTS_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
     export BATON_CHAOS_FAULTS="$faults" BATON_CHAOS_SOAK="$results"
+    # With the test suite's features (scripts/test.sh), to reuse its build.
     for t in "${tests[@]}"; do
         if [ "$store" != kubernetes ]; then
-            cargo test -p baton --test e2e -- --nocapture --test-threads=1 "chaos_on_the_embedded_store_$t"
+            cargo test -p baton --features test-hooks --test e2e -- --nocapture --test-threads=1 "chaos_on_the_embedded_store_$t"
         fi
         if [ "$store" != embedded ]; then
             scripts/kube-testenv.sh install
-            cargo test -p baton --test kube -- --nocapture --test-threads=1 "chaos_on_the_kubernetes_store_$t"
+            cargo test -p baton --features test-hooks --test kube -- --nocapture --test-threads=1 "chaos_on_the_kubernetes_store_$t"
         fi
     done
 fi

@@ -30,12 +30,20 @@ if [ "$(cat "$CARGO_TARGET_DIR/.baton-clone" 2>/dev/null)" != "$repo" ]; then
     echo "$repo" >"$CARGO_TARGET_DIR/.baton-clone"
 fi
 
+# Every cargo command below builds the host with its test hooks
+# (host/Cargo.toml's `test-hooks` feature: tests/core and the end-to-end
+# tests that stall the election runtime need them), and so with one set of
+# features: the lints, `cargo build` and `cargo test` share one build of
+# tokio and of everything above it. A shipped build has no hooks
+# (scripts/image.sh).
+features=(--features test-hooks)
+
 # The style gate, first, failing fast: formatting, then the lints of every
 # host target (the workspace's lints are in Cargo.toml). Building needs
 # protoc (scripts/build-tools.sh).
 cargo fmt --all --check
 scripts/build-tools.sh
-cargo clippy -p baton --all-targets --locked -- -D warnings
+cargo clippy -p baton --all-targets --locked "${features[@]}" -- -D warnings
 # Where the set-up's time goes, on standard error.
 phase() { echo "test: $1 by ${SECONDS} s" >&2; }
 phase "style gate"
@@ -115,7 +123,7 @@ export BATON_PG_ENV="$BATON_CACHE/postgres/run/test-$$.env"
 postgres=1
 scripts/pg-testenv.sh start >/dev/null
 phase "servers started"
-cargo build -p baton
+cargo build -p baton "${features[@]}"
 phase "host built"
 # The host and the SDK are tested in two runs: together, the SDK's
 # wit-bindgen would change the features of crates that wasmtime's macros
@@ -124,7 +132,7 @@ phase "host built"
 # (sync): the tests time fsyncs of lease files in milliseconds, and a
 # build leaves gigabytes of dirty pages, and in the first tests after one
 # the lease files' fsyncs took over 200 ms each for more than a second.
-cargo test --no-run -p baton "$@"
+cargo test --no-run -p baton "${features[@]}" "$@"
 phase "tests built"
 if [ -n "$image" ]; then
     if ! wait "$image"; then
@@ -151,7 +159,7 @@ sync
 # --nocapture: the tests print their measured figures (hand-over times,
 # stop latencies, request counts); the hosts' own logs stay captured.
 status=0
-cargo test -p baton --doc "$@" || status=1
+cargo test -p baton --doc "${features[@]}" "$@" || status=1
 # Each group: a test binary and its filter, split so that no group runs
 # much longer than the others: the longest sets the suite's time (`test:
 # the groups took ...` at the end says each one's). Measured alone, one
@@ -197,7 +205,7 @@ declare -A filter=(
 )
 declare -A bin
 while IFS=' ' read -r name path; do bin[$name]="$path"; done < <(
-    cargo test --no-run -p baton "$@" --message-format=json 2>/dev/null | python3 -c '
+    cargo test --no-run -p baton "${features[@]}" "$@" --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -14,6 +14,7 @@ use baton::cli;
 use baton::cli::run::Triggers;
 use baton::config::Overrides;
 use baton::daemon::reload::Cause;
+use baton::daemon::serve::Setup;
 use baton::ops::logging::{LogFormat, ProgressMode};
 
 /// Runs WebAssembly plugin leader tasks only while this host holds a lease.
@@ -249,9 +250,11 @@ struct RunArgs {
     /// file; default: the POD_IP variable if set, else none).
     #[arg(long, env = "BATON_ADVERTISE_ADDRESS")]
     advertise_address: Option<String>,
-    /// Test hook: block the election runtime's thread this long after
-    /// start (a stalled runtime, for tests of /healthz). Never in
-    /// production: the host stops renewing its leases.
+    /// Test hook, in a build with the `test-hooks` feature only: block the
+    /// election runtime's thread this long after start (a stalled runtime,
+    /// for tests of /healthz). Never in production: the host stops
+    /// renewing its leases.
+    #[cfg(feature = "test-hooks")]
     #[arg(long, hide = true, value_parser = humantime::parse_duration)]
     test_stall_election_runtime: Option<std::time::Duration>,
     /// This host's control socket, for `baton yield` (overrides the file).
@@ -332,6 +335,7 @@ async fn run_with(args: RunArgs) -> Result<ExitCode> {
         etcd_endpoints,
         admin_address,
         advertise_address,
+        #[cfg(feature = "test-hooks")]
         test_stall_election_runtime,
         control_socket,
         watch,
@@ -347,17 +351,21 @@ async fn run_with(args: RunArgs) -> Result<ExitCode> {
         control_socket,
         advertise_address,
     };
-    run(config, overrides, watch, test_stall_election_runtime).await
+    // The reloads are set by `cli::run`.
+    let setup = Setup {
+        reload: None,
+        #[cfg(feature = "test-hooks")]
+        hooks: baton::daemon::serve::TestHooks {
+            stall_election_after: test_stall_election_runtime,
+            ..Default::default()
+        },
+    };
+    run(config, overrides, watch, setup).await
 }
 
 /// `baton run`, its signals handled: SIGTERM and SIGINT shut down
 /// gracefully, SIGHUP reloads.
-async fn run(
-    config: PathBuf,
-    overrides: Overrides,
-    watch: bool,
-    stall_election_after: Option<std::time::Duration>,
-) -> Result<ExitCode> {
+async fn run(config: PathBuf, overrides: Overrides, watch: bool, setup: Setup) -> Result<ExitCode> {
     // First: from here on SIGHUP reloads (its default action would end the
     // process), and SIGTERM/SIGINT shut down gracefully.
     let signals = Signals::install();
@@ -367,7 +375,7 @@ async fn run(
         triggers.shutdown.clone(),
         triggers.reload.clone(),
     ));
-    cli::run::execute(config, overrides, watch, stall_election_after, triggers).await
+    cli::run::execute(config, overrides, watch, setup, triggers).await
 }
 
 /// The signals `baton run` handles, installed at its start.

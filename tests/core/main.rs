@@ -31,8 +31,7 @@ use tokio::time::{sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
 use baton::config::Config;
-use baton::daemon::serve::{ServeError, serve_with};
-use baton::election::TermClock;
+use baton::daemon::serve::{ServeError, Setup, TestHooks};
 use baton::store::memory::MemoryStore;
 
 const IDENTITY: &str = "core-host";
@@ -222,12 +221,14 @@ fn serve(config: Config) -> Serving {
     log();
     let store = MemoryStore::new();
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(serve_with(
-        config,
-        Some(Arc::new(store.client())),
-        TermClock::system(),
-        shutdown.clone(),
-    ));
+    let setup = Setup {
+        hooks: TestHooks {
+            store: Some(Arc::new(store.client())),
+            ..TestHooks::default()
+        },
+        ..Setup::default()
+    };
+    let task = tokio::spawn(baton::daemon::serve::serve(config, setup, shutdown.clone()));
     Serving {
         store,
         shutdown,

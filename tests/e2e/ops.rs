@@ -223,6 +223,10 @@ fn a_forced_stop_is_counted_on_the_host_that_handed_its_lease_over() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "stalls the election runtime: needs a build with --features test-hooks"
+)]
 fn healthz_fails_naming_the_stalled_election_runtime_and_metrics_still_answer() {
     let s = Scratch::new();
     let cfg = s.write(

@@ -115,7 +115,7 @@ struct Opened {
 
 async fn open(file: &Path) -> anyhow::Result<Opened> {
     let config = Config::load(file)?;
-    let (leases, buckets) = crate::daemon::serve::open_stores(&config).await?;
+    let (leases, buckets) = crate::daemon::open_stores(&config).await?;
     Ok(Opened {
         config,
         leases,

@@ -1,20 +1,19 @@
 //! `baton run` at the edge: the configuration read with the command line's
 //! settings (and read again so for each reload), reloads asked for by
-//! SIGHUP or by the watcher of the files, and [`serve_opts`] until the
+//! SIGHUP or by the watcher of the files, and [`serve`] until the
 //! shutdown. The daemon itself is [`crate::daemon`]; the signal handlers
 //! are the binary's (`main.rs`), which drive the [`Triggers`].
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Overrides};
 use crate::daemon::reload::{Cause, Loader, Reload};
-use crate::daemon::serve::{ServeOptions, serve_opts};
+use crate::daemon::serve::{Setup, serve};
 
 /// What stops a run or asks it to reload.
 pub struct Triggers {
@@ -47,26 +46,23 @@ impl Default for Triggers {
 /// `baton run`: serves the configuration in `config` (with the command
 /// line's `overrides`) until `triggers.shutdown`, reloading it when asked
 /// and, with `watch` (or `watch = true` in the file), when its files
-/// change. `stall_election_after` is a test hook (see [`ServeOptions`]).
+/// change. `setup` is what the command line sets beyond the configuration
+/// (in a build with the `test-hooks` feature, its test hooks); its reloads
+/// are set here.
 pub async fn execute(
     config: PathBuf,
     overrides: Overrides,
     watch: bool,
-    stall_election_after: Option<Duration>,
+    mut setup: Setup,
     triggers: Triggers,
 ) -> anyhow::Result<ExitCode> {
     let cfg = Config::load_with_overrides(&config, &overrides)?;
     let load: Loader = Arc::new(move || Config::load_with_overrides(&config, &overrides));
-    let reload = Reload {
+    setup.reload = Some(Reload {
         load,
         requests: triggers.requests,
         watch: (watch || cfg.watch).then(|| triggers.reload.clone()),
-    };
-    let options = ServeOptions {
-        stall_election_after,
-        reload: Some(reload),
-        ..Default::default()
-    };
-    serve_opts(cfg, options, triggers.shutdown).await?;
+    });
+    serve(cfg, setup, triggers.shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -157,7 +157,7 @@ pub async fn open(
             }
             let mut target = open_kubernetes(&cfg, format!("{origin}, with {which}"), spreading).await?;
             if cfg.plugins.iter().any(|p| p.schedule.is_some())
-                && let Ok((_, buckets)) = crate::daemon::serve::open_stores(&cfg).await
+                && let Ok((_, buckets)) = crate::daemon::open_stores(&cfg).await
             {
                 target.schedules = Some((cfg.clone(), buckets));
             }

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::pull::Unpulled;
-use super::state::Monitoring;
+use super::serve::Monitoring;
 use crate::config::{Config, LeaseConfig, PluginConfig};
 use crate::ops::progress::Progress;
 use crate::runtime::{Plugin, PluginEngine, PluginRuntime};

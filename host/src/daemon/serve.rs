@@ -1,47 +1,53 @@
-//! `baton run`: joins the parts. One elector per lease, one supervisor per
-//! plugin, and an orderly shutdown: tell the tasks, wait for them (grace,
-//! then force), and only then release each lease.
+//! `baton run`'s daemon: [`serve`], the one entry point, and the `Daemon`
+//! it runs. One elector per lease, one supervisor per plugin, and an
+//! orderly shutdown: tell the tasks, wait for them (grace, then force), and
+//! only then release each lease.
 //!
-//! The electors and the lease store run on a runtime of their own (one
-//! thread, `baton-election`), apart from the guests: a guest that blocks a
-//! worker thread (inline file I/O on a slow disk, a busy loop between two
-//! epoch ticks) cannot delay a renewal or a step-down. The two sides share
-//! only each lease's status channel and its [`Term`](crate::election::Term).
+//! [`serve`] reads top to bottom: set up (the admin endpoints, the engine,
+//! the control socket, the election runtime and the store, the plugins
+//! compiled), start the `Daemon`, `select!` between running it and the
+//! shutdown, then drain it. The `Daemon` is here, with its lifecycle
+//! (`start`, `run`, `shut_down`); a reload applied to it is its submodule
+//! `apply_reload` (`serve/apply_reload.rs`).
 //!
 //! Electors are supervised: one that panics or ends on its own is reported,
 //! its lease's tasks are stopped, the other leases are handed over as in a
 //! shutdown, and [`serve`] fails, without releasing that lease (so it
-//! expires normally).
+//! expires normally). They run on a runtime of their own, apart from the
+//! guests (`election_runtime.rs`).
 //!
-//! The spreader ([`Spreader`]) runs on the election runtime too, when the
-//! configuration calls for one (`spread_for`): it keeps this host's
-//! membership record and, with spreading on, *steers* the electors' intents.
-//! A reload that changes what it should do replaces it
-//! (`Launcher::respread`): the old one is stopped, the leases go back to
-//! contending if the new one does not steer, and the new one steers them
-//! from its first listing; later reloads tell it of added and removed
-//! leases.
+//! The spreader ([`Spreader`](crate::election::spread::Spreader)) runs on
+//! the election runtime too, when the configuration calls for one
+//! (`spread_for`): it keeps this host's membership record and, with
+//! spreading on, *steers* the electors' intents. A reload that changes what
+//! it should do replaces it (`Launcher::respread`): the old one is stopped,
+//! the leases go back to contending if the new one does not steer, and the
+//! new one steers them from its first listing; later reloads tell it of
+//! added and removed leases.
 //!
 //! With an admin address configured, it also serves `/metrics`,
 //! `/healthz` and `/readyz` from a thread of its own ([`admin`](crate::ops::admin)):
 //! the electors and supervisors report to [`Metrics`], and [`Health`]
 //! watches both runtimes, every elector's heartbeat and what it publishes.
+//!
+//! [`TestHooks`], in a build with the `test-hooks` feature only, let tests
+//! give their own store and stall the election runtime.
+
+mod apply_reload;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::apply::ReloadRefused;
+use self::apply_reload::ReloadRefused;
+use super::election_runtime::ElectionRuntime;
 pub use super::error::ServeError;
-use super::leases::{ElectorFailure, Launcher, sync_controlled, wanted_spread};
+use super::leases::{ElectorFailure, Launcher, LeaseRun, PluginRun, sync_controlled, wanted_spread};
 use super::load::{Loaded, load_plugins};
-use super::state::{Daemon, Monitoring};
 use super::stores::store_timings;
-pub use super::stores::{open_store, open_stores};
 use crate::config::Config;
 use crate::daemon::control::{ControlSocket, ControlledHost, SharedLeases};
 use crate::daemon::reload;
@@ -54,36 +60,142 @@ use crate::store::buckets::BucketStore;
 use crate::store::{HostInfo, LeaseStore};
 use crate::supervisor::NoTaskObserver;
 
-/// How [`serve_opts`] runs, beyond the configuration.
-pub struct ServeOptions {
+/// What [`serve`] is given beyond the configuration.
+#[derive(Default)]
+pub struct Setup {
+    /// Reloads (SIGHUP, a watched file): see [`crate::daemon::reload`].
+    /// `None`: none.
+    pub reload: Option<reload::Reload>,
+    /// Hooks for tests (a build with the `test-hooks` feature only).
+    #[cfg(feature = "test-hooks")]
+    pub hooks: TestHooks,
+}
+
+/// Hooks for tests, compiled only with the `test-hooks` feature (the test
+/// suite's builds, never a shipped one). None is set by default.
+#[cfg(feature = "test-hooks")]
+#[derive(Default)]
+pub struct TestHooks {
     /// The lease store to use instead of the configured one (tests that
     /// inject store faults).
     pub store: Option<Arc<dyn LeaseStore>>,
-    /// The clock of term deadlines.
-    pub clock: TermClock,
-    /// Test hook (`baton run --test-stall-election-runtime DELAY`, hidden):
-    /// this long after start, the election runtime's only thread blocks
-    /// for an hour, as a runtime whose worker hangs would. Only for tests
-    /// of `/healthz`: the process is not usable afterwards.
-    pub stall_election_after: Option<Duration>,
-    /// Reloads (SIGHUP, a watched file): see [`crate::daemon::reload`]. `None`:
-    /// none.
-    pub reload: Option<crate::daemon::reload::Reload>,
-    /// The buckets to use instead of the configured store's (tests); with
+    /// The buckets to use instead of the configured store's; with
     /// [`store`](Self::store) given and this not, plugins have none.
     pub buckets: Option<Arc<dyn BucketStore>>,
+    /// `baton run --test-stall-election-runtime DELAY` (hidden): this long
+    /// after start, the election runtime's only thread blocks for an hour,
+    /// as a runtime whose worker hangs would. Only for tests of
+    /// `/healthz`: the process is not usable afterwards.
+    pub stall_election_after: Option<std::time::Duration>,
 }
 
-impl Default for ServeOptions {
-    fn default() -> Self {
-        ServeOptions {
-            store: None,
-            clock: TermClock::system(),
-            stall_election_after: None,
-            reload: None,
-            buckets: None,
-        }
+/// Runs the configured leases and plugins until `shutdown` is cancelled,
+/// then drains every task and releases every lease.
+///
+/// A plugin that cannot be loaded is reported (naming it) and left out;
+/// the others run. Returns the number of plugins that failed to load, or
+/// [`ServeError::NothingToRun`] at once if that leaves no lease to contend
+/// for.
+pub async fn serve(
+    mut config: Config,
+    mut setup: Setup,
+    shutdown: CancellationToken,
+) -> Result<usize, ServeError> {
+    // Set up. The admin endpoints first, so that liveness answers while
+    // the plugins compile; the control socket before anything contends, so
+    // that a host that would share another's socket does not start.
+    let (monitoring, _admin) = start_admin(&config)?;
+    let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let engine = open_engine(&config, &cache_dir)?;
+    let control = bind_control(&config)?;
+    let control_path = control.as_ref().map(|c| c.path().to_path_buf());
+    check_own_files(&config, &cache_dir, control_path.as_deref())?;
+    let election = ElectionRuntime::start()?;
+    election.watched(monitoring.as_ref());
+    #[cfg(feature = "test-hooks")]
+    election.stall_after(setup.hooks.stall_election_after);
+    let (store, buckets) = setup.open_stores(&election, &config).await?;
+    tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), advertised = config.advertised().as_deref().unwrap_or(""), "baton starting");
+    let (runtime, loaded) = load(&mut config, &engine, buckets.as_ref(), &cache_dir, &shutdown).await?;
+    if loaded.cancelled {
+        return Ok(loaded.failed);
     }
+    loaded.report(monitoring.as_ref(), &engine, &runtime);
+    let parts = Parts {
+        store,
+        buckets,
+        election: election.handle().clone(),
+        monitoring,
+        engine,
+        runtime,
+        fixed: fixed_settings(&config, cache_dir, control_path),
+    };
+    let mut daemon = Daemon::start(config, parts, &loaded, setup.reload).await?;
+    let control = daemon.serve_control(control);
+
+    // Run until the shutdown, or until an elector fails (its lease's tasks
+    // are then stopped before anything else). A reload under way when the
+    // shutdown comes is abandoned.
+    let failed = tokio::select! {
+        failed = daemon.run() => Some(failed),
+        () = shutdown.cancelled() => None,
+    };
+    if let Some((lease, reason)) = failed {
+        daemon.elector_failed(lease, reason).await;
+    }
+
+    // Drain: every task stopped, then every lease handed over.
+    daemon.shut_down(control).await
+}
+
+impl Setup {
+    /// The lease store and the buckets: the configured store's, opened on
+    /// the election runtime (where its requests run), or the ones a test
+    /// gave ([`TestHooks`], in a build with them).
+    async fn open_stores(
+        &mut self,
+        election: &ElectionRuntime,
+        config: &Config,
+    ) -> Result<(Arc<dyn LeaseStore>, Option<Arc<dyn BucketStore>>), ServeError> {
+        #[cfg(feature = "test-hooks")]
+        if let Some(store) = self.hooks.store.take() {
+            return Ok((store, self.hooks.buckets.take()));
+        }
+        let (store, buckets) = election.open_stores(config).await?;
+        #[cfg(feature = "test-hooks")]
+        let buckets = self.hooks.buckets.take().unwrap_or(buckets);
+        Ok((store, Some(buckets)))
+    }
+}
+
+/// Compiles the configured plugins (registry plugins pulled first) on a
+/// new plugin runtime whose plugins have `buckets`; on a terminal, the
+/// plugins loaded out of all and a spinner per compilation in flight,
+/// until every plugin is loaded. Fails at once if a plugin has a schedule
+/// and there are no buckets.
+async fn load(
+    config: &mut Config,
+    engine: &PluginEngine,
+    buckets: Option<&Arc<dyn BucketStore>>,
+    cache_dir: &Path,
+    shutdown: &CancellationToken,
+) -> Result<(Arc<PluginRuntime>, Loaded), ServeError> {
+    let progress = Arc::new(crate::ops::logging::progress(config.plugins.len()));
+    let mut runtime = PluginRuntime::new(engine.clone())?;
+    runtime.set_compile_observer(progress.clone());
+    if let Some(buckets) = buckets {
+        tracing::info!(buckets = %buckets.describe(), "plugins' key-value buckets");
+        runtime.set_bucket_store(buckets.clone());
+    } else if let Some(p) = config.plugins.iter().find(|p| p.schedule.is_some()) {
+        return Err(ServeError::Store(format!(
+            "plugin {:?} has a schedule, which keeps its progress in the store's buckets, and this store has none",
+            p.spec.name
+        )));
+    }
+    let runtime = Arc::new(runtime);
+    let unpulled = super::pull::pull_plugins(config, cache_dir, None, shutdown).await;
+    let loaded = load_plugins(config, &runtime, &progress, shutdown, unpulled).await;
+    Ok((runtime, loaded))
 }
 
 /// The control socket of `config` (see [`crate::daemon::control`]): the one it
@@ -96,96 +208,6 @@ fn bind_control(config: &Config) -> Result<Option<ControlSocket>, ServeError> {
         (None, None) => Ok(None),
     }
     .map_err(ServeError::Control)
-}
-
-/// Runs the configured leases and plugins until `shutdown` is cancelled,
-/// then drains every task and releases every lease.
-///
-/// A plugin that cannot be loaded is reported (naming it) and left out;
-/// the others run. Returns the number of plugins that failed to load, or
-/// [`ServeError::NothingToRun`] at once if that leaves no lease to contend
-/// for.
-pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<usize, ServeError> {
-    serve_with(config, None, TermClock::system(), shutdown).await
-}
-
-/// [`serve`], on a given store (instead of the configured one) and clock:
-/// for tests that inject store faults.
-pub async fn serve_with(
-    config: Config,
-    store: Option<Arc<dyn LeaseStore>>,
-    clock: TermClock,
-    shutdown: CancellationToken,
-) -> Result<usize, ServeError> {
-    let options = ServeOptions {
-        store,
-        clock,
-        ..ServeOptions::default()
-    };
-    serve_opts(config, options, shutdown).await
-}
-
-/// [`serve`], with [`ServeOptions`]: the phases of a run, in order.
-pub async fn serve_opts(
-    mut config: Config,
-    options: ServeOptions,
-    shutdown: CancellationToken,
-) -> Result<usize, ServeError> {
-    // First, so that liveness answers while the plugins compile.
-    let (monitoring, _admin) = start_admin(&config)?;
-    let cache_dir = config.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let engine = open_engine(&config, &cache_dir)?;
-    // Before anything contends: a host that would share another's socket
-    // does not start.
-    let control = bind_control(&config)?;
-    let control_path = control.as_ref().map(|c| c.path().to_path_buf());
-    check_own_files(&config, &cache_dir, control_path.as_deref())?;
-    let election = ElectionRuntime::start()?;
-    election.watched(monitoring.as_ref(), options.stall_election_after);
-    let (store, buckets) = match options.store {
-        Some(store) => (store, options.buckets),
-        None => {
-            let (store, buckets) = election.open_stores(&config).await?;
-            (store, Some(options.buckets.unwrap_or(buckets)))
-        }
-    };
-    tracing::info!(identity = %config.identity, store = %store.describe(), cache = %cache_dir.display(), advertised = config.advertised().as_deref().unwrap_or(""), "baton starting");
-    // On a terminal, the plugins loaded out of all and a spinner per
-    // compilation in flight, until every plugin is loaded.
-    let progress = Arc::new(crate::ops::logging::progress(config.plugins.len()));
-    let mut runtime = PluginRuntime::new(engine.clone())?;
-    runtime.set_compile_observer(progress.clone());
-    if let Some(buckets) = &buckets {
-        tracing::info!(buckets = %buckets.describe(), "plugins' key-value buckets");
-        runtime.set_bucket_store(buckets.clone());
-    } else if let Some(p) = config.plugins.iter().find(|p| p.schedule.is_some()) {
-        return Err(ServeError::Store(format!(
-            "plugin {:?} has a schedule, which keeps its progress in the store's buckets, and this store has none",
-            p.spec.name
-        )));
-    }
-    let runtime = Arc::new(runtime);
-    let unpulled = super::pull::pull_plugins(&mut config, &cache_dir, None, &shutdown).await;
-    let loaded = load_plugins(&config, &runtime, &progress, &shutdown, unpulled).await;
-    if loaded.cancelled {
-        return Ok(loaded.failed);
-    }
-    loaded.report(monitoring.as_ref(), &engine, &runtime);
-    let fixed = fixed_settings(&config, cache_dir, control_path);
-    let parts = Parts {
-        store,
-        buckets,
-        clock: options.clock,
-        election: election.handle().clone(),
-        monitoring,
-        engine,
-        runtime,
-        fixed,
-    };
-    let mut daemon = Daemon::start(config, parts, &loaded, options.reload).await?;
-    let control = daemon.serve_control(control);
-    daemon.run(&shutdown).await;
-    daemon.shut_down(control).await
 }
 
 /// Starts the admin endpoints, when configured: their metrics and health
@@ -253,11 +275,54 @@ fn fixed_settings(config: &Config, cache_dir: PathBuf, control_socket: Option<Pa
     }
 }
 
+/// What the admin endpoints of one run serve, when configured (their
+/// server serves until [`serve`] returns).
+pub(super) struct Monitoring {
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) health: Arc<Health>,
+}
+
+/// A running `baton run`: the leases and plugins it serves, and what a
+/// reload or the shutdown needs. `Daemon::run` runs it until an elector
+/// fails, [`serve`] until the shutdown; `Daemon::shut_down` drains it.
+/// Its fields are this module's and `apply_reload`'s alone.
+struct Daemon {
+    /// The configuration in force (the last one a reload applied).
+    config: Config,
+    launcher: Launcher,
+    runs: BTreeMap<String, LeaseRun>,
+    plugins: BTreeMap<String, PluginRun>,
+    /// Plugins a reload removed, until their supervisor has returned (no
+    /// task of them runs any more): a plugin of the same name added again
+    /// waits for it.
+    removed: BTreeMap<String, CancellationToken>,
+    /// Each elector's end: its lease and `Err(why)` if it failed.
+    ended: mpsc::UnboundedReceiver<super::leases::ElectorEnd>,
+    runtime: Arc<PluginRuntime>,
+    engine: PluginEngine,
+    monitoring: Option<Monitoring>,
+    fixed: reload::Fixed,
+    reloads: Option<reload::Reload>,
+    /// The files the watcher watches, if it runs.
+    files: watch::Sender<Vec<PathBuf>>,
+    /// The tags of registry plugins the tag watcher watches, if it runs.
+    tags: watch::Sender<super::pull::Tags>,
+    watch_stop: CancellationToken,
+    /// The leases `baton yield` may reach.
+    controlled: SharedLeases,
+    control_stop: CancellationToken,
+    /// Electors that failed, and why.
+    failures: Vec<(String, ElectorFailure)>,
+    /// Leases whose tasks could not be confirmed stopped.
+    unconfirmed: Vec<String>,
+    /// Plugins that could not be loaded at start.
+    failed_plugins: usize,
+}
+
 /// What the daemon is made of once the plugins are loaded.
 struct Parts {
     store: Arc<dyn LeaseStore>,
     buckets: Option<Arc<dyn BucketStore>>,
-    clock: TermClock,
     election: tokio::runtime::Handle,
     monitoring: Option<Monitoring>,
     engine: PluginEngine,
@@ -279,7 +344,7 @@ impl Daemon {
         let routing = super::route::routing(&config, &parts.election, metrics).await?;
         let launcher = Launcher {
             store: parts.store.clone(),
-            clock: parts.clock,
+            clock: TermClock::system(),
             election: parts.election,
             election_observer: match &parts.monitoring {
                 Some(m) => m.metrics.clone(),
@@ -415,48 +480,49 @@ impl Daemon {
         })
     }
 
-    /// Serves until `shutdown`, or until an elector fails (it never ends on
-    /// its own, and one told to stop by a reload has handed its lease
-    /// over), applying reloads as they come.
-    async fn run(&mut self, shutdown: &CancellationToken) {
+    /// Serves until an elector fails (it never ends on its own, and one
+    /// told to stop by a reload has handed its lease over), applying
+    /// reloads as they come; returns that elector's lease and why it
+    /// failed. [`serve`] drops it when the shutdown comes, which finds it
+    /// either waiting for the next of those or applying a reload (which is
+    /// then abandoned).
+    async fn run(&mut self) -> (String, ElectorFailure) {
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return,
-                Some((lease, result)) = self.ended.recv() => {
-                    if !self.elector_ended(lease, result).await {
-                        return;
-                    }
-                }
+                Some((lease, result)) = self.ended.recv() => match result {
+                    Ok(()) if self.runs.get(&lease).is_some_and(|r| r.retiring) => self.retired(lease),
+                    result => return (lease, result.err().unwrap_or(ElectorFailure::StoppedOnItsOwn)),
+                },
                 Some(cause) = next_reload(&mut self.reloads) => {
                     let load = self.reloads.as_ref().expect("a reload came").load.clone();
-                    let outcome = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        outcome = self.reload_once(&cause, &load) => outcome,
-                    };
+                    let outcome = self.reload_once(&cause, &load).await;
                     self.reloaded(&cause, outcome);
                 }
+                else => std::future::pending().await,
             }
         }
     }
 
-    /// The elector of `lease` returned with `result`. `true` if serving
-    /// goes on: it was removed by a reload and handed its lease over.
-    /// Otherwise it failed: its guests are stopped before anything else.
-    async fn elector_ended(&mut self, lease: String, result: Result<(), ElectorFailure>) -> bool {
-        if let Some(run) = self.runs.get_mut(&lease).filter(|r| r.retiring && result.is_ok()) {
-            run.ended = true;
-            let mut run = self.runs.remove(&lease).expect("present");
-            let clock = self.launcher.clock.clone();
-            tokio::spawn(async move {
-                run.wait_for_tasks(&lease, &clock).await;
-                tracing::info!(
-                    lease,
-                    "lease removed by a reload: handed over, no longer contended for"
-                );
-            });
-            return true;
-        }
-        let reason = result.err().unwrap_or(ElectorFailure::StoppedOnItsOwn);
+    /// The elector of `lease`, removed by a reload, handed its lease over
+    /// and returned: its tasks are awaited in the background, and the
+    /// lease is no longer contended for.
+    fn retired(&mut self, lease: String) {
+        let mut run = self.runs.remove(&lease).expect("present");
+        run.ended = true;
+        let clock = self.launcher.clock.clone();
+        tokio::spawn(async move {
+            run.wait_for_tasks(&lease, &clock).await;
+            tracing::info!(
+                lease,
+                "lease removed by a reload: handed over, no longer contended for"
+            );
+        });
+    }
+
+    /// The elector of `lease` failed with `reason`: its guests are stopped
+    /// before anything else, and the failure is kept for
+    /// [`shut_down`](Self::shut_down) to return.
+    async fn elector_failed(&mut self, lease: String, reason: ElectorFailure) {
         let clock = self.launcher.clock.clone();
         if let Some(run) = self.runs.get_mut(&lease) {
             run.failed(&lease, &reason, &clock);
@@ -465,7 +531,6 @@ impl Daemon {
             }
         }
         self.failures.push((lease, reason));
-        false
     }
 
     /// After a reload: the new configuration in force, or the refusal said.
@@ -576,75 +641,6 @@ impl Daemon {
                     break;
                 }
             }
-        }
-    }
-}
-
-/// The most threads of the election runtime's blocking pool (see
-/// [`ElectionRuntime::start`]).
-const ELECTION_BLOCKING_THREADS: usize = 8;
-
-/// The runtime of the electors and the store; see the [module
-/// documentation](self). Shut down in the background when dropped (an
-/// elector stuck in a request does not hold up the exit).
-struct ElectionRuntime(Option<tokio::runtime::Runtime>);
-
-impl ElectionRuntime {
-    fn start() -> Result<ElectionRuntime, ServeError> {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            // The embedded store's file work runs on the blocking pool, a
-            // request at a time per lease, each well under a millisecond on
-            // a healthy disk: a host with 100 leases has about one in
-            // flight. Without a cap, the pool kept the thread per lease it
-            // grew to at start (every lease acquired at once), each woken
-            // cold every few seconds. A request stuck in a hung file system
-            // holds a thread; its elector's timeout does not wait for it,
-            // so a full pool delays requests, never a step-down.
-            .max_blocking_threads(ELECTION_BLOCKING_THREADS)
-            .thread_name("baton-election")
-            .enable_all()
-            .build()
-            .map(|rt| ElectionRuntime(Some(rt)))
-            .map_err(ServeError::ElectionRuntime)
-    }
-
-    fn handle(&self) -> &tokio::runtime::Handle {
-        self.0.as_ref().expect("running").handle()
-    }
-
-    /// Its thread watched by the health checks; and the test hook that
-    /// blocks it `stall_after` after start.
-    fn watched(&self, monitoring: Option<&Monitoring>, stall_after: Option<Duration>) {
-        if let Some(monitoring) = monitoring {
-            monitoring.health.watch_runtime("election", self.handle());
-        }
-        if let Some(after) = stall_after {
-            self.handle().spawn(async move {
-                tokio::time::sleep(after).await;
-                tracing::warn!("test hook: the election runtime's thread blocks for an hour now");
-                std::thread::sleep(Duration::from_secs(3600));
-            });
-        }
-    }
-
-    /// Opens the configured store on this runtime, where its requests run.
-    async fn open_stores(
-        &self,
-        config: &Config,
-    ) -> Result<(Arc<dyn LeaseStore>, Arc<dyn BucketStore>), ServeError> {
-        let config = config.clone();
-        self.handle()
-            .spawn(async move { open_stores(&config).await })
-            .await
-            .map_err(|e| ServeError::Store(format!("opening the store failed: {e}")))?
-    }
-}
-
-impl Drop for ElectionRuntime {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
         }
     }
 }

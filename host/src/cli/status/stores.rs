@@ -46,7 +46,7 @@ pub(super) async fn open_kubernetes(
     origin: String,
     spreading: Spreading,
 ) -> anyhow::Result<Target> {
-    let store = crate::daemon::serve::open_store(cfg)
+    let store = crate::daemon::open_store(cfg)
         .await
         .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
     Ok(Target {
@@ -91,7 +91,7 @@ pub(super) async fn open_remote(
         !kubeconfig_given,
         "--kubeconfig (or BATON_KUBECONFIG) applies to a kubernetes store, but {file} uses an {kind} store"
     );
-    let (store, buckets) = crate::daemon::serve::open_stores(cfg)
+    let (store, buckets) = crate::daemon::open_stores(cfg)
         .await
         .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
     let schedules = cfg

@@ -1,7 +1,8 @@
-//! A reload applied to the running [`Daemon`]: the new configuration read
+//! A reload applied to the running [`Daemon`] (whose struct and lifecycle
+//! are in the parent module, [`serve`](super)): the new configuration read
 //! and checked against the running one, every new or changed plugin
 //! compiled, and only if all of that succeeds the changes made (what may
-//! change and what needs a restart: [`reload`](super::reload)).
+//! change and what needs a restart: [`reload`]).
 //!
 //! Invariant: a plugin removed from a lease, or moved to another, starts
 //! again (under any lease) only once its old supervisor has returned, so
@@ -15,11 +16,11 @@ use std::sync::Arc;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 
-use super::leases::{handover_bound, spec_key, steered, wanted_spread};
-use super::reload;
-use super::state::Daemon;
+use super::Daemon;
 use crate::config::own_files::OwnFilesGranted;
 use crate::config::{Config, LoadError, PluginConfig, ReloadMode};
+use crate::daemon::leases::{handover_bound, spec_key, steered, wanted_spread};
+use crate::daemon::{pull, reload};
 use crate::election::Intent;
 use crate::election::spread::LeaseChange;
 use crate::runtime::{Plugin, PluginError};
@@ -47,7 +48,7 @@ pub(super) enum ReloadRefused {
     /// Components of plugins that do not run yet cannot be pulled (those
     /// that run keep their version instead).
     #[error("{}", unpulled(.0))]
-    Unpulled(Vec<super::pull::Unpulled>),
+    Unpulled(Vec<pull::Unpulled>),
     /// Loading a new or changed plugin panicked.
     #[error("plugin {plugin:?}: loading it panicked: {error}")]
     LoadPanicked {
@@ -75,7 +76,7 @@ pub(super) enum Refusal {
     OwnFiles(OwnFilesGranted),
 }
 
-fn unpulled(list: &[super::pull::Unpulled]) -> String {
+fn unpulled(list: &[pull::Unpulled]) -> String {
     let words: Vec<String> = list.iter().map(|(p, e)| format!("plugin {p:?}: {e}")).collect();
     words.join("; ")
 }
@@ -111,7 +112,7 @@ impl Daemon {
         // Within the caller's select! on the shutdown: never cancelled here.
         let running = Some(&self.config);
         let cache = &self.fixed.cache_dir;
-        let unpulled = super::pull::pull_plugins(&mut new, cache, running, &CancellationToken::new()).await;
+        let unpulled = pull::pull_plugins(&mut new, cache, running, &CancellationToken::new()).await;
         if !unpulled.is_empty() {
             return Err(ReloadRefused::Unpulled(unpulled));
         }
