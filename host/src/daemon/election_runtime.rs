@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use super::error::ServeError;
-use super::serve::Monitoring;
 use super::stores::open_stores;
 use crate::config::Config;
+use crate::ops::admin::Monitoring;
 use crate::store::LeaseStore;
 use crate::store::buckets::BucketStore;
 

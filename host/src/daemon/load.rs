@@ -9,8 +9,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::pull::Unpulled;
-use super::serve::Monitoring;
 use crate::config::{Config, LeaseConfig, PluginConfig};
+use crate::ops::admin::Monitoring;
 use crate::ops::progress::Progress;
 use crate::runtime::{Plugin, PluginEngine, PluginRuntime};
 

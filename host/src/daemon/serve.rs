@@ -52,7 +52,7 @@ use crate::config::Config;
 use crate::daemon::control::{ControlSocket, ControlledHost, SharedLeases};
 use crate::daemon::reload;
 use crate::election::{ClaimGate, HostHandle, Intent, NoObserver, TermClock};
-use crate::ops::admin::AdminServer;
+use crate::ops::admin::{AdminServer, Monitoring};
 use crate::ops::health::Health;
 use crate::ops::metrics::Metrics;
 use crate::runtime::{EngineOptions, Plugin, PluginEngine, PluginRuntime, PoolLimits, default_cache_dir};
@@ -273,13 +273,6 @@ fn fixed_settings(config: &Config, cache_dir: PathBuf, control_socket: Option<Pa
         cache_dir,
         control_socket,
     }
-}
-
-/// What the admin endpoints of one run serve, when configured (their
-/// server serves until [`serve`] returns).
-pub(super) struct Monitoring {
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) health: Arc<Health>,
 }
 
 /// A running `baton run`: the leases and plugins it serves, and what a

@@ -26,6 +26,15 @@ use crate::ops::metrics::{self, Metrics};
 /// How long one connection may take, from accepting it to its last answer.
 pub const CONNECTION_LIMIT: Duration = Duration::from_secs(10);
 
+/// What the admin endpoints of one run serve: its metrics and its
+/// health.
+pub struct Monitoring {
+    /// The metrics `/metrics` serves.
+    pub metrics: Arc<Metrics>,
+    /// What `/healthz` and `/readyz` answer from.
+    pub health: Arc<Health>,
+}
+
 /// The running admin server; dropping it stops it.
 pub struct AdminServer {
     address: SocketAddr,
