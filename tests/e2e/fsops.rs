@@ -63,6 +63,10 @@ fn landed(dir: &Path) -> Landed {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hook BATON_TEST_FS_DELAY_MS: a build with --features test-hooks"
+)]
 fn no_file_operation_of_a_paused_term_lands_after_the_next_terms_first() {
     let s = Scratch::new();
     let data = witness::records_dir(&s);

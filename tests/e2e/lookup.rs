@@ -72,6 +72,10 @@ fn silent_name_server() -> (String, Queries) {
 /// retries (one every 200 ms until then) stop with it, and no query leaves
 /// after the force-stop time.
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hook BATON_TEST_NAME_SERVER: a build with --features test-hooks"
+)]
 fn names_resolve_through_the_name_server_and_no_query_leaves_after_the_force_stop() {
     let (server, seen) = silent_name_server();
     let s = Scratch::new();

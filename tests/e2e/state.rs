@@ -52,6 +52,10 @@ fn n_of(e: &Event) -> u64 {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hook BATON_TEST_BUCKET_WRITE_DELAY: a build with --features test-hooks"
+)]
 fn a_leader_paused_in_a_write_past_its_lease_cannot_land_it() {
     let s = Scratch::new();
     let cfg = config_with(&s, &counter("counter", "env = { KV_INTERVAL_MS = \"50\" }"));

@@ -943,6 +943,10 @@ fn assert_no_stale_after(history: &[String], newer: u64) {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hook BATON_TEST_BUCKET_WRITE_DELAY: a build with --features test-hooks"
+)]
 fn kv_counter_counts_on_across_a_hand_over_and_a_forced_kv_write_fences_the_leader() {
     let t = EtcdTest::new("kv");
     let text = format!(

@@ -212,6 +212,10 @@ fn kv_counter_counts_on_across_a_hand_over_and_a_delete_of_every_lease() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hook BATON_TEST_BUCKET_WRITE_DELAY: a build with --features test-hooks"
+)]
 fn baton_kv_lists_reads_writes_and_a_forced_write_fences_the_running_leader() {
     let t = KubeTest::new("kv-cli");
     // Each write of the leader's guest waits 3 s in the host before it
@@ -330,6 +334,10 @@ fn baton_kv_lists_reads_writes_and_a_forced_write_fences_the_running_leader() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hook BATON_TEST_BUCKET_WRITE_DELAY: a build with --features test-hooks"
+)]
 fn a_leader_paused_in_the_middle_of_a_write_cannot_land_it_after_a_newer_term_wrote() {
     let t = KubeTest::new("kv-paused");
     let cfg = counter_config(&t, None, "baton.toml", "KV_INTERVAL_MS = \"20\"");

@@ -110,8 +110,12 @@ pub(crate) fn fenced<T>(
 /// file operation sleeps between the term's last check and its system call,
 /// widening on purpose the window the kernel must close (tests only; read
 /// once, at the first call, which the files capability's link step makes
-/// when the host starts).
+/// when the host starts). Read only in a build with the `test-hooks`
+/// feature.
 pub fn test_fs_delay() -> Option<std::time::Duration> {
+    if !cfg!(feature = "test-hooks") {
+        return None;
+    }
     static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
     *DELAY.get_or_init(|| {
         let ms: u64 = std::env::var("BATON_TEST_FS_DELAY_MS").ok()?.parse().ok()?;

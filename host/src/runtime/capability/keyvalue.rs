@@ -226,8 +226,12 @@ pub struct Cas {
 }
 
 /// A delay before each write, for the tests of a leader paused in the
-/// middle of one (`BATON_TEST_BUCKET_WRITE_DELAY`, such as `3s`).
+/// middle of one (`BATON_TEST_BUCKET_WRITE_DELAY`, such as `3s`). Read
+/// only in a build with the `test-hooks` feature.
 fn test_write_delay() -> Option<Duration> {
+    if !cfg!(feature = "test-hooks") {
+        return None;
+    }
     static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
     *DELAY.get_or_init(|| {
         std::env::var("BATON_TEST_BUCKET_WRITE_DELAY")

@@ -142,8 +142,12 @@ fn system_config() -> &'static (ResolverConfig, ResolverOpts) {
 
 /// The test hook `BATON_TEST_NAME_SERVER`: the one name server lookups
 /// ask, with a 200 ms timeout and 100 attempts, so a test can see every
-/// query a lookup sends.
+/// query a lookup sends. Read only in a build with the `test-hooks`
+/// feature.
 fn test_name_server() -> Option<SocketAddr> {
+    if !cfg!(feature = "test-hooks") {
+        return None;
+    }
     let addr = std::env::var("BATON_TEST_NAME_SERVER").ok()?.parse().ok()?;
     tracing::warn!(%addr, "test hook: plugins' name lookups ask only this name server");
     Some(addr)
