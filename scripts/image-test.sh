@@ -81,7 +81,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if [ ! -x "$outside_bin" ]; then
     [ -z "${BATON_OUTSIDE_BATON:-}" ] || die "no $outside_bin"
-    cargo build -p baton >&2
+    cargo build -p baton --features test-hooks >&2
 fi
 
 mkdir -p "$BATON_CACHE/image"

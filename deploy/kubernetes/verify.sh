@@ -14,7 +14,7 @@
 #      label) but not create, update, delete or watch them; user nobody may
 #      do nothing with Leases;
 #   3. baton-a really creates, updates and deletes a Lease; and, running a
-#      real `baton` host (built here with `cargo build -p baton` unless
+#      real `baton` host (built here with `cargo build -p baton --features test-hooks` unless
 #      BATON_BIN names one) with the kv-counter guest
 #      (scripts/build-guests.sh), a plugin's write to its key-value bucket
 #      lands (a ConfigMap labelled baton.dev/role=bucket), and `baton kv
@@ -223,7 +223,10 @@ fi
 if [ -n "${BATON_BIN:-}" ]; then
     baton="$BATON_BIN"
 else
-    (cd "$repo" && cargo build -p baton --quiet) || die "cannot build baton (cargo build -p baton)"
+    # The features of scripts/test.sh, which runs this first: one build of
+    # the host (and of tokio and what uses it) for the whole suite.
+    (cd "$repo" && cargo build -p baton --features test-hooks --quiet) ||
+        die "cannot build baton (cargo build -p baton --features test-hooks)"
     baton="$CARGO_TARGET_DIR/debug/baton"
 fi
 kv_dir="$(mktemp -d)"

@@ -773,13 +773,18 @@ fn an_unhealthy_leader_hands_over_on_etcd_and_schedules_and_run_now_follow_the_l
         .values()
         .map(|n| n.as_u64().unwrap())
         .sum();
-    let (first, last) = (*seen.keys().next().unwrap(), *seen.keys().last().unwrap());
+    // Up to the progress's `handled`: a due time after the last run seen
+    // may already be skipped (an overlap) while the hosts still run.
+    let first = *seen.keys().next().unwrap();
+    let handled = p["handled"].as_u64().unwrap();
+    let ran = seen.keys().filter(|due| **due <= handled).count() as u64;
     assert_eq!(
-        (last - first) / 500 + 1,
-        seen.len() as u64 + skipped,
-        "every due time from the first run to the last ran once or was skipped: {p}"
+        (handled - first) / 500 + 1,
+        ran + skipped,
+        "every due time from the first run to the last handled ran once or was skipped: {p}"
     );
-    assert_eq!(p["handled"].as_u64(), Some(last), "{p}");
+    let last = *seen.keys().last().unwrap();
+    assert!(handled >= last, "the last run seen, {last}, is not handled: {p}");
 
     // `baton status`: the schedules, and the two runs asked for, each by
     // the host that led in its term.
