@@ -18,6 +18,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 5),
     ("ops", 6),
     ("daemon", 7),
+    ("harness", 7),
     ("cli", 8),
 ];
 

@@ -6,7 +6,7 @@
 //!
 //! | Layer | Modules |
 //! |---|---|
-//! | edges | [`cli`] (commands), [`daemon`] (`baton run`'s wiring), [`config`], [`ops`] (log, metrics, health, admin) |
+//! | edges | [`cli`] (commands), [`daemon`] (`baton run`'s wiring), [`harness`] (`baton test`'s), [`config`], [`ops`] (log, metrics, health, admin) |
 //! | tasks | [`supervisor`]: each plugin's task per term |
 //! | guests | [`runtime`]: wasmtime, the contract's host side, grants, the fence |
 //! | election | [`election`]: terms, the elector, spreading; [`schedule`]: when scheduled runs are due; decisions without I/O of their own |
@@ -20,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod election;
+pub mod harness;
 pub mod oci;
 pub mod ops;
 pub mod runtime;

@@ -31,6 +31,7 @@ mod state;
 mod status;
 mod support;
 mod terms;
+mod test_command;
 mod witness;
 mod yielding;
 

@@ -61,7 +61,7 @@ pub async fn execute(plugins: Vec<PathBuf>, registry: &RegistryArgs) -> anyhow::
 
 /// The engine, on the compiled-code cache of `BATON_CACHE_DIR` or the
 /// default one.
-fn engine() -> anyhow::Result<PluginEngine> {
+pub(super) fn engine() -> anyhow::Result<PluginEngine> {
     let cache = std::env::var_os("BATON_CACHE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(default_cache_dir);

@@ -15,6 +15,8 @@
 //!   operator.
 //! - [`registry`]: `baton pull` and `baton push`, components in OCI
 //!   registries.
+//! - [`test_plugin`]: `baton test`, one plugin through scripted terms
+//!   ([`harness`](crate::harness)).
 
 pub mod check;
 pub mod drain;
@@ -25,4 +27,5 @@ pub mod run;
 pub mod run_now;
 pub mod scaffold;
 pub mod status;
+pub mod test_plugin;
 pub mod yield_lease;

@@ -1,0 +1,121 @@
+//! `baton test`: runs one plugin in this process through the contract's
+//! scenario ([`crate::harness`]): lead, run, lose the lead, lead again in a
+//! newer term, lose again; prints a verdict per step and fails (exit
+//! status 1) if one failed. Its buckets are in memory.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config::Config;
+use crate::harness::Harness;
+use crate::harness::scenario::{Verdict, default_scenario};
+use crate::runtime::{DEFAULT_MEMORY_LIMIT, Grants, PluginRuntime, PluginSpec};
+use crate::store::memory::buckets::MemoryBuckets;
+
+/// How the verdicts are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table for people.
+    Table,
+    /// JSON: one object per step.
+    Json,
+}
+
+/// What `baton test` was asked.
+pub struct TestArgs {
+    /// The component.
+    pub plugin: PathBuf,
+    /// A configuration whose plugin of that name (or file) gives the
+    /// grants and the grace.
+    pub config: Option<PathBuf>,
+    /// The plugin's name in the configuration.
+    pub name: Option<String>,
+    /// The grace, unless the configuration's lease sets it.
+    pub grace: Duration,
+    /// How long each term runs before it is lost.
+    pub run: Duration,
+    /// How to print the verdicts.
+    pub format: Format,
+}
+
+/// `baton test`.
+pub async fn execute(args: TestArgs) -> anyhow::Result<ExitCode> {
+    let (spec, lease, grace) = spec_of(&args)?;
+    let mut runtime = PluginRuntime::new(super::check::engine()?)?;
+    runtime.set_bucket_store(Arc::new(MemoryBuckets::new()));
+    let plugin = tokio::task::block_in_place(|| runtime.load(&spec)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut harness = Harness::start(Arc::new(plugin), &lease, grace);
+    let verdicts = default_scenario(&mut harness, args.run).await;
+    harness.finish().await;
+    crate::ops::logging::written(Duration::from_millis(200));
+    print(&spec.name, &verdicts, args.format)?;
+    Ok(if verdicts.iter().all(|v| v.passed) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The plugin's spec, its lease and its grace: from the configuration if
+/// one is given (its plugin named so, or of the same file), else the
+/// defaults.
+fn spec_of(args: &TestArgs) -> anyhow::Result<(PluginSpec, String, Duration)> {
+    let stem = args.plugin.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let Some(file) = &args.config else {
+        let name = args.name.clone().or(stem).unwrap_or_else(|| "plugin".into());
+        let spec = PluginSpec {
+            name: name.clone(),
+            path: args.plugin.clone(),
+            digest: None,
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+            grants: Grants::default(),
+            health_check: None,
+        };
+        return Ok((spec, format!("{name}-test"), args.grace));
+    };
+    let config = Config::load(file)?;
+    let same_file = |p: &Path| p.canonicalize().ok() == args.plugin.canonicalize().ok();
+    let found = config.plugins.iter().find(|p| match &args.name {
+        Some(n) => &p.spec.name == n,
+        None => same_file(&p.spec.path),
+    });
+    let p = found.with_context(|| {
+        format!(
+            "{}: no plugin {} (name it with --plugin)",
+            file.display(),
+            args.name.as_deref().map_or_else(
+                || format!("of file {}", args.plugin.display()),
+                |n| format!("{n:?}")
+            )
+        )
+    })?;
+    let grace = config
+        .leases
+        .iter()
+        .find(|l| l.name == p.lease)
+        .map_or(args.grace, |l| l.timings.grace);
+    let mut spec = p.spec.clone();
+    spec.path = args.plugin.clone();
+    Ok((spec, p.lease.clone(), grace))
+}
+
+/// Prints the verdicts as `format` says.
+fn print(plugin: &str, verdicts: &[Verdict], format: Format) -> anyhow::Result<()> {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(verdicts)?),
+        Format::Table => {
+            println!("baton test: plugin {plugin:?}, the contract's scenario");
+            for v in verdicts {
+                let mark = if v.passed { "pass" } else { "FAIL" };
+                println!("  {mark}  {}: {}", v.step, v.detail);
+            }
+            let failed = verdicts.iter().filter(|v| !v.passed).count();
+            println!("{} steps, {failed} failed", verdicts.len());
+        }
+    }
+    Ok(())
+}
