@@ -169,7 +169,7 @@ enum Command {
         /// How long each term runs before it is lost.
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         run: std::time::Duration,
-        /// How to print the verdicts.
+        /// How to print the verdicts: a table, JSON, or JUnit XML.
         #[arg(long, value_enum, default_value = "table")]
         format: cli::test_plugin::Format,
     },

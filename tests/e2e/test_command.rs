@@ -100,4 +100,18 @@ fn a_plugin_that_fails_while_leading_is_told_so() {
             && text.contains("while leading: no error, no trap: the task returned an error"),
         "{text}"
     );
+    // The same as JUnit XML: a case per step, the failed ones with the
+    // verdict as their failure.
+    let out = test(
+        &guest("probe_pollable.wasm"),
+        &["--config", cfg.to_str().unwrap(), "--format", "junit"],
+    );
+    let xml = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{xml}");
+    assert!(
+        xml.starts_with("<?xml") && xml.contains("<testsuites tests=\"6\" failures=\"2\">"),
+        "{xml}"
+    );
+    let failure = "<failure message=\"the task returned an error while its term lasted\">";
+    assert_eq!(xml.matches(failure).count(), 2, "{xml}");
 }

@@ -23,6 +23,8 @@ pub enum Format {
     Table,
     /// JSON: one object per step.
     Json,
+    /// JUnit XML, which CI systems display: one test case per step.
+    Junit,
 }
 
 /// What `baton test` was asked.
@@ -107,6 +109,7 @@ fn spec_of(args: &TestArgs) -> anyhow::Result<(PluginSpec, String, Duration)> {
 fn print(plugin: &str, verdicts: &[Verdict], format: Format) -> anyhow::Result<()> {
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(verdicts)?),
+        Format::Junit => print!("{}", junit(plugin, verdicts)),
         Format::Table => {
             println!("baton test: plugin {plugin:?}, the contract's scenario");
             for v in verdicts {
@@ -118,4 +121,85 @@ fn print(plugin: &str, verdicts: &[Verdict], format: Format) -> anyhow::Result<(
         }
     }
     Ok(())
+}
+
+/// The verdicts as JUnit XML: a suite for the plugin, a test case per
+/// step, a failure's message the verdict's detail.
+fn junit(plugin: &str, verdicts: &[Verdict]) -> String {
+    let failures = verdicts.iter().filter(|v| !v.passed).count();
+    let suite = xml_escape(&format!("baton test: {plugin}"));
+    let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    xml.push_str(&format!(
+        "<testsuites tests=\"{n}\" failures=\"{failures}\">\n  <testsuite name=\"{suite}\" tests=\"{n}\" failures=\"{failures}\">\n",
+        n = verdicts.len()
+    ));
+    for v in verdicts {
+        let name = xml_escape(&v.step);
+        let class = xml_escape(plugin);
+        if v.passed {
+            xml.push_str(&format!(
+                "    <testcase classname=\"{class}\" name=\"{name}\"/>\n"
+            ));
+        } else {
+            let detail = xml_escape(&v.detail);
+            xml.push_str(&format!(
+                "    <testcase classname=\"{class}\" name=\"{name}\">\n      <failure message=\"{detail}\">{detail}</failure>\n    </testcase>\n"
+            ));
+        }
+    }
+    xml.push_str("  </testsuite>\n</testsuites>\n");
+    xml
+}
+
+/// `text` with XML's special characters escaped.
+fn xml_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn junit_has_a_case_per_step_and_a_failure_with_the_detail_escaped() {
+        let verdicts = [
+            Verdict {
+                step: "lead in term 1: a fresh instance starts".into(),
+                passed: true,
+                detail: "started".into(),
+            },
+            Verdict {
+                step: "lose the lead".into(),
+                passed: false,
+                detail: "ignored the change: <stopped> by force & \"late\"".into(),
+            },
+        ];
+        let xml = junit("p&q", &verdicts);
+        assert!(xml.contains("<testsuites tests=\"2\" failures=\"1\">"), "{xml}");
+        assert!(xml.contains("<testsuite name=\"baton test: p&amp;q\""), "{xml}");
+        assert!(
+            xml.contains(
+                "<testcase classname=\"p&amp;q\" name=\"lead in term 1: a fresh instance starts\"/>"
+            ),
+            "{xml}"
+        );
+        assert!(
+            xml.contains(
+                "<failure message=\"ignored the change: &lt;stopped&gt; by force &amp; &quot;late&quot;\">"
+            ),
+            "{xml}"
+        );
+        assert_eq!(xml.matches("<testcase ").count(), 2);
+    }
 }
