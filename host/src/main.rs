@@ -153,26 +153,7 @@ enum Command {
     /// Run one plugin in this process through scripted terms: lead, run,
     /// lose the lead (it must return within the grace), lead again in a
     /// newer term; print a verdict per step (exit status 1 if one failed).
-    Test {
-        /// The component file.
-        plugin: PathBuf,
-        /// Take its grants and its lease's grace from this configuration
-        /// (its plugin of that file, or named by --plugin).
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// The plugin's name in the configuration.
-        #[arg(long = "plugin")]
-        name: Option<String>,
-        /// The grace without a configuration.
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-        grace: std::time::Duration,
-        /// How long each term runs before it is lost.
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-        run: std::time::Duration,
-        /// How to print the verdicts: a table, JSON, or JUnit XML.
-        #[arg(long, value_enum, default_value = "table")]
-        format: cli::test_plugin::Format,
-    },
+    Test(cli::test_plugin::TestArgs),
     /// Lists, reads and writes the plugins' key-value buckets, on the
     /// configured store; writes are made in a term of their own, which
     /// fences the plugin's older terms.
@@ -294,24 +275,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
         Command::Run(args) => run_with(args).await,
         Command::Check { plugins, registry } => cli::check::execute(plugins, &registry).await,
-        Command::Test {
-            plugin,
-            config,
-            name,
-            grace,
-            run,
-            format,
-        } => {
-            let args = cli::test_plugin::TestArgs {
-                plugin,
-                config,
-                name,
-                grace,
-                run,
-                format,
-            };
-            cli::test_plugin::execute(args).await
-        }
+        Command::Test(args) => cli::test_plugin::execute(args).await,
         Command::Pull {
             reference,
             verify_key,

@@ -27,20 +27,26 @@ pub enum Format {
     Junit,
 }
 
-/// What `baton test` was asked.
+/// What `baton test` was asked (its command line).
+#[derive(Debug, clap::Args)]
 pub struct TestArgs {
-    /// The component.
+    /// The component file.
     pub plugin: PathBuf,
-    /// A configuration whose plugin of that name (or file) gives the
-    /// grants and the grace.
+    /// Take its grants and its lease's grace from this configuration (its
+    /// plugin of that file, or named by --plugin).
+    #[arg(long, short)]
     pub config: Option<PathBuf>,
     /// The plugin's name in the configuration.
+    #[arg(long = "plugin")]
     pub name: Option<String>,
-    /// The grace, unless the configuration's lease sets it.
+    /// The grace without a configuration.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// How long each term runs before it is lost.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub run: Duration,
-    /// How to print the verdicts.
+    /// How to print the verdicts: a table, JSON, or JUnit XML.
+    #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
 
