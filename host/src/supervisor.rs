@@ -42,9 +42,11 @@ use tokio::time::sleep;
 
 use crate::election::{ClaimGate, Intent, LeaseClaims, LeaseView, Moment, Term};
 use crate::runtime::{Plugin, Prepared, TaskOutcome};
+use crate::schedule::ScheduledRun;
 
 mod health;
 mod scheduled;
+pub mod time;
 
 pub use scheduled::{SCHEDULES_BUCKET, Scheduling};
 
@@ -135,10 +137,11 @@ pub trait TaskObserver: Send + Sync + 'static {
         let _ = (plugin, forced, after);
     }
 
-    /// A scheduled run of `plugin` ended with `outcome` (`ok`, `failed`,
-    /// `trapped`); it started `lateness` after its due time.
-    fn scheduled_run(&self, plugin: &str, outcome: &'static str, lateness: Duration) {
-        let _ = (plugin, outcome, lateness);
+    /// A scheduled run of `plugin`, `run`, ended with `outcome` (`ok`,
+    /// `failed`, `trapped`), its end recorded; it started `lateness` after
+    /// its due time.
+    fn scheduled_run(&self, plugin: &str, run: &ScheduledRun, outcome: &'static str, lateness: Duration) {
+        let _ = (plugin, run, outcome, lateness);
     }
 
     /// `count` due times of `plugin` were skipped for `reason`.

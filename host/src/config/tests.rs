@@ -385,7 +385,7 @@ fn a_plugin_table_shares_its_keys_with_the_capabilities_and_refuses_the_rest_whe
     assert_eq!(grants.sockets.send_buffer, 128 << 10);
     assert_eq!(grants.sockets.network.connect.len(), 1);
     assert_eq!(grants.keyvalue.buckets, ["shared"]);
-    assert_eq!(grants.output.line, 4 << 10);
+    assert_eq!(grants.output.limits.line, 4 << 10);
     assert_eq!(grants.config.keys().collect::<Vec<_>>(), ["region"]);
     assert!(grants.files[0].host.is_absolute() && grants.files[0].host.ends_with("d"));
     // A key nobody reads is refused on its own line, with the keys known.

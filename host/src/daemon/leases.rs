@@ -433,6 +433,7 @@ impl Launcher {
             store,
             host: self.identity.clone(),
             run_now: Arc::new(tokio::sync::Mutex::new(asked)),
+            time: Default::default(),
         });
         run.supervisors.spawn(async move {
             let _done = done.drop_guard();

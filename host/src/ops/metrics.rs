@@ -540,7 +540,13 @@ impl TaskObserver for Metrics {
             .observe(after.as_secs_f64());
     }
 
-    fn scheduled_run(&self, plugin: &str, outcome: &'static str, lateness: Duration) {
+    fn scheduled_run(
+        &self,
+        plugin: &str,
+        _: &crate::schedule::ScheduledRun,
+        outcome: &'static str,
+        lateness: Duration,
+    ) {
         let labels = OutcomeLabels {
             plugin: plugin.to_owned(),
             outcome,

@@ -23,6 +23,7 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 use tokio::sync::{mpsc, watch};
 
+use super::time::HostTime;
 use super::{TaskObserver, run_attempt};
 use crate::election::{LeaseView, Term};
 use crate::runtime::{Plugin, TaskOutcome};
@@ -46,6 +47,8 @@ pub struct Scheduling {
     pub host: String,
     /// `baton run-now`: one extra run each.
     pub run_now: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>>,
+    /// The time the schedule runs by (`baton run`: the system's).
+    pub time: HostTime,
 }
 
 /// A scheduled term's state: the plugin, the term, where its progress is.
@@ -110,6 +113,11 @@ impl Ctx<'_> {
         self.plugin.name()
     }
 
+    /// The time now, as the schedule runs by.
+    fn now(&self) -> SystemTime {
+        self.scheduling.time.now()
+    }
+
     /// One decision, and what it takes.
     async fn step(&self, run_now: &mut mpsc::UnboundedReceiver<()>) -> Result<(), Stop> {
         let Some(schedule) = self.scheduling.schedule.borrow().clone() else {
@@ -119,7 +127,7 @@ impl Ctx<'_> {
         let Some(mut progress) = self.read().await? else {
             return Ok(());
         };
-        match crate::schedule::next(&schedule, &progress, SystemTime::now()) {
+        match crate::schedule::next(&schedule, &progress, self.now()) {
             Next::Skip { upto, count, reason } => self.skip(&mut progress, upto, count, reason).await,
             Next::Run {
                 due,
@@ -147,9 +155,8 @@ impl Ctx<'_> {
         run_now: &mut mpsc::UnboundedReceiver<()>,
     ) -> Result<(), Stop> {
         let mut schedule = self.scheduling.schedule.clone();
-        let sleep = until.map(|u| u.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO));
         tokio::select! {
-            _ = async { match sleep { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => Ok(()),
+            _ = self.scheduling.time.wait_until(until) => Ok(()),
             _ = self.term.over() => Err(Stop::Term),
             _ = schedule.changed() => Ok(()),
             asked = run_now.recv(), if !run_now.is_closed() => {
@@ -171,7 +178,7 @@ impl Ctx<'_> {
         // Whole milliseconds, as recorded: a run cut off and run again
         // gets the very due time the first attempt got.
         let run = ScheduledRun {
-            due: from_millis(millis(SystemTime::now())),
+            due: from_millis(millis(self.now())),
             attempt: 0,
             on_demand: true,
         };
@@ -220,9 +227,7 @@ impl Ctx<'_> {
         if !self.write(progress, None).await? {
             return Ok(());
         }
-        let lateness = SystemTime::now()
-            .duration_since(run.due)
-            .unwrap_or(Duration::ZERO);
+        let lateness = self.now().duration_since(run.due).unwrap_or(Duration::ZERO);
         tracing::info!(plugin = self.name(), term = self.term.number(), due = %humantime::format_rfc3339_millis(run.due),
             attempt = run.attempt, on_demand = run.on_demand, late_ms = crate::support::rounding::ms(lateness),
             jitter_ms = crate::support::rounding::ms(jitter), "scheduled run started");
@@ -245,7 +250,7 @@ impl Ctx<'_> {
         tracing::info!(plugin = self.name(), term = self.term.number(), due = %humantime::format_rfc3339_millis(run.due),
             outcome = %label, "scheduled run ended");
         self.observer
-            .scheduled_run(self.name(), outcome_kind(&outcome), lateness);
+            .scheduled_run(self.name(), &run, outcome_kind(&outcome), lateness);
         Ok(())
     }
 
@@ -282,10 +287,10 @@ impl Ctx<'_> {
         progress: &mut Progress,
         label: &str,
     ) -> Option<Skip> {
-        progress.ended(SystemTime::now(), label);
+        progress.ended(self.now(), label);
         if schedule.overlap == Overlap::Skip
             && !run.on_demand
-            && let Some(upto) = schedule.when.last_at_or_before(SystemTime::now())
+            && let Some(upto) = schedule.when.last_at_or_before(self.now())
             && Some(millis(upto)) > progress.handled
         {
             let count = schedule.when.count_between(run.due, upto);
@@ -348,13 +353,12 @@ impl Ctx<'_> {
             .plugin
             .run_scheduled(self.term.clone(), self.view.clone(), run.clone());
         let attempt = run_attempt(self.plugin, self.term, self.observer, task);
-        let next_due = schedule.when.next_after(run.due.max(SystemTime::now()));
+        let next_due = schedule.when.next_after(run.due.max(self.now()));
         match (schedule.overlap, next_due) {
             (Overlap::Replace, Some(next)) if !run.on_demand => {
-                let wait = next.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
                 tokio::select! {
                     outcome = attempt => outcome,
-                    _ = tokio::time::sleep(wait) => {
+                    _ = self.scheduling.time.sleep_until(next) => {
                         tracing::warn!(plugin = self.name(), term = self.term.number(), "scheduled run replaced by the next due time");
                         Some(TaskOutcome::Failed("replaced by the next due time".into()))
                     }
@@ -371,7 +375,7 @@ impl Ctx<'_> {
         }
         let wait = rand::rng().random_range(Duration::ZERO..schedule.jitter);
         tokio::select! {
-            _ = tokio::time::sleep(wait) => Ok(wait),
+            _ = self.scheduling.time.wait_until(Some(self.now() + wait)) => Ok(wait),
             _ = self.term.over() => Err(Stop::Term),
         }
     }
@@ -381,7 +385,7 @@ impl Ctx<'_> {
             due: millis(run.due),
             attempt: run.attempt,
             on_demand: run.on_demand,
-            started: millis(SystemTime::now()),
+            started: millis(self.now()),
             ended: None,
             outcome: None,
             host: self.scheduling.host.clone(),

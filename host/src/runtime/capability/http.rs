@@ -64,6 +64,7 @@ use kubernetes::{KUBERNETES_ORIGIN, KubeAccess};
 
 mod grant;
 pub mod kubernetes;
+pub mod stub;
 
 pub use grant::{
     GrantHost, HttpGrant, HttpGrantError, HttpLimits, HttpPolicy, HttpPolicyError, RawHttp, TlsConfigError,
@@ -338,6 +339,10 @@ impl GuestHttp {
         .fold(limits.timeout, Duration::min);
         if grant.term_headers {
             self.set_term_headers(request.headers_mut())?;
+        }
+        if let Some(stub) = &self.policy.stub {
+            let _permit = permit;
+            return stub::answer(stub, &uri, request, limits.request_body).await;
         }
         // Origin form on the wire: the path and query only.
         *request.uri_mut() = http::Uri::builder()

@@ -49,7 +49,7 @@ crate::raw_keys! {
 
 impl Capability for Output {
     type Raw = RawOutput;
-    type Grant = OutputLimits;
+    type Grant = OutputGrant;
     type Plugin = Arc<OutputBudget>;
     /// The last lines it wrote to stderr (a panic message), for the trap
     /// report.
@@ -58,7 +58,7 @@ impl Capability for Output {
 
     /// Each limit defaulted; neither zero, the line at most
     /// [`MAX_OUTPUT_LINE`].
-    fn grant(raw: RawOutput, site: &GrantSite<'_>) -> Result<OutputLimits, GrantError> {
+    fn grant(raw: RawOutput, site: &GrantSite<'_>) -> Result<OutputGrant, GrantError> {
         let defaults = OutputLimits::default();
         let limits = OutputLimits {
             bytes_per_second: raw.rate.map_or(defaults.bytes_per_second, |r| r.as_u64()),
@@ -77,11 +77,15 @@ impl Capability for Output {
                  (to silence a plugin, filter its log target: BATON_LOG=info,guest=off)",
             ));
         }
-        Ok(limits)
+        Ok(OutputGrant { limits, tap: None })
     }
 
-    fn load(limits: &OutputLimits, plugin: &LoadContext<'_>) -> Result<Arc<OutputBudget>, String> {
-        Ok(OutputBudget::new(plugin.plugin.clone(), *limits))
+    fn load(grant: &OutputGrant, plugin: &LoadContext<'_>) -> Result<Arc<OutputBudget>, String> {
+        let budget = OutputBudget::new(plugin.plugin.clone(), grant.limits);
+        if let Some(tap) = &grant.tap {
+            let _ = budget.tap.set(tap.clone());
+        }
+        Ok(budget)
     }
 
     fn prepare(budget: &Arc<OutputBudget>, setup: &mut Setup<'_>) -> Result<StderrTail, SetupError> {
@@ -103,6 +107,22 @@ impl Capability for Output {
     ) -> wasmtime::Result<()> {
         Ok(())
     }
+}
+
+/// What a plugin's table grants of output: its limits; and, given by a
+/// harness (`baton test`), a tap that sees every line logged.
+#[derive(Clone, Debug, Default)]
+pub struct OutputGrant {
+    /// The plugin's limits.
+    pub limits: OutputLimits,
+    /// Sees each line as it is logged (after the limits).
+    pub tap: Option<Arc<dyn OutputTap>>,
+}
+
+/// Sees a plugin's output lines.
+pub trait OutputTap: Send + Sync + std::fmt::Debug {
+    /// `text`, a line the plugin wrote to `stream` (`stdout`, `stderr`).
+    fn line(&self, stream: &'static str, text: &str);
 }
 
 /// How much a plugin may print, and the longest line.
@@ -150,6 +170,8 @@ pub struct OutputBudget {
     /// Lines dropped by the rate limit since the plugin was loaded (for
     /// metrics; the reports count since the last report).
     dropped_lines_total: std::sync::atomic::AtomicU64,
+    /// The grant's tap, if any.
+    tap: std::sync::OnceLock<Arc<dyn OutputTap>>,
 }
 
 #[derive(Debug)]
@@ -185,6 +207,7 @@ impl OutputBudget {
             }),
             limits,
             dropped_lines_total: Default::default(),
+            tap: Default::default(),
         })
     }
 
@@ -361,6 +384,13 @@ impl LineLogger {
         let text = String::from_utf8_lossy(&line);
         let text = text.trim_end_matches('\r');
         let plugin = &*budget.plugin;
+        if let Some(tap) = budget.tap.get() {
+            let stream = match self.out.stream {
+                GuestStream::Stdout => "stdout",
+                GuestStream::Stderr => "stderr",
+            };
+            tap.line(stream, text);
+        }
         match self.out.stream {
             GuestStream::Stdout => tracing::info!(target: "guest", plugin, stream = "stdout", "{text}"),
             GuestStream::Stderr => {

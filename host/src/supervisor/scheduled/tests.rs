@@ -171,6 +171,7 @@ fn one_term_ending(
         store: store.clone(),
         host: "h1".into(),
         run_now: Arc::new(tokio::sync::Mutex::new(mpsc::unbounded_channel().1)),
+        time: Default::default(),
     };
     let log = guest_lines(|| async {
         let seed = Write::new(

@@ -290,6 +290,8 @@ pub struct HttpPolicy {
     pub(super) limits: HttpLimits,
     /// The `kubernetes` grant, if any (see [`kubernetes`](crate::runtime::kubernetes)).
     pub(super) kube: Option<Arc<KubeAccess>>,
+    /// Answers instead of the network (a harness's), if any.
+    pub(super) stub: Option<Arc<dyn super::stub::HttpStub>>,
 }
 
 impl fmt::Debug for HttpPolicy {
@@ -301,6 +303,7 @@ impl fmt::Debug for HttpPolicy {
             )
             .field("limits", &self.limits)
             .field("kubernetes", &self.kube.as_ref().map(|k| &k.grant))
+            .field("stub", &self.stub.is_some())
             .finish()
     }
 }
@@ -312,6 +315,7 @@ impl Default for HttpPolicy {
             grants: Arc::from(Vec::new()),
             limits: HttpLimits::default(),
             kube: None,
+            stub: None,
         }
     }
 }
@@ -332,7 +336,29 @@ impl HttpPolicy {
             grants: Arc::from(prepared),
             limits,
             kube: None,
+            stub: None,
         })
+    }
+
+    /// The policy with `stub` answering every granted request instead of
+    /// the network, and `origins` granted besides its own grants.
+    pub fn with_stub(
+        self,
+        stub: Arc<dyn super::stub::HttpStub>,
+        origins: &[HttpGrant],
+    ) -> Result<HttpPolicy, HttpPolicyError> {
+        let mut grants: Vec<HttpGrant> = self.grants().cloned().collect();
+        grants.extend(
+            origins
+                .iter()
+                .filter(|o| !grants.contains(o))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+        let mut policy = HttpPolicy::new(&grants, self.limits)?;
+        policy.kube = self.kube;
+        policy.stub = Some(stub);
+        Ok(policy)
     }
 
     /// Adds a `kubernetes` grant: requests to `http://kubernetes.baton` go
