@@ -32,6 +32,7 @@ mod status;
 mod support;
 mod terms;
 mod test_command;
+mod test_scenarios;
 mod witness;
 mod yielding;
 

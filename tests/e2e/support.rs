@@ -182,10 +182,12 @@ pub struct Opts<'a> {
 /// The `baton` binary: the one built with the tests, or `BATON_BIN` (for
 /// the benches, to measure two builds side by side).
 pub fn baton() -> Command {
-    match std::env::var_os("BATON_BIN") {
-        Some(bin) => Command::new(bin),
-        None => Command::new(env!("CARGO_BIN_EXE_baton")),
-    }
+    Command::new(baton_bin())
+}
+
+/// The `baton` binary under test: `BATON_BIN`, else the one cargo built.
+pub fn baton_bin() -> PathBuf {
+    std::env::var_os("BATON_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_baton")), PathBuf::from)
 }
 
 impl Host {

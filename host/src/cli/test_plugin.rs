@@ -1,20 +1,32 @@
-//! `baton test`: runs one plugin in this process through the contract's
-//! scenario ([`crate::harness`]): lead, run, lose the lead, lead again in a
-//! newer term, lose again; prints a verdict per step and fails (exit
-//! status 1) if one failed. Its buckets are in memory.
+//! `baton test`: runs one plugin in this process through scenarios
+//! ([`crate::harness`]): the contract's own (lead, run, lose the lead,
+//! lead again, pause past the lease, …; for a scheduled plugin, a
+//! simulated day handed over twice), or the scenario files given; prints
+//! a verdict per step and fails (exit status 1) if one failed. Its buckets
+//! are in memory; its schedule and clocks run on virtual time unless
+//! `--real-time`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 
 use crate::config::Config;
-use crate::harness::Harness;
-use crate::harness::scenario::{Verdict, default_scenario};
-use crate::runtime::{DEFAULT_MEMORY_LIMIT, Grants, PluginRuntime, PluginSpec};
+use crate::harness::record::{OutputLog, RecordingBuckets, StubHttp, Subject};
+use crate::harness::scenario::default_script;
+use crate::harness::script::Script;
+use crate::harness::steps::run_script;
+use crate::harness::verdict::Verdict;
+use crate::harness::{Harness, Setup};
+use crate::runtime::{
+    ClockGrant, ConfigSource, DEFAULT_MEMORY_LIMIT, Grants, HttpGrant, PluginRuntime, PluginSpec,
+};
+use crate::schedule::Schedule;
+use crate::store::buckets::BucketStore;
 use crate::store::memory::buckets::MemoryBuckets;
+use crate::supervisor::time::{HostTime, VirtualTime};
 
 /// How the verdicts are printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -32,8 +44,11 @@ pub enum Format {
 pub struct TestArgs {
     /// The component file.
     pub plugin: PathBuf,
-    /// Take its grants and its lease's grace from this configuration (its
-    /// plugin of that file, or named by --plugin).
+    /// Scenario files (TOML), run in order, each on a fresh store; none:
+    /// the contract's own scenario.
+    pub scenarios: Vec<PathBuf>,
+    /// Take its grants, schedule and lease's timings from this
+    /// configuration (its plugin of that file, or named by --plugin).
     #[arg(long, short)]
     pub config: Option<PathBuf>,
     /// The plugin's name in the configuration.
@@ -42,36 +57,163 @@ pub struct TestArgs {
     /// The grace without a configuration.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
-    /// How long each term runs before it is lost.
+    /// How long each term of the contract's scenario runs before it is
+    /// lost (real time).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub run: Duration,
+    /// Run schedules and the plugin's clocks on real time, not virtual
+    /// time (`advance` steps then fail).
+    #[arg(long)]
+    pub real_time: bool,
     /// How to print the verdicts: a table, JSON, or JUnit XML.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
 
+/// The plugin as the configuration (or the defaults) gives it.
+struct Subjected {
+    spec: PluginSpec,
+    lease: String,
+    grace: Duration,
+    lease_duration: Duration,
+    schedule: Option<Schedule>,
+}
+
+/// One scenario's verdicts.
+#[derive(serde::Serialize)]
+struct Outcome {
+    scenario: String,
+    verdicts: Vec<Verdict>,
+}
+
 /// `baton test`.
 pub async fn execute(args: TestArgs) -> anyhow::Result<ExitCode> {
-    let (spec, lease, grace) = spec_of(&args)?;
+    let subject = subject_of(&args)?;
+    let scripts = args
+        .scenarios
+        .iter()
+        .map(|f| Script::load(f))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut runtime = PluginRuntime::new(super::check::engine()?)?;
-    runtime.set_bucket_store(Arc::new(MemoryBuckets::new()));
-    let plugin = tokio::task::block_in_place(|| runtime.load(&spec)).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut harness = Harness::start(Arc::new(plugin), &lease, grace);
-    let verdicts = default_scenario(&mut harness, args.run).await;
-    harness.finish().await;
+    let mut outcomes = Vec::new();
+    if scripts.is_empty() {
+        outcomes.push(run_one(&mut runtime, &subject, None, &args).await?);
+    }
+    for script in &scripts {
+        outcomes.push(run_one(&mut runtime, &subject, Some(script), &args).await?);
+    }
     crate::ops::logging::written(Duration::from_millis(200));
-    print(&spec.name, &verdicts, args.format)?;
-    Ok(if verdicts.iter().all(|v| v.passed) {
+    print(&subject.spec.name, &outcomes, args.format)?;
+    let passed = outcomes.iter().flat_map(|o| &o.verdicts).all(|v| v.passed);
+    Ok(if passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
 }
 
-/// The plugin's spec, its lease and its grace: from the configuration if
-/// one is given (its plugin named so, or of the same file), else the
+/// Runs `script` (the contract's if `None`) on a fresh store and harness.
+async fn run_one(
+    runtime: &mut PluginRuntime,
+    subject: &Subjected,
+    script: Option<&Script>,
+    args: &TestArgs,
+) -> anyhow::Result<Outcome> {
+    let time = if args.real_time {
+        HostTime::System
+    } else {
+        let start = script.and_then(|s| s.start).unwrap_or_else(SystemTime::now);
+        HostTime::Virtual(VirtualTime::starting_at(start))
+    };
+    let store: Arc<dyn BucketStore> = Arc::new(MemoryBuckets::new());
+    let buckets = Arc::new(RecordingBuckets::new(store.clone()));
+    runtime.set_bucket_store(buckets.clone());
+    let output = Arc::new(OutputLog::default());
+    let http = script.filter(|s| !s.http.is_empty()).map(|s| {
+        Arc::new(StubHttp {
+            stubs: s.http.clone(),
+            requests: Default::default(),
+        })
+    });
+    let spec = harness_spec(subject, script, &time, &output, http.as_ref())?;
+    let plugin = tokio::task::block_in_place(|| runtime.load(&spec)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut harness = Harness::start(Setup {
+        plugin: Arc::new(plugin),
+        lease: subject.lease.clone(),
+        grace: subject.grace,
+        lease_duration: subject.lease_duration,
+        schedule: subject.schedule.clone(),
+        buckets: buckets.clone(),
+        time,
+    });
+    let sub = Subject {
+        output,
+        http,
+        buckets,
+        store,
+        bucket_names: spec.grants.keyvalue.buckets.clone(),
+    };
+    let built;
+    let script = match script {
+        Some(s) => s,
+        None => {
+            built = default_script(&harness, args.run, subject.schedule.as_ref());
+            &built
+        }
+    };
+    let verdicts = run_script(&mut harness, &sub, script).await;
+    harness.finish().await;
+    Ok(Outcome {
+        scenario: script.name.clone(),
+        verdicts,
+    })
+}
+
+/// The plugin's spec under the harness: its clocks on `time`, its output
+/// tapped, its HTTP answered by the stubs, the scenario's configuration
+/// values over its own.
+fn harness_spec(
+    subject: &Subjected,
+    script: Option<&Script>,
+    time: &HostTime,
+    output: &Arc<OutputLog>,
+    http: Option<&Arc<StubHttp>>,
+) -> anyhow::Result<PluginSpec> {
+    let mut spec = subject.spec.clone();
+    if let HostTime::Virtual(v) = time {
+        spec.grants.clocks = ClockGrant::from_source(v.clone());
+    }
+    spec.grants.output.tap = Some(output.clone());
+    if let Some(stub) = http {
+        let origins = stub
+            .stubs
+            .iter()
+            .map(|s| origin(&s.url))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        spec.grants.http = spec.grants.http.clone().with_stub(stub.clone(), &origins)?;
+    }
+    for (key, value) in script.map(|s| &s.config).into_iter().flatten() {
+        let values = &mut spec.grants.config.values;
+        values.retain(|(k, _)| k != key);
+        values.push((key.clone(), ConfigSource::Value(value.clone())));
+        values.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    Ok(spec)
+}
+
+/// The origin of a stub's URL, as a grant.
+fn origin(url: &str) -> anyhow::Result<HttpGrant> {
+    let uri: http::Uri = url.trim_end_matches('*').parse()?;
+    let scheme = uri.scheme_str().unwrap_or("https");
+    let host = uri.host().context("a stub's URL has a host")?;
+    let port = uri.port_u16().unwrap_or(if scheme == "https" { 443 } else { 80 });
+    Ok(format!("{scheme}://{host}:{port}").parse()?)
+}
+
+/// The plugin's spec, lease, timings and schedule: from the configuration
+/// if one is given (its plugin named so, or of the same file), else the
 /// defaults.
-fn spec_of(args: &TestArgs) -> anyhow::Result<(PluginSpec, String, Duration)> {
+fn subject_of(args: &TestArgs) -> anyhow::Result<Subjected> {
     let stem = args.plugin.file_stem().map(|s| s.to_string_lossy().into_owned());
     let Some(file) = &args.config else {
         let name = args.name.clone().or(stem).unwrap_or_else(|| "plugin".into());
@@ -83,7 +225,13 @@ fn spec_of(args: &TestArgs) -> anyhow::Result<(PluginSpec, String, Duration)> {
             grants: Grants::default(),
             health_check: None,
         };
-        return Ok((spec, format!("{name}-test"), args.grace));
+        return Ok(Subjected {
+            spec,
+            lease: format!("{name}-test"),
+            grace: args.grace,
+            lease_duration: crate::election::Timings::default().lease_duration,
+            schedule: None,
+        });
     };
     let config = Config::load(file)?;
     let same_file = |p: &Path| p.canonicalize().ok() == args.plugin.canonicalize().ok();
@@ -101,59 +249,81 @@ fn spec_of(args: &TestArgs) -> anyhow::Result<(PluginSpec, String, Duration)> {
             )
         )
     })?;
-    let grace = config
+    let timings = config
         .leases
         .iter()
         .find(|l| l.name == p.lease)
-        .map_or(args.grace, |l| l.timings.grace);
+        .map(|l| l.timings);
     let mut spec = p.spec.clone();
     spec.path = args.plugin.clone();
-    Ok((spec, p.lease.clone(), grace))
+    Ok(Subjected {
+        spec,
+        lease: p.lease.clone(),
+        grace: timings.as_ref().map_or(args.grace, |t| t.grace),
+        lease_duration: timings.map_or_else(
+            || crate::election::Timings::default().lease_duration,
+            |t| t.lease_duration,
+        ),
+        schedule: p.schedule.clone(),
+    })
 }
 
 /// Prints the verdicts as `format` says.
-fn print(plugin: &str, verdicts: &[Verdict], format: Format) -> anyhow::Result<()> {
+fn print(plugin: &str, outcomes: &[Outcome], format: Format) -> anyhow::Result<()> {
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(verdicts)?),
-        Format::Junit => print!("{}", junit(plugin, verdicts)),
+        Format::Json => println!("{}", serde_json::to_string_pretty(outcomes)?),
+        Format::Junit => print!("{}", junit(plugin, outcomes)),
         Format::Table => {
-            println!("baton test: plugin {plugin:?}, the contract's scenario");
-            for v in verdicts {
-                let mark = if v.passed { "pass" } else { "FAIL" };
-                println!("  {mark}  {}: {}", v.step, v.detail);
+            for o in outcomes {
+                println!("baton test: plugin {plugin:?}, {}", o.scenario);
+                for v in &o.verdicts {
+                    let mark = if v.passed { "pass" } else { "FAIL" };
+                    println!("  {mark}  {}: {}", v.step, v.detail);
+                }
             }
-            let failed = verdicts.iter().filter(|v| !v.passed).count();
-            println!("{} steps, {failed} failed", verdicts.len());
+            let all: Vec<&Verdict> = outcomes.iter().flat_map(|o| &o.verdicts).collect();
+            let failed = all.iter().filter(|v| !v.passed).count();
+            println!("{} steps, {failed} failed", all.len());
         }
     }
     Ok(())
 }
 
-/// The verdicts as JUnit XML: a suite for the plugin, a test case per
-/// step, a failure's message the verdict's detail.
-fn junit(plugin: &str, verdicts: &[Verdict]) -> String {
-    let failures = verdicts.iter().filter(|v| !v.passed).count();
-    let suite = xml_escape(&format!("baton test: {plugin}"));
+/// The verdicts as JUnit XML: a suite per scenario, a test case per
+/// verdict, a failure's message the verdict's detail.
+fn junit(plugin: &str, outcomes: &[Outcome]) -> String {
+    let count = |o: &Outcome| (o.verdicts.len(), o.verdicts.iter().filter(|v| !v.passed).count());
+    let (tests, failures) = outcomes
+        .iter()
+        .map(count)
+        .fold((0, 0), |(t, f), (a, b)| (t + a, f + b));
+    let class = xml_escape(plugin);
     let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     xml.push_str(&format!(
-        "<testsuites tests=\"{n}\" failures=\"{failures}\">\n  <testsuite name=\"{suite}\" tests=\"{n}\" failures=\"{failures}\">\n",
-        n = verdicts.len()
+        "<testsuites tests=\"{tests}\" failures=\"{failures}\">\n"
     ));
-    for v in verdicts {
-        let name = xml_escape(&v.step);
-        let class = xml_escape(plugin);
-        if v.passed {
-            xml.push_str(&format!(
-                "    <testcase classname=\"{class}\" name=\"{name}\"/>\n"
-            ));
-        } else {
-            let detail = xml_escape(&v.detail);
-            xml.push_str(&format!(
-                "    <testcase classname=\"{class}\" name=\"{name}\">\n      <failure message=\"{detail}\">{detail}</failure>\n    </testcase>\n"
-            ));
+    for o in outcomes {
+        let (n, failed) = count(o);
+        let suite = xml_escape(&format!("baton test: {plugin}: {}", o.scenario));
+        xml.push_str(&format!(
+            "  <testsuite name=\"{suite}\" tests=\"{n}\" failures=\"{failed}\">\n"
+        ));
+        for v in &o.verdicts {
+            let name = xml_escape(&v.step);
+            if v.passed {
+                xml.push_str(&format!(
+                    "    <testcase classname=\"{class}\" name=\"{name}\"/>\n"
+                ));
+            } else {
+                let detail = xml_escape(&v.detail);
+                xml.push_str(&format!(
+                    "    <testcase classname=\"{class}\" name=\"{name}\">\n      <failure message=\"{detail}\">{detail}</failure>\n    </testcase>\n"
+                ));
+            }
         }
+        xml.push_str("  </testsuite>\n");
     }
-    xml.push_str("  </testsuite>\n</testsuites>\n");
+    xml.push_str("</testsuites>\n");
     xml
 }
 
@@ -191,9 +361,16 @@ mod tests {
                 detail: "ignored the change: <stopped> by force & \"late\"".into(),
             },
         ];
-        let xml = junit("p&q", &verdicts);
+        let outcomes = [Outcome {
+            scenario: "s".into(),
+            verdicts: verdicts.to_vec(),
+        }];
+        let xml = junit("p&q", &outcomes);
         assert!(xml.contains("<testsuites tests=\"2\" failures=\"1\">"), "{xml}");
-        assert!(xml.contains("<testsuite name=\"baton test: p&amp;q\""), "{xml}");
+        assert!(
+            xml.contains("<testsuite name=\"baton test: p&amp;q: s\""),
+            "{xml}"
+        );
         assert!(
             xml.contains(
                 "<testcase classname=\"p&amp;q\" name=\"lead in term 1: a fresh instance starts\"/>"

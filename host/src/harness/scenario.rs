@@ -1,11 +1,19 @@
-//! Scenarios and their verdicts. The default one is the contract's: lead;
-//! run a while; lose the lead and expect the task to return by itself
-//! within the grace; lead again in a newer term and expect a fresh
-//! instance; run; lose again.
+//! The contract's own scenario, and the verdicts every scenario shares.
+//!
+//! For a plugin without a schedule: lead; run a while; lose the lead and
+//! expect the task to return by itself within the grace; lead again in a
+//! newer term (a fresh instance); run; pause past the lease, so the term
+//! ends during the pause and the task is stopped at once on resuming;
+//! lead again; run; lose. For a scheduled plugin, a simulated day (or its
+//! first 48 due times, if fewer hours hold them) in three terms, handed
+//! over twice, and each due time completed once.
 
 use std::time::Duration;
 
+use super::script::{Action, Expect, Script, Step};
+use super::verdict::Verdict;
 use super::{Event, Harness};
+use crate::schedule::Schedule;
 use crate::supervisor::TaskEnd;
 use crate::support::rounding::human;
 
@@ -13,55 +21,72 @@ use crate::support::rounding::human;
 /// before; a Python or JavaScript guest's start-up is in it).
 const START_LIMIT: Duration = Duration::from_secs(30);
 
-/// How long past the grace a stop may take to be reported.
+/// How long past the limit a stop may take to be reported.
 const REPORT_SLACK: Duration = Duration::from_secs(2);
 
-/// One step's verdict.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Verdict {
-    /// The step, in words.
-    pub step: String,
-    /// Whether what was expected happened.
-    pub passed: bool,
-    /// What happened.
-    pub detail: String,
-}
+/// The most due times of the scheduled plugin's simulated day.
+const DAY_RUNS: usize = 48;
 
-impl Verdict {
-    fn new(step: impl Into<String>, passed: bool, detail: impl Into<String>) -> Verdict {
-        Verdict {
-            step: step.into(),
-            passed,
-            detail: detail.into(),
+/// The contract's scenario for the plugin `h` runs, each term running for
+/// `run` (real time) before it is lost; for a scheduled plugin, `schedule`
+/// gives the day's length.
+pub fn default_script(h: &Harness, run: Duration, schedule: Option<&Schedule>) -> Script {
+    let step = |action| Step {
+        action,
+        expect: Expect::default(),
+    };
+    let steps = match (schedule, h.virtual_time()) {
+        (Some(schedule), Some(v)) => {
+            let start = v.now();
+            let mut end = start + Duration::from_secs(24 * 3600);
+            let mut due = start;
+            for _ in 0..DAY_RUNS {
+                match schedule.when.next_after(due) {
+                    Some(next) if next <= end => due = next,
+                    _ => break,
+                }
+            }
+            if due > start && due < end {
+                end = due + Duration::from_millis(1);
+            }
+            let third = end.duration_since(start).unwrap_or_default() / 3;
+            let mut steps = Vec::new();
+            for _ in 0..3 {
+                steps.extend([
+                    step(Action::Lead),
+                    step(Action::Advance(third)),
+                    step(Action::Lose),
+                ]);
+            }
+            steps
         }
-    }
-}
-
-/// Runs the default scenario, each term running for `run` before it is
-/// lost.
-pub async fn default_scenario(h: &mut Harness, run: Duration) -> Vec<Verdict> {
-    let mut verdicts = Vec::new();
-    for _ in 0..2 {
-        let seen = h.recorder.events().len();
-        let term = h.lead();
-        let started = expect_start(h, seen, term).await;
-        let ok = started.passed;
-        verdicts.push(started);
-        if !ok {
-            break;
+        _ => {
+            let past = h.lease_duration() + Duration::from_secs(1);
+            let term = [step(Action::Lead), step(Action::Wait(run))];
+            let mut steps = Vec::new();
+            steps.extend(term.clone());
+            steps.push(step(Action::Lose));
+            steps.extend(term.clone());
+            steps.push(step(Action::Pause(past)));
+            steps.extend(term);
+            steps.push(step(Action::Lose));
+            steps
         }
-        verdicts.push(expect_running(h, seen, run).await);
-        let seen = h.recorder.events().len();
-        let returned = returned(h);
-        h.lose();
-        verdicts.push(expect_return(h, seen, returned).await);
+    };
+    Script {
+        name: "the contract's scenario".into(),
+        file: "(built in)".into(),
+        start: None,
+        config: Default::default(),
+        http: Vec::new(),
+        require_runs: schedule.is_some(),
+        steps,
     }
-    verdicts
 }
 
 /// `lead`: the term's instance starts.
-async fn expect_start(h: &Harness, seen: usize, term: u64) -> Verdict {
-    let step = format!("lead in term {term}: a fresh instance starts");
+pub(super) async fn expect_start(h: &Harness, seen: usize, term: u64, label: &str) -> Verdict {
+    let step = format!("{label}: lead in term {term}: a fresh instance starts");
     match h
         .recorder
         .wait_for(seen, START_LIMIT, |e| *e == Event::Started)
@@ -69,7 +94,12 @@ async fn expect_start(h: &Harness, seen: usize, term: u64) -> Verdict {
     {
         Some(_) => Verdict::new(step, true, "started"),
         None => {
-            let ended = ended_since(h, seen);
+            let ends = endings(h, seen);
+            let ended = if ends.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", ends.join(", "))
+            };
             Verdict::new(
                 step,
                 false,
@@ -79,9 +109,9 @@ async fn expect_start(h: &Harness, seen: usize, term: u64) -> Verdict {
     }
 }
 
-/// `run`: the task keeps running (or is done: `ok`) while the term lasts.
-async fn expect_running(h: &Harness, seen: usize, run: Duration) -> Verdict {
-    let step = format!("run {} while leading: no error, no trap", human(run));
+/// `wait`: the task keeps running (or is done: `ok`) for `run`.
+pub(super) async fn expect_running(h: &Harness, seen: usize, run: Duration, step: &str) -> Verdict {
+    let step = format!("{step} while leading: no error, no trap");
     let failed = |e: &Event| matches!(e, Event::Ended(TaskEnd::Failed | TaskEnd::Trapped));
     if let Some((_, e)) = h.recorder.wait_for(seen, run, failed).await {
         return Verdict::new(
@@ -90,8 +120,10 @@ async fn expect_running(h: &Harness, seen: usize, run: Duration) -> Verdict {
             format!("the task {} while its term lasted", ending(&e)),
         );
     }
-    let done = h.recorder.events()[seen..].contains(&Event::Ended(TaskEnd::Finished));
-    let detail = if done {
+    let events = h.recorder.events();
+    let detail = if h.term().is_none() {
+        "not leading"
+    } else if events[seen..].contains(&Event::Ended(TaskEnd::Finished)) {
         "returned `ok` (done for the term)"
     } else {
         "still running"
@@ -99,33 +131,48 @@ async fn expect_running(h: &Harness, seen: usize, run: Duration) -> Verdict {
     Verdict::new(step, true, detail)
 }
 
-/// Whether the last instance started has returned.
-fn returned(h: &Harness) -> bool {
+/// Whether the last instance started has returned (or none started).
+pub(super) fn returned(h: &Harness) -> bool {
     let last = h.recorder.events().into_iter().rev().find_map(|e| match e {
         Event::Started => Some(false),
         Event::Ended(_) => Some(true),
         _ => None,
     });
-    last == Some(true)
+    last != Some(false)
 }
 
-/// `lose`: the change fires; the task returns by itself within the grace
+/// `lose`: the change fires; the task returns by itself within `limit`
 /// (unless it had `returned` before).
-async fn expect_return(h: &Harness, seen: usize, returned: bool) -> Verdict {
+pub(super) async fn expect_return(
+    h: &Harness,
+    seen: usize,
+    returned: bool,
+    limit: Duration,
+    label: &str,
+) -> Verdict {
     let grace = h.grace();
-    let step = format!(
-        "lose the lead: the task returns within the grace ({})",
-        human(grace)
-    );
+    let step = if limit == grace {
+        format!(
+            "{label}: lose the lead: the task returns within the grace ({})",
+            human(grace)
+        )
+    } else {
+        format!("{label}: lose the lead: the task returns within {}", human(limit))
+    };
     if returned {
-        return Verdict::new(step, true, "it had already returned");
+        return Verdict::new(step, true, "no task was running");
     }
     let stopped = |e: &Event| matches!(e, Event::Stopped { .. });
     match h.recorder.wait_for(seen, grace + REPORT_SLACK, stopped).await {
-        Some((_, Event::Stopped { forced: false, after })) => Verdict::new(
+        Some((_, Event::Stopped { forced: false, after })) if after <= limit => Verdict::new(
             step,
             true,
             format!("returned by itself {} after the change", human(after)),
+        ),
+        Some((_, Event::Stopped { forced: false, after })) => Verdict::new(
+            step,
+            false,
+            format!("returned by itself, but {} after the change", human(after)),
         ),
         Some((_, Event::Stopped { forced: true, after })) => Verdict::new(
             step,
@@ -145,24 +192,8 @@ async fn expect_return(h: &Harness, seen: usize, returned: bool) -> Verdict {
     }
 }
 
-/// The runs that ended since `seen`, for a message.
-fn ended_since(h: &Harness, seen: usize) -> String {
-    let ends: Vec<String> = h.recorder.events()[seen..]
-        .iter()
-        .filter_map(|e| match e {
-            Event::Ended(_) => Some(ending(e)),
-            _ => None,
-        })
-        .collect();
-    if ends.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", ends.join(", "))
-    }
-}
-
 /// How a run ended, in words.
-fn ending(e: &Event) -> String {
+pub(super) fn ending(e: &Event) -> String {
     match e {
         Event::Ended(TaskEnd::Finished) => "returned `ok`".into(),
         Event::Ended(TaskEnd::Failed) => "returned an error".into(),
@@ -171,4 +202,13 @@ fn ending(e: &Event) -> String {
         Event::Ended(TaskEnd::NotStarted) => "did not start".into(),
         other => format!("{other:?}"),
     }
+}
+
+/// How the events since `seen` ended, in words (for details).
+pub fn endings(h: &Harness, seen: usize) -> Vec<String> {
+    h.recorder.events()[seen..]
+        .iter()
+        .filter(|e| matches!(e, Event::Ended(_)))
+        .map(ending)
+        .collect()
 }

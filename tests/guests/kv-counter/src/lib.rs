@@ -19,6 +19,8 @@
 //!     swap (the swap is not tried if it cannot be written): a record a
 //!     killed host's log lost is still there.
 //!   - `once`: one increment (the same lines), then returns `Ok`.
+//!   - `stubborn`: as `count`, but ignores the status change: it keeps
+//!     counting until the host stops it (a plugin built to misbehave).
 //!   - `grant-probe`: opens `KV_BUCKET` and prints `kv open bucket=B
 //!     result=R`, then (if it opened) sets key `probe` to `KV_VALUE_BYTES`
 //!     bytes (default 10) and prints `kv set bytes=N result=R`; `R` is `ok`,
@@ -111,7 +113,18 @@ fn increment(bucket: &Bucket, term: u64, last: &mut u64) -> Result<u64, String> 
     }
 }
 
-fn count(status: &Status, once: bool) -> Result<(), String> {
+/// How `count` treats the status change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Counting {
+    /// Until the change.
+    Term,
+    /// One increment.
+    Once,
+    /// Ignoring the change.
+    Stubborn,
+}
+
+fn count(status: &Status, how: Counting) -> Result<(), String> {
     let term = status.term;
     let interval = env("KV_INTERVAL_MS").and_then(|ms| ms.parse().ok()).unwrap_or(20);
     let change = pollable::watch(status);
@@ -121,12 +134,15 @@ fn count(status: &Status, once: bool) -> Result<(), String> {
         format!("kv error: {e}")
     })?;
     loop {
-        if change.is_ready() {
+        if how != Counting::Stubborn && change.is_ready() {
             return Ok(());
         }
         increment(&bucket, term, &mut last)?;
-        if once || change.wait_timeout(Duration::from_millis(interval)) {
-            return Ok(());
+        match how {
+            Counting::Once => return Ok(()),
+            Counting::Term if change.wait_timeout(Duration::from_millis(interval)) => return Ok(()),
+            Counting::Term => {}
+            Counting::Stubborn => std::thread::sleep(Duration::from_millis(interval)),
         }
     }
 }
@@ -165,8 +181,9 @@ fn config_probe() {
 impl LeaderTask for KvCounter {
     fn run(status: Status) -> Result<(), String> {
         match env("KV_MODE").as_deref().unwrap_or("count") {
-            "count" => count(&status, false),
-            "once" => count(&status, true),
+            "count" => count(&status, Counting::Term),
+            "once" => count(&status, Counting::Once),
+            "stubborn" => count(&status, Counting::Stubborn),
             "grant-probe" => {
                 grant_probe();
                 Ok(())
