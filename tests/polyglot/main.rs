@@ -549,6 +549,8 @@ fn new_builds_and_checks(lang: &str, world: &str) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let root = dir.path().join(&name);
     let build = Command::new(root.join("build.sh"))
+        .env("BATON", baton_bin())
+        .env("BATON_CACHE_DIR", shared_cache_dir())
         .env("COMPONENTIZE_PY", tool("componentize-py"))
         .env("COMPONENTIZE_JS", tool("componentize-js"))
         .env("JCO", tool("jco"))
@@ -561,6 +563,15 @@ fn new_builds_and_checks(lang: &str, world: &str) {
         String::from_utf8_lossy(&build.stdout),
         String::from_utf8_lossy(&build.stderr)
     );
+    // Its build script tested it: the contract's scenario and its own.
+    let said = String::from_utf8_lossy(&build.stdout);
+    println!("{lang} {world}: build.sh said:\n{said}");
+    assert!(
+        said.contains("9 steps, 0 failed")
+            && said.contains(&format!("{name}: the count goes on across a hand-over")),
+        "{said}"
+    );
+    assert_eq!(said.matches(", 0 failed").count(), 2, "{said}");
     let wasm = root.join(format!("{name}.wasm"));
     let (ok, out) = baton_check(&wasm);
     // The Rust templates use the SDK (the newest contract); the others
@@ -746,4 +757,58 @@ fn a_js_future_kv_counter_continues_its_count_in_the_next_term() {
 #[test]
 fn a_c_kv_counter_continues_its_count_in_the_next_term() {
     counts_across_terms(guest_file("c_kv_counter.wasm"));
+}
+
+/// Every example, in every language and world, passes the contract's
+/// scenario and its own (`examples/*.scenario.toml`) under `baton test`:
+/// all at once, as each waits mostly on the clock.
+#[test]
+fn every_example_passes_its_scenario_under_baton_test() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let tickers = [
+        guest("rust_pollable_ticker.wasm"),
+        guest("rust_future_ticker.wasm"),
+        guest_file("python_pollable_ticker.wasm"),
+        guest_file("python_future_ticker.wasm"),
+        guest_file("js_pollable_ticker.wasm"),
+        guest_file("js_future_ticker.wasm"),
+        guest_file("c_pollable_ticker.wasm"),
+    ];
+    let counters = [
+        guest("rust_kv_counter.wasm"),
+        guest_file("python_kv_counter.wasm"),
+        guest_file("js_kv_counter.wasm"),
+        guest_file("js_future_kv_counter.wasm"),
+        guest_file("c_kv_counter.wasm"),
+    ];
+    let runs: Vec<(PathBuf, std::process::Child)> = tickers
+        .iter()
+        .map(|t| (t, "ticker.scenario.toml"))
+        .chain(counters.iter().map(|c| (c, "kv-counter.scenario.toml")))
+        .flat_map(|(file, scenario)| [None, Some(examples.join(scenario))].map(|s| (file.clone(), s)))
+        .map(|(file, scenario)| {
+            let child = baton()
+                .arg("test")
+                .arg(&file)
+                .args(scenario)
+                .args(["--grace", "500ms", "--run", "1500ms"])
+                .env("BATON_CACHE_DIR", shared_cache_dir())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            (file, child)
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (file, child) in runs {
+        let out = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        println!("{name}:\n{said}");
+        if !out.status.success() || !said.contains(" steps, 0 failed") {
+            failed.push(format!("{name}: {said}{}", String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

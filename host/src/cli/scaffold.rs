@@ -2,8 +2,9 @@
 //!
 //! The templates (`templates/<lang>/` in the repository) and baton's WIT
 //! contract are compiled into the binary, so `baton new` works from
-//! anywhere. Each project has a `build.sh` that writes `NAME.wasm` and a
-//! `baton.toml` that runs it.
+//! anywhere. Each project has a `build.sh` that writes `NAME.wasm` (and
+//! tests it with `baton test`), a `baton.toml` that runs it, and a
+//! `scenario.toml` that `baton test` takes it through.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -68,6 +69,10 @@ const TEMPLATES: &[(&str, &str)] = &[
     file!("c/baton.toml"),
     file!("c/wit/world.wit"),
 ];
+
+/// The scenario every project gets (`baton test`), the same in every
+/// language: the templates behave alike.
+const SCENARIO: &str = include_str!("../../../templates/scenario.toml");
 
 /// baton's WIT contract and the WASI packages a plugin world may use, as
 /// `wit/deps/...`: the projects of the languages that bind WIT themselves
@@ -211,6 +216,7 @@ pub fn new_plugin(lang: Lang, world: World, name: &str, parent: &Path) -> Result
     if lang != Lang::Rust {
         files.extend(WIT_DEPS.iter().map(|(p, t)| (p.to_string(), t.to_string())));
     }
+    files.push(("scenario.toml".into(), fill(SCENARIO)));
     files.push((
         ".gitignore".into(),
         "/target\n/gen\n/.baton\n*.wasm\n__pycache__/\n".into(),
@@ -245,7 +251,7 @@ mod tests {
         ] {
             let name = format!("my-{}-{world:?}", lang.name()).to_lowercase();
             let root = new_plugin(lang, world, &name, dir.path()).unwrap();
-            for f in [main, "build.sh", "baton.toml"] {
+            for f in [main, "build.sh", "baton.toml", "scenario.toml"] {
                 let text = std::fs::read_to_string(root.join(f)).unwrap();
                 assert!(!text.contains("{{"), "{f} of {lang:?} has a placeholder left");
             }
