@@ -128,6 +128,12 @@ async fn run_one(
     let store: Arc<dyn BucketStore> = Arc::new(MemoryBuckets::new());
     let buckets = Arc::new(RecordingBuckets::new(store.clone()));
     runtime.set_bucket_store(buckets.clone());
+    // One live host, this one: a plugin that reads the live hosts starts
+    // at once, as on a host whose membership lists it.
+    runtime.hosts().send_replace(crate::election::Hosts {
+        live: 1,
+        this_host_live: true,
+    });
     let output = Arc::new(OutputLog::default());
     let http = script.filter(|s| !s.http.is_empty()).map(|s| {
         Arc::new(StubHttp {
@@ -148,6 +154,7 @@ async fn run_one(
     });
     let sub = Subject {
         output,
+        stdout_checked: Default::default(),
         http,
         buckets,
         store,

@@ -13,7 +13,6 @@ use super::{Event, Harness};
 /// Where the records stood when a step began.
 pub struct Marks {
     events: usize,
-    output: usize,
     http: usize,
 }
 
@@ -22,7 +21,6 @@ impl Marks {
     pub fn now(h: &Harness, s: &Subject) -> Marks {
         Marks {
             events: h.recorder.events().len(),
-            output: s.output.0.len(),
             http: s.http.as_ref().map_or(0, |h| h.requests.len()),
         }
     }
@@ -38,7 +36,7 @@ pub async fn expectations(
 ) -> Vec<Verdict> {
     let mut verdicts = Vec::new();
     if !expect.stdout_contains.is_empty() {
-        verdicts.push(stdout(s, &expect.stdout_contains, marks, label));
+        verdicts.push(stdout(s, &expect.stdout_contains, label));
     }
     for (key, wanted) in &expect.kv {
         verdicts.push(kv(h, s, key, wanted.as_deref(), label).await);
@@ -110,11 +108,16 @@ fn state_goes_on(h: &Harness, s: &Subject, label: &str) -> Verdict {
     }
 }
 
-fn stdout(s: &Subject, wanted: &[String], marks: &Marks, label: &str) -> Verdict {
+/// The lines printed since the last `stdout-contains` (or the start).
+fn stdout(s: &Subject, wanted: &[String], label: &str) -> Verdict {
+    let since = {
+        let mut checked = s.stdout_checked.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *checked, s.output.0.len())
+    };
     let lines: Vec<String> = s
         .output
         .0
-        .since(marks.output)
+        .since(since)
         .into_iter()
         .filter(|(stream, _)| *stream == "stdout")
         .map(|(_, l)| l)

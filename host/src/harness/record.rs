@@ -221,6 +221,8 @@ impl HttpStub for StubHttp {
 pub struct Subject {
     /// Its output lines.
     pub output: Arc<OutputLog>,
+    /// How many of them a `stdout-contains` has looked at.
+    pub stdout_checked: Mutex<usize>,
     /// The stubs' record, if the scenario has stubs.
     pub http: Option<Arc<StubHttp>>,
     /// Its writes, recorded.

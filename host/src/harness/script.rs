@@ -99,7 +99,8 @@ pub struct Expect {
     /// After `lose`: the task returned by itself within this after the
     /// change (default: the grace).
     pub returns_within: Option<Duration>,
-    /// Lines the plugin printed during the step contain each of these.
+    /// Lines the plugin printed since the last such check (or the start)
+    /// contain each of these.
     pub stdout_contains: Vec<String>,
     /// Bucket entries after the step: `KEY` (the plugin's only bucket) or
     /// `BUCKET/KEY`, to a value (`None`: absent).
