@@ -181,3 +181,37 @@ fn a_nightly_schedule_runs_each_due_time_once_over_a_week_across_both_dst_change
     // that a busy machine cannot fail it.
     assert!(took.as_secs() < 120, "{took:?}");
 }
+
+#[test]
+fn a_scheduled_run_that_says_ok_when_cut_off_is_told_so() {
+    let mut said = Vec::new();
+    for mode in ["slow", "liar"] {
+        let s = Scratch::new();
+        let cfg = config(
+            &s,
+            "sched_probe.wasm",
+            &format!(
+                "schedule = \"0 3 * * *\"\nenv = {{ SCHED_MODE = \"{mode}\", SCHED_RUN_MS = \"10000\" }}"
+            ),
+        );
+        let (out, json) = test("sched_probe.wasm", &cfg, &["cut-off-run.toml"]);
+        println!("{mode}: {json:#}");
+        let lose = verdicts(&json)
+            .into_iter()
+            .find(|v| v.0.contains(": lose the lead"))
+            .unwrap();
+        said.push((mode, out.status.code(), lose));
+    }
+    let (_, code, lose) = &said[0];
+    assert_eq!(*code, Some(0), "{said:?}");
+    assert!(lose.1 && lose.2.starts_with("returned by itself"), "{said:?}");
+    let (_, code, lose) = &said[1];
+    assert_eq!(*code, Some(1), "{said:?}");
+    assert!(
+        !lose.1
+            && lose.2.starts_with("its run for ")
+            && lose.2.contains("returned `ok`")
+            && lose.2.ends_with("a run the change cuts off must return an error"),
+        "{said:?}"
+    );
+}

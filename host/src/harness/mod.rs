@@ -83,6 +83,12 @@ impl Recorder {
         events.iter().map(|(_, e)| e.clone()).collect()
     }
 
+    /// When the `index`th event came.
+    pub fn time_of(&self, index: usize) -> Option<Instant> {
+        let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        events.get(index).map(|(at, _)| *at)
+    }
+
     /// Waits up to `limit` for an event after the first `seen` that
     /// `wanted` accepts; returns it with its index.
     pub async fn wait_for(

@@ -22,7 +22,7 @@ use crate::support::rounding::human;
 const START_LIMIT: Duration = Duration::from_secs(30);
 
 /// How long past the limit a stop may take to be reported.
-const REPORT_SLACK: Duration = Duration::from_secs(2);
+const REPORT_SLACK: Duration = Duration::from_secs(5);
 
 /// The most due times of the scheduled plugin's simulated day.
 const DAY_RUNS: usize = 48;
@@ -142,7 +142,8 @@ pub(super) fn returned(h: &Harness) -> bool {
 }
 
 /// `lose`: the change fires; the task returns by itself within `limit`
-/// (unless it had `returned` before).
+/// (unless it had `returned` before); a scheduled run it cut off returns
+/// an error, not `ok`.
 pub(super) async fn expect_return(
     h: &Harness,
     seen: usize,
@@ -162,19 +163,27 @@ pub(super) async fn expect_return(
     if returned {
         return Verdict::new(step, true, "no task was running");
     }
-    let stopped = |e: &Event| matches!(e, Event::Stopped { .. });
-    match h.recorder.wait_for(seen, grace + REPORT_SLACK, stopped).await {
-        Some((_, Event::Stopped { forced: false, after })) if after <= limit => Verdict::new(
-            step,
-            true,
-            format!("returned by itself {} after the change", human(after)),
-        ),
-        Some((_, Event::Stopped { forced: false, after })) => Verdict::new(
+    let changed = h.ended.last().map(|(_, at)| *at);
+    // A term's run reports its stop; a scheduled run, its end.
+    let gone = |e: &Event| matches!(e, Event::Stopped { .. } | Event::Ended(_));
+    let Some((index, event)) = h.recorder.wait_for(seen, grace + REPORT_SLACK, gone).await else {
+        return Verdict::new(
             step,
             false,
-            format!("returned by itself, but {} after the change", human(after)),
-        ),
-        Some((_, Event::Stopped { forced: true, after })) => Verdict::new(
+            format!("not gone {} after the grace", human(REPORT_SLACK)),
+        );
+    };
+    let forced = match event {
+        Event::Stopped { forced, .. } => forced,
+        Event::Ended(end) => end == TaskEnd::Forced,
+        _ => false,
+    };
+    let after = match (h.recorder.time_of(index), changed) {
+        (Some(at), Some(change)) => at.saturating_duration_since(change),
+        _ => Duration::ZERO,
+    };
+    if forced {
+        return Verdict::new(
             step,
             false,
             format!(
@@ -183,12 +192,43 @@ pub(super) async fn expect_return(
                 human(after),
                 human(grace)
             ),
-        ),
-        _ => Verdict::new(
+        );
+    }
+    if let Some(due) = ok_after_change(h, seen).await {
+        return Verdict::new(
             step,
             false,
-            format!("not gone {} after the grace", human(REPORT_SLACK)),
-        ),
+            format!(
+                "its run for {due} returned `ok` {} after the change cut it short: the host counts it done \
+                 and no leader runs it again; a run the change cuts off must return an error",
+                human(after)
+            ),
+        );
+    }
+    if after > limit {
+        return Verdict::new(
+            step,
+            false,
+            format!("returned by itself, but {} after the change", human(after)),
+        );
+    }
+    Verdict::new(
+        step,
+        true,
+        format!("returned by itself {} after the change", human(after)),
+    )
+}
+
+/// The due time of a scheduled run that returned `ok` after the first
+/// `seen` events (its end is recorded a moment after it returned).
+async fn ok_after_change(h: &Harness, seen: usize) -> Option<String> {
+    if !h.scheduled() {
+        return None;
+    }
+    let ran_ok = |e: &Event| matches!(e, Event::Ran { outcome: "ok", .. });
+    match h.recorder.wait_for(seen, Duration::from_secs(1), ran_ok).await {
+        Some((_, Event::Ran { due, .. })) => Some(super::verdict::stamp(due)),
+        _ => None,
     }
 }
 

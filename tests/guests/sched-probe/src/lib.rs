@@ -11,6 +11,9 @@
 //!   signal, then completes (if its term still lasts).
 //! - `fail`: prints `sched fail term=T` and returns
 //!   `Err("sched failure on purpose")`.
+//! - `liar` (built to misbehave): as `slow`, but when the change cuts its
+//!   work short it prints `sched liar due=UNIX_MS term=T` and returns `Ok`
+//!   without the work done, so its host counts the run done.
 //!
 //! A run *completes* only if its term still lasts when its work is done:
 //! it prints `sched done due=UNIX_MS term=T`, appends one line
@@ -95,6 +98,12 @@ impl LeaderTask for Probe {
             "quick" => {}
             "slow" => {
                 change.wait_timeout(run_time());
+            }
+            "liar" => {
+                if change.wait_timeout(run_time()) {
+                    say(format_args!("sched liar due={due} term={term}"));
+                    return Ok(());
+                }
             }
             "stubborn" => pollable::sleep(run_time()),
             "fail" => {
