@@ -17,9 +17,13 @@
 //!   retry period of 2 s); before that, its writes are not yet what they
 //!   are for the rest of the host's life.
 //!
-//! `BATON_BENCH_LEASES` (default 100), `BATON_BENCH_PLUGINS` (per lease,
-//! default 10), `BATON_BENCH_RUNS` (default 3; one more run first warms the
-//! compiled-code cache), `BATON_BENCH_SPREAD=0` to turn spreading off (its
+//! - `idle cpu by thread`: the same, by thread name (medians).
+//!
+//! The headline is what users run: `BATON_BENCH_LEASES` (default 1,000)
+//! leases each with `BATON_BENCH_PLUGINS` (default 1) idle plugins, each
+//! run paired with the same leases without plugins, and what the plugins
+//! add (memory per plugin, CPU). `BATON_BENCH_RUNS` (default 3; one more
+//! run first warms the compiled-code cache), `BATON_BENCH_SPREAD=0` to turn spreading off (its
 //! membership record and listing are then not measured),
 //! `BATON_BENCH_FOLLOW=1` to measure a host whose leases another host leads
 //! (spreading off): it loads every plugin and runs none, and the bench
@@ -106,6 +110,8 @@ struct Run {
     vsz_gb: f64,
     threads: f64,
     idle_cpu: f64,
+    /// Idle CPU by thread name, in % of one core.
+    by_thread: std::collections::BTreeMap<String, f64>,
 }
 
 fn is_role(e: &Event, role: &str) -> bool {
@@ -172,9 +178,16 @@ fn run(leases: usize, plugins: usize, settle: bool) -> Run {
     if settle {
         std::thread::sleep(Duration::from_secs(var("BATON_BENCH_SETTLE_SECS", 40) as u64));
     }
-    let before = cpu_secs(pid);
+    let (before, threads_before) = (cpu_secs(pid), thread_cpu_secs(pid));
     std::thread::sleep(Duration::from_secs_f64(idle));
     let idle_cpu = (cpu_secs(pid) - before) / idle * 100.0;
+    let by_thread = thread_cpu_secs(pid)
+        .into_iter()
+        .map(|(name, after)| {
+            let spent = after - threads_before.get(&name).copied().unwrap_or(0.0);
+            (name, spent / idle * 100.0)
+        })
+        .collect();
     h.sigterm();
     h.wait_exit(Duration::from_secs(60));
     if let Some(mut holder) = holder {
@@ -188,7 +201,26 @@ fn run(leases: usize, plugins: usize, settle: bool) -> Run {
         vsz_gb,
         threads,
         idle_cpu,
+        by_thread,
     }
+}
+
+/// The median idle CPU of each thread name over `results`, busiest first.
+fn by_thread(results: &[Run]) -> Vec<(String, f64)> {
+    let names: std::collections::BTreeSet<&String> =
+        results.iter().flat_map(|r| r.by_thread.keys()).collect();
+    let mut medians: Vec<(String, f64)> = names
+        .into_iter()
+        .map(|n| {
+            let v = results
+                .iter()
+                .map(|r| r.by_thread.get(n).copied().unwrap_or(0.0))
+                .collect();
+            (n.clone(), median(v))
+        })
+        .collect();
+    medians.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
+    medians
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -221,8 +253,8 @@ fn main() {
     if var("BATON_BENCH_SWEEP", 0) == 1 {
         return sweep();
     }
-    let leases = var("BATON_BENCH_LEASES", 100);
-    let plugins = var("BATON_BENCH_PLUGINS", 10);
+    let leases = var("BATON_BENCH_LEASES", 1000);
+    let plugins = var("BATON_BENCH_PLUGINS", 1);
     let runs = var("BATON_BENCH_RUNS", 3);
     println!(
         "one host, {leases} leases x {plugins} plugins of one component ({} tasks), warm cache",
@@ -236,7 +268,17 @@ fn main() {
     if follow {
         println!("(following: another host leads every lease; start is until every lease is followed)");
     }
-    let results: Vec<Run> = (0..runs).map(|_| run(leases, plugins, true)).collect();
+    // The same leases without plugins beside, run for run (the machine's
+    // state drifts; pairs compare under the same), unless following.
+    let paired = plugins > 0 && !follow;
+    let mut results = Vec::new();
+    let mut bare = Vec::new();
+    for _ in 0..runs {
+        results.push(run(leases, plugins, true));
+        if paired {
+            bare.push(run(leases, 0, true));
+        }
+    }
     if follow && plugins > 0 {
         let base: Vec<f64> = (0..runs).map(|_| run(leases, 0, false).rss_mb).collect();
         let base = median(base);
@@ -247,12 +289,39 @@ fn main() {
         println!("(resident with no plugins, following: {base:.1} MB, median of {runs})");
         summary("per plugin", "KB", per);
     }
+    report(&results);
+    if paired {
+        println!("\nthe same {leases} leases with no plugins, run for run:");
+        report(&bare);
+        let per: Vec<f64> = results
+            .iter()
+            .zip(&bare)
+            .map(|(r, b)| (r.rss_mb - b.rss_mb) * 1024.0 / (leases * plugins) as f64)
+            .collect();
+        summary("per plugin", "KB", per);
+        let extra: Vec<f64> = results
+            .iter()
+            .zip(&bare)
+            .map(|(r, b)| r.idle_cpu - b.idle_cpu)
+            .collect();
+        summary("plugins' cpu", "%", extra);
+    }
+}
+
+/// Prints the summaries of `results`, and the idle CPU by thread.
+fn report(results: &[Run]) {
     summary("start", "ms", results.iter().map(|r| r.start_ms).collect());
     summary("load", "ms", results.iter().map(|r| r.load_ms).collect());
     summary("rss", "MB", results.iter().map(|r| r.rss_mb).collect());
     summary("vsz", "GB", results.iter().map(|r| r.vsz_gb).collect());
     summary("threads", "", results.iter().map(|r| r.threads).collect());
     summary("idle cpu", "%", results.iter().map(|r| r.idle_cpu).collect());
+    let threads: Vec<String> = by_thread(results)
+        .into_iter()
+        .filter(|(_, pct)| *pct >= 0.05)
+        .map(|(name, pct)| format!("{name} {pct:.2} %"))
+        .collect();
+    println!("idle cpu by thread (medians): {}", threads.join(", "));
 }
 
 /// `min / median / max` of `v`, each with `f`.

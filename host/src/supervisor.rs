@@ -38,7 +38,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::sleep;
 
 use crate::election::{ClaimGate, Intent, LeaseClaims, LeaseView, Moment, Term};
 use crate::runtime::{Plugin, Prepared, TaskOutcome};
@@ -49,6 +48,7 @@ mod scheduled;
 pub mod time;
 
 pub use scheduled::{SCHEDULES_BUCKET, Scheduling};
+use time::HostTime;
 
 /// The first retry of a failed task waits this long; each further failure
 /// in the same term doubles it, up to [`MAX_BACKOFF`].
@@ -189,26 +189,43 @@ pub async fn run_leader_tasks(
     observer: Arc<dyn TaskObserver>,
 ) {
     let (_keep, versions) = watch::channel(plugin);
-    run_leader_tasks_of(versions, view, observer, None, None, None).await
+    run_leader_tasks_of(versions, view, observer, Supervision::default()).await
+}
+
+/// What a plugin's supervision takes besides the plugin, its lease's view
+/// and its observer; the default: none of it, on the system's time.
+#[derive(Clone, Default)]
+pub struct Supervision {
+    /// A term's task starts only once this admits the plugin.
+    pub admission: Option<Admission>,
+    /// With a schedule in it, each term runs the plugin's due times instead
+    /// of one task.
+    pub scheduling: Option<Scheduling>,
+    /// The lease's intent: a plugin whose health check keeps failing hands
+    /// the lease over through it.
+    pub intent: Option<watch::Sender<Intent>>,
+    /// The time the schedule, the health checks' periods and the back-off
+    /// between retries run by (a term's end never: [`time`]).
+    pub time: HostTime,
 }
 
 /// [`run_leader_tasks`], for a plugin whose version may change (a reload):
 /// each term runs the version current when it starts, so a new version
 /// runs from the next term and never beside the old one. Returns, too,
 /// once the versions' sender is dropped (the plugin was removed) and no
-/// task of it runs. With `admission`, a term's task starts only once it
-/// admits the plugin. With `scheduling` and a schedule in it, each term
-/// runs the plugin's due times instead of one task. With `intent` (the
-/// lease's), a plugin whose health check keeps failing hands the lease
-/// over through it.
+/// task of it runs. See [`Supervision`] for the rest.
 pub async fn run_leader_tasks_of(
     mut versions: watch::Receiver<Arc<Plugin>>,
     mut view: watch::Receiver<LeaseView>,
     observer: Arc<dyn TaskObserver>,
-    admission: Option<Admission>,
-    scheduling: Option<Scheduling>,
-    intent: Option<watch::Sender<Intent>>,
+    supervision: Supervision,
 ) {
+    let Supervision {
+        admission,
+        scheduling,
+        intent,
+        time,
+    } = supervision;
     let name = versions.borrow().name().to_owned();
     // The instance prepared for the next term, and the version it is of.
     let mut ahead: Option<(Arc<Plugin>, Prepared)> = None;
@@ -262,11 +279,13 @@ pub async fn run_leader_tasks_of(
                 .map(|(_, p)| p);
             let work = async {
                 match on_schedule(scheduling.as_ref()) {
-                    Some(s) => scheduled::run_scheduled_term(&plugin, &term, &view, &*observer, s).await,
-                    None => run_term(&plugin, &term, &view, &*observer, prepared).await,
+                    Some(s) => {
+                        scheduled::run_scheduled_term(&plugin, &term, &view, &*observer, s, &time).await
+                    }
+                    None => run_term(&plugin, &term, &view, &*observer, prepared, &time).await,
                 }
             };
-            health::beside(&plugin, &term, &view, &*observer, intent.as_ref(), work).await;
+            health::beside(&plugin, &term, &view, &*observer, intent.as_ref(), &time, work).await;
         }
         // Not again in this term.
         term.over().await;
@@ -294,6 +313,7 @@ async fn run_term(
     view: &watch::Receiver<LeaseView>,
     observer: &dyn TaskObserver,
     mut prepared: Option<Prepared>,
+    time: &HostTime,
 ) {
     let name = plugin.name();
     let mut backoff = INITIAL_BACKOFF;
@@ -321,7 +341,7 @@ async fn run_term(
         }
         observer.state(name, TaskState::Backoff);
         tokio::select! {
-            _ = sleep(backoff) => {}
+            _ = time.sleep(backoff) => {}
             _ = term.over() => return,
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -26,7 +26,8 @@ use crate::runtime::Plugin;
 use crate::schedule::Schedule;
 use crate::store::LeaseStore;
 use crate::store::buckets::BucketStore;
-use crate::supervisor::{Admission, Scheduling, TaskObserver, run_leader_tasks_of};
+use crate::supervisor::time::HostTime;
+use crate::supervisor::{Admission, Scheduling, Supervision, TaskObserver, run_leader_tasks_of};
 use crate::support::rounding::human;
 
 /// Why an elector failed: it ended without being told to, or did not end
@@ -433,7 +434,6 @@ impl Launcher {
             store,
             host: self.identity.clone(),
             run_now: Arc::new(tokio::sync::Mutex::new(asked)),
-            time: Default::default(),
         });
         run.supervisors.spawn(async move {
             let _done = done.drop_guard();
@@ -444,15 +444,13 @@ impl Launcher {
             if let Some(before) = after {
                 before.cancelled().await;
             }
-            run_leader_tasks_of(
-                versions,
-                view,
-                observer,
-                Some(admission),
+            let supervision = Supervision {
+                admission: Some(admission),
                 scheduling,
-                Some(intent),
-            )
-            .await;
+                intent: Some(intent),
+                time: HostTime::System,
+            };
+            run_leader_tasks_of(versions, view, observer, supervision).await;
             claims.remove(&name);
         });
         PluginRun {

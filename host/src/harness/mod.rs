@@ -26,7 +26,7 @@ use crate::runtime::Plugin;
 use crate::schedule::{Schedule, ScheduledRun};
 use crate::store::buckets::BucketStore;
 use crate::supervisor::time::{HostTime, VirtualTime};
-use crate::supervisor::{Scheduling, TaskEnd, TaskObserver, run_leader_tasks_of};
+use crate::supervisor::{Scheduling, Supervision, TaskEnd, TaskObserver, run_leader_tasks_of};
 
 pub mod expect;
 pub mod record;
@@ -209,14 +209,20 @@ impl Harness {
                 store: buckets,
                 host: "baton-test".into(),
                 run_now: Arc::new(tokio::sync::Mutex::new(asked)),
-                time: time.clone(),
             });
             (run_now, schedule_tx) = (Some(tx), Some(sender));
         }
         let (_keep, versions) = watch::channel(plugin.clone());
+        // No intent: a failing health check hands nothing over here (a
+        // `health` step calls the check itself).
+        let supervision = Supervision {
+            scheduling,
+            time: time.clone(),
+            ..Supervision::default()
+        };
         let supervisor = tokio::spawn(async move {
             let _keep = _keep;
-            run_leader_tasks_of(versions, rx, observer, None, scheduling, None).await
+            run_leader_tasks_of(versions, rx, observer, supervision).await
         });
         Harness {
             lease,

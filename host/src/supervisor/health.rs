@@ -19,9 +19,10 @@ use std::pin::pin;
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use super::TaskObserver;
+use super::time::HostTime;
 use crate::election::{Intent, LeaseView, Term};
 use crate::runtime::{CheckOutcome, HealthCheck, HealthChecker, Plugin};
 use crate::support::rounding::human;
@@ -76,18 +77,19 @@ impl FailureCount {
 pub(super) async fn watch_health<C: Check>(
     checker: &mut C,
     settings: &HealthCheck,
+    time: &HostTime,
     over: impl Future<Output = ()>,
     is_over: impl Fn() -> bool,
     mut report: impl FnMut(&CheckOutcome, u32),
 ) -> Option<CheckOutcome> {
     let mut over = pin!(over);
     let mut count = FailureCount::new(settings.threshold);
-    let mut next = Instant::now() + settings.period;
+    let mut next = time.deadline(settings.period);
     loop {
         tokio::select! {
             biased;
             _ = &mut over => return None,
-            _ = sleep_until(next) => {}
+            _ = next.reached() => {}
         }
         let outcome = tokio::select! {
             biased;
@@ -99,7 +101,7 @@ pub(super) async fn watch_health<C: Check>(
         }
         // The timeout is below the period: the next check is due after
         // this one ended.
-        next = (next + settings.period).max(Instant::now());
+        next.next(settings.period);
         let (failures, reached) = count.record(outcome.is_healthy());
         report(&outcome, failures);
         if reached {
@@ -118,6 +120,7 @@ pub(super) async fn beside(
     view: &watch::Receiver<LeaseView>,
     observer: &dyn TaskObserver,
     intent: Option<&watch::Sender<Intent>>,
+    time: &HostTime,
     work: impl Future<Output = ()>,
 ) {
     let checks = async {
@@ -128,7 +131,7 @@ pub(super) async fn beside(
             return std::future::pending().await;
         };
         let (name, lease, number) = (plugin.name(), term.lease(), term.number());
-        let failing = watch_health(&mut checker, settings, term.over(), || term.is_over(), |outcome, failures| {
+        let failing = watch_health(&mut checker, settings, time, term.over(), || term.is_over(), |outcome, failures| {
             observer.health_check(name, outcome.as_str());
             if !outcome.is_healthy() {
                 tracing::warn!(plugin = name, lease, term = number, failures, threshold = settings.threshold, reason = %outcome, "health check failed");

@@ -47,8 +47,6 @@ pub struct Scheduling {
     pub host: String,
     /// `baton run-now`: one extra run each.
     pub run_now: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>>,
-    /// The time the schedule runs by (`baton run`: the system's).
-    pub time: HostTime,
 }
 
 /// A scheduled term's state: the plugin, the term, where its progress is.
@@ -58,6 +56,8 @@ struct Ctx<'a> {
     view: &'a watch::Receiver<LeaseView>,
     observer: &'a dyn TaskObserver,
     scheduling: &'a Scheduling,
+    /// The time the schedule runs by (`baton run`: the system's).
+    time: &'a HostTime,
     bucket: BucketName,
     /// A skip whose write went unanswered, with the progress written.
     unsettled: Mutex<Option<(Skip, Progress)>>,
@@ -84,6 +84,7 @@ pub(super) async fn run_scheduled_term(
     view: &watch::Receiver<LeaseView>,
     observer: &dyn TaskObserver,
     scheduling: &Scheduling,
+    time: &HostTime,
 ) {
     let bucket = BucketName::new(term.lease(), SCHEDULES_BUCKET);
     let ctx = Ctx {
@@ -92,6 +93,7 @@ pub(super) async fn run_scheduled_term(
         view,
         observer,
         scheduling,
+        time,
         bucket,
         unsettled: Mutex::new(None),
     };
@@ -115,7 +117,7 @@ impl Ctx<'_> {
 
     /// The time now, as the schedule runs by.
     fn now(&self) -> SystemTime {
-        self.scheduling.time.now()
+        self.time.now()
     }
 
     /// One decision, and what it takes.
@@ -156,7 +158,7 @@ impl Ctx<'_> {
     ) -> Result<(), Stop> {
         let mut schedule = self.scheduling.schedule.clone();
         tokio::select! {
-            _ = self.scheduling.time.wait_until(until) => Ok(()),
+            _ = self.time.wait_until(until) => Ok(()),
             _ = self.term.over() => Err(Stop::Term),
             _ = schedule.changed() => Ok(()),
             asked = run_now.recv(), if !run_now.is_closed() => {
@@ -358,7 +360,7 @@ impl Ctx<'_> {
             (Overlap::Replace, Some(next)) if !run.on_demand => {
                 tokio::select! {
                     outcome = attempt => outcome,
-                    _ = self.scheduling.time.sleep_until(next) => {
+                    _ = self.time.sleep_until(next) => {
                         tracing::warn!(plugin = self.name(), term = self.term.number(), "scheduled run replaced by the next due time");
                         Some(TaskOutcome::Failed("replaced by the next due time".into()))
                     }
@@ -375,7 +377,7 @@ impl Ctx<'_> {
         }
         let wait = rand::rng().random_range(Duration::ZERO..schedule.jitter);
         tokio::select! {
-            _ = self.scheduling.time.wait_until(Some(self.now() + wait)) => Ok(wait),
+            _ = self.time.wait_until(Some(self.now() + wait)) => Ok(wait),
             _ = self.term.over() => Err(Stop::Term),
         }
     }

@@ -63,7 +63,20 @@ impl HostTime {
 
     /// Resolves `span` from now.
     pub async fn sleep(&self, span: Duration) {
-        self.sleep_until(self.now() + span).await;
+        match self {
+            HostTime::System => tokio::time::sleep(span).await,
+            HostTime::Virtual(v) => v.sleep_until(v.now() + span).await,
+        }
+    }
+
+    /// A deadline `span` from now, to be moved on by periods: on tokio's
+    /// clock for the system's time (a period is a span, not a wall-clock
+    /// time), on the virtual time's otherwise.
+    pub fn deadline(&self, span: Duration) -> Deadline {
+        match self {
+            HostTime::System => Deadline::Tokio(tokio::time::Instant::now() + span),
+            HostTime::Virtual(v) => Deadline::Virtual(v.clone(), v.now() + span),
+        }
     }
 
     /// The schedule's own wait: resolves at `until` (never if `None`), and
@@ -76,6 +89,32 @@ impl HostTime {
         match until {
             Some(at) => self.sleep_until(at).await,
             None => std::future::pending().await,
+        }
+    }
+}
+
+/// A deadline on a [`HostTime`] ([`HostTime::deadline`]).
+pub enum Deadline {
+    /// On tokio's clock.
+    Tokio(tokio::time::Instant),
+    /// On a virtual time.
+    Virtual(Arc<VirtualTime>, SystemTime),
+}
+
+impl Deadline {
+    /// Resolves once it is reached.
+    pub async fn reached(&self) {
+        match self {
+            Deadline::Tokio(at) => tokio::time::sleep_until(*at).await,
+            Deadline::Virtual(v, at) => v.sleep_until(*at).await,
+        }
+    }
+
+    /// Moves it on by `period`, to now at the earliest.
+    pub fn next(&mut self, period: Duration) {
+        match self {
+            Deadline::Tokio(at) => *at = (*at + period).max(tokio::time::Instant::now()),
+            Deadline::Virtual(v, at) => *at = (*at + period).max(v.now()),
         }
     }
 }

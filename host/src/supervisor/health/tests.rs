@@ -4,6 +4,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
+use crate::supervisor::time::HostTime;
 
 /// A check that answers from a script, each after `takes`, and notes when
 /// it was called.
@@ -75,6 +76,7 @@ async fn checks_come_every_period_and_threshold_failures_in_a_row_end_the_watch(
     let last = watch_health(
         &mut script,
         &settings(3),
+        &HostTime::System,
         std::future::pending(),
         || false,
         |o, n| seen.push((o.as_str(), n)),
@@ -110,7 +112,15 @@ async fn the_end_of_the_term_ends_the_watch_even_during_a_check() {
     let mut script = Script::new(&[false, false, false], secs(3));
     let over = tokio::time::sleep(Duration::from_millis(12_500));
     let started = Instant::now();
-    let last = watch_health(&mut script, &settings(2), over, || false, |_, _| {}).await;
+    let last = watch_health(
+        &mut script,
+        &settings(2),
+        &HostTime::System,
+        over,
+        || false,
+        |_, _| {},
+    )
+    .await;
     assert!(last.is_none());
     assert_eq!(started.elapsed(), Duration::from_millis(12_500));
     assert_eq!(script.called, [secs(5), secs(10)]);
@@ -139,6 +149,7 @@ async fn a_check_that_returns_once_its_term_is_over_counts_for_nothing() {
     let last = watch_health(
         &mut check,
         &settings(1),
+        &HostTime::System,
         std::future::pending(),
         || ended.load(std::sync::atomic::Ordering::SeqCst),
         |o, n| reported.push((o.as_str(), n)),

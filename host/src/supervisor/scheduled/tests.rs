@@ -13,6 +13,7 @@ use crate::runtime::{EngineOptions, PluginEngine};
 use crate::schedule::When;
 use crate::store::buckets::{Applied, BucketInfo, Entry};
 use crate::store::memory::buckets::MemoryBuckets;
+use crate::supervisor::time::HostTime;
 
 /// How a write carrying a skip fails.
 #[derive(Clone, Copy, PartialEq)]
@@ -171,7 +172,6 @@ fn one_term_ending(
         store: store.clone(),
         host: "h1".into(),
         run_now: Arc::new(tokio::sync::Mutex::new(mpsc::unbounded_channel().1)),
-        time: Default::default(),
     };
     let log = guest_lines(|| async {
         let seed = Write::new(
@@ -227,7 +227,7 @@ fn one_term_ending(
             }
         };
         tokio::join!(
-            run_scheduled_term(&plugin, &term, &view, &*counted, &scheduling),
+            run_scheduled_term(&plugin, &term, &view, &*counted, &scheduling, &HostTime::System),
             ender
         );
     });
