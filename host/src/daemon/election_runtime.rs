@@ -15,8 +15,12 @@ use crate::store::LeaseStore;
 use crate::store::buckets::BucketStore;
 
 /// The most threads of the election runtime's blocking pool (see
-/// [`ElectionRuntime::start`]).
-const ELECTION_BLOCKING_THREADS: usize = 8;
+/// [`ElectionRuntime::start`]): one per core, two to eight.
+fn election_blocking_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 8)
+}
 
 /// The runtime of the electors and the store; see the [module
 /// documentation](self). Shut down in the background when dropped (an
@@ -29,13 +33,15 @@ impl ElectionRuntime {
             .worker_threads(1)
             // The embedded store's file work runs on the blocking pool, a
             // request at a time per lease, each well under a millisecond on
-            // a healthy disk: a host with 100 leases has about one in
-            // flight. Without a cap, the pool kept the thread per lease it
-            // grew to at start (every lease acquired at once), each woken
-            // cold every few seconds. A request stuck in a hung file system
+            // a healthy disk. Renewals come in bursts (the renewal grid:
+            // about 60 at once with 1,000 leases) and take CPU in the
+            // kernel, not waits (a renewal does not sync): more threads
+            // than cores only add switches, and the pool, uncapped, kept
+            // the thread per lease it grew to at start (every lease
+            // acquired at once). A request stuck in a hung file system
             // holds a thread; its elector's timeout does not wait for it,
             // so a full pool delays requests, never a step-down.
-            .max_blocking_threads(ELECTION_BLOCKING_THREADS)
+            .max_blocking_threads(election_blocking_threads())
             .thread_name("baton-election")
             .enable_all()
             .build()
