@@ -12,16 +12,3 @@ mkdir -p gen
     plugin.c gen/plugin.c gen/plugin_component_type.o -o gen/{{name}}.core.wasm
 "${JCO:-jco}" new gen/{{name}}.core.wasm --wasi-reactor -o {{name}}.wasm
 echo "built $(pwd)/{{name}}.wasm"
-
-# Tests it, if baton is at hand (BATON names it; BATON_TEST=0 skips this):
-# the contract's scenario (lead, lose, pause past the lease, ...), then
-# scenario.toml. See docs/testing-plugins.md in the baton repository.
-baton=${BATON:-baton}
-if [ "${BATON_TEST:-1}" = 0 ]; then
-    exit 0
-elif command -v "$baton" >/dev/null; then
-    "$baton" test {{name}}.wasm --config baton.toml
-    "$baton" test {{name}}.wasm --config baton.toml scenario.toml
-else
-    echo "to test it: baton test {{name}}.wasm --config baton.toml scenario.toml"
-fi

@@ -12,15 +12,7 @@ use crate::support::{Scratch, baton, guest, shared_cache_dir};
 /// A configuration with one plugin, `probe`, of `file` in `mode`, its
 /// lease's grace 500 ms.
 fn config(s: &Scratch, file: &str, mode: &str) -> std::path::PathBuf {
-    let path = s.dir.path().join("baton.toml");
-    let text = format!(
-        "[store]\nkind = \"embedded\"\ndir = \"{}\"\n[[lease]]\nname = \"demo\"\ngrace = \"500ms\"\n\
-         [[plugin]]\nname = \"probe\"\npath = \"{}\"\nlease = \"demo\"\nenv = {{ PROBE_MODE = \"{mode}\" }}\n",
-        s.store().display(),
-        guest(file).display()
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    crate::test_scenarios::config(s, file, &format!("env = {{ PROBE_MODE = \"{mode}\" }}"))
 }
 
 /// `baton test` of `file` with `args`.

@@ -20,7 +20,7 @@ fn scenario(name: &str) -> PathBuf {
 
 /// A configuration with the one plugin `probe` of `file`, its table's
 /// `extra` lines; its lease's grace 500 ms.
-fn config(s: &Scratch, file: &str, extra: &str) -> PathBuf {
+pub(crate) fn config(s: &Scratch, file: &str, extra: &str) -> PathBuf {
     let path = s.dir.path().join("baton.toml");
     let text = format!(
         "[store]\nkind = \"embedded\"\ndir = \"{}\"\n[[lease]]\nname = \"demo\"\ngrace = \"500ms\"\n\
@@ -164,9 +164,10 @@ fn a_nightly_schedule_runs_each_due_time_once_over_a_week_across_both_dst_change
         &cfg,
         &["nightly-dst-spring.toml", "nightly-dst-autumn.toml"],
     );
-    let took = began.elapsed();
     println!("{json:#}");
-    println!("two simulated weeks in {took:?} of real time");
+    // A figure, not judged: two weeks of virtual time in milliseconds
+    // (docs/testing-plugins.md).
+    println!("two simulated weeks in {:?} of real time", began.elapsed());
     assert!(out.status.success(), "{:?}", failed(&json));
     let once: Vec<_> = verdicts(&json)
         .into_iter()
@@ -176,10 +177,6 @@ fn a_nightly_schedule_runs_each_due_time_once_over_a_week_across_both_dst_change
         once.iter().map(|v| v.2.as_str()).collect::<Vec<_>>(),
         ["7 due times, each once", "7 due times, each once"]
     );
-    // Two weeks of virtual time; on the real clock they would take two
-    // weeks. A bound far above the figure (docs/testing-plugins.md), so
-    // that a busy machine cannot fail it.
-    assert!(took.as_secs() < 120, "{took:?}");
 }
 
 #[test]

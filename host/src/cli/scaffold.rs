@@ -74,6 +74,10 @@ const TEMPLATES: &[(&str, &str)] = &[
 /// language: the templates behave alike.
 const SCENARIO: &str = include_str!("../../../templates/scenario.toml");
 
+/// The end of every project's `build.sh`: it tests what it built. Its
+/// first line (which names the file) is left out.
+const BUILD_TEST: &str = include_str!("../../../templates/build-test.sh");
+
 /// baton's WIT contract and the WASI packages a plugin world may use, as
 /// `wit/deps/...`: the projects of the languages that bind WIT themselves
 /// (all but Rust) have their own `wit/world.wit`, which includes a world of
@@ -209,9 +213,17 @@ pub fn new_plugin(lang: Lang, world: World, name: &str, parent: &Path) -> Result
             .replace("{{sdk}}", &sdk.display().to_string())
     };
     let prefix = format!("{template}/");
+    let build_test = BUILD_TEST.split_once('\n').map_or("", |(_, rest)| rest);
     let mut files: Vec<(String, String)> = TEMPLATES
         .iter()
-        .filter_map(|(path, text)| Some((path.strip_prefix(&prefix)?.to_owned(), fill(text))))
+        .filter_map(|(path, text)| {
+            let path = path.strip_prefix(&prefix)?;
+            let text = match path {
+                "build.sh" => format!("{text}\n{build_test}"),
+                _ => text.to_string(),
+            };
+            Some((path.to_owned(), fill(&text)))
+        })
         .collect();
     if lang != Lang::Rust {
         files.extend(WIT_DEPS.iter().map(|(p, t)| (p.to_string(), t.to_string())));
@@ -257,6 +269,13 @@ mod tests {
             }
             let code = std::fs::read_to_string(root.join(main)).unwrap();
             assert!(code.contains(world_says), "{lang:?} {world:?}: {main}");
+            let build = std::fs::read_to_string(root.join("build.sh")).unwrap();
+            assert!(
+                build.contains(&format!(
+                    "\"$baton\" test {name}.wasm --config baton.toml scenario.toml"
+                )),
+                "{lang:?}: {build}"
+            );
             for wit in [
                 "wit/world.wit",
                 "wit/deps/baton-leader/leader.wit",

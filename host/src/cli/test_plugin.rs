@@ -155,6 +155,7 @@ async fn run_one(
     let sub = Subject {
         output,
         stdout_checked: Default::default(),
+        http_checked: Default::default(),
         http,
         buckets,
         store,

@@ -13,15 +13,13 @@ use super::{Event, Harness};
 /// Where the records stood when a step began.
 pub struct Marks {
     events: usize,
-    http: usize,
 }
 
 impl Marks {
     /// The records' lengths now.
-    pub fn now(h: &Harness, s: &Subject) -> Marks {
+    pub fn now(h: &Harness) -> Marks {
         Marks {
             events: h.recorder.events().len(),
-            http: s.http.as_ref().map_or(0, |h| h.requests.len()),
         }
     }
 }
@@ -42,7 +40,7 @@ pub async fn expectations(
         verdicts.push(kv(h, s, key, wanted.as_deref(), label).await);
     }
     if let Some(n) = expect.http_requests {
-        verdicts.push(http_requests(s, n, marks, label));
+        verdicts.push(http_requests(s, n, label));
     }
     if expect.no_effect_after_stop {
         verdicts.push(no_effect_after_stop(h, s, label));
@@ -110,10 +108,7 @@ fn state_goes_on(h: &Harness, s: &Subject, label: &str) -> Verdict {
 
 /// The lines printed since the last `stdout-contains` (or the start).
 fn stdout(s: &Subject, wanted: &[String], label: &str) -> Verdict {
-    let since = {
-        let mut checked = s.stdout_checked.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::replace(&mut *checked, s.output.0.len())
-    };
+    let since = since_last(&s.stdout_checked, s.output.0.len());
     let lines: Vec<String> = s
         .output
         .0
@@ -141,6 +136,11 @@ fn stdout(s: &Subject, wanted: &[String], label: &str) -> Verdict {
         false,
         format!("no line contained {}; {printed}", quoted(&missing)),
     )
+}
+
+/// How many records the last check saw; this check sees `now`.
+fn since_last(checked: &std::sync::Mutex<usize>, now: usize) -> usize {
+    std::mem::replace(&mut *checked.lock().unwrap_or_else(|e| e.into_inner()), now)
 }
 
 fn quoted<S: AsRef<str>>(texts: &[S]) -> String {
@@ -172,12 +172,14 @@ async fn kv(h: &Harness, s: &Subject, key: &str, wanted: Option<&str>, label: &s
     Verdict::new(step, found.as_deref() == wanted, detail)
 }
 
-fn http_requests(s: &Subject, wanted: usize, marks: &Marks, label: &str) -> Verdict {
+/// The requests sent since the last `http-requests` (or the start).
+fn http_requests(s: &Subject, wanted: usize, label: &str) -> Verdict {
     let step = format!("{label}: {wanted} HTTP requests");
     let Some(http) = &s.http else {
         return Verdict::new(step, false, "no stubs: requests are not recorded");
     };
-    let sent = http.requests.since(marks.http);
+    let since = since_last(&s.http_checked, http.requests.len());
+    let sent = http.requests.since(since);
     let list: Vec<String> = sent
         .iter()
         .map(|(r, answered)| {

@@ -225,6 +225,8 @@ pub struct Subject {
     pub stdout_checked: Mutex<usize>,
     /// The stubs' record, if the scenario has stubs.
     pub http: Option<Arc<StubHttp>>,
+    /// How many requests an `http-requests` has looked at.
+    pub http_checked: Mutex<usize>,
     /// Its writes, recorded.
     pub buckets: Arc<RecordingBuckets>,
     /// The store itself (an operator's writes are not the plugin's).

@@ -105,7 +105,8 @@ pub struct Expect {
     /// Bucket entries after the step: `KEY` (the plugin's only bucket) or
     /// `BUCKET/KEY`, to a value (`None`: absent).
     pub kv: BTreeMap<String, Option<String>>,
-    /// How many HTTP requests the plugin sent during the step.
+    /// How many HTTP requests the plugin sent since the last such check
+    /// (or the start).
     pub http_requests: Option<usize>,
     /// No bucket write and no HTTP request of a term after its change
     /// fired (over the scenario so far).

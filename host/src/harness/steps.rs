@@ -42,7 +42,7 @@ pub async fn run_script(h: &mut Harness, s: &Subject, script: &Script) -> Vec<Ve
 
 /// One step: its action's verdict, then its expectations'.
 pub async fn run_step(h: &mut Harness, s: &Subject, step: &Step, label: &str) -> Vec<Verdict> {
-    let marks = Marks::now(h, s);
+    let marks = Marks::now(h);
     let mut verdicts = vec![act(h, s, step, label).await];
     verdicts.extend(expectations(h, s, &step.expect, &marks, label).await);
     verdicts
@@ -120,15 +120,10 @@ async fn pause(h: &mut Harness, seen: usize, span: Duration, label: &str) -> Ver
         spoken(span),
         spoken(lease)
     );
-    let Some(term) = h.term() else {
-        jump(h, span);
-        return Verdict::new(step, true, "not leading: nothing to stop");
-    };
-    let was_done = returned(h) || h.scheduled();
-    h.stop_at_once();
-    let (ok, detail) = stopped_at_once(h, seen, was_done).await;
-    jump(h, span);
-    Verdict::new(step, ok, format!("term {term} over; {detail} on resuming"))
+    match stop_and_jump(h, seen, span).await {
+        None => Verdict::new(step, true, "not leading: nothing to stop"),
+        Some((term, ok, detail)) => Verdict::new(step, ok, format!("term {term} over; {detail} on resuming")),
+    }
 }
 
 async fn crash(h: &mut Harness, seen: usize, label: &str) -> Verdict {
@@ -137,15 +132,27 @@ async fn crash(h: &mut Harness, seen: usize, label: &str) -> Verdict {
         "{label}: crash: the task is gone at once; the lease expires after {}",
         spoken(lease)
     );
-    if h.term().is_none() {
-        jump(h, lease);
-        return Verdict::new(step, true, "not leading: nothing to stop");
+    match stop_and_jump(h, seen, lease).await {
+        None => Verdict::new(step, true, "not leading: nothing to stop"),
+        Some((_, ok, detail)) => Verdict::new(step, ok, detail),
     }
-    let was_done = returned(h) || h.scheduled();
-    h.stop_at_once();
-    let (ok, detail) = stopped_at_once(h, seen, was_done).await;
-    jump(h, lease);
-    Verdict::new(step, ok, detail)
+}
+
+/// The host stops at once (its term ends without grace) and virtual time
+/// moves on by `span`: the term, whether its task was gone at once, and
+/// how; `None` if it led none.
+async fn stop_and_jump(h: &mut Harness, seen: usize, span: Duration) -> Option<(u64, bool, String)> {
+    let stopped = match h.term() {
+        None => None,
+        Some(term) => {
+            let was_done = returned(h);
+            h.stop_at_once();
+            let (ok, detail) = stopped_at_once(h, seen, was_done).await;
+            Some((term, ok, detail))
+        }
+    };
+    jump(h, span);
+    stopped
 }
 
 /// Moves virtual time on by `span` (nothing on the real clock).
